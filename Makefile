@@ -1,0 +1,40 @@
+# gpu-operator: every developer and CI entry point. `make demo` and `make test` do everything on a fresh machine.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+
+# Cluster toolchain, cluster-up/down, kubeconfig (hack/cluster.mk).
+include hack/cluster.mk
+
+.PHONY: help venv lint typecheck test test-unit test-e2e crd demo down bench
+
+help: ## list targets
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | sort
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed ## create the virtualenv with the package and dev tools
+
+lint: venv ## ruff and mypy
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+test-unit: venv ## unit tests (no cluster)
+	$(BIN)/pytest -q tests/unit
+
+crd: venv ## regenerate crds/clusterpolicy.yaml and the chart's copy from the models
+	$(BIN)/gpu-operator crd > crds/clusterpolicy.yaml
+
+test: lint test-unit test-e2e ## every test: lint, types, unit and end to end
+
+test-e2e: venv tools ## end-to-end tests (local control plane, or the cluster in $$KUBECONFIG)
+	$(BIN)/pytest -q tests/e2e

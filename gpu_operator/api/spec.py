@@ -1,0 +1,573 @@
+"""The `nvidia.com/v1 ClusterPolicy` spec with NVIDIA's field names, defaults and semantics.
+
+Every section is optional: `spec: {}` means "all defaults". Defaults of `enabled` follow NVIDIA's
+Go `IsEnabled()` helpers (not their Helm values): driver, toolkit, device plugin, DCGM, DCGM exporter,
+GFD and MIG manager are on; node-status exporter and the sandbox/vGPU/kata/cc/GDS/GDRCopy sections off.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field, model_validator
+
+from gpu_operator.api.common import (
+    ComponentSpec,
+    ConfigMapRef,
+    ConfigWithDefault,
+    EnvVar,
+    IntOrPercent,
+    Labels,
+    Model,
+    NonNegativeInt,
+    OffByDefault,
+    ProbeSpec,
+    Toleration,
+)
+
+
+class InitContainerSpec(Model):
+    """Deprecated image spec of the operator's init container (accepted, unused)."""
+
+    repository: str | None = None
+    """Image registry and path."""
+    image: str | None = None
+    """Image name."""
+    version: str | None = None
+    """Image tag."""
+    imagePullPolicy: str | None = None
+    """Image pull policy."""
+    imagePullSecrets: list[str] | None = None
+    """Pull secret names."""
+
+
+class ServiceMonitorConfig(Model):
+    """A Prometheus-operator ServiceMonitor for the component's metrics Service."""
+
+    enabled: bool | None = None
+    """Create the ServiceMonitor (default false)."""
+    interval: str | None = None
+    """Scrape interval, e.g. 15s."""
+    scrapeTimeout: str | None = None
+    """Scrape timeout."""
+    honorLabels: bool | None = None
+    """Keep the scraped labels on conflict."""
+    additionalLabels: Labels | None = None
+    """Extra labels on the ServiceMonitor (e.g. to match a Prometheus selector)."""
+    relabelings: list[dict[str, Any]] | None = None
+    """Prometheus relabel configs, passed through unchanged."""
+
+
+class OperatorMetrics(Model):
+    """Metrics of the operator itself."""
+
+    serviceMonitor: ServiceMonitorConfig | None = None
+    """ServiceMonitor for the operator's metrics."""
+
+
+class OperatorSpec(Model):
+    """Settings of the operator itself."""
+
+    defaultRuntime: Literal["docker", "crio", "containerd"] | None = None
+    """Deprecated: the container runtime is detected from the nodes."""
+    runtimeClass: str = "nvidia"
+    """Name (and handler) of the RuntimeClass the operands that need the NVIDIA runtime use."""
+    initContainer: InitContainerSpec | None = None
+    """Deprecated and unused."""
+    labels: Labels | None = None
+    """Labels added to the operator's own objects."""
+    annotations: Labels | None = None
+    """Annotations added to the operator's own objects."""
+    metrics: OperatorMetrics | None = None
+    """Operator metrics settings."""
+    use_ocp_driver_toolkit: bool | None = None
+    """OpenShift Driver Toolkit (accepted; OpenShift is not supported by this operator)."""
+
+
+class RollingUpdateSpec(Model):
+    """Rolling update parameters of the operand DaemonSets."""
+
+    maxUnavailable: IntOrPercent | None = None
+    """Nodes that may be without a ready pod during an update: a count or a percentage like '25%' (default 1)."""
+
+
+class DaemonsetsSpec(Model):
+    """Settings common to every operand DaemonSet."""
+
+    labels: Labels | None = None
+    """Labels added to every operand DaemonSet and its pods."""
+    annotations: Labels | None = None
+    """Annotations added to every operand DaemonSet and its pods."""
+    tolerations: list[Toleration] | None = None
+    """Tolerations of every operand pod; when set they replace the default nvidia.com/gpu toleration."""
+    priorityClassName: str = "system-node-critical"
+    """PriorityClass of every operand pod."""
+    updateStrategy: Literal["RollingUpdate", "OnDelete"] = "RollingUpdate"
+    """Update strategy of the operand DaemonSets (the driver stays OnDelete unless autoUpgrade is off and this is set)."""
+    rollingUpdate: RollingUpdateSpec | None = None
+    """Rolling update parameters."""
+    podSecurityContext: dict[str, Any] | None = None
+    """Pod-level security context of every operand pod (core/v1 PodSecurityContext)."""
+
+
+class WaitForCompletionSpec(Model):
+    """Wait for jobs to finish before upgrading a node's driver."""
+
+    podSelector: str | None = None
+    """Label selector of the pods to wait for."""
+    timeoutSeconds: NonNegativeInt = 0
+    """How long to wait; 0 waits forever."""
+
+
+class PodDeletionSpec(Model):
+    """Deletion of GPU pods before a driver upgrade."""
+
+    force: bool = False
+    """Delete pods not managed by a controller too."""
+    timeoutSeconds: NonNegativeInt = 300
+    """How long to wait for the pods to go."""
+    deleteEmptyDir: bool = False
+    """Delete pods that use emptyDir volumes (their data is lost)."""
+
+
+class DrainSpec(Model):
+    """Node drain before a driver upgrade."""
+
+    enable: bool = False
+    """Drain the node."""
+    force: bool = False
+    """Drain pods not managed by a controller too."""
+    podSelector: str | None = None
+    """Only drain pods matching this label selector."""
+    timeoutSeconds: NonNegativeInt = 300
+    """How long to wait for the drain."""
+    deleteEmptyDir: bool = False
+    """Drain pods that use emptyDir volumes."""
+
+
+class UpgradePolicySpec(Model):
+    """Automatic, rolling driver upgrades."""
+
+    autoUpgrade: bool = False
+    """Let the operator upgrade the driver node by node."""
+    maxParallelUpgrades: NonNegativeInt = 1
+    """Nodes upgraded at once; 0 means no limit."""
+    maxUnavailable: IntOrPercent = "25%"
+    """GPU nodes that may be unavailable during the upgrade: a count or a percentage."""
+    waitForCompletion: WaitForCompletionSpec | None = None
+    """Wait for jobs to complete first."""
+    podDeletion: PodDeletionSpec | None = None
+    """Delete GPU pods first."""
+    gpuPodDeletion: PodDeletionSpec | None = None
+    """Helm's name for podDeletion (accepted as an alias)."""
+    drain: DrainSpec | None = None
+    """Drain the node first."""
+
+
+class RDMASpec(Model):
+    """GPUDirect RDMA."""
+
+    enabled: bool = False
+    """Load nvidia-peermem."""
+    useHostMofed: bool = False
+    """MOFED is installed on the host."""
+
+
+class DriverManagerSpec(Model):
+    """The k8s-driver-manager init container that prepares a node for a driver (re)install."""
+
+    repository: str | None = None
+    """Image registry and path."""
+    image: str | None = None
+    """Image name (alone: a full reference)."""
+    version: str | None = None
+    """Image tag or digest."""
+    imagePullPolicy: Literal["Always", "Never", "IfNotPresent"] | None = None
+    """Image pull policy."""
+    env: list[EnvVar] | None = None
+    """Environment of the driver manager (eviction and drain settings)."""
+
+
+class RepoConfigSpec(Model):
+    """Custom package repositories for the driver container."""
+
+    configMapName: str | None = None
+    """ConfigMap with repository files."""
+
+
+class LicensingConfigSpec(Model):
+    """vGPU guest licensing."""
+
+    configMapName: str | None = None
+    """ConfigMap with gridd.conf."""
+    secretName: str | None = None
+    """Secret with the client token."""
+    nlsEnabled: bool | None = None
+    """Use NVIDIA License System."""
+
+
+class VirtualTopologySpec(Model):
+    """Virtual topology daemon configuration."""
+
+    config: str | None = None
+    """ConfigMap name."""
+
+
+class DriverSpec(ComponentSpec):
+    """The containerized NVIDIA driver."""
+
+    useNvidiaDriverCRD: bool | None = None
+    """Manage drivers through NVIDIADriver objects instead (reported; this operator manages the driver from the ClusterPolicy)."""
+    usePrecompiled: bool | None = None
+    """Use precompiled driver images (tag <version>-<kernel>-<os>)."""
+    useOpenKernelModules: bool | None = None
+    """Deprecated: use kernelModuleType: open."""
+    kernelModuleType: Literal["auto", "open", "proprietary"] = "auto"
+    """Which kernel modules to build and load."""
+    startupProbe: ProbeSpec | None = None
+    """Startup probe timing of the driver container."""
+    livenessProbe: ProbeSpec | None = None
+    """Liveness probe timing of the driver container."""
+    readinessProbe: ProbeSpec | None = None
+    """Readiness probe timing of the driver container."""
+    rdma: RDMASpec | None = None
+    """GPUDirect RDMA."""
+    upgradePolicy: UpgradePolicySpec | None = None
+    """Driver upgrade policy."""
+    manager: DriverManagerSpec | None = None
+    """k8s-driver-manager init container."""
+    repoConfig: RepoConfigSpec | None = None
+    """Custom package repositories."""
+    certConfig: ConfigMapRef | None = None
+    """ConfigMap with extra CA certificates for package repositories."""
+    licensingConfig: LicensingConfigSpec | None = None
+    """vGPU licensing."""
+    virtualTopology: VirtualTopologySpec | None = None
+    """Virtual topology configuration."""
+    kernelModuleConfig: ConfigMapRef | None = None
+    """ConfigMap with kernel module parameters."""
+    secretEnv: str | None = None
+    """Secret whose keys become environment variables of the driver container."""
+
+
+class ToolkitSpec(ComponentSpec):
+    """The NVIDIA container toolkit, which configures the container runtime."""
+
+    installDir: str = "/usr/local/nvidia"
+    """Host directory the toolkit is installed into."""
+
+
+class MPSSpec(Model):
+    """CUDA MPS sharing."""
+
+    root: str = "/run/nvidia/mps"
+    """Host directory for MPS pipes and logs."""
+
+
+class DevicePluginSpec(ComponentSpec):
+    """The NVIDIA device plugin, which advertises nvidia.com/gpu to the kubelet."""
+
+    config: ConfigWithDefault | None = None
+    """ConfigMap of device-plugin configurations (time-slicing, MPS, ...), also read by GFD."""
+    mps: MPSSpec | None = None
+    """MPS settings."""
+
+
+class ServiceSpec(Model):
+    """The metrics Service."""
+
+    type: Literal["ClusterIP", "NodePort", "LoadBalancer"] | None = None
+    """Service type (default ClusterIP)."""
+    internalTrafficPolicy: Literal["Cluster", "Local"] | None = None
+    """Route to endpoints on the same node only (Local) or anywhere (Cluster)."""
+
+
+class HPCJobMappingSpec(Model):
+    """HPC job mapping of metrics."""
+
+    enabled: bool | None = None
+    """Enable job mapping."""
+    directory: str | None = None
+    """Host directory with job mapping files."""
+
+
+class DCGMExporterSpec(ComponentSpec):
+    """DCGM exporter: GPU metrics for Prometheus."""
+
+    config: ConfigMapRef | None = None
+    """ConfigMap with the metrics CSV."""
+    serviceMonitor: ServiceMonitorConfig | None = None
+    """ServiceMonitor for the exporter."""
+    serviceMonitoring: bool | None = Field(default=None, deprecated=True)
+    """Deprecated alias of serviceMonitor.enabled (from widely copied samples); serviceMonitor.enabled wins."""
+    service: ServiceSpec | None = None
+    """Metrics Service settings."""
+    hostPID: bool | None = None
+    """Share the host PID namespace (per-process metrics)."""
+    hpcJobMapping: HPCJobMappingSpec | None = None
+    """HPC job mapping."""
+    enablePodLabels: bool | None = None
+    """Add pod labels to metrics (needs read access to pods)."""
+    enablePodUID: bool | None = None
+    """Add pod UIDs to metrics (needs read access to pods)."""
+    podLabelAllowlistRegex: list[str] | None = None
+    """Only pod labels matching these regexes are added."""
+    annotations: Labels | None = None
+    """Annotations of the exporter pods."""
+
+    def service_monitor_enabled(self) -> bool:
+        if self.serviceMonitor is not None and self.serviceMonitor.enabled is not None:
+            return self.serviceMonitor.enabled
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            return bool(self.serviceMonitoring)
+
+
+class DCGMSpec(ComponentSpec):
+    """Standalone DCGM host engine (nv-hostengine)."""
+
+    hostPort: int | None = Field(default=None, ge=1, le=65535)
+    """Host port of nv-hostengine (default 5555)."""
+
+
+class GFDSpec(ComponentSpec):
+    """GPU Feature Discovery: labels nodes with GPU model, memory, MIG and CUDA facts."""
+
+
+class MIGSpec(Model):
+    """MIG exposure strategy."""
+
+    strategy: Literal["none", "single", "mixed"] = "single"
+    """How MIG devices are advertised: none, single (nvidia.com/gpu) or mixed (nvidia.com/mig-<profile>)."""
+
+
+class MIGManagerConfig(Model):
+    """MIG partitioning configurations."""
+
+    name: str | None = None
+    """ConfigMap with mig-parted configurations (default: the operator's default-mig-parted-config)."""
+    default: Literal["all-disabled", ""] = "all-disabled"
+    """Configuration applied to MIG-capable nodes without an nvidia.com/mig.config label."""
+
+
+class MIGManagerSpec(ComponentSpec):
+    """MIG manager: applies the nvidia.com/mig.config partitioning on MIG-capable nodes."""
+
+    config: MIGManagerConfig | None = None
+    """MIG configurations."""
+    gpuClientsConfig: ConfigMapRef | None = None
+    """ConfigMap listing GPU clients restarted around a MIG change."""
+
+
+class NodeStatusExporterSpec(OffByDefault):
+    """Node status exporter: per-node validation metrics."""
+
+
+class ValidatorComponentSpec(Model):
+    """Settings of one validation step."""
+
+    env: list[EnvVar] | None = None
+    """Environment of this validation step."""
+
+
+class ValidatorSpec(ComponentSpec):
+    """Operator validator: checks driver, toolkit, CUDA and device plugin on every node."""
+
+    plugin: ValidatorComponentSpec | None = None
+    """Device plugin validation."""
+    toolkit: ValidatorComponentSpec | None = None
+    """Toolkit validation."""
+    driver: ValidatorComponentSpec | None = None
+    """Driver validation."""
+    cuda: ValidatorComponentSpec | None = None
+    """CUDA workload validation."""
+    vfioPCI: ValidatorComponentSpec | None = None
+    """VFIO-PCI validation (sandbox)."""
+    vgpuManager: ValidatorComponentSpec | None = None
+    """vGPU manager validation (sandbox)."""
+    vgpuDevices: ValidatorComponentSpec | None = None
+    """vGPU devices validation (sandbox)."""
+
+
+class EnabledSpec(Model):
+    """An on/off switch."""
+
+    enabled: bool = False
+    """Enable it."""
+
+
+class CDIConfigSpec(Model):
+    """Container Device Interface."""
+
+    enabled: bool = True
+    """Generate CDI specs and use CDI for GPU injection."""
+    default: bool | None = None
+    """Deprecated."""
+    nriPluginEnabled: bool = False
+    """Use the NRI plugin for injection (requires CDI)."""
+
+
+class HostPathsSpec(Model):
+    """Host paths the operands use."""
+
+    rootFS: str = "/"
+    """Host root filesystem."""
+    driverInstallDir: str = "/run/nvidia/driver"
+    """Where the containerized driver is installed on the host."""
+    kubeletRootDir: str = "/var/lib/kubelet"
+    """Kubelet root directory (device plugin sockets live below it)."""
+
+
+# Sections accepted for compatibility; enabling one is reported as unsupported by the reconciler.
+
+
+class SandboxWorkloadsSpec(Model):
+    """Sandboxed (VM) workloads (unsupported by this operator)."""
+
+    enabled: bool = False
+    """Enable sandbox workloads."""
+    defaultWorkload: Literal["container", "vm-passthrough", "vm-vgpu"] = "container"
+    """Workload type of nodes without a nvidia.com/gpu.workload.config label."""
+    mode: Literal["kubevirt", "kata"] = "kubevirt"
+    """Sandbox technology."""
+
+
+class VFIOManagerSpec(OffByDefault):
+    """VFIO manager (unsupported)."""
+
+    driverManager: DriverManagerSpec | None = None
+    """Driver manager init container."""
+
+
+class VGPUManagerSpec(OffByDefault):
+    """vGPU host manager (unsupported)."""
+
+    driverManager: DriverManagerSpec | None = None
+    """Driver manager init container."""
+    kernelModuleConfig: ConfigMapRef | None = None
+    """Kernel module parameters."""
+
+
+class VGPUDeviceManagerSpec(OffByDefault):
+    """vGPU device manager (unsupported)."""
+
+    config: ConfigWithDefault | None = None
+    """vGPU device configurations."""
+
+
+class KataManagerSpec(OffByDefault):
+    """Kata manager (deprecated upstream; unsupported)."""
+
+    config: dict[str, Any] | None = None
+    """Kata manager configuration, passed through."""
+
+
+class CCManagerSpec(OffByDefault):
+    """Confidential computing manager (unsupported)."""
+
+    defaultMode: Literal["on", "off", "devtools"] | None = None
+    """Default CC mode."""
+
+
+class SandboxDevicePluginSpec(OffByDefault):
+    """KubeVirt sandbox device plugin (unsupported)."""
+
+
+class KataDevicePluginSpec(OffByDefault):
+    """Kata sandbox device plugin (unsupported)."""
+
+
+class GDSSpec(OffByDefault):
+    """GPUDirect Storage nvidia-fs sidecar (unsupported)."""
+
+
+class GDRCopySpec(OffByDefault):
+    """GDRCopy sidecar (unsupported)."""
+
+
+class ClusterPolicySpec(Model):
+    """Desired state of the NVIDIA GPU software stack on every GPU node."""
+
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
+        "sandboxWorkloads",
+        "vfioManager",
+        "vgpuManager",
+        "vgpuDeviceManager",
+        "sandboxDevicePlugin",
+        "kataManager",
+        "kataSandboxDevicePlugin",
+        "ccManager",
+        "gds",
+        "gdrcopy",
+    )
+
+    operator: OperatorSpec = Field(default_factory=OperatorSpec)
+    """Operator settings."""
+    daemonsets: DaemonsetsSpec = Field(default_factory=DaemonsetsSpec)
+    """Settings common to all operand DaemonSets."""
+    driver: DriverSpec = Field(default_factory=DriverSpec)
+    """NVIDIA driver."""
+    toolkit: ToolkitSpec = Field(default_factory=ToolkitSpec)
+    """NVIDIA container toolkit."""
+    devicePlugin: DevicePluginSpec = Field(default_factory=DevicePluginSpec)
+    """NVIDIA device plugin."""
+    dcgmExporter: DCGMExporterSpec = Field(default_factory=DCGMExporterSpec)
+    """DCGM exporter."""
+    dcgm: DCGMSpec = Field(default_factory=DCGMSpec)
+    """Standalone DCGM."""
+    nodeStatusExporter: NodeStatusExporterSpec = Field(default_factory=NodeStatusExporterSpec)
+    """Node status exporter."""
+    gfd: GFDSpec = Field(default_factory=GFDSpec)
+    """GPU Feature Discovery."""
+    mig: MIGSpec = Field(default_factory=MIGSpec)
+    """MIG strategy."""
+    migManager: MIGManagerSpec = Field(default_factory=MIGManagerSpec)
+    """MIG manager."""
+    validator: ValidatorSpec = Field(default_factory=ValidatorSpec)
+    """Operator validator."""
+    psa: EnabledSpec = Field(default_factory=EnabledSpec)
+    """Label the operand namespace for the privileged Pod Security Admission level."""
+    psp: EnabledSpec = Field(default_factory=EnabledSpec)
+    """PodSecurityPolicy (removed from Kubernetes; accepted, no effect)."""
+    cdi: CDIConfigSpec = Field(default_factory=CDIConfigSpec)
+    """Container Device Interface."""
+    hostPaths: HostPathsSpec = Field(default_factory=HostPathsSpec)
+    """Host paths."""
+    sandboxWorkloads: SandboxWorkloadsSpec = Field(default_factory=SandboxWorkloadsSpec)
+    """Sandbox workloads (unsupported)."""
+    vfioManager: VFIOManagerSpec = Field(default_factory=VFIOManagerSpec)
+    """VFIO manager (unsupported)."""
+    vgpuManager: VGPUManagerSpec = Field(default_factory=VGPUManagerSpec)
+    """vGPU manager (unsupported)."""
+    vgpuDeviceManager: VGPUDeviceManagerSpec = Field(default_factory=VGPUDeviceManagerSpec)
+    """vGPU device manager (unsupported)."""
+    sandboxDevicePlugin: SandboxDevicePluginSpec = Field(default_factory=SandboxDevicePluginSpec)
+    """Sandbox device plugin (unsupported)."""
+    kataManager: KataManagerSpec = Field(default_factory=KataManagerSpec)
+    """Kata manager (unsupported)."""
+    kataSandboxDevicePlugin: KataDevicePluginSpec = Field(default_factory=KataDevicePluginSpec)
+    """Kata sandbox device plugin (unsupported)."""
+    ccManager: CCManagerSpec = Field(default_factory=CCManagerSpec)
+    """Confidential computing manager (unsupported)."""
+    gds: GDSSpec = Field(default_factory=GDSSpec)
+    """GPUDirect Storage (unsupported)."""
+    gdrcopy: GDRCopySpec = Field(default_factory=GDRCopySpec)
+    """GDRCopy (unsupported)."""
+
+    @model_validator(mode="after")
+    def _nri_needs_cdi(self) -> ClusterPolicySpec:
+        if self.cdi.nriPluginEnabled and not self.cdi.enabled:
+            raise ValueError("cdi.nriPluginEnabled requires cdi.enabled")
+        return self
+
+    def unsupported_enabled(self) -> list[str]:
+        """Names of unsupported sections the user switched on (reported, never silently ignored)."""
+        found = []
+        for name in self.UNSUPPORTED:
+            section = getattr(self, name)
+            if getattr(section, "enabled", False) or (
+                isinstance(section, ComponentSpec) and section.is_enabled()
+            ):
+                found.append(name)
+        return found

@@ -1,0 +1,139 @@
+"""The component registry: one record per operand, shared by the renderer, the planner and the CLI.
+
+Adding an operand is a template folder plus one entry here. Order is dependency order (NVIDIA's
+state order): driver → container toolkit → validator, device plugin and the rest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from gpu_operator.api.common import ComponentSpec
+from gpu_operator.api.spec import ClusterPolicySpec
+
+NodeLabels = Mapping[str, str]
+
+MIG_CAPABLE_LABEL = "nvidia.com/mig.capable"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+VGPU_HOST_LABEL = "nvidia.com/vgpu.host-driver-version"
+
+
+def any_gpu_node(labels: NodeLabels) -> bool:
+    return True
+
+
+def mig_capable(labels: NodeLabels) -> bool:
+    """NVIDIA's rule: GFD's mig.capable label, else a product name of a MIG-capable GPU; never a vGPU host."""
+    if VGPU_HOST_LABEL in labels:
+        return False
+    if MIG_CAPABLE_LABEL in labels:
+        return labels[MIG_CAPABLE_LABEL] == "true"
+    product = labels.get(GPU_PRODUCT_LABEL, "").lower()
+    return any(model in product for model in ("h100", "h200", "a100", "a30", "b200", "gb200"))
+
+
+@dataclass(frozen=True)
+class Image:
+    """A built-in default image, used when neither the policy nor the operator's env names one."""
+
+    repository: str
+    name: str
+    version: str
+
+
+@dataclass(frozen=True)
+class Component:
+    """One operand: its spec section, DaemonSet, dependencies and where it runs."""
+
+    name: str
+    """Also the template folder, the `app.kubernetes.io/component` label and the deploy label suffix."""
+    section: str
+    """Attribute of ClusterPolicySpec holding its settings."""
+    daemonset: str
+    """DaemonSet name (NVIDIA's, so existing dashboards and scripts keep working)."""
+    image_env: str
+    """Operator environment variable that supplies the image when the policy gives none (OLM style)."""
+    default_image: Image
+    depends_on: tuple[str, ...] = ()
+    node_filter: Callable[[NodeLabels], bool] = field(default=any_gpu_node)
+    os_specific_tag: bool = False
+    """The image tag gets the node OS suffix (`-ubuntu22.04`), as NVIDIA's driver images do."""
+
+    @property
+    def deploy_label(self) -> str:
+        return f"nvidia.com/gpu.deploy.{self.name}"
+
+    def spec(self, policy: ClusterPolicySpec) -> ComponentSpec:
+        section = getattr(policy, self.section)
+        assert isinstance(section, ComponentSpec)
+        return section
+
+    def enabled(self, policy: ClusterPolicySpec) -> bool:
+        return self.spec(policy).is_enabled()
+
+
+_NVCR = "nvcr.io/nvidia"
+_CLOUD_NATIVE = "nvcr.io/nvidia/cloud-native"
+_VALIDATOR = Image(_CLOUD_NATIVE, "gpu-operator-validator", "v26.7.0")
+_DEVICE_PLUGIN = Image(_NVCR, "k8s-device-plugin", "v0.20.0")
+
+COMPONENTS: tuple[Component, ...] = (
+    Component(
+        "driver", "driver", "nvidia-driver-daemonset", "DRIVER_IMAGE",
+        Image(_NVCR, "driver", "595.91.07"), os_specific_tag=True,
+    ),
+    Component(
+        "container-toolkit", "toolkit", "nvidia-container-toolkit-daemonset", "CONTAINER_TOOLKIT_IMAGE",
+        Image(f"{_NVCR}/k8s", "container-toolkit", "v1.20.0"), depends_on=("driver",),
+    ),
+    Component(
+        "operator-validator", "validator", "nvidia-operator-validator", "VALIDATOR_IMAGE",
+        _VALIDATOR, depends_on=("container-toolkit",),
+    ),
+    Component(
+        "device-plugin", "devicePlugin", "nvidia-device-plugin-daemonset", "DEVICE_PLUGIN_IMAGE",
+        _DEVICE_PLUGIN, depends_on=("container-toolkit",),
+    ),
+    Component(
+        "dcgm", "dcgm", "nvidia-dcgm", "DCGM_IMAGE",
+        Image(_CLOUD_NATIVE, "dcgm", "4.4.1-1-ubuntu22.04"), depends_on=("container-toolkit",),
+    ),
+    Component(
+        "dcgm-exporter", "dcgmExporter", "nvidia-dcgm-exporter", "DCGM_EXPORTER_IMAGE",
+        Image(f"{_NVCR}/k8s", "dcgm-exporter", "4.4.1-4.6.0-ubuntu22.04"),
+        depends_on=("container-toolkit", "dcgm"),
+    ),
+    Component(
+        "gpu-feature-discovery", "gfd", "gpu-feature-discovery", "GFD_IMAGE",
+        _DEVICE_PLUGIN, depends_on=("container-toolkit",),
+    ),
+    Component(
+        "mig-manager", "migManager", "nvidia-mig-manager", "MIG_MANAGER_IMAGE",
+        Image(_CLOUD_NATIVE, "k8s-mig-manager", "v0.15.0"),
+        depends_on=("container-toolkit",), node_filter=mig_capable,
+    ),
+    Component(
+        "node-status-exporter", "nodeStatusExporter", "nvidia-node-status-exporter", "VALIDATOR_IMAGE",
+        _VALIDATOR, depends_on=("driver",),
+    ),
+)
+
+BY_NAME: dict[str, Component] = {c.name: c for c in COMPONENTS}
+
+DRIVER_MANAGER = Image(_CLOUD_NATIVE, "k8s-driver-manager", "v0.12.0")
+DRIVER_MANAGER_ENV = "DRIVER_MANAGER_IMAGE"
+
+
+def effective_dependencies(component: Component, policy: ClusterPolicySpec) -> tuple[str, ...]:
+    """The enabled components this one must wait for on a node.
+
+    A disabled dependency (say, a driver pre-installed on the host) counts as satisfied, but what *it*
+    depended on still applies: with the toolkit disabled, the device plugin still waits for the driver.
+    """
+    result: list[str] = []
+    for name in component.depends_on:
+        dep = BY_NAME[name]
+        found = (name,) if dep.enabled(policy) else effective_dependencies(dep, policy)
+        result.extend(n for n in found if n not in result)
+    return tuple(result)
