@@ -13,8 +13,10 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-_QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d+)?$")
-_INT_OR_PERCENT = re.compile(r"^\d+%?$")
+# fullmatch and re.ASCII everywhere: `$` alone accepts a trailing newline, and `\d`/`\w` would accept
+# non-ASCII digits and letters; the API server (RE2, same patterns in the CRD) accepts neither.
+_QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d+)?$", re.ASCII)
+_INT_OR_PERCENT = re.compile(r"^\d+%?$", re.ASCII)
 # A registry host (with optional port) and path, as Docker reference grammar allows (lowercase path).
 _REPOSITORY = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9.-]*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
 # NVIDIA allows only `[a-zA-Z0-9-]+`; we also accept path segments (`nvidia/driver`), as the seed
@@ -22,11 +24,15 @@ _REPOSITORY = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9.-]*(:[0-9]+)?(/[a-z0-9]+([._-]
 _IMAGE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
 _FULL_IMAGE = re.compile(
     r"^[a-zA-Z0-9][a-zA-Z0-9.-]*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*"
-    r"(:[\w][\w.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
+    r"(:[\w][\w.-]{0,127})?(@sha256:[a-f0-9]{64})?$",
+    re.ASCII,
 )
-_TAG = re.compile(r"^[\w][\w.-]{0,127}$")
+_TAG = re.compile(r"^[\w][\w.-]{0,127}$", re.ASCII)
 _DIGEST = re.compile(r"^sha256:[a-f0-9]{64}$")
-_LABEL_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_NAME = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
 
 
@@ -44,7 +50,7 @@ def _int_or_percent(value: int | str) -> int | str:
         if value < 0:
             raise ValueError("must be a non-negative integer or a percentage like '25%'")
         return value
-    if not _INT_OR_PERCENT.match(value):
+    if not _INT_OR_PERCENT.fullmatch(value):
         raise ValueError(f"{value!r} is not a non-negative integer or a percentage like '25%'")
     if value.endswith("%") and int(value[:-1]) > 100:
         raise ValueError(f"{value!r} is more than 100%")
@@ -56,20 +62,33 @@ def _quantity(value: int | str) -> int | str:
         if value < 0:
             raise ValueError("a resource quantity cannot be negative")
         return value
-    if not _QUANTITY.match(value) or value.startswith("-"):
+    if not _QUANTITY.fullmatch(value) or value.startswith("-"):
         raise ValueError(f"{value!r} is not a Kubernetes quantity such as '500m', '1Gi' or '2'")
     return value
 
 
 def _label_keys(value: dict[str, str]) -> dict[str, str]:
     for key in value:
-        if not _LABEL_NAME.match(key) or len(key) > 316:
+        if not _LABEL_NAME.fullmatch(key) or len(key) > 316:
             raise ValueError(f"{key!r} is not a valid label or annotation key")
     return value
 
 
-IntOrPercent = Annotated[int | str, AfterValidator(_int_or_percent)]
-Quantity = Annotated[int | str, AfterValidator(_quantity)]
+def crd_schema(**extra: Any) -> Any:
+    """Schema-only additions for the CRD (the API server checks them at admission; pydantic checks the
+    same rule in the validator next to it). Keep both saying the same thing."""
+    return Field(json_schema_extra=extra)
+
+
+# The same rules as `_int_or_percent` and `_quantity`, spelled for the API server: the pattern applies
+# to the string form, `minimum` to the integer form of an int-or-string value.
+_INT_OR_PERCENT_CRD = r"^([0-9]+|0*(100|[1-9]?[0-9])%)$"
+_QUANTITY_CRD = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
+
+IntOrPercent = Annotated[
+    int | str, AfterValidator(_int_or_percent), crd_schema(pattern=_INT_OR_PERCENT_CRD, minimum=0)
+]
+Quantity = Annotated[int | str, AfterValidator(_quantity), crd_schema(pattern=_QUANTITY_CRD, minimum=0)]
 Labels = Annotated[dict[str, str], AfterValidator(_label_keys)]
 NonNegativeInt = Annotated[int, Field(ge=0)]
 PositiveInt = Annotated[int, Field(ge=1)]
@@ -77,31 +96,41 @@ PositiveInt = Annotated[int, Field(ge=1)]
 
 def _pattern(regex: re.Pattern[str], what: str) -> AfterValidator:
     def check(value: str) -> str:
-        if not regex.match(value):
+        if not regex.fullmatch(value):
             raise ValueError(f"{value!r} is not a valid {what}")
         return value
 
     return AfterValidator(check)
 
 
-Repository = Annotated[str, _pattern(_REPOSITORY, "image repository (registry host and path)")]
-EnvName = Annotated[str, _pattern(_ENV_NAME, "environment variable name")]
+Repository = Annotated[
+    str,
+    _pattern(_REPOSITORY, "image repository (registry host and path)"),
+    crd_schema(pattern=_REPOSITORY.pattern),
+]
+EnvName = Annotated[
+    str, _pattern(_ENV_NAME, "environment variable name"), crd_schema(pattern=_ENV_NAME.pattern)
+]
 
 
 def _image(value: str) -> str:
-    if _IMAGE.match(value) or _FULL_IMAGE.match(value):
+    if _IMAGE.fullmatch(value) or _FULL_IMAGE.fullmatch(value):
         return value
     raise ValueError(f"{value!r} is not a valid image name or reference")
 
 
 def _version(value: str) -> str:
-    if _TAG.match(value) or _DIGEST.match(value):
+    if _TAG.fullmatch(value) or _DIGEST.fullmatch(value):
         return value
     raise ValueError(f"{value!r} is not a valid image tag or 'sha256:<64 hex>' digest")
 
 
-ImageName = Annotated[str, AfterValidator(_image)]
-ImageVersion = Annotated[str, AfterValidator(_version)]
+ImageName = Annotated[
+    str, AfterValidator(_image), crd_schema(pattern=f"{_IMAGE.pattern}|{_FULL_IMAGE.pattern}")
+]
+ImageVersion = Annotated[
+    str, AfterValidator(_version), crd_schema(pattern=f"{_TAG.pattern}|{_DIGEST.pattern}")
+]
 
 
 class EnvVar(Model):
@@ -155,6 +184,27 @@ class ProbeSpec(Model):
 class ComponentSpec(Model):
     """Fields every operand spec repeats: on/off, image and container settings."""
 
+    # `_complete_image` below, as admission rules, so `kubectl apply` rejects a half-given image at once.
+    # Null-valued fields count as absent in CEL's has(), as None does here.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.repository) || (has(self.image) && has(self.version))",
+                    "message": (
+                        "repository is set, so image and version must be set too (or give image alone)"
+                    ),
+                    "fieldPath": ".repository",
+                },
+                {
+                    "rule": "!has(self.version) || has(self.image)",
+                    "message": "version is set but image is not",
+                    "fieldPath": ".version",
+                },
+            ]
+        }
+    )
+
     DEFAULT_ENABLED: ClassVar[bool] = True
 
     enabled: bool | None = None
@@ -186,8 +236,10 @@ class ComponentSpec(Model):
         # NVIDIA's rule: repository/image:version, or image alone as a full reference. We also accept
         # image:version without repository (common in copied samples); anything else is ambiguous.
         if self.repository and not (self.image and self.version):
-            missing = "image and version" if not (self.image or self.version) else (
-                "image" if not self.image else "version"
+            missing = (
+                "image and version"
+                if not (self.image or self.version)
+                else ("image" if not self.image else "version")
             )
             raise ValueError(f"repository is set, so {missing} must be set too (or give image alone)")
         if self.version and not self.image:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
 from gpu_operator.api.common import (
     ComponentSpec,
@@ -89,7 +89,7 @@ class RollingUpdateSpec(Model):
     """Rolling update parameters of the operand DaemonSets."""
 
     maxUnavailable: IntOrPercent | None = None
-    """Nodes that may be without a ready pod during an update: a count or a percentage like '25%' (default 1)."""
+    """Nodes that may lack a ready pod during an update: a count or a percentage like '25%' (default 1)."""
 
 
 class DaemonsetsSpec(Model):
@@ -104,7 +104,7 @@ class DaemonsetsSpec(Model):
     priorityClassName: str = "system-node-critical"
     """PriorityClass of every operand pod."""
     updateStrategy: Literal["RollingUpdate", "OnDelete"] = "RollingUpdate"
-    """Update strategy of the operand DaemonSets (the driver stays OnDelete unless autoUpgrade is off and this is set)."""
+    """Update strategy of the operand DaemonSets (the driver keeps OnDelete, see the README)."""
     rollingUpdate: RollingUpdateSpec | None = None
     """Rolling update parameters."""
     podSecurityContext: dict[str, Any] | None = None
@@ -218,7 +218,7 @@ class DriverSpec(ComponentSpec):
     """The containerized NVIDIA driver."""
 
     useNvidiaDriverCRD: bool | None = None
-    """Manage drivers through NVIDIADriver objects instead (reported; this operator manages the driver from the ClusterPolicy)."""
+    """Use NVIDIADriver objects instead (reported; this operator manages the driver from the ClusterPolicy)."""
     usePrecompiled: bool | None = None
     """Use precompiled driver images (tag <version>-<kernel>-<os>)."""
     useOpenKernelModules: bool | None = None
@@ -300,7 +300,7 @@ class DCGMExporterSpec(ComponentSpec):
     serviceMonitor: ServiceMonitorConfig | None = None
     """ServiceMonitor for the exporter."""
     serviceMonitoring: bool | None = Field(default=None, deprecated=True)
-    """Deprecated alias of serviceMonitor.enabled (from widely copied samples); serviceMonitor.enabled wins."""
+    """Deprecated alias of serviceMonitor.enabled (from copied samples); serviceMonitor.enabled wins."""
     service: ServiceSpec | None = None
     """Metrics Service settings."""
     hostPID: bool | None = None
@@ -399,6 +399,22 @@ class EnabledSpec(Model):
 
 class CDIConfigSpec(Model):
     """Container Device Interface."""
+
+    # ClusterPolicySpec._nri_needs_cdi, as an admission rule.
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": (
+                        "!has(self.nriPluginEnabled) || !self.nriPluginEnabled"
+                        " || !has(self.enabled) || self.enabled"
+                    ),
+                    "message": "cdi.nriPluginEnabled requires cdi.enabled",
+                    "fieldPath": ".nriPluginEnabled",
+                }
+            ]
+        }
+    )
 
     enabled: bool = True
     """Generate CDI specs and use CDI for GPU injection."""

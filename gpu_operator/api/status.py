@@ -44,7 +44,7 @@ class NodeProblem(Model):
     node: str
     """Node name."""
     reason: str
-    """Short reason: a container waiting reason (CrashLoopBackOff, ImagePullBackOff), Unschedulable, NotReady, ..."""
+    """Short reason: a waiting reason (CrashLoopBackOff, ImagePullBackOff), Unschedulable, NotReady, ..."""
     message: str = ""
     """Details, e.g. the container's last message."""
 

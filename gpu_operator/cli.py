@@ -1,0 +1,344 @@
+"""`gpu-operator run | render | validate | crd`.
+
+Data goes to stdout, diagnostics to stderr, one line each, prefixed with the file they concern. Exit
+status: 0 fine (warnings allowed), 2 bad input (unreadable file, invalid YAML, invalid policy) or bad
+usage, 1 an unexpected failure while rendering. No input, however broken, produces a traceback:
+`validate` and `render` are what people run in CI on hand-written YAML.
+
+`validate`, `render` and `crd` never import Kopf or the Kubernetes client; `run` imports the operator
+lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+from pydantic import BaseModel
+
+from gpu_operator import __version__
+from gpu_operator.api import KIND, FieldError, PolicyError, parse_document
+from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.components import COMPONENTS
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+
+DEFAULT_NAMESPACE = "gpu-operator"
+DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
+
+
+class InputError(Exception):
+    """A file that cannot be used; every line is printed as `FILE: line`."""
+
+    def __init__(self, lines: list[str]) -> None:
+        self.lines = lines
+        super().__init__("; ".join(lines))
+
+
+@dataclass(frozen=True)
+class Policy:
+    """One valid ClusterPolicy from a file."""
+
+    name: str
+    spec: ClusterPolicySpec
+
+
+# --- reading files -------------------------------------------------------------------------------
+
+
+def _display(path: str) -> str:
+    return "<stdin>" if path == "-" else path
+
+
+def read_text(path: str, stdin: TextIO | None = None) -> str:
+    """The file's text (`-` is stdin); InputError for anything that is not readable UTF-8 text."""
+    try:
+        if path == "-":
+            stream = stdin if stdin is not None else sys.stdin
+            data = stream.buffer.read() if hasattr(stream, "buffer") else stream.read().encode()
+        else:
+            data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise InputError(["no such file"]) from None
+    except IsADirectoryError:
+        raise InputError(["is a directory, not a file"]) from None
+    except OSError as exc:
+        raise InputError([f"cannot read: {exc.strerror or exc}"]) from None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise InputError([f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"]) from None
+
+
+def load_documents(text: str) -> list[Any]:
+    """The non-empty YAML documents of `text`; a `kind: List` contributes its items."""
+    try:
+        raw = list(yaml.safe_load_all(text))
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = exc.problem or exc.context or "syntax error"
+        if exc.problem and exc.context and exc.context_mark and exc.context_mark is not mark:
+            context = exc.context_mark
+            problem += f" ({exc.context} at line {context.line + 1}, column {context.column + 1})"
+        raise InputError([f"{where}not valid YAML: {problem}"]) from None
+    except yaml.YAMLError as exc:
+        raise InputError([f"not valid YAML: {exc}"]) from None
+    except RecursionError:
+        raise InputError(["not usable YAML: nested too deeply"]) from None
+    documents: list[Any] = []
+    for doc in raw:
+        if doc is None:
+            continue  # `---` separators around nothing, as kubectl skips them
+        if isinstance(doc, Mapping) and str(doc.get("kind", "")).endswith("List") and "items" in doc:
+            items = doc.get("items")
+            if not isinstance(items, list):
+                raise InputError([f"{doc.get('kind')}: items must be a list"])
+            documents.extend(items)
+        else:
+            documents.append(doc)
+    if not documents:
+        raise InputError(["empty: no YAML document in it"])
+    return documents
+
+
+def load_policies(path: str, stdin: TextIO | None = None) -> list[Policy]:
+    """Every ClusterPolicy in the file, validated; InputError lists every problem of every document."""
+    documents = load_documents(read_text(path, stdin))
+    several = len(documents) > 1
+    policies: list[Policy] = []
+    problems: list[str] = []
+    for index, doc in enumerate(documents, start=1):
+        prefix = f"document {index}: " if several else ""
+        if several and isinstance(doc, Mapping) and doc.get("kind") != KIND:
+            problems.append(f"{prefix}a {doc.get('kind') or 'document without kind'}, not a {KIND}")
+            continue
+        try:
+            spec = parse_document(doc)
+        except PolicyError as exc:
+            problems.extend(f"{prefix}{error}" for error in exc.errors)
+            continue
+        metadata = doc["metadata"]
+        policies.append(Policy(name=str(metadata["name"]), spec=spec))
+    if problems:
+        raise InputError(problems)
+    return policies
+
+
+# --- what validate reports beyond errors ----------------------------------------------------------
+
+
+def deprecated_fields(model: BaseModel, prefix: str = "spec") -> list[FieldError]:
+    """Fields the user set that are deprecated (pydantic `deprecated=` or a 'Deprecated' description)."""
+    found: list[FieldError] = []
+    for name, info in type(model).model_fields.items():
+        if name not in model.model_fields_set:
+            continue
+        path = f"{prefix}.{info.alias or name}"
+        description = (info.description or "").strip()
+        if info.deprecated or description.lower().startswith("deprecated"):
+            found.append(FieldError(path, description or "deprecated"))
+        value = model.__dict__.get(name)  # not getattr: that warns for deprecated fields
+        children = value if isinstance(value, list) else [value]
+        for i, child in enumerate(children):
+            if isinstance(child, BaseModel):
+                found.extend(deprecated_fields(child, f"{path}[{i}]" if isinstance(value, list) else path))
+    return found
+
+
+def enabled_components(spec: ClusterPolicySpec) -> list[str]:
+    return [c.name for c in COMPONENTS if c.enabled(spec)]
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def summary(policy: Policy) -> str:
+    enabled = enabled_components(policy.spec)
+    parts = [f"{', '.join(enabled)} enabled" if enabled else "no component enabled"]
+    deprecated = deprecated_fields(policy.spec)
+    if deprecated:
+        parts.append(
+            f"{_plural(len(deprecated), 'deprecated field')}: {', '.join(d.path for d in deprecated)}"
+        )
+    unsupported = policy.spec.unsupported_enabled()
+    if unsupported:
+        parts.append(f"{_plural(len(unsupported), 'unsupported section')} enabled: {', '.join(unsupported)}")
+    return f"{policy.name}: valid ({'; '.join(parts)})"
+
+
+def warnings_for(policy: Policy) -> list[str]:
+    lines = [f"warning: {d.path} is deprecated: {d.message}" for d in deprecated_fields(policy.spec)]
+    lines.extend(
+        f"warning: spec.{name} is enabled, but this operator does not deploy it; it is ignored"
+        for name in policy.spec.unsupported_enabled()
+    )
+    return lines
+
+
+# --- commands -------------------------------------------------------------------------------------
+
+
+def _report(path: str, lines: Sequence[str], err: TextIO) -> None:
+    for line in lines:
+        print(f"{_display(path)}: {line}", file=err)
+
+
+def cmd_validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    try:
+        policies = load_policies(args.file)
+    except InputError as exc:
+        _report(args.file, exc.lines, err)
+        return EXIT_INVALID
+    for policy in policies:
+        _report(args.file, warnings_for(policy), err)
+        print(summary(policy), file=out)
+    return EXIT_OK
+
+
+def load_nodes(path: str) -> list[dict[str, Any]]:
+    """Nodes from a NodeList/List, or from one or several Node documents (`kubectl get nodes -o yaml`)."""
+    nodes: list[dict[str, Any]] = []
+    problems: list[str] = []
+    documents = load_documents(read_text(path))
+    for index, doc in enumerate(documents, start=1):
+        if not isinstance(doc, Mapping) or doc.get("kind", "Node") != "Node":
+            what = doc.get("kind") if isinstance(doc, Mapping) else type(doc).__name__
+            problems.append(f"item {index}: a {what}, not a Node")
+        elif not isinstance(doc.get("metadata", {}), Mapping):
+            problems.append(f"item {index}: metadata must be a mapping")
+        else:
+            nodes.append(dict(doc))
+    if problems:
+        raise InputError(problems)
+    return nodes
+
+
+def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    # Imported here so that `validate` and `crd` work without the renderer's templates.
+    from gpu_operator.nodes import cluster_facts
+    from gpu_operator.render import render, to_yaml
+
+    try:
+        policies = load_policies(args.file)
+    except InputError as exc:
+        _report(args.file, exc.lines, err)
+        return EXIT_INVALID
+    if len(policies) != 1:
+        _report(args.file, [f"render takes one {KIND}, this file has {len(policies)}"], err)
+        return EXIT_INVALID
+    nodes: list[dict[str, Any]] = []
+    if args.nodes:
+        try:
+            nodes = load_nodes(args.nodes)
+        except InputError as exc:
+            _report(args.nodes, exc.lines, err)
+            return EXIT_INVALID
+    policy = policies[0]
+    _report(args.file, warnings_for(policy), err)
+    try:
+        facts = cluster_facts(nodes, args.namespace, os.environ)
+        text = to_yaml(render(policy.spec, facts))
+    except PolicyError as exc:
+        _report(args.file, [str(e) for e in exc.errors], err)
+        return EXIT_INVALID
+    except Exception as exc:  # a bug, not bad input; still one line, as promised above
+        _report(args.file, [f"cannot render: {type(exc).__name__}: {exc}"], err)
+        return EXIT_FAILED
+    out.write(text)
+    return EXIT_OK
+
+
+def cmd_crd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from gpu_operator.api.crd import crd_yaml
+
+    out.write(crd_yaml())
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from gpu_operator.operator import run  # Kopf is imported only when the operator runs
+
+    run(namespace=args.namespace, log_format=args.log_format, liveness=args.liveness, verbose=args.verbose)
+    return EXIT_OK
+
+
+# --- the parser -----------------------------------------------------------------------------------
+
+
+def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="gpu-operator",
+        description="Deploys the NVIDIA GPU software stack from one nvidia.com/v1 ClusterPolicy.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="run the operator (in the cluster or against $KUBECONFIG)")
+    run.add_argument(
+        "--namespace",
+        default=environ.get("OPERATOR_NAMESPACE") or DEFAULT_NAMESPACE,
+        help="namespace of the operands (env OPERATOR_NAMESPACE; default %(default)s)",
+    )
+    run.add_argument(
+        "--log-format", choices=("plain", "full", "json"), default="plain", help="log format (default plain)"
+    )
+    run.add_argument(
+        "--liveness",
+        default=environ.get("GPU_OPERATOR_LIVENESS", DEFAULT_LIVENESS),
+        metavar="URL",
+        help="liveness endpoint (env GPU_OPERATOR_LIVENESS; default %(default)s; empty disables it)",
+    )
+    run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    run.set_defaults(handler=cmd_run)
+
+    render = commands.add_parser("render", help="print the objects the operator would apply for a policy")
+    render.add_argument("-f", "--file", required=True, help="ClusterPolicy YAML file, or - for stdin")
+    render.add_argument(
+        "--namespace",
+        default=environ.get("OPERATOR_NAMESPACE") or DEFAULT_NAMESPACE,
+        help="namespace of the operands (default %(default)s)",
+    )
+    render.add_argument(
+        "--nodes",
+        metavar="NODES.yaml",
+        help="nodes (kubectl get nodes -o yaml) that decide the driver image's OS suffix",
+    )
+    render.set_defaults(handler=cmd_render)
+
+    validate = commands.add_parser("validate", help="check ClusterPolicy files; exit 2 if one is invalid")
+    validate.add_argument("-f", "--file", required=True, help="ClusterPolicy YAML file, or - for stdin")
+    validate.set_defaults(handler=cmd_validate)
+
+    crd = commands.add_parser("crd", help="print the ClusterPolicy CustomResourceDefinition")
+    crd.set_defaults(handler=cmd_crd)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser(os.environ)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors: argparse has already printed
+        return exc.code if isinstance(exc.code, int) else EXIT_INVALID
+    try:
+        code: int = args.handler(args, sys.stdout, sys.stderr)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # `gpu-operator render ... | head`: stop quietly, and keep Python from complaining at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

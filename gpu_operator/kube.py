@@ -1,0 +1,173 @@
+"""The only module that talks to the API server: server-side apply, delete, node labels, status, events.
+
+A small generic client over the `kubernetes` package's ApiClient: one code path for every kind, no
+discovery round trips at start-up (the operator only handles the kinds in RESOURCES), plain dicts in
+and out. Sync on purpose: it runs in a worker thread, never on Kopf's event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client, config
+
+from gpu_operator.observed import ObjectKey
+
+FIELD_MANAGER = "gpu-operator"
+
+# (apiVersion, kind) → (plural, namespaced)
+RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
+    ("v1", "ServiceAccount"): ("serviceaccounts", True),
+    ("v1", "ConfigMap"): ("configmaps", True),
+    ("v1", "Service"): ("services", True),
+    ("v1", "Pod"): ("pods", True),
+    ("v1", "Event"): ("events", True),
+    ("v1", "Node"): ("nodes", False),
+    ("v1", "Namespace"): ("namespaces", False),
+    ("apps/v1", "DaemonSet"): ("daemonsets", True),
+    ("rbac.authorization.k8s.io/v1", "Role"): ("roles", True),
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): ("rolebindings", True),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"): ("clusterroles", False),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): ("clusterrolebindings", False),
+    ("node.k8s.io/v1", "RuntimeClass"): ("runtimeclasses", False),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): ("servicemonitors", True),
+    ("nvidia.com/v1", "ClusterPolicy"): ("clusterpolicies", False),
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): ("customresourcedefinitions", False),
+}
+
+
+class ApiError(Exception):
+    """A failed API call, with the server's status code and message."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        self.status = status
+        self.reason = reason
+        super().__init__(f"{status} {reason}: {message}")
+
+
+def path(api_version: str, kind: str, namespace: str = "", name: str = "", subresource: str = "") -> str:
+    plural, namespaced = RESOURCES[(api_version, kind)]
+    prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
+    if namespaced:
+        prefix += f"/namespaces/{namespace}"
+    result = f"{prefix}/{plural}"
+    if name:
+        result += f"/{name}"
+    if subresource:
+        result += f"/{subresource}"
+    return result
+
+
+def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+    try:
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except config.ConfigException:
+        config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+    return client.ApiClient()
+
+
+@dataclass
+class Kube:
+    api: client.ApiClient
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        method_, full_url, headers, payload, _ = self.api.param_serialize(
+            method=method,
+            resource_path=url,
+            query_params=list((query or {}).items()),
+            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self.api.call_api(method_, full_url, header_params=headers, body=payload)
+        data = response.read()  # type: ignore[no-untyped-call]
+        if not 200 <= response.status < 300:
+            try:
+                details = json.loads(data)
+                raise ApiError(response.status, details.get("reason", ""), details.get("message", ""))
+            except (ValueError, AttributeError):
+                raise ApiError(response.status, "", data.decode(errors="replace")[:300]) from None
+        return json.loads(data) if data else {}
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
+        return self.request("GET", path(api_version, kind, namespace, name))
+
+    def list(
+        self, api_version: str, kind: str, namespace: str = "", selector: str = ""
+    ) -> list[dict[str, Any]]:
+        query = {"labelSelector": selector} if selector else None
+        return list(self.request("GET", path(api_version, kind, namespace), query=query).get("items", []))
+
+    def apply(self, body: Mapping[str, Any]) -> dict[str, Any]:
+        """Server-side apply under our field manager, taking over conflicting fields (drift repair)."""
+        metadata = body["metadata"]
+        url = path(body["apiVersion"], body["kind"], metadata.get("namespace", ""), metadata["name"])
+        return self.request(
+            "PATCH",
+            url,
+            body=body,
+            query={"fieldManager": FIELD_MANAGER, "force": "true"},
+            content_type="application/apply-patch+yaml",
+        )
+
+    def delete(self, key: ObjectKey) -> None:
+        api_version, kind, namespace, name = key
+        try:
+            self.request(
+                "DELETE", path(api_version, kind, namespace, name), body={"propagationPolicy": "Background"}
+            )
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    def apply_node_labels(self, node: str, labels: Mapping[str, str]) -> dict[str, Any]:
+        """Own exactly `labels` on the node: labels we owned and leave out are removed, others untouched."""
+        return self.apply(
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": dict(labels)}}
+        )
+
+    def patch_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
+        return self.request(
+            "PATCH",
+            path("nvidia.com/v1", "ClusterPolicy", name=name, subresource="status"),
+            body={"status": dict(status)},
+            content_type="application/merge-patch+json",
+        )
+
+    def post_event(
+        self, namespace: str, policy: Mapping[str, str], type_: str, reason: str, message: str, now: str
+    ) -> None:
+        """An Event on the (cluster-scoped) ClusterPolicy. involvedObject has no namespace, which is what
+        `kubectl describe clusterpolicy` searches for; the Event itself lives in the operator namespace."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"{policy['name']}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
+            "involvedObject": {
+                "apiVersion": "nvidia.com/v1",
+                "kind": "ClusterPolicy",
+                "name": policy["name"],
+                "uid": policy["uid"],
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "source": {"component": FIELD_MANAGER},
+            "reportingComponent": FIELD_MANAGER,
+        }
+        self.request("POST", path("v1", "Event", namespace), body=body)

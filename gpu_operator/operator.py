@@ -1,0 +1,263 @@
+"""Kopf wiring: watch handlers fill the Store and wake one reconcile loop; nothing else lives here.
+
+Why one loop instead of Kopf's create/update handlers: every decision depends on the whole cluster
+(nodes, pods, DaemonSets and every ClusterPolicy), so any change anywhere means "reconcile again".
+A single-flight loop coalesces bursts of watch events into one pass and never runs two passes at
+once. ClusterPolicy events (the initial listing at start-up, create, update, delete) wake it like
+any other. Kopf's own per-object annotations and finalizers are not used, so the operator writes
+nothing to a ClusterPolicy but its status, and deleting a policy never waits for the operator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import kopf
+
+from gpu_operator.kube import RESOURCES, ApiError, Kube, load_api_client
+from gpu_operator.nodes import node_info
+from gpu_operator.observed import (
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    daemonset_info,
+    object_info,
+    object_key,
+    pod_info,
+)
+from gpu_operator.plan import PolicyRef
+from gpu_operator.reconciler import Reconciler, Store
+
+log = logging.getLogger("gpu_operator")
+
+SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+RESYNC_SECONDS = 600.0
+"""Safety net only: a pass with nothing changed reads caches and writes nothing."""
+MAX_BACKOFF = 60.0
+
+# Kinds the operator creates (watched with a server-side label selector, for drift repair).
+MANAGED = [
+    ("", "v1", "serviceaccounts"),
+    ("", "v1", "configmaps"),
+    ("", "v1", "services"),
+    ("apps", "v1", "daemonsets"),
+    ("rbac.authorization.k8s.io", "v1", "roles"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings"),
+    ("rbac.authorization.k8s.io", "v1", "clusterroles"),
+    ("rbac.authorization.k8s.io", "v1", "clusterrolebindings"),
+    ("node.k8s.io", "v1", "runtimeclasses"),
+]
+
+
+class Loop:
+    """The single-flight reconcile loop."""
+
+    def __init__(self, reconciler: Reconciler) -> None:
+        self.reconciler = reconciler
+        self.wakeup = asyncio.Event()
+        self.passes = 0
+        self.failures = 0
+        self.last_error = ""
+
+    def wake(self) -> None:
+        self.wakeup.set()
+
+    async def run(self) -> None:
+        backoff = 1.0
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wakeup.wait(), timeout=RESYNC_SECONDS)
+            self.wakeup.clear()
+            try:
+                await asyncio.to_thread(self.reconciler.run_once)
+            except (ApiError, OSError) as exc:
+                # API trouble: retry later; watch events in between wake us sooner.
+                self.failures += 1
+                self.last_error = str(exc)
+                log.warning("reconcile failed, retrying in %.0fs: %s", backoff, exc)
+                asyncio.get_running_loop().call_later(backoff, self.wake)
+                backoff = min(backoff * 2, MAX_BACKOFF)
+            except Exception:
+                self.failures += 1
+                log.exception("reconcile failed with an unexpected error")
+                asyncio.get_running_loop().call_later(backoff, self.wake)
+                backoff = min(backoff * 2, MAX_BACKOFF)
+            else:
+                self.passes += 1
+                backoff = 1.0
+
+
+STORE = Store()
+LOOP: Loop | None = None
+
+
+def _policy_ref(body: Mapping[str, Any]) -> PolicyRef:
+    return PolicyRef(
+        name=body["metadata"]["name"],
+        uid=body["metadata"]["uid"],
+        generation=int(body["metadata"].get("generation") or 0),
+        created=body["metadata"].get("creationTimestamp") or "",
+        spec=dict(body.get("spec") or {}),
+        status=dict(body.get("status") or {}),
+    )
+
+
+def _wake_if(changed: bool) -> None:
+    if changed and LOOP is not None:
+        LOOP.wake()
+
+
+@kopf.on.event("nvidia.com", "v1", "clusterpolicies")
+async def policy_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+    name = body["metadata"]["name"]
+    if event["type"] == "DELETED":
+        _wake_if(STORE.put("policies", name, None))
+        return
+    ref = _policy_ref(body)
+    before = STORE.policies.get(name)
+    STORE.put("policies", name, ref)
+    # Our own status writes come back as events too; only spec or identity changes need a pass.
+    _wake_if(
+        before is None or (before.spec, before.generation, before.uid) != (ref.spec, ref.generation, ref.uid)
+    )
+
+
+@kopf.on.event("", "v1", "nodes")
+async def node_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+    name = body["metadata"]["name"]
+    _wake_if(STORE.put("nodes", name, None if event["type"] == "DELETED" else node_info(body)))
+
+
+@kopf.on.event("", "v1", "pods", labels={MANAGED_BY_LABEL: MANAGED_BY})
+async def pod_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+    key = f"{body['metadata'].get('namespace')}/{body['metadata']['name']}"
+    _wake_if(STORE.put("pods", key, None if event["type"] == "DELETED" else pod_info(body)))
+
+
+def _managed_event(event: kopf.RawEvent, body: kopf.Body) -> None:
+    key = object_key(body)
+    deleted = event["type"] == "DELETED"
+    changed = STORE.put("objects", key, None if deleted else object_info(body))
+    if body["kind"] == "DaemonSet":
+        changed |= STORE.put("daemonsets", key, None if deleted else daemonset_info(body))
+    _wake_if(changed)
+
+
+def _register_managed(group: str, version: str, plural: str) -> None:
+    async def managed_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        _managed_event(event, body)
+
+    kopf.on.event(group, version, plural, id=f"managed-{plural}", labels={MANAGED_BY_LABEL: MANAGED_BY})(
+        managed_event
+    )
+
+
+for _group, _version, _plural in MANAGED:
+    _register_managed(_group, _version, _plural)
+
+
+def prime(kube: Kube, store: Store, namespace: str) -> None:
+    """Fill the Store with one LIST per kind before the first pass, so that pass never acts on a
+    half-listed cluster (e.g. mistaking "policy not listed yet" for "policy deleted")."""
+    fill: list[tuple[str, str, str, str, Callable[[dict[str, Any]], object]]] = [
+        (
+            "nvidia.com/v1",
+            "ClusterPolicy",
+            "",
+            "",
+            lambda b: store.put("policies", b["metadata"]["name"], _policy_ref(b)),
+        ),
+        ("v1", "Node", "", "", lambda b: store.put("nodes", b["metadata"]["name"], node_info(b))),
+        (
+            "v1",
+            "Pod",
+            namespace,
+            SELECTOR,
+            lambda b: store.put("pods", f"{namespace}/{b['metadata']['name']}", pod_info(b)),
+        ),
+    ]
+    for api_version, kind in RESOURCES:
+        plural, namespaced = RESOURCES[(api_version, kind)]
+        if any(plural == p for _, _, p in MANAGED):
+            fill.append((api_version, kind, namespace if namespaced else "", SELECTOR, _prime_managed(store)))
+    for api_version, kind, ns, selector, put in fill:
+        for item in kube.list(api_version, kind, ns, selector):
+            item.setdefault("apiVersion", api_version)
+            item.setdefault("kind", kind)
+            put(item)
+
+
+def _prime_managed(store: Store) -> Callable[[dict[str, Any]], None]:
+    def put(body: dict[str, Any]) -> None:
+        store.put("objects", object_key(body), object_info(body))
+        if body["kind"] == "DaemonSet":
+            store.put("daemonsets", object_key(body), daemonset_info(body))
+
+    return put
+
+
+def _has_crd(kube: Kube, name: str) -> bool:
+    try:
+        kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name)
+    except ApiError:
+        return False
+    return True
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    global LOOP
+    settings.posting.enabled = (
+        False  # we post our own Events, on the ClusterPolicy, where describe finds them
+    )
+    settings.scanning.disabled = True  # the CRD exists before we start; no CRD/namespace watches needed
+    settings.watching.server_timeout = 300
+    settings.networking.request_timeout = 60
+    for group, _version, plural in MANAGED:
+        settings.watching.label_selectors[group, plural] = SELECTOR
+    settings.watching.label_selectors["", "pods"] = SELECTOR
+    namespace: str = memo["namespace"]
+    kube = Kube(load_api_client())
+    await asyncio.to_thread(prime, kube, STORE, namespace)
+    crd = await asyncio.to_thread(_has_crd, kube, "nvidiadrivers.nvidia.com")
+    reconciler = Reconciler(kube, STORE, namespace, dict(os.environ), nvidia_driver_crd=crd)
+    LOOP = Loop(reconciler)
+    memo["task"] = asyncio.create_task(LOOP.run())
+    LOOP.wake()
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    task = memo.get("task")
+    if task is not None:
+        task.cancel()
+
+
+@kopf.on.probe(id="reconcile")
+async def probe(**_: Any) -> dict[str, Any]:
+    if LOOP is None:
+        return {"started": False}
+    return {
+        "passes": LOOP.passes,
+        "failures": LOOP.failures,
+        "lastError": LOOP.last_error,
+        "nodes": len(STORE.nodes),
+        "pods": len(STORE.pods),
+    }
+
+
+def run(namespace: str, log_format: str = "plain", liveness: str = "", verbose: bool = False) -> None:
+    """Run the operator until interrupted: operands in `namespace`, ClusterPolicies cluster-wide."""
+    formats = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
+    kopf.configure(verbose=verbose, log_format=formats[log_format])
+    logging.getLogger("aiohttp.access").propagate = False
+    kopf.run(
+        standalone=True,
+        namespaces=[namespace],
+        liveness_endpoint=liveness or None,
+        memo=kopf.Memo(namespace=namespace),
+    )

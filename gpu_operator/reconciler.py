@@ -1,0 +1,181 @@
+"""Carries out a plan: the watch caches in, API writes out, and only the writes that change something.
+
+`Store` is filled by the watch handlers (on Kopf's event loop); `Reconciler.run_once` runs in a worker
+thread on a snapshot of it. Writes happen only when the desired state differs from what the watches
+show, so a converged cluster costs the API server nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from gpu_operator.kube import ApiError, Kube
+from gpu_operator.nodes import NodeInfo
+from gpu_operator.observed import (
+    HASH_ANNOTATION,
+    DaemonSetInfo,
+    ObjectInfo,
+    ObjectKey,
+    PodInfo,
+    object_info,
+    object_key,
+)
+from gpu_operator.plan import Observed, Plan, PolicyRef, build, status_differs
+
+log = logging.getLogger("gpu_operator")
+
+
+@dataclass
+class Store:
+    """What the watches last saw, in slim form. Mutated from the event loop, read from the worker."""
+
+    policies: dict[str, PolicyRef] = field(default_factory=dict)
+    nodes: dict[str, NodeInfo] = field(default_factory=dict)
+    pods: dict[str, PodInfo] = field(default_factory=dict)
+    daemonsets: dict[str, DaemonSetInfo] = field(default_factory=dict)
+    objects: dict[ObjectKey, ObjectInfo] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def put(self, table: str, key: Any, value: Any) -> bool:
+        """Set or (value None) remove an entry; True when that changed anything."""
+        with self.lock:
+            entries: dict[Any, Any] = getattr(self, table)
+            if value is None:
+                return entries.pop(key, None) is not None
+            if entries.get(key) == value:
+                return False
+            entries[key] = value
+            return True
+
+    def snapshot(self, namespace: str, environ: Mapping[str, str], nvidia_driver_crd: bool) -> Observed:
+        with self.lock:
+            return Observed(
+                policies=tuple(self.policies.values()),
+                nodes=dict(self.nodes),
+                pods=tuple(self.pods.values()),
+                daemonsets={d.component: d for d in self.daemonsets.values()},
+                objects=dict(self.objects),
+                namespace=namespace,
+                environ=dict(environ),
+                nvidia_driver_crd=nvidia_driver_crd,
+            )
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What our own last apply of an object returned: later differences are someone else's edits."""
+
+    hash: str
+    generation: int
+    resource_version: str
+
+
+def in_sync(desired_hash: str, observed: ObjectInfo | None, applied: Applied | None) -> bool:
+    """Whether an object needs no apply: present, at our desired content, and untouched since our apply.
+
+    Objects with a spec generation (DaemonSets) count as edited when the generation moves; others
+    (ConfigMaps, RBAC, ...) when the resourceVersion moves. Status updates by controllers move neither.
+    """
+    if observed is None or observed.applied_hash != desired_hash or applied is None:
+        return False
+    if applied.hash != desired_hash:
+        return False
+    if applied.generation:
+        return observed.generation == applied.generation
+    return observed.resource_version == applied.resource_version
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Reconciler:
+    kube: Kube
+    store: Store
+    namespace: str
+    environ: Mapping[str, str]
+    nvidia_driver_crd: bool = False
+    applied: dict[ObjectKey, Applied] = field(default_factory=dict)
+    reported: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Policy name → the last (state, reason, notes...) we posted Events for."""
+
+    def run_once(self) -> Plan:
+        plan = build(self.store.snapshot(self.namespace, self.environ, self.nvidia_driver_crd), now())
+        if plan.spec is not None:
+            self._apply_objects(plan)
+        for key in plan.deletes:
+            log.info("deleting %s %s/%s (no longer wanted)", key[1], key[2], key[3])
+            self.kube.delete(key)
+            self.store.put("objects", key, None)
+            self.applied.pop(key, None)
+        for node, labels in plan.node_labels.items():
+            log.info("node %s: operator labels %s", node, sorted(labels))
+            self.kube.apply_node_labels(node, labels)
+        self._write_statuses(plan)
+        return plan
+
+    def _apply_objects(self, plan: Plan) -> None:
+        with self.store.lock:
+            observed = dict(self.store.objects)
+        for body in plan.objects:
+            key = object_key(body)
+            desired_hash = body["metadata"]["annotations"][HASH_ANNOTATION]
+            if in_sync(desired_hash, observed.get(key), self.applied.get(key)):
+                continue
+            try:
+                result = self.kube.apply(body)
+            except ApiError as exc:
+                if exc.status == 404 and key[1] == "ServiceMonitor":
+                    log.warning(
+                        "ServiceMonitor %s skipped: the monitoring.coreos.com CRD is not installed", key[3]
+                    )
+                    continue
+                raise
+            log.info("applied %s %s/%s", key[1], key[2], key[3])
+            info = object_info(result)
+            self.store.put("objects", key, info)
+            self.applied[key] = Applied(desired_hash, info.generation, info.resource_version)
+
+    def _write_statuses(self, plan: Plan) -> None:
+        stamp = now()
+        for name, status in plan.statuses.items():
+            policy = next((p for p in self.store.policies.values() if p.name == name), None)
+            if policy is None:
+                continue
+            if status_differs(policy.status, status):
+                self.kube.patch_status(name, status)
+            self._post_events(
+                policy, status, plan.notes if plan.active and plan.active.name == name else [], stamp
+            )
+
+    def _post_events(
+        self, policy: PolicyRef, status: Mapping[str, Any], notes: list[str], stamp: str
+    ) -> None:
+        error: dict[str, Any] = next((c for c in status.get("conditions", []) if c["type"] == "Error"), {})
+        signature = (str(status.get("state")), str(error.get("reason", "")), *notes)
+        if self.reported.get(policy.name) == signature:
+            return
+        previous = self.reported.get(policy.name)
+        self.reported[policy.name] = signature
+        ref = {"name": policy.name, "uid": policy.uid}
+        if previous is None and status_differs(status, policy.status) is False:
+            return  # restarted operator, nothing new to say
+        state = status.get("state")
+        if state == "ready":
+            self.kube.post_event(self.namespace, ref, "Normal", "Ready", "all GPU operands are ready", stamp)
+        elif state == "ignored":
+            ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+            self.kube.post_event(self.namespace, ref, "Normal", "Ignored", ready["message"], stamp)
+        elif error.get("reason"):
+            self.kube.post_event(
+                self.namespace, ref, "Warning", error["reason"], error.get("message", ""), stamp
+            )
+        for note in notes:
+            if previous is None or note not in previous:
+                self.kube.post_event(self.namespace, ref, "Warning", "Unsupported", note, stamp)

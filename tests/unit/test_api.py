@@ -1,0 +1,237 @@
+"""The ClusterPolicy models: defaults, validation with field paths, and agreement with the CRD's rules."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpu_operator.api import PolicyError, parse_document, parse_spec
+from gpu_operator.api.crd import crd
+from gpu_operator.components import COMPONENTS
+
+SPEC = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def crd_node(dotted: str) -> dict[str, Any]:
+    node: dict[str, Any] = SPEC
+    for part in dotted.split("."):
+        node = node["additionalProperties"] if part == "*" else node["properties"][part]
+    return node
+
+
+def errors(spec: Any) -> dict[str, str]:
+    with pytest.raises(PolicyError) as info:
+        parse_spec(spec)
+    return {e.path: e.message for e in info.value.errors}
+
+
+def accepts(spec: dict[str, Any]) -> bool:
+    try:
+        parse_spec(spec)
+    except PolicyError:
+        return False
+    return True
+
+
+def test_empty_spec_has_nvidias_defaults() -> None:
+    spec = parse_spec({})
+    assert parse_spec(None) == spec
+    enabled = {c.name for c in COMPONENTS if c.enabled(spec)}
+    assert enabled == {
+        "driver",
+        "container-toolkit",
+        "operator-validator",
+        "device-plugin",
+        "dcgm",
+        "dcgm-exporter",
+        "gpu-feature-discovery",
+        "mig-manager",
+    }
+    assert spec.operator.runtimeClass == "nvidia"
+    assert spec.daemonsets.priorityClassName == "system-node-critical"
+    assert spec.mig.strategy == "single"
+    assert spec.cdi.enabled is True
+    assert spec.unsupported_enabled() == []
+
+
+def test_document_checks() -> None:
+    ok = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "p"}, "spec": {}}
+    assert parse_document(ok) == parse_spec({})
+    with pytest.raises(PolicyError) as info:
+        parse_document({**ok, "kind": "Pod", "metadata": {}, "spec": {"driver": {"foo": 1}}})
+    assert [e.path for e in info.value.errors] == ["kind", "metadata.name", "spec.driver.foo"]
+    with pytest.raises(PolicyError):
+        parse_document(["not", "a", "mapping"])
+
+
+@pytest.mark.parametrize(
+    ("spec", "path", "fragment"),
+    [
+        ({"driver": {"foo": 1}}, "spec.driver.foo", "unknown field"),
+        ({"driver": {"enabled": "yes"}}, "spec.driver.enabled", "boolean"),
+        ({"driver": {"enabled": 1}}, "spec.driver.enabled", "boolean"),
+        ({"mig": {"strategy": "double"}}, "spec.mig.strategy", "'none', 'single' or 'mixed'"),
+        ({"toolkit": {"image": "Bad Image!"}}, "spec.toolkit.image", "not a valid image"),
+        ({"toolkit": {"image": "nvidia/toolkit\n"}}, "spec.toolkit.image", "not a valid image"),
+        (
+            {"toolkit": {"image": "toolkit", "version": "v1\n"}},
+            "spec.toolkit.version",
+            "not a valid image tag",
+        ),
+        ({"driver": {"repository": "nvcr.io/nvidia"}}, "spec.driver", "image and version must be set"),
+        ({"driver": {"version": "550"}}, "spec.driver", "version is set but image is not"),
+        (
+            {"daemonsets": {"rollingUpdate": {"maxUnavailable": "10x"}}},
+            "spec.daemonsets.rollingUpdate.maxUnavailable",
+            "'10x'",
+        ),
+        (
+            {"daemonsets": {"rollingUpdate": {"maxUnavailable": -1}}},
+            "spec.daemonsets.rollingUpdate.maxUnavailable",
+            "non-negative",
+        ),
+        (
+            {"driver": {"upgradePolicy": {"maxUnavailable": "101%"}}},
+            "spec.driver.upgradePolicy.maxUnavailable",
+            "100%",
+        ),
+        (
+            {"driver": {"upgradePolicy": {"maxParallelUpgrades": -1}}},
+            "spec.driver.upgradePolicy.maxParallelUpgrades",
+            "0",
+        ),
+        ({"dcgm": {"hostPort": 0}}, "spec.dcgm.hostPort", "1"),
+        ({"dcgm": {"hostPort": 65536}}, "spec.dcgm.hostPort", "65535"),
+        (
+            {"driver": {"resources": {"limits": {"cpu": "-1"}}}},
+            "spec.driver.resources.limits.cpu",
+            "quantity",
+        ),
+        ({"toolkit": {"env": [{"value": "x"}]}}, "spec.toolkit.env[0].name", "required"),
+        ({"cdi": {"enabled": False, "nriPluginEnabled": True}}, "spec", "requires cdi.enabled"),
+        ({"daemonsets": {"updateStrategy": "Recreate"}}, "spec.daemonsets.updateStrategy", "RollingUpdate"),
+        (
+            {"daemonsets": {"tolerations": [{"operator": "Maybe"}]}},
+            "spec.daemonsets.tolerations[0].operator",
+            "Exists",
+        ),
+    ],
+)
+def test_invalid_specs_name_the_field(spec: dict[str, Any], path: str, fragment: str) -> None:
+    found = errors(spec)
+    assert path in found, found
+    assert fragment in found[path]
+
+
+def test_one_error_per_field_even_for_unions() -> None:
+    found = errors({"driver": {"upgradePolicy": {"maxUnavailable": 1.5}}})
+    assert list(found) == ["spec.driver.upgradePolicy.maxUnavailable"]
+
+
+def test_deprecated_alias_still_works() -> None:
+    with pytest.warns(DeprecationWarning):
+        assert (
+            parse_spec({"dcgmExporter": {"serviceMonitoring": True}}).dcgmExporter.serviceMonitoring is True
+        )
+    spec = parse_spec({"dcgmExporter": {"serviceMonitoring": True, "serviceMonitor": {"enabled": False}}})
+    assert spec.dcgmExporter.service_monitor_enabled() is False
+
+
+def test_unsupported_sections_are_reported() -> None:
+    spec = parse_spec({"gds": {"enabled": True}, "sandboxWorkloads": {"enabled": True}, "vgpuManager": {}})
+    assert spec.unsupported_enabled() == ["sandboxWorkloads", "gds"]
+
+
+# --- pydantic and the CRD say the same thing ---------------------------------------------------------
+
+_INT_OR_PERCENT_TEXT = st.text(alphabet="0123456789%x+- \n", max_size=6) | st.sampled_from(
+    ["0%", "100%", "101%", "007%", "0100%", "25%", "1\n", "\u0663", "10"]
+)
+
+
+@given(_INT_OR_PERCENT_TEXT | st.integers(min_value=-5, max_value=10**6))
+def test_int_or_percent_agrees_with_crd(value: int | str) -> None:
+    node = crd_node("daemonsets.rollingUpdate.maxUnavailable")
+    if isinstance(value, int):
+        by_crd = value >= node["minimum"]
+    else:
+        by_crd = re.fullmatch(node["pattern"], value) is not None
+    assert accepts({"daemonsets": {"rollingUpdate": {"maxUnavailable": value}}}) == by_crd
+
+
+@given(
+    st.text(alphabet="0123456789.+-eEKMGTPkmnui \n", max_size=6)
+    | st.sampled_from(["500m", "1Gi", "1.5", ".5", "1e3", "1E-2", "+1", "-1", "1Ki", "1k", "1K"])
+)
+def test_quantity_agrees_with_crd(value: str) -> None:
+    node = crd_node("driver.resources.limits.*")
+    by_crd = re.fullmatch(node["pattern"], value) is not None
+    assert accepts({"driver": {"resources": {"limits": {"cpu": value}}}}) == by_crd
+
+
+_IMAGE_TEXT = st.text(alphabet="abcAB01:/._-@é \n", max_size=12) | st.sampled_from(
+    ["nvcr.io/nvidia/driver:550", "driver", "nvidia/driver", "my_image", "localhost:5000/a/b", "a//b"]
+)
+
+
+@given(_IMAGE_TEXT)
+def test_image_and_repository_agree_with_crd(value: str) -> None:
+    image = re.compile(crd_node("toolkit.image")["pattern"], re.ASCII)  # RE2: \w is ASCII
+    repository = re.compile(crd_node("toolkit.repository")["pattern"], re.ASCII)  # RE2: \w is ASCII
+    version = re.compile(crd_node("toolkit.version")["pattern"], re.ASCII)  # RE2: \w is ASCII
+    # RE2 (the API server) has no multi-line `$`; `search` with `^...$` alternatives is the same here as long
+    # as no value contains a newline before its end, which is what the pydantic side must reject too.
+    assert accepts({"toolkit": {"image": value}}) == (image.search(value) is not None and "\n" not in value)
+    assert accepts({"toolkit": {"repository": value, "image": "t", "version": "v1"}}) == (
+        repository.search(value) is not None and "\n" not in value
+    )
+    assert accepts({"toolkit": {"image": "t", "version": value}}) == (
+        version.search(value) is not None and "\n" not in value
+    )
+
+
+def _cel_image_rules(fields: dict[str, str]) -> bool:
+    """The ComponentSpec CEL rules of the CRD, evaluated for presence only (has() is all they use)."""
+    rules = {r["rule"] for r in crd_node("driver")["x-kubernetes-validations"]}
+    assert rules == {
+        "!has(self.repository) || (has(self.image) && has(self.version))",
+        "!has(self.version) || has(self.image)",
+    }
+    has = {name: name in fields for name in ("repository", "image", "version")}
+    return (not has["repository"] or (has["image"] and has["version"])) and (
+        not has["version"] or has["image"]
+    )
+
+
+@pytest.mark.parametrize("present", list(itertools.product([False, True], repeat=3)))
+def test_image_triple_rule_agrees_with_cel(present: tuple[bool, bool, bool]) -> None:
+    values = {"repository": "nvcr.io/nvidia", "image": "driver", "version": "550.1"}
+    fields = {name: value for (name, value), keep in zip(values.items(), present, strict=True) if keep}
+    assert accepts({"driver": fields}) == _cel_image_rules(fields)
+
+
+@pytest.mark.parametrize("enabled", [None, False, True])
+@pytest.mark.parametrize("nri", [None, False, True])
+def test_nri_rule_agrees_with_cel(enabled: bool | None, nri: bool | None) -> None:
+    (rule,) = crd_node("cdi")["x-kubernetes-validations"]
+    assert (
+        rule["rule"]
+        == "!has(self.nriPluginEnabled) || !self.nriPluginEnabled || !has(self.enabled) || self.enabled"
+    )
+    cdi = {k: v for k, v in {"enabled": enabled, "nriPluginEnabled": nri}.items() if v is not None}
+    # The server applies the leaf defaults (enabled: true, nriPluginEnabled: false) before CEL runs.
+    defaulted = {"enabled": True, "nriPluginEnabled": False, **cdi}
+    by_cel = not defaulted["nriPluginEnabled"] or defaulted["enabled"]
+    assert accepts({"cdi": cdi}) == by_cel
+
+
+@given(st.text(alphabet="aZ09._- =\n$é", max_size=6))
+def test_env_name_agrees_with_crd(value: str) -> None:
+    pattern = crd_node("toolkit.env")["items"]["properties"]["name"]["pattern"]
+    by_crd = re.fullmatch(pattern, value) is not None and "\n" not in value
+    assert accepts({"toolkit": {"env": [{"name": value, "value": "x"}]}}) == by_crd

@@ -1,0 +1,367 @@
+"""`gpu-operator validate | render | crd | run`, called through `main()` as the console script does."""
+
+from __future__ import annotations
+
+import io
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_operator import cli
+from gpu_operator.api import parse_spec
+from gpu_operator.api.crd import crd_yaml
+from gpu_operator.components import COMPONENTS
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+INVALID = sorted((DATA / "invalid").glob("*.yaml"))
+SEED = DATA / "policies" / "seed-sample.yaml"
+TEMPLATES = Path(__file__).resolve().parents[2] / "manifests" / "templates"
+
+HEADER = "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata:\n  name: cluster-policy\n"
+NODE_OS = {
+    "feature.node.kubernetes.io/system-os_release.ID": "ubuntu",
+    "feature.node.kubernetes.io/system-os_release.VERSION_ID": "22.04",
+    "feature.node.kubernetes.io/pci-10de.present": "true",
+}
+
+needs_seed = pytest.mark.skipif(
+    not SEED.exists(), reason="tests/data/policies/seed-sample.yaml not there yet"
+)
+needs_templates = pytest.mark.skipif(
+    not any((TEMPLATES / "driver").glob("*")), reason="component templates not there yet"
+)
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.out + captured.err
+    return code, captured.out, captured.err
+
+
+def policy_file(tmp_path: Path, spec: str, name: str = "policy.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(HEADER + spec, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _no_image_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for component in COMPONENTS:
+        monkeypatch.delenv(component.image_env, raising=False)
+
+
+# --- validate --------------------------------------------------------------------------------------
+
+
+def test_empty_spec_is_valid(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, err = run(capsys, "validate", "-f", str(policy_file(tmp_path, "spec: {}\n")))
+    assert code == 0
+    assert out.startswith("cluster-policy: valid (driver, container-toolkit, ")
+    assert out.count("\n") == 1
+    assert err == ""
+
+
+def test_policy_without_spec_is_valid(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, _, _ = run(capsys, "validate", "-f", str(policy_file(tmp_path, "")))
+    assert code == 0
+
+
+@needs_seed
+def test_seed_sample_is_valid_with_a_deprecation_warning(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "validate", "-f", str(SEED))
+    assert code == 0
+    assert ": valid (" in out
+    assert "1 deprecated field: spec.dcgmExporter.serviceMonitoring" in out
+    assert "warning: spec.dcgmExporter.serviceMonitoring is deprecated" in err
+
+
+def test_deprecated_and_unsupported_fields_warn(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    spec = "spec:\n  operator:\n    defaultRuntime: containerd\n  gds:\n    enabled: true\n"
+    code, out, err = run(capsys, "validate", "-f", str(policy_file(tmp_path, spec)))
+    assert code == 0
+    assert "1 deprecated field: spec.operator.defaultRuntime" in out
+    assert "1 unsupported section enabled: gds" in out
+    assert "warning: spec.operator.defaultRuntime is deprecated" in err
+    assert "warning: spec.gds is enabled" in err
+
+
+def test_disabled_components_are_not_listed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    spec = "spec:\n  driver:\n    enabled: false\n  nodeStatusExporter:\n    enabled: true\n"
+    _, out, _ = run(capsys, "validate", "-f", str(policy_file(tmp_path, spec)))
+    assert "(container-toolkit, " in out
+    assert "node-status-exporter enabled" in out
+
+
+@pytest.mark.parametrize("path", INVALID, ids=[p.stem for p in INVALID])
+def test_invalid_inputs(capsys: pytest.CaptureFixture[str], path: Path) -> None:
+    expected = path.read_text(encoding="utf-8").splitlines()[0].removeprefix("# expect: ")
+    code, out, err = run(capsys, "validate", "-f", str(path))
+    assert code == 2
+    assert out == ""
+    assert expected in err
+    assert all(line.startswith(f"{path}: ") for line in err.splitlines()), err
+
+
+def test_each_error_on_its_own_line(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    spec = "spec:\n  driver:\n    foo: 1\n    enabled: 'yes'\n  mig:\n    strategy: double\n"
+    code, _, err = run(capsys, "validate", "-f", str(policy_file(tmp_path, spec)))
+    assert code == 2
+    lines = err.splitlines()
+    assert len(lines) == 3
+    assert {line.split(": ")[1] for line in lines} == {
+        "spec.driver.foo",
+        "spec.driver.enabled",
+        "spec.mig.strategy",
+    }
+
+
+def test_multi_document_file(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "two.yaml"
+    path.write_text(
+        f"{HEADER}spec: {{}}\n---\n---\n{HEADER.replace('cluster-policy', 'second')}", encoding="utf-8"
+    )
+    code, out, _ = run(capsys, "validate", "-f", str(path))
+    assert code == 0
+    assert [line.split(":")[0] for line in out.splitlines()] == ["cluster-policy", "second"]
+
+
+def test_list_of_policies(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    policy = yaml.safe_load(HEADER + "spec: {}\n")
+    path = tmp_path / "list.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [policy]}), encoding="utf-8")
+    code, out, _ = run(capsys, "validate", "-f", str(path))
+    assert code == 0
+    assert out.startswith("cluster-policy: valid")
+
+
+def test_stdin(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO((HEADER + "spec: {}\n").encode())))
+    code, out, _ = run(capsys, "validate", "-f", "-")
+    assert code == 0
+    assert out.startswith("cluster-policy: valid")
+
+
+def test_stdin_errors_name_stdin(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"spec: [")))
+    code, _, err = run(capsys, "validate", "-f", "-")
+    assert code == 2
+    assert err.startswith("<stdin>: line ")
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        (None, "no such file"),
+        ("dir", "is a directory"),
+        (b"\xff\xfe\x00spec", "not UTF-8 text (byte 0xff at offset 0)"),
+        (b"---\n---\n", "empty"),
+        (b"\t- x", "not valid YAML"),
+        (b"spec: {a: 1, a: [}", "not valid YAML"),
+        (b"? [a, b]\n: c\n", "not valid YAML"),
+        (b"[" * 5000 + b"]" * 5000, "YAML"),
+        ((HEADER + "spec: &x\n  driver: *x\n").encode(), "spec.driver"),
+    ],
+    ids=[
+        "missing",
+        "directory",
+        "binary",
+        "only-separators",
+        "tab",
+        "syntax",
+        "unhashable-key",
+        "deep",
+        "cyclic-alias",
+    ],
+)
+def test_unusable_files(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, content: bytes | str | None, expected: str
+) -> None:
+    path = tmp_path / "input.yaml"
+    if content == "dir":
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    code, out, err = run(capsys, "validate", "-f", str(path))
+    assert code == 2
+    assert out == ""
+    assert expected in err
+    assert len(err.splitlines()) >= 1
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main([]) == 2
+    assert cli.main(["validate"]) == 2
+    assert cli.main(["frobnicate"]) == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def test_help_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["--help"]) == 0
+    assert "validate" in capsys.readouterr().out
+
+
+# --- crd -------------------------------------------------------------------------------------------
+
+
+def test_crd_prints_the_crd(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run(capsys, "crd")
+    assert code == 0
+    assert out == crd_yaml()
+    assert err == ""
+
+
+def test_validate_and_crd_do_not_import_kopf() -> None:
+    import subprocess
+
+    program = (
+        "import sys; from gpu_operator import cli; cli.main(['crd']); "
+        "assert 'kopf' not in sys.modules and 'kubernetes' not in sys.modules, 'imported'"
+    )
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+
+
+# --- run -------------------------------------------------------------------------------------------
+
+
+def test_run_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--help"]) == 0
+    out = capsys.readouterr().out
+    for option in ("--namespace", "--log-format", "--liveness", "--verbose"):
+        assert option in out
+
+
+def test_run_passes_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    operator = pytest.importorskip("gpu_operator.operator")
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(operator, "run", lambda **kwargs: calls.append(kwargs))
+    monkeypatch.setenv("OPERATOR_NAMESPACE", "gpu-ops")
+    monkeypatch.delenv("GPU_OPERATOR_LIVENESS", raising=False)
+    assert cli.main(["run"]) == 0
+    assert calls[-1] == {
+        "namespace": "gpu-ops",
+        "log_format": "plain",
+        "liveness": "http://0.0.0.0:8080/healthz",
+        "verbose": False,
+    }
+    monkeypatch.setenv("GPU_OPERATOR_LIVENESS", "")
+    assert cli.main(["run", "--namespace", "x", "--log-format", "json", "-v"]) == 0
+    assert calls[-1] == {"namespace": "x", "log_format": "json", "liveness": "", "verbose": True}
+
+
+# --- render ----------------------------------------------------------------------------------------
+
+
+def documents(text: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(text) if d is not None]
+
+
+def daemonsets(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == "DaemonSet"}
+
+
+def images_of(daemonset: dict[str, Any]) -> list[str]:
+    pod = daemonset["spec"]["template"]["spec"]
+    return [c["image"] for c in pod.get("initContainers", []) + pod["containers"]]
+
+
+def test_render_reports_validation_errors(capsys: pytest.CaptureFixture[str]) -> None:
+    path = DATA / "invalid" / "unknown-field.yaml"
+    code, out, err = run(capsys, "render", "-f", str(path))
+    assert (code, out) == (2, "")
+    assert f"{path}: spec.driver.foo: unknown field" in err
+
+
+def test_render_rejects_bad_node_files(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n", encoding="utf-8")
+    code, out, err = run(
+        capsys, "render", "-f", str(policy_file(tmp_path, "spec: {}\n")), "--nodes", str(nodes)
+    )
+    assert (code, out) == (2, "")
+    assert f"{nodes}: item 1: a ConfigMap, not a Node" in err
+
+
+@needs_templates
+@needs_seed
+def test_render_seed_sample(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "render", "-f", str(SEED), "--namespace", "gpu-ops")
+    assert code == 0
+    objects = documents(out)
+    spec = parse_spec(yaml.safe_load(SEED.read_text(encoding="utf-8"))["spec"])
+    expected = [c.daemonset for c in COMPONENTS if c.enabled(spec)]
+    assert list(daemonsets(objects)) == expected
+    assert all(o["metadata"].get("namespace", "gpu-ops") == "gpu-ops" for o in objects)
+
+
+@needs_templates
+def test_render_applies_the_node_os_to_the_driver_tag(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    policy = policy_file(tmp_path, "spec: {}\n")
+    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-1", "labels": NODE_OS}}
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [node]}), encoding="utf-8")
+    driver = next(c for c in COMPONENTS if c.name == "driver")
+
+    code, out, _ = run(capsys, "render", "-f", str(policy), "--nodes", str(nodes))
+    assert code == 0
+    tag = f"{driver.default_image.version}-ubuntu22.04"
+    assert any(
+        image.endswith(f"/driver:{tag}") for image in images_of(daemonsets(documents(out))[driver.daemonset])
+    )
+
+    # The same as separate Node documents (`kubectl get node a b -o yaml` prints a List; plain files don't).
+    nodes.write_text(yaml.safe_dump_all([node, {**node, "metadata": {"name": "cpu-1"}}]), encoding="utf-8")
+    code, out2, _ = run(capsys, "render", "-f", str(policy), "--nodes", str(nodes))
+    assert (code, out2) == (0, out)
+
+    code, out3, _ = run(capsys, "render", "-f", str(policy))
+    assert code == 0
+    assert tag not in out3
+
+
+@needs_templates
+def test_render_reads_image_fallbacks_from_the_environment(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("CONTAINER_TOOLKIT_IMAGE", "registry.example/toolkit:v9")
+    code, out, _ = run(capsys, "render", "-f", str(policy_file(tmp_path, "spec: {}\n")))
+    assert code == 0
+    assert "registry.example/toolkit:v9" in images_of(
+        daemonsets(documents(out))["nvidia-container-toolkit-daemonset"]
+    )
+
+
+INJECTION = (
+    'x"\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: pwned}\n--- |\n  ${{ "}}" }}\'\nkey: [\n'
+)
+
+
+@needs_templates
+def test_env_value_cannot_inject_yaml(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    spec = yaml.safe_dump({"spec": {"toolkit": {"env": [{"name": "INJECT", "value": INJECTION}]}}})
+    policy = policy_file(tmp_path, spec)
+    assert cli.main(["validate", "-f", str(policy)]) == 0
+    capsys.readouterr()
+
+    code, out, _ = run(capsys, "render", "-f", str(policy))
+    assert code == 0
+    objects = documents(out)
+    _, plain, _ = run(capsys, "render", "-f", str(policy_file(tmp_path, "spec: {}\n", "plain.yaml")))
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects] == [
+        (o["kind"], o["metadata"]["name"]) for o in documents(plain)
+    ]
+    found = [
+        env
+        for ds in daemonsets(objects).values()
+        for container in ds["spec"]["template"]["spec"]["containers"]
+        for env in container.get("env", [])
+        if env.get("name") == "INJECT"
+    ]
+    assert found == [{"name": "INJECT", "value": INJECTION}]
+    assert not any(o["kind"] == "Namespace" for o in objects)

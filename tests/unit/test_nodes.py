@@ -1,0 +1,164 @@
+"""GPU-node detection and the deploy-label rules (who owns which label, dependency order per node)."""
+
+from __future__ import annotations
+
+from gpu_operator.api import parse_spec
+from gpu_operator.nodes import (
+    DEPLOY_OPERANDS,
+    GPU_PRESENT,
+    MIG_CONFIG,
+    NodeInfo,
+    cluster_facts,
+    desired_labels,
+    node_info,
+)
+
+PCI = "feature.node.kubernetes.io/pci-10de.present"
+
+
+def gpu_node(labels: dict[str, str] | None = None, own: frozenset[str] = frozenset()) -> NodeInfo:
+    return NodeInfo("gpu-0", {PCI: "true", **(labels or {})}, 0, own)
+
+
+def ready_all(component: str, node: str) -> bool:
+    return True
+
+
+def ready_none(component: str, node: str) -> bool:
+    return False
+
+
+def deploy(name: str) -> str:
+    return f"nvidia.com/gpu.deploy.{name}"
+
+
+def test_gpu_detection_sources() -> None:
+    assert gpu_node().is_gpu
+    assert NodeInfo("n", {"feature.node.kubernetes.io/pci-0302_10de.present": "true"}).is_gpu
+    assert NodeInfo("n", {}, gpu_allocatable=8).is_gpu
+    assert NodeInfo("n", {GPU_PRESENT: "true"}).is_gpu  # someone else said so
+    # Our own gpu.present label does not keep a node a GPU node once the evidence is gone.
+    assert not NodeInfo("n", {GPU_PRESENT: "true"}, own_labels=frozenset({GPU_PRESENT})).is_gpu
+    assert not NodeInfo("cpu", {"feature.node.kubernetes.io/system-os_release.ID": "ubuntu"}).is_gpu
+
+
+def test_node_info_reads_our_labels_from_managed_fields() -> None:
+    body = {
+        "metadata": {
+            "name": "gpu-0",
+            "labels": {GPU_PRESENT: "true", deploy("driver"): "false"},
+            "managedFields": [
+                {
+                    "manager": "gpu-operator",
+                    "operation": "Apply",
+                    "fieldsV1": {"f:metadata": {"f:labels": {f"f:{GPU_PRESENT}": {}}}},
+                },
+                {
+                    "manager": "kubectl-label",
+                    "operation": "Update",
+                    "fieldsV1": {"f:metadata": {"f:labels": {f"f:{deploy('driver')}": {}}}},
+                },
+            ],
+        },
+        "status": {"allocatable": {"nvidia.com/gpu": "4"}},
+    }
+    info = node_info(body)
+    assert info.own_labels == {GPU_PRESENT}
+    assert info.gpu_allocatable == 4
+
+
+def test_fresh_gpu_node_gets_only_driver_first() -> None:
+    labels = desired_labels(gpu_node(), parse_spec({}), ready_none)
+    assert labels == {GPU_PRESENT: "true", deploy("driver"): "true"}
+
+
+def test_chain_follows_readiness_per_node() -> None:
+    spec = parse_spec({})
+
+    def driver_ready(component: str, node: str) -> bool:
+        return component == "driver"
+
+    labels = desired_labels(gpu_node(), spec, driver_ready)
+    assert labels[deploy("container-toolkit")] == "true"
+    assert deploy("node-status-exporter") not in labels  # off by default
+    with_exporter = desired_labels(
+        gpu_node(), parse_spec({"nodeStatusExporter": {"enabled": True}}), driver_ready
+    )
+    assert with_exporter[deploy("node-status-exporter")] == "true"  # needs only the driver
+    assert deploy("device-plugin") not in labels  # toolkit not ready yet
+    everything = desired_labels(gpu_node(), spec, ready_all)
+    assert {deploy(c) for c in ("device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery")} <= set(
+        everything
+    )
+    assert deploy("mig-manager") not in everything  # not MIG-capable
+
+
+def test_labels_once_set_by_us_are_kept_while_a_dependency_restarts() -> None:
+    key = deploy("container-toolkit")
+    node = gpu_node({key: "true"}, own=frozenset({key, deploy("driver"), GPU_PRESENT}))
+    assert desired_labels(node, parse_spec({}), ready_none)[key] == "true"
+
+
+def test_disabled_dependency_counts_as_satisfied_but_its_own_dependencies_apply() -> None:
+    spec = parse_spec({"driver": {"enabled": False}})
+    labels = desired_labels(gpu_node(), spec, ready_none)
+    assert labels[deploy("container-toolkit")] == "true"
+    assert deploy("driver") not in labels
+    spec = parse_spec({"toolkit": {"enabled": False}})
+    labels = desired_labels(gpu_node(), spec, ready_none)
+    assert deploy("device-plugin") not in labels  # still waits for the driver
+
+
+def test_foreign_values_are_never_touched_and_opt_out_a_dependency() -> None:
+    node = gpu_node({deploy("driver"): "false"})
+    labels = desired_labels(node, parse_spec({}), ready_none)
+    assert deploy("driver") not in labels  # not ours: left as the user set it
+    # A driver opted out on this node (pre-installed) no longer holds the toolkit back.
+    assert labels[deploy("container-toolkit")] == "true"
+    paused = gpu_node({deploy("device-plugin"): "paused-for-driver-upgrade"})
+    assert deploy("device-plugin") not in desired_labels(paused, parse_spec({}), ready_all)
+
+
+def test_operands_false_takes_the_node_out() -> None:
+    node = gpu_node({DEPLOY_OPERANDS: "false"})
+    assert desired_labels(node, parse_spec({}), ready_all) == {GPU_PRESENT: "true"}
+
+
+def test_mig_manager_only_on_mig_capable_nodes_with_default_layout() -> None:
+    node = gpu_node({"nvidia.com/mig.capable": "true"})
+    labels = desired_labels(node, parse_spec({}), ready_all)
+    assert labels[deploy("mig-manager")] == "true"
+    assert labels[MIG_CONFIG] == "all-disabled"
+    user_layout = gpu_node({"nvidia.com/mig.capable": "true", "nvidia.com/mig.config": "all-1g.10gb"})
+    assert MIG_CONFIG not in desired_labels(user_layout, parse_spec({}), ready_all)
+
+
+def test_no_policy_or_non_gpu_node_owns_nothing() -> None:
+    assert desired_labels(gpu_node(), None, ready_all) == {}
+    assert desired_labels(NodeInfo("cpu", {}), parse_spec({}), ready_all) == {}
+
+
+def test_cluster_facts_from_first_gpu_node() -> None:
+    nodes = [
+        {
+            "metadata": {
+                "name": "cpu-0",
+                "labels": {"feature.node.kubernetes.io/system-os_release.ID": "rhel"},
+            }
+        },
+        {
+            "metadata": {
+                "name": "gpu-1",
+                "labels": {
+                    PCI: "true",
+                    "feature.node.kubernetes.io/system-os_release.ID": "rhel",
+                    "feature.node.kubernetes.io/system-os_release.VERSION_ID": "9.4",
+                    "feature.node.kubernetes.io/kernel-version.full": "5.14.0-427.el9.x86_64",
+                },
+            }
+        },
+    ]
+    facts = cluster_facts(nodes, "ns", {})
+    assert facts.os_tag == "rhel9"
+    assert facts.kernel == "5.14.0-427.el9.x86_64"
+    assert facts.namespace == "ns"

@@ -1,0 +1,195 @@
+"""The pure planner: which policy is active, what is applied, deleted and labelled, and the status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.nodes import GPU_PRESENT, NodeInfo
+from gpu_operator.observed import HASH_ANNOTATION, DaemonSetInfo, ObjectInfo, PodInfo, pod_info
+from gpu_operator.plan import Observed, PolicyRef, active_policy, build, pods_by_node, status_differs
+from gpu_operator.reconciler import Applied, in_sync
+
+PCI = "feature.node.kubernetes.io/pci-10de.present"
+NOW = "2026-11-29T12:00:00Z"
+
+
+def policy(name: str = "cluster-policy", created: str = "2026-01-01T00:00:00Z", **spec: Any) -> PolicyRef:
+    return PolicyRef(name, f"uid-{name}", 1, created, spec, {})
+
+
+def observed(*policies: PolicyRef, nodes: list[NodeInfo] | None = None, **kw: Any) -> Observed:
+    nodes = nodes if nodes is not None else [NodeInfo("gpu-0", {PCI: "true"}), NodeInfo("cpu-0", {})]
+    return Observed(
+        policies=policies,
+        nodes={n.name: n for n in nodes},
+        pods=kw.get("pods", ()),
+        daemonsets=kw.get("daemonsets", {}),
+        objects=kw.get("objects", {}),
+        namespace="gpu-operator",
+    )
+
+
+def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == kind)
+
+
+def test_oldest_policy_is_active_and_others_are_ignored_with_a_condition() -> None:
+    old, new = policy("b-old", "2026-01-01T00:00:00Z"), policy("a-new", "2026-02-01T00:00:00Z")
+    assert active_policy([new, old]) == old
+    plan = build(observed(new, old), NOW)
+    assert plan.active == old
+    ignored = plan.statuses["a-new"]
+    assert ignored["state"] == "ignored"
+    assert "'b-old' is active" in condition(ignored, "Ready")["message"]
+    assert condition(ignored, "Error")["status"] == "False"
+
+
+def test_objects_are_owned_hashed_and_in_dependency_order() -> None:
+    plan = build(observed(policy()), NOW)
+    assert plan.objects, "spec: {} renders objects"
+    for obj in plan.objects:
+        owner = obj["metadata"]["ownerReferences"][0]
+        assert (
+            owner["kind"] == "ClusterPolicy" and owner["uid"] == "uid-cluster-policy" and owner["controller"]
+        )
+        assert obj["metadata"]["annotations"][HASH_ANNOTATION]
+    components = [o["metadata"]["labels"]["app.kubernetes.io/component"] for o in plan.objects]
+    assert (
+        components.index("driver") < components.index("container-toolkit") < components.index("device-plugin")
+    )
+
+
+def test_disabled_component_objects_are_deleted() -> None:
+    stale = ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-dcgm")
+    info = ObjectInfo(stale, "dcgm", "h", 1, "1", "uid-cluster-policy")
+    plan = build(observed(policy(dcgm={"enabled": False}), objects={stale: info}), NOW)
+    assert plan.deletes == [stale]
+    assert not any(o["metadata"]["name"] == "nvidia-dcgm" and o["kind"] == "DaemonSet" for o in plan.objects)
+
+
+def test_invalid_spec_changes_nothing_and_names_the_field() -> None:
+    stale = ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-driver-daemonset")
+    info = ObjectInfo(stale, "driver", "h", 1, "1", "uid-cluster-policy")
+    node = NodeInfo("gpu-0", {PCI: "true", GPU_PRESENT: "true"}, own_labels=frozenset({GPU_PRESENT}))
+    bad = policy(driver={"upgradePolicy": {"maxUnavailable": "lots"}})
+    plan = build(observed(bad, nodes=[node], objects={stale: info}), NOW)
+    assert plan.objects == [] and plan.deletes == [] and plan.node_labels == {}
+    error = condition(plan.statuses["cluster-policy"], "Error")
+    assert error["status"] == "True" and error["reason"] == "InvalidSpec"
+    assert "spec.driver.upgradePolicy.maxUnavailable" in error["message"]
+
+
+def test_no_policy_removes_operator_labels_and_objects() -> None:
+    node = NodeInfo(
+        "gpu-0", {PCI: "true", GPU_PRESENT: "true", "team": "a"}, own_labels=frozenset({GPU_PRESENT})
+    )
+    key = ("v1", "ConfigMap", "gpu-operator", "x")
+    plan = build(observed(nodes=[node], objects={key: ObjectInfo(key, "driver", "h", 0, "1", "")}), NOW)
+    assert plan.node_labels == {"gpu-0": {}}
+    assert plan.deletes == [key]
+
+
+def test_status_names_the_failing_node_and_reason() -> None:
+    nodes = [
+        NodeInfo(
+            f"gpu-{i}",
+            {PCI: "true", GPU_PRESENT: "true", "nvidia.com/gpu.deploy.driver": "true"},
+            own_labels=frozenset({GPU_PRESENT, "nvidia.com/gpu.deploy.driver"}),
+        )
+        for i in range(2)
+    ]
+    pods = [
+        PodInfo("d0", "driver", "gpu-0", True, "", "", False, "t"),
+        PodInfo("d1", "driver", "gpu-1", False, "CrashLoopBackOff", "back-off", False, "t"),
+    ]
+    ds = {"driver": DaemonSetInfo("nvidia-driver-daemonset", "driver", 1, 1, 2, 1, 2, 1, 1, True)}
+    plan = build(observed(policy(), nodes=nodes, pods=pods, daemonsets=ds), NOW)
+    status = plan.statuses["cluster-policy"]
+    assert status["state"] == "notReady"
+    driver = next(c for c in status["components"] if c["name"] == "driver")
+    assert driver["nodesReady"] == 1 and driver["nodesFailing"] == 1
+    assert {"node": "gpu-1", "reason": "CrashLoopBackOff", "message": "back-off"} in driver["problems"]
+    toolkit = next(c for c in status["components"] if c["name"] == "container-toolkit")
+    assert "waiting for driver on gpu-1" in toolkit["reason"]
+    error = condition(status, "Error")
+    assert error["reason"] == "OperandNotReady" and "CrashLoopBackOff on gpu-1" in error["message"]
+    # Only gpu-0 may proceed to the toolkit.
+    assert "nvidia.com/gpu.deploy.container-toolkit" in plan.node_labels["gpu-0"]
+    assert "gpu-1" not in plan.node_labels
+
+
+def test_no_gpu_nodes_is_ready_with_nvidia_reason() -> None:
+    plan = build(observed(policy(), nodes=[NodeInfo("cpu-0", {})]), NOW)
+    status = plan.statuses["cluster-policy"]
+    assert status["state"] == "ready"
+    assert condition(status, "Ready")["reason"] == "NoGPUNodes"
+
+
+def test_unsupported_sections_are_reported_not_fatal() -> None:
+    plan = build(observed(policy(gds={"enabled": True}), nodes=[]), NOW)
+    assert plan.notes and "spec.gds" in plan.notes[0]
+    assert plan.statuses["cluster-policy"]["state"] == "ready"
+    assert any(c["state"] == "unsupported" for c in plan.statuses["cluster-policy"]["components"])
+
+
+def test_transition_time_is_stable_when_nothing_changes() -> None:
+    first = build(observed(policy(), nodes=[]), NOW).statuses["cluster-policy"]
+    again = PolicyRef("cluster-policy", "uid-cluster-policy", 1, "2026-01-01T00:00:00Z", {}, first)
+    second = build(observed(again, nodes=[]), "2026-11-29T13:00:00Z").statuses["cluster-policy"]
+    assert not status_differs(first, second)
+
+
+def test_pod_reasons() -> None:
+    crash = {
+        "metadata": {"name": "p", "labels": {"app.kubernetes.io/component": "driver"}},
+        "spec": {"nodeName": "gpu-0"},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"state": {"waiting": {"reason": "CrashLoopBackOff", "message": "boom"}}}],
+        },
+    }
+    info = pod_info(crash)
+    assert info is not None and info.failing and info.reason == "CrashLoopBackOff"
+    unscheduled = {
+        "metadata": {"name": "q", "labels": {"app.kubernetes.io/component": "driver"}},
+        "spec": {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchFields": [{"key": "metadata.name", "values": ["gpu-1"]}]}
+                        ]
+                    }
+                }
+            }
+        },
+        "status": {
+            "phase": "Pending",
+            "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "no cpu"}
+            ],
+        },
+    }
+    info = pod_info(unscheduled)
+    assert info is not None and info.node == "gpu-1" and info.reason == "Unschedulable"
+
+
+def test_live_pod_speaks_over_terminating_one() -> None:
+    old = PodInfo("a", "driver", "n", True, "Terminating", "", True, "2026-01-02")
+    new = PodInfo("b", "driver", "n", False, "ContainerCreating", "", False, "2026-01-01")
+    assert pods_by_node([old, new])[("driver", "n")] == new
+
+
+def test_in_sync_detects_edits_and_deletes() -> None:
+    key = ("apps/v1", "DaemonSet", "ns", "ds")
+    applied = Applied("h1", generation=3, resource_version="10")
+    current = ObjectInfo(key, "driver", "h1", 3, "12", "")
+    assert in_sync("h1", current, applied)  # status updates moved only the resourceVersion
+    assert not in_sync("h1", None, applied)  # deleted
+    assert not in_sync("h1", ObjectInfo(key, "driver", "h1", 4, "13", ""), applied)  # spec edited
+    assert not in_sync("h2", current, applied)  # we want something new
+    assert not in_sync("h1", current, None)  # unknown since start: apply once
+    cm = ("v1", "ConfigMap", "ns", "cm")
+    assert in_sync("h", ObjectInfo(cm, "x", "h", 0, "5", ""), Applied("h", 0, "5"))
+    assert not in_sync("h", ObjectInfo(cm, "x", "h", 0, "6", ""), Applied("h", 0, "5"))
