@@ -38,3 +38,9 @@ test: lint test-unit test-e2e ## every test: lint, types, unit and end to end
 
 test-e2e: venv tools ## end-to-end tests (local control plane, or the cluster in $$KUBECONFIG)
 	$(BIN)/pytest -q tests/e2e
+
+demo: venv tools ## the main job: local cluster, CRD, operator, the sample ClusterPolicy; waits until ready and shows it
+	@KUBECTL=$(KUBECTL) HELM=$(HELM) hack/demo.sh
+
+down: ## stop what `make demo` started (operator and cluster)
+	@KUBECTL=$(KUBECTL) HELM=$(HELM) hack/demo.sh down

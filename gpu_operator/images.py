@@ -36,10 +36,7 @@ def _join(repository: str | None, name: str, version: str) -> str:
 def _os_version(version: str, os: str | None, kernel: str | None, precompiled: bool) -> str:
     if version.startswith("sha256:") or not os:
         return version
-    if precompiled and kernel:
-        suffix = f"-{kernel}-{os}"
-    else:
-        suffix = f"-{os}"
+    suffix = f"-{kernel}-{os}" if precompiled and kernel else f"-{os}"
     return version if version.endswith(suffix) else version + suffix
 
 

@@ -18,6 +18,7 @@ from kubernetes import client, config
 from gpu_operator.observed import ObjectKey
 
 FIELD_MANAGER = "gpu-operator"
+EVENTS_NAMESPACE = "default"
 
 # (apiVersion, kind) → (plural, namespaced)
 RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
@@ -146,11 +147,10 @@ class Kube:
             content_type="application/merge-patch+json",
         )
 
-    def post_event(
-        self, namespace: str, policy: Mapping[str, str], type_: str, reason: str, message: str, now: str
-    ) -> None:
-        """An Event on the (cluster-scoped) ClusterPolicy. involvedObject has no namespace, which is what
-        `kubectl describe clusterpolicy` searches for; the Event itself lives in the operator namespace."""
+    def post_event(self, policy: Mapping[str, str], type_: str, reason: str, message: str, now: str) -> None:
+        """An Event on the (cluster-scoped) ClusterPolicy, where `kubectl describe clusterpolicy` finds it.
+        The API server requires Events about cluster-scoped objects to live in `default`."""
+        namespace = EVENTS_NAMESPACE
         body = {
             "apiVersion": "v1",
             "kind": "Event",

@@ -19,6 +19,7 @@ from typing import Any
 
 import kopf
 
+from gpu_operator.api.crd import crd
 from gpu_operator.kube import RESOURCES, ApiError, Kube, load_api_client
 from gpu_operator.nodes import node_info
 from gpu_operator.observed import (
@@ -29,7 +30,7 @@ from gpu_operator.observed import (
     object_key,
     pod_info,
 )
-from gpu_operator.plan import PolicyRef
+from gpu_operator.plan import PolicyRef, content_hash
 from gpu_operator.reconciler import Reconciler, Store
 
 log = logging.getLogger("gpu_operator")
@@ -53,6 +54,10 @@ MANAGED = [
 ]
 
 
+class RejectedWrites(Exception):
+    """Some writes were rejected (already reported in the status); retry with backoff."""
+
+
 class Loop:
     """The single-flight reconcile loop."""
 
@@ -73,8 +78,10 @@ class Loop:
                 await asyncio.wait_for(self.wakeup.wait(), timeout=RESYNC_SECONDS)
             self.wakeup.clear()
             try:
-                await asyncio.to_thread(self.reconciler.run_once)
-            except (ApiError, OSError) as exc:
+                outcome = await asyncio.to_thread(self.reconciler.run_once)
+                if outcome.errors:
+                    raise RejectedWrites("; ".join(f"{k}: {v}" for k, v in outcome.errors.items()))
+            except (ApiError, OSError, RejectedWrites) as exc:
                 # API trouble: retry later; watch events in between wake us sooner.
                 self.failures += 1
                 self.last_error = str(exc)
@@ -200,6 +207,31 @@ def _prime_managed(store: Store) -> Callable[[dict[str, Any]], None]:
     return put
 
 
+CRD_HASH_ANNOTATION = "nvidia.com/gpu-operator.crd-hash"
+
+
+def ensure_crd(kube: Kube) -> None:
+    """Server-side apply our own CRD when the cluster's differs, so a `helm upgrade` (Helm never
+    upgrades CRDs) or a new image never runs against a stale schema that prunes new fields."""
+    body = crd()
+    body["metadata"].setdefault("annotations", {})[CRD_HASH_ANNOTATION] = content_hash(body)
+    try:
+        current = kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", body["metadata"]["name"])
+    except ApiError as exc:
+        if exc.status != 404:
+            log.warning("cannot read the ClusterPolicy CRD (%s); leaving it as it is", exc)
+            return
+        current = {}
+    annotations = (current.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(CRD_HASH_ANNOTATION) == body["metadata"]["annotations"][CRD_HASH_ANNOTATION]:
+        return
+    try:
+        kube.apply(body)
+        log.info("applied the ClusterPolicy CRD (schema changed)")
+    except ApiError as exc:
+        log.warning("cannot update the ClusterPolicy CRD (%s); it may be stale", exc)
+
+
 def _has_crd(kube: Kube, name: str) -> bool:
     try:
         kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name)
@@ -222,9 +254,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.watching.label_selectors["", "pods"] = SELECTOR
     namespace: str = memo["namespace"]
     kube = Kube(load_api_client())
+    await asyncio.to_thread(ensure_crd, kube)
     await asyncio.to_thread(prime, kube, STORE, namespace)
-    crd = await asyncio.to_thread(_has_crd, kube, "nvidiadrivers.nvidia.com")
-    reconciler = Reconciler(kube, STORE, namespace, dict(os.environ), nvidia_driver_crd=crd)
+    nvidia_driver = await asyncio.to_thread(_has_crd, kube, "nvidiadrivers.nvidia.com")
+    service_monitor = await asyncio.to_thread(_has_crd, kube, "servicemonitors.monitoring.coreos.com")
+    reconciler = Reconciler(
+        kube, STORE, namespace, dict(os.environ), nvidia_driver_crd=nvidia_driver, service_monitor_crd=service_monitor
+    )
     LOOP = Loop(reconciler)
     memo["task"] = asyncio.create_task(LOOP.run())
     LOOP.wake()
@@ -255,6 +291,9 @@ def run(namespace: str, log_format: str = "plain", liveness: str = "", verbose: 
     formats = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
     kopf.configure(verbose=verbose, log_format=formats[log_format])
     logging.getLogger("aiohttp.access").propagate = False
+    if not verbose:
+        # Kopf logs every watch event's handler at INFO; our own log says what was done.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     kopf.run(
         standalone=True,
         namespaces=[namespace],

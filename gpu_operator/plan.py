@@ -19,6 +19,7 @@ from gpu_operator.api.status import (
     REASON_INVALID_SPEC,
     REASON_NO_GPU_NODES,
     REASON_OPERAND_NOT_READY,
+    REASON_RECONCILE_FAILED,
     REASON_RECONCILED,
 )
 from gpu_operator.components import COMPONENTS, Component
@@ -360,6 +361,25 @@ def _ignored_status(policy: PolicyRef, active: PolicyRef, namespace: str, now: s
         "namespace": namespace,
         "observedGeneration": policy.generation,
         "conditions": conditions,
+    }
+
+
+def with_apply_errors(
+    policy: PolicyRef, status: dict[str, Any], errors: Mapping[str, str], now: str
+) -> dict[str, Any]:
+    """The status when some objects could not be written: those components are not ready, and Error
+    says why (NVIDIA's ReconcileFailed), with the API server's own message."""
+    components = []
+    for entry in status.get("components", []):
+        if entry["name"] in errors:
+            entry = {**entry, "state": "notReady", "reason": f"apply failed: {errors[entry['name']]}"}
+        components.append(entry)
+    message = "failed to reconcile: " + "; ".join(f"{name}: {text}" for name, text in errors.items())
+    return {
+        **status,
+        "state": "notReady",
+        "components": components,
+        "conditions": _conditions(policy, _error(REASON_RECONCILE_FAILED, message), now),
     }
 
 

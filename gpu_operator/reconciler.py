@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from gpu_operator.kube import ApiError, Kube
 from gpu_operator.nodes import NodeInfo
 from gpu_operator.observed import (
+    COMPONENT_LABEL,
     HASH_ANNOTATION,
     DaemonSetInfo,
     ObjectInfo,
@@ -25,7 +27,7 @@ from gpu_operator.observed import (
     object_info,
     object_key,
 )
-from gpu_operator.plan import Observed, Plan, PolicyRef, build, status_differs
+from gpu_operator.plan import Observed, Plan, PolicyRef, build, status_differs, with_apply_errors
 
 log = logging.getLogger("gpu_operator")
 
@@ -94,6 +96,25 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+@dataclass(frozen=True)
+class Outcome:
+    plan: Plan
+    errors: Mapping[str, str]
+    """What could not be written (component or object → the API server's message)."""
+
+
+@contextmanager
+def _recorded(errors: dict[str, str], what: str) -> Iterator[None]:
+    """Run one write; a rejected write (4xx) is recorded, a transient failure aborts the pass."""
+    try:
+        yield
+    except ApiError as exc:
+        if exc.status >= 500 or exc.status == 429:
+            raise
+        log.warning("%s: %s", what, exc)
+        errors.setdefault(what, str(exc))
+
+
 @dataclass
 class Reconciler:
     kube: Kube
@@ -101,26 +122,37 @@ class Reconciler:
     namespace: str
     environ: Mapping[str, str]
     nvidia_driver_crd: bool = False
+    service_monitor_crd: bool = False
     applied: dict[ObjectKey, Applied] = field(default_factory=dict)
     reported: dict[str, tuple[str, ...]] = field(default_factory=dict)
     """Policy name → the last (state, reason, notes...) we posted Events for."""
 
-    def run_once(self) -> Plan:
-        plan = build(self.store.snapshot(self.namespace, self.environ, self.nvidia_driver_crd), now())
+    def run_once(self) -> Outcome:
+        """One pass. API errors on single objects do not stop the pass: every other object, node
+        and status is still handled, and the errors go into the status and the returned Outcome."""
+        stamp = now()
+        plan = build(self.store.snapshot(self.namespace, self.environ, self.nvidia_driver_crd), stamp)
+        errors: dict[str, str] = {}
         if plan.spec is not None:
-            self._apply_objects(plan)
+            self._apply_objects(plan, errors)
         for key in plan.deletes:
             log.info("deleting %s %s/%s (no longer wanted)", key[1], key[2], key[3])
-            self.kube.delete(key)
-            self.store.put("objects", key, None)
-            self.applied.pop(key, None)
+            with _recorded(errors, key[1] + "/" + key[3]):
+                self.kube.delete(key)
+                self.store.put("objects", key, None)
+                self.applied.pop(key, None)
         for node, labels in plan.node_labels.items():
             log.info("node %s: operator labels %s", node, sorted(labels))
-            self.kube.apply_node_labels(node, labels)
+            with _recorded(errors, f"node/{node}"):
+                self.kube.apply_node_labels(node, labels)
+        if errors and plan.active is not None and plan.active.name in plan.statuses:
+            plan.statuses[plan.active.name] = with_apply_errors(
+                plan.active, plan.statuses[plan.active.name], errors, stamp
+            )
         self._write_statuses(plan)
-        return plan
+        return Outcome(plan, errors)
 
-    def _apply_objects(self, plan: Plan) -> None:
+    def _apply_objects(self, plan: Plan, errors: dict[str, str]) -> None:
         with self.store.lock:
             observed = dict(self.store.objects)
         for body in plan.objects:
@@ -128,19 +160,16 @@ class Reconciler:
             desired_hash = body["metadata"]["annotations"][HASH_ANNOTATION]
             if in_sync(desired_hash, observed.get(key), self.applied.get(key)):
                 continue
-            try:
+            component = body["metadata"]["labels"].get(COMPONENT_LABEL, key[1])
+            if key[1] == "ServiceMonitor" and not self.service_monitor_crd:
+                errors.setdefault(component, "ServiceMonitor needs the monitoring.coreos.com CRD (Prometheus operator)")
+                continue
+            with _recorded(errors, component):
                 result = self.kube.apply(body)
-            except ApiError as exc:
-                if exc.status == 404 and key[1] == "ServiceMonitor":
-                    log.warning(
-                        "ServiceMonitor %s skipped: the monitoring.coreos.com CRD is not installed", key[3]
-                    )
-                    continue
-                raise
-            log.info("applied %s %s/%s", key[1], key[2], key[3])
-            info = object_info(result)
-            self.store.put("objects", key, info)
-            self.applied[key] = Applied(desired_hash, info.generation, info.resource_version)
+                log.info("applied %s %s/%s", key[1], key[2], key[3])
+                info = object_info(result)
+                self.store.put("objects", key, info)
+                self.applied[key] = Applied(desired_hash, info.generation, info.resource_version)
 
     def _write_statuses(self, plan: Plan) -> None:
         stamp = now()
@@ -153,6 +182,13 @@ class Reconciler:
             self._post_events(
                 policy, status, plan.notes if plan.active and plan.active.name == name else [], stamp
             )
+
+    def _event(self, ref: Mapping[str, str], type_: str, reason: str, message: str, stamp: str) -> None:
+        # Events are a courtesy; the status already says it all, so a failure must not fail the pass.
+        try:
+            self.kube.post_event(ref, type_, reason, message, stamp)
+        except ApiError as exc:
+            log.warning("could not post Event %s on ClusterPolicy %s: %s", reason, ref["name"], exc)
 
     def _post_events(
         self, policy: PolicyRef, status: Mapping[str, Any], notes: list[str], stamp: str
@@ -168,14 +204,12 @@ class Reconciler:
             return  # restarted operator, nothing new to say
         state = status.get("state")
         if state == "ready":
-            self.kube.post_event(self.namespace, ref, "Normal", "Ready", "all GPU operands are ready", stamp)
+            self._event(ref, "Normal", "Ready", "all GPU operands are ready", stamp)
         elif state == "ignored":
             ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-            self.kube.post_event(self.namespace, ref, "Normal", "Ignored", ready["message"], stamp)
+            self._event(ref, "Normal", "Ignored", ready["message"], stamp)
         elif error.get("reason"):
-            self.kube.post_event(
-                self.namespace, ref, "Warning", error["reason"], error.get("message", ""), stamp
-            )
+            self._event(ref, "Warning", error["reason"], error.get("message", ""), stamp)
         for note in notes:
             if previous is None or note not in previous:
-                self.kube.post_event(self.namespace, ref, "Warning", "Unsupported", note, stamp)
+                self._event(ref, "Warning", "Unsupported", note, stamp)

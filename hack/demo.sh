@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# `make demo`: local cluster with simulated GPU nodes, the CRD and the chart's RBAC, the operator
+# running as the chart's ServiceAccount, the seed article's ClusterPolicy; waits for Ready and shows it.
+# `make down` (this script with `down`) stops the operator and the cluster.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+: "${KUBECTL:?run through make}" "${HELM:?run through make}"
+STATE=.cache/demo
+PIDFILE=$STATE/operator.pid
+LOG=$STATE/operator.log
+NS=gpu-operator
+POLICY=${POLICY:-examples/clusterpolicy.yaml}
+
+stop_operator() {
+  if [[ -f $PIDFILE ]]; then
+    local pid
+    pid=$(cat "$PIDFILE")
+    # Only our own process: the pid file names it, and its command line must still be the operator.
+    if kill -0 "$pid" 2>/dev/null && grep -q "gpu-operator" "/proc/$pid/cmdline" 2>/dev/null; then
+      kill "$pid"
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      kill -9 "$pid" 2>/dev/null || true
+    fi
+    rm -f "$PIDFILE"
+  fi
+}
+
+if [[ ${1:-up} == down ]]; then
+  stop_operator
+  make --no-print-directory cluster-down
+  exit 0
+fi
+
+mkdir -p "$STATE"
+make --no-print-directory cluster-up
+export KUBECONFIG
+KUBECONFIG=$(make --no-print-directory -s kubeconfig)
+
+echo "demo: installing the CRD and the chart's ServiceAccount and RBAC (operator runs locally)"
+"$KUBECTL" apply --server-side --force-conflicts -f crds/clusterpolicy.yaml >/dev/null
+"$HELM" upgrade --install gpu-operator charts/gpu-operator --namespace "$NS" --create-namespace --wait \
+  --set operator.replicas=0 --set clusterPolicy.create=false >/dev/null
+
+echo "demo: starting the operator as system:serviceaccount:$NS:gpu-operator (log: $LOG)"
+stop_operator
+token=$("$KUBECTL" create token gpu-operator -n "$NS" --duration=24h)
+server=$("$KUBECTL" config view --minify -o jsonpath='{.clusters[0].cluster.server}')
+"$KUBECTL" config view --minify --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' \
+  | base64 -d > "$STATE/ca.crt"
+OPERATOR_KUBECONFIG=$STATE/operator-kubeconfig.yaml
+KUBECONFIG=$OPERATOR_KUBECONFIG "$KUBECTL" config set-cluster demo --server="$server" \
+  --certificate-authority="$PWD/$STATE/ca.crt" --embed-certs >/dev/null
+KUBECONFIG=$OPERATOR_KUBECONFIG "$KUBECTL" config set-credentials operator --token="$token" >/dev/null
+KUBECONFIG=$OPERATOR_KUBECONFIG "$KUBECTL" config set-context demo --cluster=demo --user=operator >/dev/null
+KUBECONFIG=$OPERATOR_KUBECONFIG "$KUBECTL" config use-context demo >/dev/null
+KUBECONFIG=$OPERATOR_KUBECONFIG setsid .venv/bin/gpu-operator run --namespace "$NS" --liveness "" \
+  >"$LOG" 2>&1 < /dev/null &
+echo $! > "$PIDFILE"
+
+name=$(.venv/bin/python -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["metadata"]["name"])' "$POLICY")
+echo "demo: applying $POLICY (ClusterPolicy $name)"
+"$KUBECTL" apply --server-side -f "$POLICY" >/dev/null
+start=$(date +%s)
+if ! "$KUBECTL" wait --for=jsonpath='{.status.state}'=ready "clusterpolicy/$name" --timeout=300s >/dev/null; then
+  echo "demo: the ClusterPolicy did not become ready; status and operator log:" >&2
+  "$KUBECTL" get clusterpolicy "$name" -o yaml >&2
+  tail -30 "$LOG" >&2
+  exit 1
+fi
+echo "demo: ready after $(( $(date +%s) - start ))s"
+echo
+"$KUBECTL" get clusterpolicy -o wide
+echo
+"$KUBECTL" get daemonsets -n "$NS"
+echo
+"$KUBECTL" get nodes -L nvidia.com/gpu.present,nvidia.com/gpu.deploy.driver,nvidia.com/gpu.deploy.device-plugin,nvidia.com/gpu.deploy.mig-manager \
+  -o custom-columns='NODE:.metadata.name,GPU-PRESENT:.metadata.labels.nvidia\.com/gpu\.present,DRIVER:.metadata.labels.nvidia\.com/gpu\.deploy\.driver,DEVICE-PLUGIN:.metadata.labels.nvidia\.com/gpu\.deploy\.device-plugin,MIG-MANAGER:.metadata.labels.nvidia\.com/gpu\.deploy\.mig-manager,GPUS:.status.allocatable.nvidia\.com/gpu'
+echo
+echo "The cluster and the operator keep running: export KUBECONFIG=$KUBECONFIG, then try"
+echo "'$KUBECTL get clusterpolicy $name -o yaml' or 'kubectl describe clusterpolicy $name'; 'make down' stops everything."

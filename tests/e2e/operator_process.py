@@ -1,0 +1,102 @@
+"""Run the operator as its own process, logged in as a ServiceAccount (the Helm chart's), so every API
+call it makes is checked against that account's RBAC, exactly as in a cluster."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client  # type: ignore[import-untyped]
+
+from .kube_helpers import Cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+OPERATOR = Path(sys.executable).parent / "gpu-operator"
+
+
+def sa_kubeconfig(cluster: Cluster, namespace: str, service_account: str, path: Path) -> Path:
+    """A kubeconfig at `path` that authenticates with a fresh TokenRequest token of the ServiceAccount."""
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(expiration_seconds=7200))
+    token = (
+        client.CoreV1Api(cluster.api)
+        .create_namespaced_service_account_token(service_account, namespace, request)
+        .status.token
+    )
+    admin: dict[str, Any] = yaml.safe_load(cluster.kubeconfig.read_text())
+    current = admin.get("current-context") or admin["contexts"][0]["name"]
+    context = next(c["context"] for c in admin["contexts"] if c["name"] == current)
+    server = dict(next(c["cluster"] for c in admin["clusters"] if c["name"] == context["cluster"]))
+    ca = server.get("certificate-authority")
+    if ca and not Path(ca).is_absolute():  # relative to the admin kubeconfig's folder
+        server["certificate-authority"] = str(cluster.kubeconfig.parent / ca)
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "cluster", "cluster": server}],
+        "users": [{"name": service_account, "user": {"token": token}}],
+        "contexts": [{"name": "sa", "context": {"cluster": "cluster", "user": service_account}}],
+        "current-context": "sa",
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+class OperatorProcess:
+    """`gpu-operator run` in a subprocess with its own kubeconfig; output goes to a log file."""
+
+    def __init__(
+        self, kubeconfig: Path, namespace: str, log: Path, env: dict[str, str] | None = None
+    ) -> None:
+        self.kubeconfig = kubeconfig
+        self.namespace = namespace
+        self.log_path = log
+        self.env = env or {}
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        environ = {k: v for k, v in os.environ.items() if not k.endswith("_IMAGE")}
+        environ.update(KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1", **self.env)
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [str(OPERATOR), "run", "--namespace", self.namespace, "--liveness", ""],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=environ,
+                cwd=ROOT,
+            )
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as when a node dies or the OOM killer strikes."""
+        if self.process is not None and self.running:
+            self.process.send_signal(signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.process is not None and self.running:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def assert_clean_log(self) -> None:
+        """No tracebacks and no RBAC denials: either would mean a bug or a missing chart rule."""
+        text = self.log()
+        assert "Traceback" not in text, f"operator traceback:\n{text[-4000:]}"
+        assert "403" not in text and "forbidden" not in text.lower(), (
+            f"operator hit RBAC denials:\n{text[-4000:]}"
+        )

@@ -1,0 +1,482 @@
+"""The operator end to end: a real API server, kwok nodes and pods, the operator as its own process
+logged in as the Helm chart's ServiceAccount. Each test starts from a cluster with no ClusterPolicy
+and leaves it that way."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client  # type: ignore[import-untyped]
+
+from .kube_helpers import Cluster, clear_failure, gpu_nodes, inject_failure, list_pods, pod_is_ready, wait_for
+from .operator_process import ROOT, OperatorProcess, sa_kubeconfig
+
+NS = "gpu-operator"
+RELEASE = "gpu-operator"
+GROUP, VERSION, PLURAL = "nvidia.com", "v1", "clusterpolicies"
+MANAGED = "app.kubernetes.io/managed-by=gpu-operator"
+COMPONENT = "app.kubernetes.io/component"
+POLICIES = ROOT / "tests" / "data" / "policies"
+CONVERGE = 120.0
+
+
+def helm(cluster: Cluster, *args: str) -> str:
+    binary = Path(cluster.kubectl_path).parent / "helm"
+    result = subprocess.run(
+        [str(binary), "--kubeconfig", str(cluster.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, f"helm {' '.join(args)} failed: {result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """The chart's ServiceAccount and RBAC (no in-cluster Deployment) and the operator running as it."""
+    helm(
+        cluster,
+        "upgrade",
+        "--install",
+        RELEASE,
+        str(ROOT / "charts" / "gpu-operator"),
+        "--namespace",
+        NS,
+        "--create-namespace",
+        "--wait",
+        "--set",
+        "operator.replicas=0",
+        "--set",
+        "clusterPolicy.create=false",
+    )
+    folder = tmp_path_factory.mktemp("operator")
+    kubeconfig = sa_kubeconfig(cluster, NS, RELEASE, folder / "kubeconfig")
+    process = OperatorProcess(kubeconfig, NS, folder / "operator.log").start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        print(process.log()[-6000:])
+        helm(cluster, "uninstall", RELEASE, "--namespace", NS, "--wait")
+
+
+@pytest.fixture
+def clean(cluster: Cluster, operator: OperatorProcess) -> Iterator[OperatorProcess]:
+    """Every test ends with no ClusterPolicy, no operand object and no operator-set node label."""
+    try:
+        yield operator
+    finally:
+        custom = client.CustomObjectsApi(cluster.api)
+        for item in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]:
+            custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, item["metadata"]["name"])
+        if not operator.running:
+            operator.start()
+        wait_for(lambda: assert_cleaned_up(cluster), timeout=CONVERGE, what="cleanup after the test")
+        operator.assert_clean_log()
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def apply_policy(cluster: Cluster, body: dict[str, Any]) -> None:
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(body))
+
+
+def policy_from(name: str, policy_name: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = yaml.safe_load((POLICIES / f"{name}.yaml").read_text())
+    if policy_name:
+        body["metadata"]["name"] = policy_name
+    return body
+
+
+def get_policy(cluster: Cluster, name: str) -> dict[str, Any]:
+    result: dict[str, Any] = client.CustomObjectsApi(cluster.api).get_cluster_custom_object(
+        GROUP, VERSION, PLURAL, name
+    )
+    return result
+
+
+def condition(policy: dict[str, Any], kind: str) -> dict[str, Any]:
+    return next((c for c in policy.get("status", {}).get("conditions", []) if c["type"] == kind), {})
+
+
+def wait_state(cluster: Cluster, name: str, state: str, timeout: float = CONVERGE) -> dict[str, Any]:
+    def check() -> dict[str, Any]:
+        policy = get_policy(cluster, name)
+        status = policy.get("status", {})
+        assert status.get("state") == state, json.dumps(status, indent=1)[:3000]
+        assert status.get("observedGeneration") == policy["metadata"]["generation"], "status is stale"
+        return policy
+
+    return wait_for(check, timeout=timeout, what=f"ClusterPolicy {name} {state}")
+
+
+def daemonsets(cluster: Cluster) -> dict[str, Any]:
+    items = client.AppsV1Api(cluster.api).list_namespaced_daemon_set(NS, label_selector=MANAGED).items
+    return {ds.metadata.labels[COMPONENT]: ds for ds in items}
+
+
+def node_labels(cluster: Cluster, node: str) -> dict[str, str]:
+    return dict(client.CoreV1Api(cluster.api).read_node(node).metadata.labels or {})
+
+
+def label_node(cluster: Cluster, node: str, **labels: str | None) -> None:
+    client.CoreV1Api(cluster.api).patch_node(node, {"metadata": {"labels": labels}})
+
+
+def operator_labels(labels: dict[str, str]) -> set[str]:
+    return {k for k in labels if k.startswith("nvidia.com/gpu.deploy.") or k == "nvidia.com/gpu.present"}
+
+
+def assert_cleaned_up(cluster: Cluster) -> None:
+    core = client.CoreV1Api(cluster.api)
+    left = [ds.metadata.name for ds in daemonsets(cluster).values()]
+    left += [cm.metadata.name for cm in core.list_namespaced_config_map(NS, label_selector=MANAGED).items]
+    left += [
+        r.metadata.name
+        for r in client.RbacAuthorizationV1Api(cluster.api).list_cluster_role(label_selector=MANAGED).items
+    ]
+    assert not left, f"operator objects left: {left}"
+    for node in core.list_node().items:
+        ours = {
+            k: v
+            for k, v in (node.metadata.labels or {}).items()
+            if k in operator_labels(node.metadata.labels or {})
+        }
+        # Only values the tests set by hand ("false") may remain.
+        assert all(v == "false" for v in ours.values()), f"{node.metadata.name} keeps operator labels {ours}"
+
+
+def assert_pods_exactly_on_gpu_nodes(cluster: Cluster, policy: dict[str, Any]) -> None:
+    gpus = set(gpu_nodes(cluster.api))
+    for component, ds in daemonsets(cluster).items():
+        pods = list_pods(cluster.api, NS, labels=f"app={ds.metadata.name}")
+        nodes = {p.spec.node_name for p in pods if pod_is_ready(p)}
+        expected = {"gpu-node-0"} if component == "mig-manager" else gpus
+        assert nodes == expected, f"{component}: ready pods on {sorted(nodes)}, expected {sorted(expected)}"
+
+
+def gpu_pod(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "cuda-vectoradd", "namespace": namespace},
+        "spec": {
+            "restartPolicy": "Never",
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "containers": [
+                {
+                    "name": "cuda",
+                    "image": "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0",
+                    "resources": {"limits": {"nvidia.com/gpu": 1}},
+                }
+            ],
+        },
+    }
+
+
+def writes_by(cluster: Cluster, user: str, since: float) -> list[str]:
+    """Mutating requests by `user` in the API server's audit log since the unix time `since`."""
+    assert cluster.audit_log is not None
+    found = []
+    for line in cluster.audit_log.read_text().splitlines():
+        entry = json.loads(line)
+        if entry.get("stage") != "ResponseComplete" or entry.get("user", {}).get("username") != user:
+            continue
+        if entry["verb"] not in ("create", "update", "patch", "delete", "deletecollection"):
+            continue
+        stamp = entry["requestReceivedTimestamp"]
+        when = time.mktime(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
+        if when >= since:
+            ref = entry.get("objectRef", {})
+            found.append(f"{entry['verb']} {ref.get('resource')}/{ref.get('name')} {stamp}")
+    return found
+
+
+# --- tests ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sample", ["seed-sample", "empty"])
+def test_policy_converges_on_exactly_the_gpu_nodes(
+    cluster: Cluster, clean: OperatorProcess, namespace: str, sample: str
+) -> None:
+    body = policy_from(sample)
+    apply_policy(cluster, body)
+    name = body["metadata"]["name"]
+    policy = wait_state(cluster, name, "ready")
+    status = policy["status"]
+    assert status["gpuNodes"] == 4
+    assert condition(policy, "Ready")["reason"] == "Reconciled"
+    if sample == "seed-sample":
+        assert "useNvidiaDriverCRD" in condition(policy, "Ready")["message"]
+    assert_pods_exactly_on_gpu_nodes(cluster, policy)
+    expected = {c["name"] for c in status["components"] if c["enabled"] and c["state"] == "ready"}
+    assert set(daemonsets(cluster)) == expected
+    # The seed article's flow: a GPU pod now gets scheduled by kube-scheduler.
+    client.CoreV1Api(cluster.api).create_namespaced_pod(namespace, gpu_pod(namespace))
+
+    def scheduled() -> str:
+        pod = client.CoreV1Api(cluster.api).read_namespaced_pod("cuda-vectoradd", namespace)
+        assert pod.spec.node_name, f"pending: {pod.status.conditions}"
+        return str(pod.spec.node_name)
+
+    assert wait_for(scheduled, timeout=60, what="GPU pod scheduled").startswith("gpu-node-")
+    events = cluster.kubectl("describe", "clusterpolicy", name)
+    assert "Ready" in events.split("Events:")[-1], events
+
+
+def test_failing_driver_blocks_only_its_node(
+    cluster: Cluster, clean: OperatorProcess, failures: None
+) -> None:
+    inject_failure(cluster.api, "driver", "gpu-node-1", "CrashLoopBackOff")
+    apply_policy(cluster, policy_from("empty"))
+
+    def others_ready_and_reported() -> dict[str, Any]:
+        policy = get_policy(cluster, "cluster-policy")
+        status = policy.get("status", {})
+        plugins = {
+            p.spec.node_name
+            for p in list_pods(cluster.api, NS, labels=f"{COMPONENT}=device-plugin")
+            if pod_is_ready(p)
+        }
+        assert plugins == {"gpu-node-0", "gpu-node-2", "gpu-node-3"}, f"device plugin ready on {plugins}"
+        assert status.get("state") == "notReady", status
+        message = condition(policy, "Error").get("message", "")
+        assert "CrashLoopBackOff on gpu-node-1" in message, message
+        assert "waiting for driver on gpu-node-1" in message, message
+        return policy
+
+    policy = wait_for(others_ready_and_reported, timeout=CONVERGE, what="other nodes converge")
+    driver = next(c for c in policy["status"]["components"] if c["name"] == "driver")
+    assert driver["nodesFailing"] == 1 and driver["problems"][0]["node"] == "gpu-node-1"
+    assert "nvidia.com/gpu.deploy.container-toolkit" not in node_labels(cluster, "gpu-node-1")
+    assert not list_pods(cluster.api, NS, labels=f"{COMPONENT}=container-toolkit", node="gpu-node-1")
+    clear_failure(cluster.api, "driver", "gpu-node-1")
+    wait_state(cluster, "cluster-policy", "ready")
+    assert_pods_exactly_on_gpu_nodes(cluster, get_policy(cluster, "cluster-policy"))
+
+
+def test_opt_out_labels_are_respected(cluster: Cluster, clean: OperatorProcess) -> None:
+    apply_policy(cluster, policy_from("empty"))
+    wait_state(cluster, "cluster-policy", "ready")
+    label_node(cluster, "gpu-node-2", **{"nvidia.com/gpu.deploy.dcgm-exporter": "false"})
+    label_node(cluster, "gpu-node-3", **{"nvidia.com/gpu.deploy.operands": "false"})
+    try:
+
+        def opted_out() -> None:
+            on2 = {p.metadata.labels[COMPONENT] for p in list_pods(cluster.api, NS, node="gpu-node-2")}
+            on3 = list_pods(cluster.api, NS, node="gpu-node-3")
+            assert "dcgm-exporter" not in on2 and "driver" in on2, on2
+            assert not on3, f"operands still on gpu-node-3: {[p.metadata.name for p in on3]}"
+
+        wait_for(opted_out, timeout=CONVERGE, what="opt-outs honoured")
+        wait_state(cluster, "cluster-policy", "ready")
+        assert node_labels(cluster, "gpu-node-2")["nvidia.com/gpu.deploy.dcgm-exporter"] == "false"
+        assert not {
+            k for k in node_labels(cluster, "gpu-node-3") if k.startswith("nvidia.com/gpu.deploy.")
+        } - {"nvidia.com/gpu.deploy.operands"}
+        label_node(cluster, "gpu-node-3", **{"nvidia.com/gpu.deploy.operands": None})
+
+        def restored() -> None:
+            ready = {
+                p.metadata.labels[COMPONENT]
+                for p in list_pods(cluster.api, NS, node="gpu-node-3")
+                if pod_is_ready(p)
+            }
+            assert {"driver", "device-plugin", "dcgm-exporter"} <= ready, ready
+
+        wait_for(restored, timeout=CONVERGE, what="gpu-node-3 restored")
+        wait_state(cluster, "cluster-policy", "ready")
+    finally:
+        label_node(cluster, "gpu-node-2", **{"nvidia.com/gpu.deploy.dcgm-exporter": None})
+        label_node(cluster, "gpu-node-3", **{"nvidia.com/gpu.deploy.operands": None})
+
+
+def test_disable_enable_and_version_change_touch_only_their_objects(
+    cluster: Cluster, clean: OperatorProcess
+) -> None:
+    body = policy_from("empty")
+    apply_policy(cluster, body)
+    wait_state(cluster, "cluster-policy", "ready")
+    core = client.CoreV1Api(cluster.api)
+    body["spec"] = {"dcgmExporter": {"enabled": False}}
+    apply_policy(cluster, body)
+
+    def exporter_gone() -> None:
+        assert "dcgm-exporter" not in daemonsets(cluster)
+        services = [
+            s.metadata.name
+            for s in core.list_namespaced_service(NS, label_selector=f"{COMPONENT}=dcgm-exporter").items
+        ]
+        accounts = [
+            s.metadata.name
+            for s in core.list_namespaced_service_account(
+                NS, label_selector=f"{COMPONENT}=dcgm-exporter"
+            ).items
+        ]
+        assert not services and not accounts, (services, accounts)
+
+    wait_for(exporter_gone, timeout=CONVERGE, what="dcgm-exporter objects deleted")
+    wait_state(cluster, "cluster-policy", "ready")
+    body["spec"] = {}
+    apply_policy(cluster, body)
+    wait_state(cluster, "cluster-policy", "ready")
+    assert "dcgm-exporter" in daemonsets(cluster)
+    before = {name: ds.metadata.generation for name, ds in daemonsets(cluster).items()}
+    body["spec"] = {
+        "devicePlugin": {"repository": "nvcr.io/nvidia", "image": "k8s-device-plugin", "version": "v0.20.1"}
+    }
+    apply_policy(cluster, body)
+    policy = wait_state(cluster, "cluster-policy", "ready")
+    after = {name: ds.metadata.generation for name, ds in daemonsets(cluster).items()}
+    changed = {name for name in before if before[name] != after[name]}
+    assert changed == {"device-plugin"}, f"generations before {before} after {after}"
+    image = daemonsets(cluster)["device-plugin"].spec.template.spec.containers[0].image
+    assert image == "nvcr.io/nvidia/k8s-device-plugin:v0.20.1"
+    assert (
+        policy["status"]["componentsReady"].split("/")[0] == policy["status"]["componentsReady"].split("/")[1]
+    )
+
+
+def test_drift_is_repaired(cluster: Cluster, clean: OperatorProcess) -> None:
+    apply_policy(cluster, policy_from("empty"))
+    wait_state(cluster, "cluster-policy", "ready")
+    apps, core = client.AppsV1Api(cluster.api), client.CoreV1Api(cluster.api)
+    gfd = daemonsets(cluster)["gpu-feature-discovery"]
+    apps.delete_namespaced_daemon_set(gfd.metadata.name, NS)
+
+    def recreated() -> None:
+        ds = daemonsets(cluster).get("gpu-feature-discovery")
+        assert ds is not None and ds.metadata.uid != gfd.metadata.uid, "not recreated yet"
+
+    wait_for(recreated, timeout=60, what="deleted DaemonSet restored")
+    plugin = daemonsets(cluster)["device-plugin"]
+    image = plugin.spec.template.spec.containers[0].image
+    patch = {
+        "spec": {
+            "template": {
+                "spec": {
+                    "containers": [
+                        {"name": plugin.spec.template.spec.containers[0].name, "image": "evil/image:latest"}
+                    ]
+                }
+            }
+        }
+    }
+    apps.patch_namespaced_daemon_set(plugin.metadata.name, NS, patch)
+
+    def image_restored() -> None:
+        current = daemonsets(cluster)["device-plugin"].spec.template.spec.containers[0].image
+        assert current == image, current
+
+    wait_for(image_restored, timeout=60, what="edited image restored")
+    config_maps = core.list_namespaced_config_map(NS, label_selector=MANAGED).items
+    assert config_maps, "the default policy renders ConfigMaps"
+    victim = config_maps[0]
+    core.delete_namespaced_config_map(victim.metadata.name, NS)
+
+    def config_map_restored() -> None:
+        current = core.read_namespaced_config_map(victim.metadata.name, NS)
+        assert current.metadata.uid != victim.metadata.uid and current.data == victim.data
+
+    wait_for(config_map_restored, timeout=60, what="deleted ConfigMap restored")
+    wait_state(cluster, "cluster-policy", "ready")
+
+
+def test_second_policy_is_ignored_until_the_first_goes(cluster: Cluster, clean: OperatorProcess) -> None:
+    apply_policy(cluster, policy_from("empty", "first"))
+    wait_state(cluster, "first", "ready")
+    second = policy_from("empty", "second")
+    second["spec"] = {"dcgmExporter": {"enabled": False}}
+    apply_policy(cluster, second)
+    ignored = wait_state(cluster, "second", "ignored")
+    assert "'first' is active" in condition(ignored, "Ready")["message"]
+    assert "dcgm-exporter" in daemonsets(cluster)
+    client.CustomObjectsApi(cluster.api).delete_cluster_custom_object(GROUP, VERSION, PLURAL, "first")
+    wait_state(cluster, "second", "ready")
+    wait_for(
+        lambda: assert_no_component(cluster, "dcgm-exporter"), timeout=CONVERGE, what="second policy applied"
+    )
+
+
+def assert_no_component(cluster: Cluster, component: str) -> None:
+    assert component not in daemonsets(cluster), f"{component} still deployed"
+
+
+def test_invalid_update_keeps_operands_and_names_the_field(cluster: Cluster, clean: OperatorProcess) -> None:
+    body = policy_from("empty")
+    apply_policy(cluster, body)
+    wait_state(cluster, "cluster-policy", "ready")
+    before = {name: (ds.metadata.uid, ds.metadata.generation) for name, ds in daemonsets(cluster).items()}
+    # The CRD schema cannot check label keys; the operator's model can.
+    body["spec"] = {"daemonsets": {"labels": {"not a label key!": "x"}}, "dcgm": {"enabled": False}}
+    apply_policy(cluster, body)
+    policy = wait_state(cluster, "cluster-policy", "notReady")
+    error = condition(policy, "Error")
+    assert error["status"] == "True" and error["reason"] == "InvalidSpec"
+    assert "spec.daemonsets.labels" in error["message"], error
+    after = {name: (ds.metadata.uid, ds.metadata.generation) for name, ds in daemonsets(cluster).items()}
+    assert after == before, "an invalid policy changed running operands"
+    body["spec"] = {}
+    apply_policy(cluster, body)
+    policy = wait_state(cluster, "cluster-policy", "ready")
+    assert condition(policy, "Error")["status"] == "False"
+
+
+def test_deleting_the_policy_removes_everything_it_added(cluster: Cluster, clean: OperatorProcess) -> None:
+    label_node(cluster, "gpu-node-0", **{"nvidia.com/gpu.deploy.dcgm": "false"})
+    try:
+        apply_policy(cluster, policy_from("empty"))
+        wait_state(cluster, "cluster-policy", "ready")
+        assert node_labels(cluster, "gpu-node-1")["nvidia.com/gpu.deploy.driver"] == "true"
+        client.CustomObjectsApi(cluster.api).delete_cluster_custom_object(
+            GROUP, VERSION, PLURAL, "cluster-policy"
+        )
+        wait_for(lambda: assert_cleaned_up(cluster), timeout=CONVERGE, what="everything removed")
+        assert node_labels(cluster, "gpu-node-0")["nvidia.com/gpu.deploy.dcgm"] == "false", (
+            "user label removed"
+        )
+    finally:
+        label_node(cluster, "gpu-node-0", **{"nvidia.com/gpu.deploy.dcgm": None})
+
+
+def test_operator_killed_mid_convergence_recovers(cluster: Cluster, clean: OperatorProcess) -> None:
+    apply_policy(cluster, policy_from("empty"))
+    wait_for(lambda: assert_has(daemonsets(cluster), "driver"), timeout=60, what="driver DaemonSet applied")
+    clean.kill()
+    clean.start()
+    wait_state(cluster, "cluster-policy", "ready")
+    names = [ds.metadata.name for ds in daemonsets(cluster).values()]
+    assert len(names) == len(set(names)) == 8, names
+    pods = list_pods(cluster.api, NS, labels=f"{COMPONENT}=driver")
+    assert sorted(p.spec.node_name for p in pods) == gpu_nodes(cluster.api), (
+        "duplicate or missing driver pods"
+    )
+
+
+def assert_has(found: dict[str, Any], key: str) -> None:
+    assert key in found, sorted(found)
+
+
+def test_no_writes_at_rest(cluster: Cluster, clean: OperatorProcess) -> None:
+    if cluster.audit_log is None:
+        pytest.skip("needs the local cluster's audit log")
+    apply_policy(cluster, policy_from("seed-sample"))
+    wait_state(cluster, "gpu-cluster-policy", "ready")
+    start = time.time() + 1
+    user = f"system:serviceaccount:{NS}:{RELEASE}"
+    # A window of quiet, checked continuously: any write ends the test at once.
+    deadline = start + 60
+    while time.time() < deadline:
+        writes = writes_by(cluster, user, start)
+        assert not writes, f"writes at rest: {writes}"
+        time.sleep(5)
+    assert not writes_by(cluster, user, start)
