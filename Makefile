@@ -9,6 +9,7 @@ BIN := $(VENV)/bin
 
 # Cluster toolchain, cluster-up/down, kubeconfig (hack/cluster.mk).
 include hack/cluster.mk
+include hack/chart.mk
 
 .PHONY: help venv lint typecheck test test-unit test-e2e crd demo down bench
 
@@ -33,6 +34,7 @@ test-unit: venv ## unit tests (no cluster)
 
 crd: venv ## regenerate crds/clusterpolicy.yaml and the chart's copy from the models
 	$(BIN)/gpu-operator crd > crds/clusterpolicy.yaml
+	cp crds/clusterpolicy.yaml charts/gpu-operator/crds/clusterpolicy.yaml
 
 test: lint test-unit test-e2e ## every test: lint, types, unit and end to end
 

@@ -254,7 +254,9 @@ def _root() -> Schema:
             },
             "kind": {"description": "The REST resource this object represents.", "type": "string"},
             "metadata": {"type": "object"},
-            "spec": spec_schema(),
+            # Nullable: server-side apply of `spec: {}` over a non-empty spec stores null, and an
+            # empty spec means "all defaults" (the operator reads null as {}).
+            "spec": {**spec_schema(), "nullable": True},
             "status": status_schema(),
         },
     }

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import client  # type: ignore[import-untyped]
+from kubernetes import client
 
 from .kube_helpers import Cluster
 
@@ -22,11 +22,11 @@ OPERATOR = Path(sys.executable).parent / "gpu-operator"
 def sa_kubeconfig(cluster: Cluster, namespace: str, service_account: str, path: Path) -> Path:
     """A kubeconfig at `path` that authenticates with a fresh TokenRequest token of the ServiceAccount."""
     request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(expiration_seconds=7200))
-    token = (
-        client.CoreV1Api(cluster.api)
-        .create_namespaced_service_account_token(service_account, namespace, request)
-        .status.token
+    response = client.CoreV1Api(cluster.api).create_namespaced_service_account_token(
+        service_account, namespace, request
     )
+    assert response.status is not None
+    token = response.status.token
     admin: dict[str, Any] = yaml.safe_load(cluster.kubeconfig.read_text())
     current = admin.get("current-context") or admin["contexts"][0]["name"]
     context = next(c["context"] for c in admin["contexts"] if c["name"] == current)

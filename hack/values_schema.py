@@ -1,0 +1,231 @@
+"""Generate the chart's values.schema.json: the operand part from the pydantic models, the rest by hand.
+
+The chart passes each top-level operand key (`driver`, `devicePlugin`, ...) unchanged into the
+ClusterPolicy's spec, so those keys get exactly the schema of the matching `ClusterPolicySpec` field:
+a typo or a wrong type fails `helm install`/`helm template` with the value's path, before anything
+reaches the cluster. The ClusterPolicy's own `spec.operator` lives under `clusterPolicy.operator`,
+because the chart's `operator` key configures the operator's Deployment.
+
+Helm 3.21 validates with santhosh-tekuri/jsonschema v6 (draft 2020-12 by default; `$defs`/`$ref`
+work). Pydantic's titles and the CRD-only `x-kubernetes-*` keys are dropped; CEL rules are the API
+server's job.
+
+    python hack/values_schema.py            print the schema
+    python hack/values_schema.py --write    write it to the chart (make chart-schema)
+    python hack/values_schema.py --check    exit 1 when the committed file differs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from gpu_operator.api.spec import ClusterPolicySpec
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA_FILE = ROOT / "charts" / "gpu-operator" / "values.schema.json"
+
+Schema = dict[str, Any]
+
+# ClusterPolicySpec fields that are not top-level chart keys (see the module docstring).
+NOT_TOP_LEVEL = ("operator",)
+# Keywords whose value maps names to schemas (not keywords themselves).
+_NAME_MAPS = ("properties", "$defs", "patternProperties")
+
+_STRING: Schema = {"type": "string"}
+_STRING_MAP: Schema = {"type": "object", "additionalProperties": {"type": "string"}}
+_OBJECT: Schema = {"type": "object"}
+_LIST_OF_OBJECTS: Schema = {"type": "array", "items": {"type": "object"}}
+_QUANTITY: Schema = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "minLength": 1}]}
+_RESOURCE_LIST: Schema = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {"cpu": _QUANTITY, "memory": _QUANTITY, "ephemeral-storage": _QUANTITY},
+}
+
+
+def _strict(properties: Schema, description: str) -> Schema:
+    return {
+        "type": "object",
+        "description": description,
+        "additionalProperties": False,
+        "properties": properties,
+    }
+
+
+def operator_schema() -> Schema:
+    """The chart's `operator` section: the operator's Deployment, ServiceAccount and image."""
+    return _strict(
+        {
+            "image": _strict(
+                {
+                    "repository": {
+                        "type": "string",
+                        "description": "Registry and path; empty means `name` is the whole image.",
+                    },
+                    "name": {"type": "string", "minLength": 1},
+                    "tag": {"type": "string", "description": "Empty means the chart's appVersion."},
+                    "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
+                },
+                "The operator image: <repository>/<name>:<tag>.",
+            ),
+            "imagePullSecrets": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name"],
+                    "properties": {"name": {"type": "string", "minLength": 1}},
+                },
+            },
+            "replicas": {
+                "type": "integer",
+                "minimum": 0,
+                "maximum": 1,
+                "description": "1 runs the operator; 0 installs only the CRD, RBAC and ClusterPolicy. "
+                "More than one would reconcile twice in parallel (no leader election).",
+            },
+            "resources": _strict(
+                {"requests": _RESOURCE_LIST, "limits": _RESOURCE_LIST}, "The operator container's resources."
+            ),
+            "nodeSelector": _STRING_MAP,
+            "tolerations": _LIST_OF_OBJECTS,
+            "affinity": _OBJECT,
+            "priorityClassName": _STRING,
+            "logFormat": {"enum": ["plain", "full", "json"]},
+            "verbose": {"type": "boolean", "description": "Debug logging."},
+            "env": {
+                "type": "array",
+                "description": "Extra environment, e.g. image fallbacks such as DRIVER_IMAGE.",
+                "items": {
+                    "type": "object",
+                    "required": ["name"],
+                    "properties": {"name": {"type": "string", "minLength": 1}, "value": _STRING},
+                },
+            },
+            "podAnnotations": _STRING_MAP,
+            "podLabels": _STRING_MAP,
+            "serviceAccount": _strict(
+                {
+                    "create": {"type": "boolean"},
+                    "name": {"type": "string", "description": "Empty means the release's full name."},
+                },
+                "The operator's ServiceAccount.",
+            ),
+        },
+        "The operator's Deployment (not the ClusterPolicy's spec.operator: see clusterPolicy.operator).",
+    )
+
+
+def cluster_policy_schema() -> Schema:
+    return _strict(
+        {
+            "create": {"type": "boolean", "description": "Create the ClusterPolicy from these values."},
+            "name": {
+                "type": "string",
+                "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
+                "maxLength": 253,
+            },
+            "operator": {
+                "$ref": "#/$defs/OperatorSpec",
+                "description": "The ClusterPolicy's spec.operator (named so because `operator` is taken).",
+            },
+        },
+        "The ClusterPolicy this release creates.",
+    )
+
+
+def nfd_schema() -> Schema:
+    return _strict(
+        {
+            "enabled": {
+                "const": False,
+                "description": "NFD is not bundled: install it separately (see the chart's README).",
+            }
+        },
+        "Node Feature Discovery.",
+    )
+
+
+def cleanup_schema() -> Schema:
+    return _strict(
+        {
+            "enabled": {"type": "boolean"},
+            "timeoutSeconds": {"type": "integer", "minimum": 0, "maximum": 3600},
+        },
+        "The pre-delete hook that deletes the ClusterPolicy while the operator can still clean up.",
+    )
+
+
+def _clean(schema: Any) -> Any:
+    """Drop pydantic titles and CRD-only `x-kubernetes-*` keywords, recursively."""
+    if isinstance(schema, list):
+        return [_clean(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    result: Schema = {}
+    for key, value in schema.items():
+        if key == "title" or key.startswith("x-kubernetes-"):
+            continue
+        if key in _NAME_MAPS and isinstance(value, dict):
+            result[key] = {name: _clean(sub) for name, sub in value.items()}
+        else:
+            result[key] = _clean(value)
+    return result
+
+
+def values_schema() -> Schema:
+    model: Schema = _clean(ClusterPolicySpec.model_json_schema())
+    operands = {name: sub for name, sub in model["properties"].items() if name not in NOT_TOP_LEVEL}
+    properties: Schema = {
+        "global": {"type": "object", "description": "Helm's global values (unused)."},
+        "nameOverride": {"type": "string", "description": "Replaces the chart name in object names."},
+        "fullnameOverride": {"type": "string", "description": "The name of the operator's objects."},
+        "operator": operator_schema(),
+        "clusterPolicy": cluster_policy_schema(),
+        "nfd": nfd_schema(),
+        "cleanup": cleanup_schema(),
+    }
+    overlap = properties.keys() & operands.keys()
+    if overlap:
+        raise SystemExit(f"ClusterPolicySpec fields collide with chart keys: {sorted(overlap)}")
+    properties.update(operands)
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$comment": "Generated by hack/values_schema.py (make chart-schema); do not edit.",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": properties,
+        "$defs": model["$defs"],
+    }
+
+
+def render() -> str:
+    return json.dumps(values_schema(), indent=2, sort_keys=False) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--write", action="store_true", help=f"write {SCHEMA_FILE.relative_to(ROOT)}")
+    group.add_argument("--check", action="store_true", help="exit 1 when the committed file is stale")
+    args = parser.parse_args(argv)
+    text = render()
+    if args.write:
+        SCHEMA_FILE.write_text(text)
+    elif args.check:
+        if not SCHEMA_FILE.is_file() or SCHEMA_FILE.read_text() != text:
+            print(f"{SCHEMA_FILE.relative_to(ROOT)} is stale: run `make chart-schema`", file=sys.stderr)
+            return 1
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""The Helm chart end to end: install, converge, upgrade, CRD upgrade, uninstall.
+
+The chart is installed with `operator.replicas=0` (its ServiceAccount, RBAC, CRD and ClusterPolicy,
+no in-cluster Deployment: kwok runs no containers) and the operator runs as a local process logged
+in as the chart's ServiceAccount, so every call it makes is checked against the chart's RBAC. The
+tests run in file order on one release; each leaves the release in a converged state for the next.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from .kube_helpers import SIMULATED_NODE_LABEL, Cluster, wait_for
+from .operator_process import ROOT, OperatorProcess, sa_kubeconfig
+
+pytestmark = pytest.mark.e2e
+
+NS = "gpu-operator"
+RELEASE = "gpu-operator"
+POLICY = "cluster-policy"
+CHART = ROOT / "charts" / "gpu-operator"
+CRD_NAME = "clusterpolicies.nvidia.com"
+GROUP, VERSION, PLURAL = "nvidia.com", "v1", "clusterpolicies"
+MANAGED = "app.kubernetes.io/managed-by=gpu-operator"
+COMPONENT = "app.kubernetes.io/component"
+CONVERGE = 120.0
+
+
+def helm(cluster: Cluster, *args: str) -> str:
+    binary = Path(cluster.kubectl_path).parent / "helm"
+    if not binary.is_file():
+        found = shutil.which("helm")
+        if found is None:
+            pytest.fail("no helm: run `make tools` or put helm on PATH")
+        binary = Path(found)
+    result = subprocess.run(
+        [str(binary), "--kubeconfig", str(cluster.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stderr}"
+    return result.stdout
+
+
+def release_args(chart: Path = CHART) -> list[str]:
+    return [RELEASE, str(chart), "--namespace", NS, "--wait", "--timeout", "2m"]
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """The release (no in-cluster operator) and the operator running locally as its ServiceAccount."""
+    installed = False
+    process: OperatorProcess | None = None
+    try:
+        helm(cluster, "install", *release_args(), "--create-namespace", "--set", "operator.replicas=0")
+        installed = True
+        folder = tmp_path_factory.mktemp("helm-operator")
+        kubeconfig = sa_kubeconfig(cluster, NS, RELEASE, folder / "kubeconfig")
+        process = OperatorProcess(kubeconfig, NS, folder / "operator.log").start()
+        yield process
+    finally:
+        if process is not None:
+            process.stop()
+            print(process.log()[-6000:])
+        if installed and RELEASE in helm(cluster, "list", "--namespace", NS, "--short"):
+            helm(cluster, "uninstall", RELEASE, "--namespace", NS, "--wait")
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def get_policy(cluster: Cluster) -> dict[str, Any]:
+    custom: Any = client.CustomObjectsApi(cluster.api)
+    result: dict[str, Any] = custom.get_cluster_custom_object(GROUP, VERSION, PLURAL, POLICY)
+    return result
+
+
+def wait_ready(cluster: Cluster, generation: int | None = None) -> dict[str, Any]:
+    def check() -> dict[str, Any]:
+        policy = get_policy(cluster)
+        status = policy.get("status", {})
+        if generation is not None:
+            assert policy["metadata"]["generation"] == generation, "the upgrade did not change the spec"
+        assert status.get("state") == "ready", json.dumps(status, indent=1)[:3000]
+        assert status.get("observedGeneration") == policy["metadata"]["generation"], "status is stale"
+        return policy
+
+    return wait_for(check, timeout=CONVERGE, what=f"ClusterPolicy {POLICY} ready")
+
+
+def daemonsets(cluster: Cluster) -> dict[str, Any]:
+    apps: Any = client.AppsV1Api(cluster.api)
+    items = apps.list_namespaced_daemon_set(NS, label_selector=MANAGED).items
+    return {ds.metadata.labels[COMPONENT]: ds for ds in items}
+
+
+def container_env(ds: Any) -> dict[str, str]:
+    return {e.name: e.value for e in ds.spec.template.spec.containers[0].env or []}
+
+
+def crd(cluster: Cluster) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(cluster.kubectl("get", "crd", CRD_NAME, "-o", "json"))
+    return body
+
+
+def chart_crd() -> dict[str, Any]:
+    body: dict[str, Any] = yaml.safe_load((CHART / "crds" / "clusterpolicy.yaml").read_text())
+    return body
+
+
+def operator_labels(labels: dict[str, str]) -> dict[str, str]:
+    return {
+        k: v
+        for k, v in labels.items()
+        if k.startswith("nvidia.com/gpu.deploy.") or k == "nvidia.com/gpu.present"
+    }
+
+
+def leftovers(cluster: Cluster) -> list[str]:
+    """Objects the operator created and node labels it set that still exist."""
+    core: Any = client.CoreV1Api(cluster.api)
+    rbac: Any = client.RbacAuthorizationV1Api(cluster.api)
+    found: list[str] = []
+    namespaced = [
+        ("DaemonSet", client.AppsV1Api(cluster.api).list_namespaced_daemon_set),
+        ("ConfigMap", core.list_namespaced_config_map),
+        ("Service", core.list_namespaced_service),
+        ("ServiceAccount", core.list_namespaced_service_account),
+        ("Pod", core.list_namespaced_pod),
+        ("Role", rbac.list_namespaced_role),
+        ("RoleBinding", rbac.list_namespaced_role_binding),
+    ]
+    for kind, list_namespaced in namespaced:
+        found += [f"{kind} {o.metadata.name}" for o in list_namespaced(NS, label_selector=MANAGED).items]
+    cluster_wide = [
+        ("ClusterRole", rbac.list_cluster_role),
+        ("ClusterRoleBinding", rbac.list_cluster_role_binding),
+        ("RuntimeClass", client.NodeV1Api(cluster.api).list_runtime_class),
+    ]
+    for kind, list_all in cluster_wide:
+        found += [f"{kind} {o.metadata.name}" for o in list_all(label_selector=MANAGED).items]
+    for node in core.list_node().items:
+        labels = operator_labels(node.metadata.labels or {})
+        if labels:
+            found.append(f"node {node.metadata.name} labels {sorted(labels)}")
+    return found
+
+
+# --- the tests, in order -------------------------------------------------------------------------
+
+
+def test_sample_policy_converges(cluster: Cluster, operator: OperatorProcess) -> None:
+    policy = wait_ready(cluster)
+    assert policy["spec"] == {}, "default values give an all-defaults ClusterPolicy"
+    assert set(daemonsets(cluster)) >= {"driver", "container-toolkit", "device-plugin", "operator-validator"}
+    operator.assert_clean_log()
+
+
+def test_upgrade_changes_only_the_device_plugin(cluster: Cluster, operator: OperatorProcess) -> None:
+    before = {name: ds.metadata.generation for name, ds in daemonsets(cluster).items()}
+    generation = get_policy(cluster)["metadata"]["generation"]
+    env = [{"name": "DEVICE_LIST_STRATEGY", "value": "envvar"}]
+    helm(
+        cluster,
+        "upgrade",
+        *release_args(),
+        "--reuse-values",
+        "--set-json",
+        f"devicePlugin.env={json.dumps(env)}",
+    )
+    policy = wait_ready(cluster, generation=generation + 1)
+    assert policy["spec"] == {"devicePlugin": {"env": env}}
+
+    def rolled() -> dict[str, Any]:
+        found = daemonsets(cluster)
+        assert container_env(found["device-plugin"]).get("DEVICE_LIST_STRATEGY") == "envvar"
+        return found
+
+    after = wait_for(rolled, timeout=CONVERGE, what="device plugin DaemonSet updated")
+    assert after["device-plugin"].metadata.generation > before["device-plugin"]
+    unchanged = {name: ds.metadata.generation for name, ds in after.items() if name != "device-plugin"}
+    assert unchanged == {name: gen for name, gen in before.items() if name != "device-plugin"}
+    operator.assert_clean_log()
+
+
+def test_upgrade_brings_the_new_crd(cluster: Cluster, operator: OperatorProcess, tmp_path: Path) -> None:
+    """Helm never upgrades CRDs; the operator server-side applies its own when it starts.
+
+    The cluster gets an older CRD (another description, another hash annotation: what an older release
+    left behind); then the release is upgraded and the operator restarted, as a new image would be.
+    """
+    from gpu_operator.operator import CRD_HASH_ANNOTATION
+
+    new = chart_crd()
+    old = copy.deepcopy(new)
+    old["metadata"].setdefault("annotations", {})[CRD_HASH_ANNOTATION] = "older-release"
+    schema = old["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema["description"] = "ClusterPolicy (an older release's CRD)"
+    operator.stop()
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=json.dumps(old))
+    assert (
+        crd(cluster)["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["description"]
+        == schema["description"]
+    )
+
+    chart = tmp_path / "gpu-operator"
+    shutil.copytree(CHART, chart)
+    helm(cluster, "upgrade", *release_args(chart), "--reuse-values")
+    operator.start()
+
+    def current() -> None:
+        found = crd(cluster)["spec"]["versions"]
+        assert [v["schema"] for v in found] == [v["schema"] for v in new["spec"]["versions"]], "CRD still old"
+
+    wait_for(current, timeout=60, what="the operator applied the new CRD")
+    wait_ready(cluster)
+    operator.assert_clean_log()
+
+
+def simulated(cluster: Cluster) -> bool:
+    """kwok nodes: pods are simulated, no container (so no Helm hook Job) ever runs."""
+    core: Any = client.CoreV1Api(cluster.api)
+    nodes = core.list_node(label_selector=f"{SIMULATED_NODE_LABEL}=true")
+    return bool(nodes.items)
+
+
+def test_uninstall_leaves_nothing_behind(cluster: Cluster, operator: OperatorProcess) -> None:
+    """Helm deletes the operator's RBAC before the ClusterPolicy; the chart's pre-delete hook
+    (files/cleanup.py) deletes the policy first and waits for the operator to remove its labels."""
+    assert leftovers(cluster), "the release should have created operands before this test"
+    if simulated(cluster):
+        # kwok completes the hook's Job without running it: run its script here, as the Job would.
+        subprocess.run(
+            [sys.executable, str(CHART / "files" / "cleanup.py")],
+            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "POLICY": POLICY, "TIMEOUT": "120"},
+            check=True,
+            timeout=CONVERGE + 30,
+        )
+    helm(cluster, "uninstall", RELEASE, "--namespace", NS, "--wait", "--timeout", "2m")
+
+    def policy_gone() -> None:
+        try:
+            get_policy(cluster)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        raise AssertionError(f"ClusterPolicy {POLICY} still there")
+
+    wait_for(policy_gone, timeout=60, what="ClusterPolicy deleted")
+
+    def nothing_left() -> None:
+        left = leftovers(cluster)
+        assert not left, f"left behind: {left}"
+
+    wait_for(nothing_left, timeout=CONVERGE, what="operands and node labels removed")

@@ -1,0 +1,518 @@
+"""Static checks of the Helm chart (charts/gpu-operator): lint, rendering, RBAC, values schema.
+
+They run the pinned helm from `make tools` (hack/build-tools.sh bin-dir) and skip, saying so, when
+the toolchain is not built. No cluster is needed; `make chart-lint` adds a server-side dry run.
+
+The RBAC tests hold the chart to least privilege: the rules the chart grants must be exactly the
+rules derived here from the operator's code (the kinds it renders, the kinds it watches, and the
+few calls listed in REQUIRED_EXTRA), so a missing permission and an unneeded one both fail.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Iterable, Iterator
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_operator.api import parse_spec
+from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.components import COMPONENTS
+from gpu_operator.kube import RESOURCES
+from gpu_operator.render import ClusterFacts, render
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "gpu-operator"
+POLICIES = ROOT / "tests" / "data" / "policies"
+NAMESPACE = "gpu-operator"
+RELEASE = "gpu-operator"
+KUBE_VERSION = "1.36.0"  # helm built from source defaults to v1.20, below the chart's kubeVersion
+
+Obj = dict[str, Any]
+# (namespace or "" for cluster-wide, apiGroup, resource, resourceName or "" for any) → verbs
+Grants = dict[tuple[str, str, str, str], set[str]]
+
+
+@cache
+def helm_path() -> str:
+    bin_dir = subprocess.run(
+        [str(ROOT / "hack" / "build-tools.sh"), "bin-dir"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    helm = Path(bin_dir) / "helm"
+    return str(helm) if bin_dir and helm.is_file() else ""
+
+
+needs_helm = pytest.mark.skipif(
+    not helm_path(), reason="helm not built: run `make tools` (pinned toolchain in .cache/tools)"
+)
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([helm_path(), *args], capture_output=True, text=True, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def template_args(*extra: str) -> list[str]:
+    return ["template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION, *extra]
+
+
+def render_chart(*extra: str) -> list[Obj]:
+    return [d for d in yaml.safe_load_all(helm(*template_args(*extra)).stdout) if d]
+
+
+def values_file(tmp_path: Path, values: Obj) -> str:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def default_objects() -> list[Obj]:
+    if not helm_path():
+        pytest.skip("helm not built: run `make tools`")
+    return render_chart()
+
+
+def find(objects: Iterable[Obj], kind: str, name: str = "") -> Obj:
+    found = [o for o in objects if o["kind"] == kind and (not name or o["metadata"]["name"] == name)]
+    assert len(found) == 1, f"expected one {kind} {name}, found {len(found)}"
+    return found[0]
+
+
+# --- the operator's own objects, as rendered for every component ----------------------------------
+
+
+def everything_spec() -> Obj:
+    doc: Obj = yaml.safe_load((POLICIES / "everything.yaml").read_text())
+    return dict(doc["spec"])
+
+
+@cache
+def operand_objects(namespace: str = NAMESPACE) -> tuple[Obj, ...]:
+    """What the operator applies for a policy with every component on (data/policies/everything.yaml)."""
+    facts = ClusterFacts(namespace=namespace, os_tag="ubuntu22.04", kernel="5.15.0-105-generic")
+    objects = render(parse_spec(everything_spec()), facts)
+    daemonsets = {o["metadata"]["name"] for o in objects if o["kind"] == "DaemonSet"}
+    missing = {c.daemonset for c in COMPONENTS} - daemonsets
+    assert not missing, f"everything.yaml no longer enables every component: {sorted(missing)}"
+    return tuple(objects)
+
+
+def operand_role_names(kind: str) -> list[str]:
+    return sorted({o["metadata"]["name"] for o in operand_objects() if o["kind"] == kind})
+
+
+def group_of(api_version: str) -> str:
+    return api_version.rpartition("/")[0]
+
+
+# --- lint and render -------------------------------------------------------------------------------
+
+
+@needs_helm
+@pytest.mark.parametrize("strict", [False, True], ids=["lint", "lint-strict"])
+def test_helm_lint_is_clean(strict: bool) -> None:
+    proc = helm("lint", str(CHART), "--kube-version", KUBE_VERSION, *(["--strict"] if strict else []))
+    assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
+
+
+def test_default_render_has_the_chart_objects(default_objects: list[Obj]) -> None:
+    kinds = sorted((o["kind"], o["metadata"]["name"]) for o in default_objects)
+    assert kinds == sorted(
+        [
+            ("ServiceAccount", RELEASE),
+            ("ClusterRole", RELEASE),
+            ("ClusterRoleBinding", RELEASE),
+            ("Role", RELEASE),
+            ("RoleBinding", RELEASE),
+            ("Role", f"{RELEASE}-events"),
+            ("RoleBinding", f"{RELEASE}-events"),
+            ("Deployment", RELEASE),
+            ("ClusterPolicy", "cluster-policy"),
+            # The pre-delete cleanup hook.
+            ("ServiceAccount", f"{RELEASE}-cleanup"),
+            ("ClusterRole", f"{RELEASE}-cleanup"),
+            ("ClusterRoleBinding", f"{RELEASE}-cleanup"),
+            ("ConfigMap", f"{RELEASE}-cleanup"),
+            ("Job", f"{RELEASE}-cleanup"),
+        ]
+    )
+    for obj in default_objects:
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "gpu-operator"
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/version"] == "0.1.0"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        if obj["kind"] in ("ServiceAccount", "Role", "RoleBinding", "Deployment", "ConfigMap", "Job"):
+            expected = "default" if obj["metadata"]["name"].endswith("-events") else NAMESPACE
+            assert obj["metadata"]["namespace"] == expected
+
+
+def test_crd_is_the_repository_crd() -> None:
+    assert (CHART / "crds" / "clusterpolicy.yaml").read_bytes() == (
+        ROOT / "crds" / "clusterpolicy.yaml"
+    ).read_bytes()
+
+
+def test_chart_metadata() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert (chart["apiVersion"], chart["name"], chart["version"], chart["appVersion"]) == (
+        "v2",
+        "gpu-operator",
+        "0.1.0",
+        "0.1.0",
+    )
+    assert chart["kubeVersion"] == ">=1.30.0-0"
+    # Helm refuses to render a chart whose (even disabled) dependency is not vendored: NFD is separate.
+    assert "dependencies" not in chart
+
+
+# --- the ClusterPolicy ----------------------------------------------------------------------------
+
+
+def validate_policy(policy: Obj) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpu_operator.cli", "validate", "-f", "-"],
+        input=yaml.safe_dump(policy),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_default_cluster_policy_is_all_defaults_and_valid(default_objects: list[Obj]) -> None:
+    policy = find(default_objects, "ClusterPolicy")
+    assert policy["metadata"]["name"] == "cluster-policy"
+    assert "helm.sh/resource-policy" not in (policy["metadata"].get("annotations") or {})
+    assert policy["spec"] == {}
+    validate_policy(policy)
+
+
+@needs_helm
+def test_operand_values_pass_through_unchanged(tmp_path: Path) -> None:
+    spec = everything_spec()
+    values = {key: value for key, value in spec.items() if key != "operator"}
+    values["clusterPolicy"] = {"name": "everything", "operator": spec["operator"]}
+    policy = find(render_chart("-f", values_file(tmp_path, values)), "ClusterPolicy")
+    assert policy["spec"] == spec
+    validate_policy(policy)
+
+
+@needs_helm
+def test_cluster_policy_can_be_left_out() -> None:
+    objects = render_chart("--set", "clusterPolicy.create=false")
+    assert not [o for o in objects if o["kind"] == "ClusterPolicy"]
+
+
+def test_spec_keys_are_the_models_fields() -> None:
+    """Every ClusterPolicySpec field but `operator` is a top-level value, in the template and the schema."""
+    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
+    match = re.search(r'define "gpu-operator.specKeys" -}}\n(.*?)\n', helpers)
+    assert match is not None
+    expected = set(ClusterPolicySpec.model_fields) - {"operator"}
+    assert set(match.group(1).split()) == expected
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert expected <= set(schema["properties"])
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert all(values[key] == {} for key in expected & set(values)), "operand sections default to {}"
+
+
+# --- values schema ----------------------------------------------------------------------------------
+
+
+def test_values_schema_is_generated_from_the_models() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "hack" / "values_schema.py"), "--check"],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+BAD_VALUES = [
+    (["--set", "operator.replicas=two"], "/operator/replicas", "got string, want integer"),
+    (["--set", "operator.replicas=-1"], "/operator/replicas", "minimum"),
+    (["--set", "operator.foo=1"], "/operator", "'foo' not allowed"),
+    (["--set", "operator.image.pullPolicy=Sometimes"], "/operator/image/pullPolicy", ""),
+    (["--set", "operator.logFormat=xml"], "/operator/logFormat", ""),
+    (["--set", "driver.foo=1"], "/driver", "'foo' not allowed"),
+    (["--set", "devicePlugin.version=1"], "/devicePlugin/version", "want string"),
+    (
+        ["--set", "dcgmExporter.serviceMonitor.enabled=yes"],
+        "/dcgmExporter/serviceMonitor/enabled",
+        "want boolean",
+    ),
+    (["--set", "daemonsets.updateStrategy=Sometimes"], "/daemonsets/updateStrategy", ""),
+    (["--set", "clusterPolicy.operator.foo=1"], "/clusterPolicy/operator", "'foo' not allowed"),
+    (["--set", "clusterPolicy.name=Not_A_Name"], "/clusterPolicy/name", ""),
+    (["--set", "nfd.enabled=true"], "/nfd/enabled", ""),
+    (["--set", "drivers.enabled=false"], "'drivers' not allowed", ""),
+]
+
+
+@needs_helm
+@pytest.mark.parametrize(("args", "where", "what"), BAD_VALUES, ids=[" ".join(a) for a, _, _ in BAD_VALUES])
+def test_bad_values_fail_naming_the_value(args: list[str], where: str, what: str) -> None:
+    proc = helm(*template_args(*args), check=False)
+    assert proc.returncode != 0, f"{args} rendered:\n{proc.stdout}"
+    assert "values don't meet the specifications of the schema" in proc.stderr
+    assert where in proc.stderr, proc.stderr
+    assert what in proc.stderr, proc.stderr
+
+
+def test_operand_sections_are_strict() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["additionalProperties"] is False
+    for name in ("operator", "clusterPolicy", "nfd"):
+        assert schema["properties"][name]["additionalProperties"] is False
+    for name in ClusterPolicySpec.model_fields:
+        if name == "operator":
+            continue
+        ref = schema["properties"][name]["$ref"].removeprefix("#/$defs/")
+        assert schema["$defs"][ref]["additionalProperties"] is False, name
+
+
+# --- the Deployment ---------------------------------------------------------------------------------
+
+
+def test_deployment(default_objects: list[Obj]) -> None:
+    deployment = find(default_objects, "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert spec["template"]["metadata"]["labels"]["nvidia.com/gpu-driver-upgrade-drain.skip"] == "true"
+    assert pod["serviceAccountName"] == RELEASE
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    assert container["image"] == "ghcr.io/gpu-operator/gpu-operator:0.1.0"
+    assert container["args"] == [
+        "run",
+        "--namespace=$(OPERATOR_NAMESPACE)",
+        "--log-format=json",
+        "--liveness=http://0.0.0.0:8080/healthz",
+    ]
+    assert {
+        "name": "OPERATOR_NAMESPACE",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+    } in container["env"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
+    assert {"name": "healthz", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+    security = container["securityContext"]
+    assert security["runAsNonRoot"] is True
+    assert security["runAsUser"] == 65532
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container["resources"] == {
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"cpu": "500m", "memory": "256Mi"},
+    }
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert {"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}} in pod["volumes"]
+
+
+@needs_helm
+def test_deployment_values(tmp_path: Path) -> None:
+    values = {
+        "operator": {
+            "replicas": 0,
+            "image": {"repository": "", "name": "gpu-operator", "tag": "dev", "pullPolicy": "Never"},
+            "logFormat": "plain",
+            "verbose": True,
+            "env": [{"name": "DRIVER_IMAGE", "value": "registry.example.com/driver:1"}],
+            "priorityClassName": "system-cluster-critical",
+            "podLabels": {"team": "gpu"},
+            "podAnnotations": {"example.com/a": "b"},
+            "imagePullSecrets": [{"name": "creds"}],
+            "serviceAccount": {"create": False, "name": "existing"},
+        }
+    }
+    objects = render_chart("-f", values_file(tmp_path, values))
+    assert [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"] == [f"{RELEASE}-cleanup"]
+    deployment = find(objects, "Deployment")
+    assert deployment["spec"]["replicas"] == 0
+    template = deployment["spec"]["template"]
+    assert template["metadata"]["labels"]["team"] == "gpu"
+    assert template["metadata"]["annotations"] == {"example.com/a": "b"}
+    pod = template["spec"]
+    assert pod["serviceAccountName"] == "existing"
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["imagePullSecrets"] == [{"name": "creds"}]
+    (container,) = pod["containers"]
+    assert container["image"] == "gpu-operator:dev"
+    assert container["imagePullPolicy"] == "Never"
+    assert "--log-format=plain" in container["args"] and "--verbose" in container["args"]
+    assert {"name": "DRIVER_IMAGE", "value": "registry.example.com/driver:1"} in container["env"]
+    for binding in (
+        o for o in objects if o["kind"].endswith("Binding") and "cleanup" not in o["metadata"]["name"]
+    ):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "existing", "namespace": NAMESPACE}]
+
+
+# --- RBAC -------------------------------------------------------------------------------------------
+
+# Calls the operator makes beyond applying, deleting and watching the kinds it renders (below), each
+# with where it happens. Scope "" is cluster-wide, "default" is the Events namespace, NAMESPACE the
+# release (operand) namespace.
+CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
+REQUIRED_EXTRA: Grants = {
+    # operator.py: @kopf.on.event on clusterpolicies, cluster-wide.
+    ("", "nvidia.com", "clusterpolicies", ""): {"list", "watch"},
+    # kube.py patch_status.
+    ("", "nvidia.com", "clusterpolicies/status", ""): {"patch"},
+    # plan.py: controller ownerReference with blockOwnerDeletion (OwnerReferencesPermissionEnforcement).
+    ("", "nvidia.com", "clusterpolicies/finalizers", ""): {"update"},
+    # operator.py node_event (watch) and kube.py apply_node_labels (server-side apply on existing nodes).
+    ("", "", "nodes", ""): {"list", "watch", "patch"},
+    # operator.py pod_event and prime: operand pods, for readiness and waiting reasons.
+    (NAMESPACE, "", "pods", ""): {"list", "watch"},
+    # kube.py post_event: Events about the cluster-scoped ClusterPolicy live in `default`.
+    ("default", "", "events", ""): {"create"},
+    # operator.py ensure_crd (get, server-side apply) and _has_crd (get).
+    ("", *CRDS, "clusterpolicies.nvidia.com"): {"get", "patch"},
+    ("", *CRDS, "nvidiadrivers.nvidia.com"): {"get"},
+    ("", *CRDS, "servicemonitors.monitoring.coreos.com"): {"get"},
+}
+
+
+def required_grants() -> Grants:
+    """Every permission the operator needs, derived from the code."""
+    from gpu_operator.operator import MANAGED  # imports Kopf; keep it out of module import time
+
+    grants: Grants = {key: set(verbs) for key, verbs in REQUIRED_EXTRA.items()}
+
+    def add(namespace: str, group: str, resource: str, verbs: set[str], name: str = "") -> None:
+        grants.setdefault((namespace, group, resource, name), set()).update(verbs)
+
+    for obj in operand_objects():
+        plural, namespaced = RESOURCES[(obj["apiVersion"], obj["kind"])]
+        scope = NAMESPACE if namespaced else ""
+        # kube.py apply (server-side apply creates when missing) and delete (disabled components).
+        add(scope, group_of(obj["apiVersion"]), plural, {"create", "patch", "delete"})
+        if obj["kind"] in ("ClusterRole", "Role"):
+            # Creating a role with permissions the operator lacks, and binding it.
+            add(scope, "rbac.authorization.k8s.io", plural, {"bind", "escalate"}, obj["metadata"]["name"])
+    for group, _version, plural in MANAGED:
+        namespaced = next(ns for (_av, _k), (p, ns) in RESOURCES.items() if p == plural)
+        add(NAMESPACE if namespaced else "", group, plural, {"list", "watch"})
+    return grants
+
+
+def roles_of(objects: list[Obj], service_account: str) -> list[Obj]:
+    """The (Cluster)Roles bound to the ServiceAccount (in NAMESPACE)."""
+    subject = {"kind": "ServiceAccount", "name": service_account, "namespace": NAMESPACE}
+    bound = {
+        (b["roleRef"]["kind"], b["roleRef"]["name"], b["metadata"].get("namespace", ""))
+        for b in objects
+        if b["kind"] in ("ClusterRoleBinding", "RoleBinding") and subject in b["subjects"]
+    }
+    return [
+        o
+        for o in objects
+        if o["kind"] in ("ClusterRole", "Role")
+        and (o["kind"], o["metadata"]["name"], o["metadata"].get("namespace", "")) in bound
+    ]
+
+
+def granted(objects: list[Obj], service_account: str = RELEASE) -> Grants:
+    """The chart's rules for a ServiceAccount, flattened to one entry per resource and name."""
+    grants: Grants = {}
+    for role in roles_of(objects, service_account):
+        scope = role["metadata"].get("namespace", "") if role["kind"] == "Role" else ""
+        for rule in role["rules"]:
+            for group in rule["apiGroups"]:
+                for resource in rule["resources"]:
+                    for name in rule.get("resourceNames") or [""]:
+                        grants.setdefault((scope, group, resource, name), set()).update(rule["verbs"])
+    return grants
+
+
+def rules(objects: list[Obj]) -> Iterator[tuple[str, Obj]]:
+    for role in (o for o in objects if o["kind"] in ("ClusterRole", "Role")):
+        for rule in role["rules"]:
+            yield role["metadata"]["name"], rule
+
+
+def test_rbac_has_no_wildcards(default_objects: list[Obj]) -> None:
+    for name, rule in rules(default_objects):
+        for field in ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceURLs"):
+            assert not any("*" in value for value in rule.get(field) or []), f"{name}: {field} {rule}"
+
+
+def test_bind_and_escalate_only_by_name(default_objects: list[Obj]) -> None:
+    for name, rule in rules(default_objects):
+        if {"bind", "escalate", "impersonate"} & set(rule["verbs"]):
+            assert rule.get("resourceNames"), f"{name}: {rule} is not restricted by resourceNames"
+            assert set(rule["verbs"]) <= {"bind", "escalate"}, f"{name}: {rule}"
+
+
+def test_rbac_is_exactly_what_the_code_needs(default_objects: list[Obj]) -> None:
+    required = required_grants()
+    have = granted(default_objects)
+    missing = {k: sorted(v - have.get(k, set())) for k, v in required.items() if v - have.get(k, set())}
+    extra = {k: sorted(v - required.get(k, set())) for k, v in have.items() if v - required.get(k, set())}
+    assert not missing, f"the operator needs, the chart lacks: {missing}"
+    assert not extra, f"the chart grants, the operator never uses: {extra}"
+
+
+def test_cleanup_hook_rbac(default_objects: list[Obj]) -> None:
+    """files/cleanup.py deletes the release's ClusterPolicy and watches nodes; nothing else."""
+    assert granted(default_objects, f"{RELEASE}-cleanup") == {
+        ("", "nvidia.com", "clusterpolicies", "cluster-policy"): {"delete"},
+        ("", "", "nodes", ""): {"list", "watch"},
+    }
+    job = find(default_objects, "Job")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-delete"
+    pod = job["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert (
+        container["image"]
+        == find(default_objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    )
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {"name": "POLICY", "value": "cluster-policy"} in container["env"]
+    script = find(default_objects, "ConfigMap", f"{RELEASE}-cleanup")["data"]["cleanup.py"]
+    assert script == (CHART / "files" / "cleanup.py").read_text()
+
+
+@needs_helm
+def test_no_cleanup_hook_without_a_cluster_policy() -> None:
+    for args in (["--set", "clusterPolicy.create=false"], ["--set", "cleanup.enabled=false"]):
+        assert not [o for o in render_chart(*args) if o["kind"] == "Job"]
+
+
+def test_operand_role_names_match_the_operator() -> None:
+    """bind/escalate names = the roles the operator renders, whatever the namespace and the policy."""
+    objects = render_chart()
+    cluster_roles = {k: v for k, v in granted(objects).items() if not k[0]}
+    roles = {k: v for k, v in granted(objects).items() if k[0] == NAMESPACE}
+    assert sorted(n for (_, _, r, n) in cluster_roles if r == "clusterroles" and n) == operand_role_names(
+        "ClusterRole"
+    )
+    assert sorted(n for (_, _, r, n) in roles if r == "roles" and n) == operand_role_names("Role")
+    other_namespace = {o["metadata"]["name"] for o in operand_objects("other") if o["kind"].endswith("Role")}
+    assert other_namespace == {o["metadata"]["name"] for o in operand_objects() if o["kind"].endswith("Role")}
+
+
+def test_bindings_point_at_the_chart_roles(default_objects: list[Obj]) -> None:
+    for binding in (o for o in default_objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        role_kind = "ClusterRole" if binding["kind"] == "ClusterRoleBinding" else "Role"
+        role = find(default_objects, role_kind, binding["roleRef"]["name"])
+        assert role.get("metadata", {}).get("namespace") == binding["metadata"].get("namespace")
+        assert binding["roleRef"]["kind"] == role_kind
+        account = f"{RELEASE}-cleanup" if binding["metadata"]["name"].endswith("-cleanup") else RELEASE
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
