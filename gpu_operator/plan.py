@@ -40,7 +40,7 @@ from gpu_operator.observed import (
     PodInfo,
     object_key,
 )
-from gpu_operator.render import ClusterFacts, render_component
+from gpu_operator.render import ClusterFacts, render
 
 MAX_PROBLEMS = 5
 
@@ -158,12 +158,7 @@ def build(observed: Observed, now: str) -> Plan:
         return Plan(active, None, exc.errors, [], [], {}, statuses, [])
 
     facts: ClusterFacts = cluster_facts(nodes, observed.namespace, observed.environ)
-    objects = [
-        _owned(obj, active)
-        for component in COMPONENTS
-        if component.enabled(spec)
-        for obj in render_component(component, spec, facts)
-    ]
+    objects = [_owned(obj, active) for obj in render(spec, facts)]
     wanted = {object_key(o) for o in objects}
     deletes = sorted(key for key in observed.objects if key not in wanted)
     labels = _label_changes(nodes, spec, is_ready)

@@ -337,9 +337,13 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def templates_of(component: Component) -> list[str]:
-    """The component's template files, in apply order (their names start with a number)."""
-    prefix = f"{component.name}/"
+PREREQUISITES = "pre-requisites"
+"""Template folder (and component label) of the shared objects every operand needs (RuntimeClass)."""
+
+
+def templates_of(folder: str) -> list[str]:
+    """A template folder's files, in apply order (their names start with a number)."""
+    prefix = f"{folder}/"
     names = environment().list_templates(
         filter_func=lambda n: n.startswith(prefix) and n.endswith(".yaml.j2")
     )
@@ -349,9 +353,13 @@ def templates_of(component: Component) -> list[str]:
 # --- rendering ------------------------------------------------------------------------------------
 
 
+# libyaml when PyYAML was built with it: parsing is most of the rendering time.
+_Loader: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def _parse(name: str, text: str) -> list[dict[str, Any]]:
     try:
-        documents = [d for d in yaml.safe_load_all(text) if d is not None]
+        documents = [d for d in yaml.load_all(text, Loader=_Loader) if d is not None]
     except yaml.YAMLError as exc:
         raise RenderError(f"template {name} rendered invalid YAML: {exc}") from exc
     for doc in documents:
@@ -367,8 +375,8 @@ def _parse(name: str, text: str) -> list[dict[str, Any]]:
     return documents
 
 
-def _standard_labels(component: Component) -> dict[str, str]:
-    return {MANAGED_BY: OPERATOR_NAME, COMPONENT: component.name, PART_OF: OPERATOR_NAME}
+def _standard_labels(name: str) -> dict[str, str]:
+    return {MANAGED_BY: OPERATOR_NAME, COMPONENT: name, PART_OF: OPERATOR_NAME}
 
 
 def _finish_metadata(obj: dict[str, Any], standard: dict[str, str], namespace: str) -> dict[str, Any]:
@@ -385,28 +393,34 @@ def _finish_metadata(obj: dict[str, Any], standard: dict[str, str], namespace: s
     return obj
 
 
+def _render_folder(folder: str, context: Mapping[str, Any], namespace: str) -> list[dict[str, Any]]:
+    env = environment()
+    objects: list[dict[str, Any]] = []
+    for name in templates_of(folder):
+        try:
+            text = env.get_template(name).render(context)
+        except jinja2.TemplateError as exc:
+            raise RenderError(f"template {name} failed: {exc}") from exc
+        objects.extend(_finish_metadata(obj, _standard_labels(folder), namespace) for obj in _parse(name, text))
+    return objects
+
+
 def render_component(
     component: Component, policy: ClusterPolicySpec, facts: ClusterFacts
 ) -> list[dict[str, Any]]:
     """All objects of one component, in apply order (ServiceAccount and RBAC, ConfigMaps, Services,
     DaemonSet last). Rendered whether or not the component is enabled; the caller decides."""
-    env = environment()
-    context = _context(component, policy, facts)
-    objects: list[dict[str, Any]] = []
-    for name in templates_of(component):
-        try:
-            text = env.get_template(name).render(context)
-        except jinja2.TemplateError as exc:
-            raise RenderError(f"template {name} failed: {exc}") from exc
-        objects.extend(
-            _finish_metadata(obj, _standard_labels(component), facts.namespace) for obj in _parse(name, text)
-        )
-    return objects
+    return _render_folder(component.name, _context(component, policy, facts), facts.namespace)
+
+
+def render_prerequisites(policy: ClusterPolicySpec, facts: ClusterFacts) -> list[dict[str, Any]]:
+    """Objects every enabled operand relies on, whichever components are enabled (the RuntimeClass)."""
+    return _render_folder(PREREQUISITES, {"policy": policy, "namespace": facts.namespace}, facts.namespace)
 
 
 def render(policy: ClusterPolicySpec, facts: ClusterFacts) -> list[dict[str, Any]]:
-    """The objects of every enabled component, in registry (dependency) order."""
-    objects: list[dict[str, Any]] = []
+    """The prerequisites, then the objects of every enabled component, in registry (dependency) order."""
+    objects = render_prerequisites(policy, facts)
     for component in COMPONENTS:
         if component.enabled(policy):
             objects.extend(render_component(component, policy, facts))
@@ -424,8 +438,17 @@ class _Dumper(yaml.SafeDumper):
         super().increase_indent(flow, False)
 
 
+# With allow_unicode, PyYAML writes these raw in plain, single-quoted and block scalars, where a
+# reader takes them for line breaks; only a double-quoted scalar escapes them.
+_UNICODE_BREAKS = frozenset("\x85\u2028\u2029\ufeff")
+
+
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style = "|" if "\n" in value else None
+    style: str | None = None
+    if not _UNICODE_BREAKS.isdisjoint(value):
+        style = '"'
+    elif "\n" in value:
+        style = "|"
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 

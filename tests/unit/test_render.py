@@ -1,0 +1,650 @@
+"""The renderer: golden manifests for the sample policies, and the behaviour users rely on.
+
+`UPDATE_GOLDEN=1 pytest tests/unit/test_render.py` rewrites tests/data/golden/ from the current
+templates; review the diff like code.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_operator.api import ClusterPolicySpec, PolicyError, parse_document, parse_spec
+from gpu_operator.components import BY_NAME, COMPONENTS
+from gpu_operator.render import (
+    CLUSTER_SCOPED_KINDS,
+    PREREQUISITES,
+    ClusterFacts,
+    RenderError,
+    _parse,
+    render,
+    render_component,
+    render_prerequisites,
+    template_dir,
+    templates_of,
+    to_yaml,
+    tojson,
+)
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+POLICIES = sorted((DATA / "policies").glob("*.yaml"))
+GOLDEN = DATA / "golden"
+FACTS = ClusterFacts(namespace="gpu-operator", os_tag="ubuntu22.04", kernel="5.15.0-105-generic")
+STANDARD_LABELS = {
+    "app.kubernetes.io/managed-by": "gpu-operator",
+    "app.kubernetes.io/part-of": "gpu-operator",
+}
+
+Obj = dict[str, Any]
+
+
+def load(name: str) -> ClusterPolicySpec:
+    return parse_document(yaml.safe_load((DATA / "policies" / f"{name}.yaml").read_text()))
+
+
+def daemonsets(objects: list[Obj]) -> dict[str, Obj]:
+    return {o["metadata"]["name"]: o for o in objects if o["kind"] == "DaemonSet"}
+
+
+def find(objects: list[Obj], kind: str, name: str) -> Obj:
+    matches = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{kind}/{name}: {len(matches)} found"
+    return matches[0]
+
+
+def pod_spec(ds: Obj) -> Obj:
+    spec: Obj = ds["spec"]["template"]["spec"]
+    return spec
+
+
+def container(ds: Obj, name: str, init: bool = False) -> Obj:
+    key = "initContainers" if init else "containers"
+    found: list[Obj] = [c for c in pod_spec(ds).get(key, []) if c["name"] == name]
+    assert len(found) == 1, f"{len(found)} containers named {name}"
+    return found[0]
+
+
+def env_of(ctr: Obj) -> dict[str, Any]:
+    names = [e["name"] for e in ctr.get("env", [])]
+    assert len(names) == len(set(names)), f"duplicate env names in {ctr['name']}: {names}"
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in ctr.get("env", [])}
+
+
+def render_spec(spec: dict[str, Any], facts: ClusterFacts = FACTS) -> list[Obj]:
+    return render(parse_spec(spec), facts)
+
+
+# --- golden files --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("policy_file", POLICIES, ids=[p.stem for p in POLICIES])
+def test_golden(policy_file: Path) -> None:
+    try:
+        policy = parse_document(yaml.safe_load(policy_file.read_text()))
+    except PolicyError:
+        pytest.skip("not a valid policy (used by validation tests)")
+    rendered = to_yaml(render(policy, FACTS))
+    golden = GOLDEN / f"{policy_file.stem}.yaml"
+    if os.environ.get("UPDATE_GOLDEN"):
+        golden.write_text(rendered)
+    assert golden.exists(), f"{golden} is missing; run UPDATE_GOLDEN=1 pytest {__file__}"
+    assert rendered == golden.read_text(), f"{golden.name} differs; review and run UPDATE_GOLDEN=1"
+
+
+# --- images --------------------------------------------------------------------------------------
+
+
+def test_seed_sample_images() -> None:
+    ds = daemonsets(render(load("seed-sample"), FACTS))
+    toolkit = container(ds["nvidia-container-toolkit-daemonset"], "nvidia-container-toolkit-ctr")
+    assert toolkit["image"] == "nvidia/container-toolkit:1.15.0-ubuntu22.04"
+    driver = container(ds["nvidia-driver-daemonset"], "nvidia-driver-ctr")
+    assert driver["image"] == "nvcr.io/nvidia/driver:535-5.4.0-ubuntu22.04"
+    validator = container(ds["nvidia-operator-validator"], "nvidia-operator-validator")
+    assert validator["image"] == "nvidia/cloud-native/k8s-logical-edge-validator:v22.10.0"
+    # Init containers of other operands run the validator image too.
+    plugin = ds["nvidia-device-plugin-daemonset"]
+    assert container(plugin, "toolkit-validation", init=True)["image"] == validator["image"]
+
+
+def test_precompiled_driver_tag_and_kernel_selector() -> None:
+    ds = daemonsets(
+        render_spec(
+            {
+                "driver": {
+                    "usePrecompiled": True,
+                    "version": "550.90.07",
+                    "image": "driver",
+                    "repository": "nvcr.io/nvidia",
+                }
+            }
+        )
+    )
+    driver = ds["nvidia-driver-daemonset"]
+    assert container(driver, "nvidia-driver-ctr")["image"] == (
+        "nvcr.io/nvidia/driver:550.90.07-5.15.0-105-generic-ubuntu22.04"
+    )
+    assert (
+        pod_spec(driver)["nodeSelector"]["feature.node.kubernetes.io/kernel-version.full"]
+        == "5.15.0-105-generic"
+    )
+    assert driver["metadata"]["labels"]["nvidia.com/precompiled"] == "true"
+
+
+def test_digest_is_never_suffixed() -> None:
+    digest = "sha256:" + "ab" * 32
+    ds = daemonsets(
+        render_spec({"driver": {"repository": "nvcr.io/nvidia", "image": "driver", "version": digest}})
+    )
+    assert (
+        container(ds["nvidia-driver-daemonset"], "nvidia-driver-ctr")["image"]
+        == f"nvcr.io/nvidia/driver@{digest}"
+    )
+
+
+def test_operator_environment_supplies_missing_images() -> None:
+    facts = ClusterFacts(
+        environ={"DRIVER_IMAGE": "mirror.local/driver:1-ubuntu22.04", "VALIDATOR_IMAGE": "mirror.local/v:1"}
+    )
+    ds = daemonsets(render_spec({}, facts))
+    assert (
+        container(ds["nvidia-driver-daemonset"], "nvidia-driver-ctr")["image"]
+        == "mirror.local/driver:1-ubuntu22.04"
+    )
+    assert container(ds["nvidia-dcgm"], "toolkit-validation", init=True)["image"] == "mirror.local/v:1"
+
+
+# --- which components render ---------------------------------------------------------------------
+
+
+def test_empty_spec_renders_every_default_component() -> None:
+    objects = render_spec({})
+    expected = {c.daemonset for c in COMPONENTS if c.name != "node-status-exporter"}
+    assert set(daemonsets(objects)) == expected
+
+
+def test_disabled_components_render_nothing() -> None:
+    objects = render(load("host-driver"), FACTS)
+    components = {o["metadata"]["labels"]["app.kubernetes.io/component"] for o in objects}
+    # The RuntimeClass stays: the remaining operands run with it although the toolkit is on the host.
+    assert components == {"pre-requisites", "operator-validator", "device-plugin", "dcgm-exporter"}
+    assert find(objects, "RuntimeClass", "nvidia")["handler"] == "nvidia"
+
+
+def test_render_component_ignores_enabled() -> None:
+    policy = parse_spec({"nodeStatusExporter": {"enabled": False}})
+    objects = render_component(BY_NAME["node-status-exporter"], policy, FACTS)
+    assert [o["kind"] for o in objects] == ["ServiceAccount", "Service", "DaemonSet"]
+
+
+def test_every_component_has_templates_and_ends_with_its_daemonset() -> None:
+    assert template_dir().is_dir()
+    for component in COMPONENTS:
+        assert templates_of(component.name), component.name
+        objects = render_component(component, parse_spec({}), FACTS)
+        assert objects[-1]["kind"] == "DaemonSet"
+        assert objects[-1]["metadata"]["name"] == component.daemonset
+
+
+# --- common DaemonSet rules ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["empty", "seed-sample", "everything"])
+def test_every_object_is_labelled_and_scoped(name: str) -> None:
+    objects = render(load(name), FACTS)
+    by_component = {c.name: c for c in COMPONENTS}
+    for obj in objects:
+        labels = obj["metadata"]["labels"]
+        assert STANDARD_LABELS.items() <= labels.items()
+        assert labels["app.kubernetes.io/component"] in {*by_component, PREREQUISITES}
+        assert "ownerReferences" not in obj["metadata"]
+        if obj["kind"] in CLUSTER_SCOPED_KINDS:
+            assert "namespace" not in obj["metadata"]
+        else:
+            assert obj["metadata"]["namespace"] == "gpu-operator"
+
+
+@pytest.mark.parametrize("name", ["empty", "seed-sample", "everything"])
+def test_every_daemonset_selects_its_pods_on_deploy_labelled_nodes(name: str) -> None:
+    for component in COMPONENTS:
+        objects = render_component(component, load(name), FACTS)
+        ds = daemonsets(objects)[component.daemonset]
+        template_labels = ds["spec"]["template"]["metadata"]["labels"]
+        assert ds["spec"]["selector"]["matchLabels"] == {"app": component.daemonset}
+        assert ds["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
+        assert template_labels["app.kubernetes.io/component"] == component.name
+        assert ds["metadata"]["labels"]["app.kubernetes.io/component"] == component.name
+        assert pod_spec(ds)["nodeSelector"][component.deploy_label] == "true"
+        volumes = {v["name"] for v in pod_spec(ds).get("volumes", [])}
+        for ctr in pod_spec(ds).get("initContainers", []) + pod_spec(ds)["containers"]:
+            mounts = {m["name"] for m in ctr.get("volumeMounts", [])}
+            assert mounts <= volumes, f"{component.name}/{ctr['name']} mounts undefined volumes"
+
+
+def test_default_tolerations_priority_and_pull_policy() -> None:
+    for ds in daemonsets(render_spec({})).values():
+        spec = pod_spec(ds)
+        assert spec["tolerations"] == [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+        assert spec["priorityClassName"] == "system-node-critical"
+        assert spec["containers"][0]["imagePullPolicy"] == "IfNotPresent"
+        assert "imagePullSecrets" not in spec
+
+
+def test_tolerations_replace_the_default() -> None:
+    tolerations = [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]
+    for ds in daemonsets(render_spec({"daemonsets": {"tolerations": tolerations}})).values():
+        assert pod_spec(ds)["tolerations"] == tolerations
+
+
+def test_daemonset_labels_and_annotations_never_override_the_selector() -> None:
+    spec = {
+        "daemonsets": {
+            "labels": {"app": "x", "team": "ml", "app.kubernetes.io/component": "x"},
+            "annotations": {"a.example.com/b": "c"},
+        }
+    }
+    for name, ds in daemonsets(render_spec(spec)).items():
+        for meta in (ds["metadata"], ds["spec"]["template"]["metadata"]):
+            assert meta["labels"]["app"] == name
+            assert meta["labels"]["team"] == "ml"
+            assert meta["labels"]["app.kubernetes.io/component"] != "x"
+            assert meta["annotations"]["a.example.com/b"] == "c"
+
+
+def test_runtime_class_only_on_operands_that_need_the_nvidia_runtime() -> None:
+    ds = daemonsets(
+        render_spec({"operator": {"runtimeClass": "nv"}, "nodeStatusExporter": {"enabled": True}})
+    )
+    with_class = {name for name, d in ds.items() if pod_spec(d).get("runtimeClassName") == "nv"}
+    assert with_class == {
+        "nvidia-operator-validator",
+        "nvidia-device-plugin-daemonset",
+        "nvidia-dcgm",
+        "nvidia-dcgm-exporter",
+        "gpu-feature-discovery",
+        "nvidia-mig-manager",
+    }
+    assert all("runtimeClassName" not in pod_spec(d) for n, d in ds.items() if n not in with_class)
+
+
+def test_runtime_class_object_follows_operator_runtime_class() -> None:
+    objects = render_prerequisites(parse_spec({"operator": {"runtimeClass": "nv"}}), FACTS)
+    runtime_class = find(objects, "RuntimeClass", "nv")
+    assert runtime_class["handler"] == "nv"
+
+
+def test_pull_secrets_security_context_host_network() -> None:
+    spec = {
+        "devicePlugin": {"imagePullSecrets": ["a", "b"], "hostNetwork": True},
+        "validator": {"imagePullSecrets": ["b", "c"]},
+        "daemonsets": {"podSecurityContext": {"runAsUser": 0}},
+    }
+    ds = daemonsets(render_spec(spec))
+    plugin = pod_spec(ds["nvidia-device-plugin-daemonset"])
+    assert plugin["imagePullSecrets"] == [{"name": "a"}, {"name": "b"}, {"name": "c"}]
+    assert plugin["hostNetwork"] is True
+    assert plugin["securityContext"] == {"runAsUser": 0}
+    assert "hostNetwork" not in pod_spec(ds["nvidia-dcgm"])
+
+
+# --- update strategy -----------------------------------------------------------------------------
+
+
+def strategies(spec: dict[str, Any]) -> dict[str, Any]:
+    return {name: ds["spec"]["updateStrategy"] for name, ds in daemonsets(render_spec(spec)).items()}
+
+
+def test_driver_is_on_delete_by_default_and_others_roll_one_node_at_a_time() -> None:
+    result = strategies({})
+    assert result.pop("nvidia-driver-daemonset") == {"type": "OnDelete"}
+    assert all(
+        s == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}} for s in result.values()
+    )
+
+
+def test_explicit_rolling_update_reaches_the_driver_only_without_auto_upgrade() -> None:
+    explicit = {"daemonsets": {"updateStrategy": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2}}}
+    rolling = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2}}
+    assert strategies(explicit)["nvidia-driver-daemonset"] == rolling
+    auto = {**explicit, "driver": {"upgradePolicy": {"autoUpgrade": True}}}
+    assert strategies(auto)["nvidia-driver-daemonset"] == {"type": "OnDelete"}
+    assert strategies(auto)["nvidia-dcgm"] == rolling  # int stays int
+
+
+@pytest.mark.parametrize(("given", "expected"), [("3", 3), (0, 0), ("25%", "25%")])
+def test_max_unavailable_is_an_int_or_a_percentage(given: int | str, expected: int | str) -> None:
+    # Kubernetes rejects a bare number as a string ("1"); NVIDIA's field is a string.
+    result = strategies({"daemonsets": {"rollingUpdate": {"maxUnavailable": given}}})
+    assert result["nvidia-dcgm"]["rollingUpdate"]["maxUnavailable"] == expected
+
+
+def test_on_delete_applies_to_every_operand() -> None:
+    assert set(map(str, strategies({"daemonsets": {"updateStrategy": "OnDelete"}}).values())) == {
+        "{'type': 'OnDelete'}"
+    }
+
+
+# --- env, args, resources ------------------------------------------------------------------------
+
+
+def test_user_env_overrides_defaults_in_place_and_appends_new_names() -> None:
+    env = [
+        {"name": "DEVICE_ID_STRATEGY", "value": "index"},
+        {"name": "EXTRA", "value": "1"},
+        {"name": "EXTRA", "value": "2"},
+    ]
+    ds = daemonsets(render_spec({"devicePlugin": {"env": env}}))
+    ctr = container(ds["nvidia-device-plugin-daemonset"], "nvidia-device-plugin")
+    names = [e["name"] for e in ctr["env"]]
+    assert names.index("DEVICE_ID_STRATEGY") < names.index("NVIDIA_VISIBLE_DEVICES")
+    assert names[-1] == "EXTRA"
+    assert env_of(ctr)["DEVICE_ID_STRATEGY"] == "index"
+    assert env_of(ctr)["EXTRA"] == "2"
+
+
+def test_user_env_replaces_a_downward_api_default() -> None:
+    ds = daemonsets(render_spec({"migManager": {"env": [{"name": "NODE_NAME", "value": "n1"}]}}))
+    ctr = container(ds["nvidia-mig-manager"], "nvidia-mig-manager")
+    assert {"name": "NODE_NAME", "value": "n1"} in ctr["env"]
+
+
+def test_args_and_resources() -> None:
+    resources = {"limits": {"cpu": "1", "memory": "1Gi"}, "requests": {"cpu": 1}}
+    ds = daemonsets(render_spec({"dcgm": {"args": ["-n", "--port", "5555"], "resources": resources}}))
+    ctr = container(ds["nvidia-dcgm"], "nvidia-dcgm-ctr")
+    assert ctr["args"] == ["-n", "--port", "5555"]
+    assert ctr["resources"] == resources
+
+
+INJECTIONS = [
+    'x"\n  hostNetwork: true\n- name: y',
+    "a: b\n---\nkind: Secret",
+    "{{ 7 * 7 }} {% raw %}",
+    "# comment\n\n\t'single' \"double\" \\ back",
+    "- foo: bar",
+    "\u2028line\u2029sep\x85nel\x7fdel\ufeffbom\U0001f600",
+    "nel\x85only",
+    "two\nlines\u2028",
+    "\ufeffbom ",
+    "",
+    "yes",
+    "0755",
+]
+
+
+@pytest.mark.parametrize("value", INJECTIONS)
+def test_values_cannot_inject_yaml(value: str) -> None:
+    baseline = render_spec({})
+    spec = {
+        "devicePlugin": {"env": [{"name": "INJECTED", "value": value}], "args": [value]},
+        "daemonsets": {"labels": {"team": value}, "annotations": {"note": value}},
+        "migManager": {"config": {"name": value}},
+    }
+    objects = render_spec(spec)
+    assert [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] != "ConfigMap"] == [
+        (o["kind"], o["metadata"]["name"]) for o in baseline if o["kind"] != "ConfigMap"
+    ]
+    assert "Secret" not in {o["kind"] for o in objects}
+    ds = daemonsets(objects)
+    plugin = ds["nvidia-device-plugin-daemonset"]
+    ctr = container(plugin, "nvidia-device-plugin")
+    assert env_of(ctr)["INJECTED"] == value
+    assert ctr["args"] == [value]
+    assert plugin["metadata"]["labels"]["team"] == value
+    assert plugin["spec"]["template"]["metadata"]["annotations"]["note"] == value
+    assert "hostNetwork" not in pod_spec(plugin)
+    mig_volumes = {v["name"]: v for v in pod_spec(ds["nvidia-mig-manager"])["volumes"]}
+    assert mig_volumes["mig-parted-config"]["configMap"]["name"] == (value or "default-mig-parted-config")
+    assert list(yaml.safe_load_all(to_yaml(objects))) == objects
+
+
+# --- component specifics -------------------------------------------------------------------------
+
+
+def test_driver_probes_manager_and_mounts() -> None:
+    objects = render(load("everything"), FACTS)
+    driver = daemonsets(objects)["nvidia-driver-daemonset"]
+    ctr = container(driver, "nvidia-driver-ctr")
+    assert ctr["startupProbe"]["initialDelaySeconds"] == 30
+    assert ctr["startupProbe"]["failureThreshold"] == 60
+    assert ctr["startupProbe"]["periodSeconds"] == 10
+    assert ctr["livenessProbe"]["periodSeconds"] == 30
+    assert "readinessProbe" not in ctr
+    assert env_of(ctr)["KERNEL_MODULE_TYPE"] == "open"
+    assert env_of(ctr)["GPU_DIRECT_RDMA_ENABLED"] == "true"
+    assert ctr["envFrom"] == [{"secretRef": {"name": "driver-secrets"}}]
+    assert {m["name"] for m in ctr["volumeMounts"]} >= {
+        "repo-config",
+        "cert-config",
+        "licensing-config",
+        "kernel-module-config",
+    }
+    assert container(driver, "nvidia-peermem-ctr")["image"] == ctr["image"]
+    manager = container(driver, "k8s-driver-manager", init=True)
+    assert manager["image"] == "registry.example.com/nvidia/k8s-driver-manager:v0.12.0"
+    manager_env = env_of(manager)
+    # autoUpgrade turns node-local eviction off; the user's manager.env turns it back on.
+    assert manager_env["ENABLE_GPU_POD_EVICTION"] == "true"
+    assert manager_env["ENABLE_AUTO_DRAIN"] == "false"
+    assert manager_env["DRAIN_TIMEOUT_SECONDS"] == "600s"
+    find(objects, "ConfigMap", "nvidia-driver-startup-probe")
+
+
+def test_driver_manager_drains_when_asked_without_auto_upgrade() -> None:
+    ds = daemonsets(render_spec({"driver": {"upgradePolicy": {"drain": {"enable": True, "force": True}}}}))
+    manager_env = env_of(container(ds["nvidia-driver-daemonset"], "k8s-driver-manager", init=True))
+    assert manager_env["ENABLE_GPU_POD_EVICTION"] == "true"
+    assert manager_env["ENABLE_AUTO_DRAIN"] == "true"
+    assert manager_env["DRAIN_USE_FORCE"] == "true"
+
+
+def test_driver_manager_image_from_operator_environment() -> None:
+    ds = daemonsets(render_spec({}, ClusterFacts(environ={"DRIVER_MANAGER_IMAGE": "m/dm:1"})))
+    assert container(ds["nvidia-driver-daemonset"], "k8s-driver-manager", init=True)["image"] == "m/dm:1"
+
+
+def test_toolkit_runtime_and_cdi_env() -> None:
+    spec = {"toolkit": {"installDir": "/opt/nv"}, "cdi": {"enabled": False}}
+    ds = daemonsets(render_spec(spec, ClusterFacts(runtime="crio")))
+    ctr = container(ds["nvidia-container-toolkit-daemonset"], "nvidia-container-toolkit-ctr")
+    env = env_of(ctr)
+    assert env["ROOT"] == "/opt/nv"
+    assert env["RUNTIME"] == "crio"
+    assert env["CDI_ENABLED"] == "false"
+    assert "CONTAINERD_RUNTIME_CLASS" not in env
+    volumes = {v["name"]: v for v in pod_spec(ds["nvidia-container-toolkit-daemonset"])["volumes"]}
+    assert volumes["toolkit-install-dir"]["hostPath"]["path"] == "/opt/nv"
+    assert volumes["runtime-config"]["hostPath"]["path"] == "/etc/crio"
+
+
+def test_device_plugin_and_gfd_share_the_users_config_map() -> None:
+    objects = render(load("seed-sample"), FACTS)
+    ds = daemonsets(objects)
+    for name, main in (
+        ("nvidia-device-plugin-daemonset", "nvidia-device-plugin"),
+        ("gpu-feature-discovery", "gpu-feature-discovery"),
+    ):
+        spec = pod_spec(ds[name])
+        assert env_of(container(ds[name], main))["CONFIG_FILE"] == "/config/config.yaml"
+        assert env_of(container(ds[name], main))["MIG_STRATEGY"] == "single"
+        assert env_of(container(ds[name], "config-manager"))["DEFAULT_CONFIG"] == "default"
+        assert container(ds[name], "config-manager-init", init=True)
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        assert volumes["available-configs"]["configMap"]["name"] == "device-plugin-config"
+    assert not [
+        o for o in objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == "device-plugin-config"
+    ]
+
+
+def test_device_plugin_without_config_has_no_config_manager() -> None:
+    ds = daemonsets(render_spec({"devicePlugin": {"mps": {"root": "/var/mps"}}}))[
+        "nvidia-device-plugin-daemonset"
+    ]
+    assert [c["name"] for c in pod_spec(ds)["containers"]] == ["nvidia-device-plugin"]
+    assert env_of(container(ds, "nvidia-device-plugin"))["MPS_ROOT"] == "/var/mps"
+    assert {v["name"]: v for v in pod_spec(ds)["volumes"]}["mps-shm"]["hostPath"]["path"] == "/var/mps/shm"
+
+
+def test_dcgm_host_port_and_service() -> None:
+    objects = render_spec({"dcgm": {"hostPort": 15555}})
+    port = container(daemonsets(objects)["nvidia-dcgm"], "nvidia-dcgm-ctr")["ports"][0]
+    assert port["containerPort"] == 5555
+    assert port["hostPort"] == 15555
+    assert find(objects, "Service", "nvidia-dcgm")["spec"]["ports"][0]["port"] == 5555
+
+
+def test_dcgm_exporter_uses_standalone_dcgm_only_when_enabled() -> None:
+    with_dcgm = daemonsets(render_spec({}))["nvidia-dcgm-exporter"]
+    assert (
+        env_of(container(with_dcgm, "nvidia-dcgm-exporter"))["DCGM_REMOTE_HOSTENGINE_INFO"]
+        == "nvidia-dcgm:5555"
+    )
+    without = daemonsets(render_spec({"dcgm": {"enabled": False}}))["nvidia-dcgm-exporter"]
+    assert "DCGM_REMOTE_HOSTENGINE_INFO" not in env_of(container(without, "nvidia-dcgm-exporter"))
+
+
+def test_dcgm_exporter_everything() -> None:
+    objects = render(load("everything"), FACTS)
+    exporter = daemonsets(objects)["nvidia-dcgm-exporter"]
+    env = env_of(container(exporter, "nvidia-dcgm-exporter"))
+    assert env["DCGM_EXPORTER_COLLECTORS"] == "/etc/dcgm-exporter/dcgm-metrics.csv"
+    assert env["DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS"] == "true"
+    assert pod_spec(exporter)["hostPID"] is True
+    assert exporter["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == "9400"
+    service = find(objects, "Service", "nvidia-dcgm-exporter")
+    assert service["spec"]["internalTrafficPolicy"] == "Local"
+    assert service["spec"]["selector"] == {"app": "nvidia-dcgm-exporter"}
+    monitor = find(objects, "ServiceMonitor", "nvidia-dcgm-exporter")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    endpoint = monitor["spec"]["endpoints"][0]
+    assert endpoint["interval"] == "30s"
+    assert endpoint["relabelings"][0]["targetLabel"] == "node"
+    assert find(objects, "ClusterRole", "nvidia-dcgm-exporter-read-pods")
+    binding = find(objects, "ClusterRoleBinding", "nvidia-dcgm-exporter-read-pods")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "nvidia-dcgm-exporter", "namespace": "gpu-operator"}
+    ]
+
+
+@pytest.mark.parametrize(
+    ("exporter", "expected"),
+    [
+        ({}, False),
+        ({"serviceMonitoring": True}, True),
+        ({"serviceMonitoring": True, "serviceMonitor": {"enabled": False}}, False),
+        ({"serviceMonitor": {"enabled": True}}, True),
+    ],
+)
+def test_service_monitor_only_on_request(exporter: dict[str, Any], expected: bool) -> None:
+    objects = render_component(BY_NAME["dcgm-exporter"], parse_spec({"dcgmExporter": exporter}), FACTS)
+    assert ("ServiceMonitor" in {o["kind"] for o in objects}) is expected
+    assert "ClusterRole" not in {o["kind"] for o in objects}
+
+
+def test_mig_manager_config_maps() -> None:
+    component = BY_NAME["mig-manager"]
+    default = render_component(component, parse_spec({}), FACTS)
+    assert {o["metadata"]["name"] for o in default if o["kind"] == "ConfigMap"} == {
+        "default-mig-parted-config",
+        "default-gpu-clients",
+    }
+    parted = yaml.safe_load(find(default, "ConfigMap", "default-mig-parted-config")["data"]["config.yaml"])
+    assert "all-disabled" in parted["mig-configs"]
+    custom = render_component(
+        component,
+        parse_spec({"migManager": {"config": {"name": "mine"}, "gpuClientsConfig": {"name": "clients"}}}),
+        FACTS,
+    )
+    assert not [o for o in custom if o["kind"] == "ConfigMap"]
+    volumes = {v["name"]: v for v in pod_spec(custom[-1])["volumes"]}
+    assert volumes["mig-parted-config"]["configMap"]["name"] == "mine"
+    assert volumes["gpu-clients"]["configMap"]["name"] == "clients"
+    assert env_of(container(custom[-1], "nvidia-mig-manager"))["WITH_REBOOT"] == "false"
+
+
+def test_validator_steps_follow_the_device_plugin_and_take_their_env() -> None:
+    spec = {
+        "validator": {
+            "plugin": {"env": [{"name": "WITH_WORKLOAD", "value": "true"}]},
+            "cuda": {"env": [{"name": "X", "value": "y"}]},
+        }
+    }
+    validator = daemonsets(render_spec(spec))["nvidia-operator-validator"]
+    steps = [c["name"] for c in pod_spec(validator)["initContainers"]]
+    assert steps == ["driver-validation", "toolkit-validation", "cuda-validation", "plugin-validation"]
+    assert env_of(container(validator, "plugin-validation", init=True))["WITH_WORKLOAD"] == "true"
+    assert env_of(container(validator, "cuda-validation", init=True))["X"] == "y"
+    assert env_of(container(validator, "plugin-validation", init=True))["MIG_STRATEGY"] == "single"
+    without = daemonsets(render_spec({"devicePlugin": {"enabled": False}}))["nvidia-operator-validator"]
+    assert "plugin-validation" not in [c["name"] for c in pod_spec(without)["initContainers"]]
+
+
+def test_node_status_exporter() -> None:
+    objects = render(load("seed-sample"), FACTS)
+    exporter = daemonsets(objects)["nvidia-node-status-exporter"]
+    ctr = container(exporter, "nvidia-node-status-exporter")
+    assert ctr["image"] == "nvcr.io/nvidia/cloud-native/gpu-operator-validator:v26.7.0"
+    assert env_of(ctr)["COMPONENT"] == "metrics"
+    assert ctr["ports"] == [{"name": "node-status", "containerPort": 8000, "protocol": "TCP"}]
+    assert find(objects, "Service", "nvidia-node-status-exporter")["spec"]["ports"][0]["port"] == 8000
+
+
+def test_host_paths() -> None:
+    spec = {"hostPaths": {"rootFS": "/rootfs", "driverInstallDir": "/opt/driver", "kubeletRootDir": "/k/"}}
+    ds = daemonsets(render_spec(spec))
+    plugin = {v["name"]: v for v in pod_spec(ds["nvidia-device-plugin-daemonset"])["volumes"]}
+    assert plugin["host-root"]["hostPath"]["path"] == "/rootfs"
+    assert plugin["driver-install-dir"]["hostPath"]["path"] == "/opt/driver"
+    assert plugin["device-plugin"]["hostPath"]["path"] == "/k/device-plugins"
+    driver = {v["name"]: v for v in pod_spec(ds["nvidia-driver-daemonset"])["volumes"]}
+    assert driver["nv-firmware"]["hostPath"]["path"] == "/opt/driver/lib/firmware"
+
+
+# --- output and errors ---------------------------------------------------------------------------
+
+
+def test_to_yaml_round_trips() -> None:
+    objects = render(load("everything"), FACTS)
+    text = to_yaml(objects)
+    assert text.startswith("---\n")
+    assert list(yaml.safe_load_all(text)) == objects
+    assert to_yaml([]) == ""
+
+
+@pytest.mark.parametrize("value", [*INJECTIONS, 1, None, True, ["a", {"b": "c\n"}], {"k: v": "x"}])
+def test_tojson_is_yaml_that_reads_back_the_same(value: Any) -> None:
+    text = tojson(value)
+    assert "\n" not in text
+    assert yaml.safe_load(f"key: {text}") == {"key": value}
+
+
+@pytest.mark.parametrize(
+    "text", ["a: [", "- just\n- a list", "apiVersion: v1\nkind: ConfigMap\nmetadata: {}"]
+)
+def test_broken_template_output_is_reported_with_the_template_name(text: str) -> None:
+    with pytest.raises(RenderError, match="some/template"):
+        _parse("some/template", text)
+
+
+def test_facts_default() -> None:
+    facts = ClusterFacts()
+    assert (facts.namespace, facts.os_tag, facts.kernel, dict(facts.environ), facts.runtime) == (
+        "gpu-operator",
+        None,
+        None,
+        {},
+        "containerd",
+    )
+    ds = daemonsets(render_spec({}, ClusterFacts(namespace="other")))
+    assert all(d["metadata"]["namespace"] == "other" for d in ds.values())
+    image = container(daemonsets(render_spec({}, facts))["nvidia-driver-daemonset"], "nvidia-driver-ctr")[
+        "image"
+    ]
+    assert image == "nvcr.io/nvidia/driver:595.91.07"

@@ -1,0 +1,178 @@
+"""Property tests of the renderer: any valid ClusterPolicy renders to well-formed objects, and every
+user-supplied string comes out exactly as it went in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpu_operator.api import parse_spec
+from gpu_operator.components import COMPONENTS
+from gpu_operator.render import PREREQUISITES, RESERVED_LABELS, ClusterFacts, render, to_yaml
+
+Obj = dict[str, Any]
+
+# Text as users might write it, and as attackers might: any unicode but surrogates (which neither
+# JSON nor the API server carries).
+TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=40)
+NAME = st.from_regex(r"[a-z]([a-z0-9-]{0,14}[a-z0-9])?", fullmatch=True)
+IMAGE_NAME = st.from_regex(r"[a-z][a-z0-9]{0,7}(-[a-z0-9]{1,6}){0,2}", fullmatch=True)
+ENV_NAME = st.from_regex(r"[A-Z_][A-Z0-9_]{0,15}", fullmatch=True)
+LABEL_KEY = st.from_regex(r"([a-z]{1,8}\.example\.com/)?[a-z]([a-z0-9-]{0,9}[a-z0-9])?", fullmatch=True)
+TAG = st.from_regex(r"v?[0-9]{1,3}\.[0-9]{1,3}(-[a-z0-9]{1,8})?", fullmatch=True)
+DIGEST = st.text("0123456789abcdef", min_size=64, max_size=64).map(lambda h: f"sha256:{h}")
+QUANTITY = st.one_of(st.integers(0, 64), st.sampled_from(["100m", "1", "1.5", "512Mi", "2Gi", "1e3"]))
+INT_OR_PERCENT = st.one_of(st.integers(0, 10), st.integers(0, 100).map(lambda n: f"{n}%"))
+
+SECTIONS = {c.section for c in COMPONENTS}
+LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+@st.composite
+def image_fields(draw: st.DrawFn) -> Obj:
+    kind = draw(st.sampled_from(["none", "triple", "digest", "full", "name-tag"]))
+    if kind == "triple":
+        return {"repository": "registry.example.com/nvidia", "image": draw(IMAGE_NAME), "version": draw(TAG)}
+    if kind == "digest":
+        return {"repository": "nvcr.io/nvidia", "image": draw(IMAGE_NAME), "version": draw(DIGEST)}
+    if kind == "full":
+        return {"image": f"registry.example.com:5000/{draw(IMAGE_NAME)}@{draw(DIGEST)}"}
+    if kind == "name-tag":
+        return {"image": f"nvidia/{draw(IMAGE_NAME)}", "version": draw(TAG)}
+    return {}
+
+
+ENV = st.lists(st.fixed_dictionaries({"name": ENV_NAME, "value": TEXT}), max_size=4)
+
+
+@st.composite
+def component_section(draw: st.DrawFn) -> Obj:
+    section: Obj = draw(image_fields())
+    optional = {
+        "enabled": st.booleans(),
+        "imagePullPolicy": st.sampled_from(["Always", "Never", "IfNotPresent"]),
+        "imagePullSecrets": st.lists(NAME, max_size=3),
+        "env": ENV,
+        "args": st.lists(TEXT, max_size=3),
+        "hostNetwork": st.booleans(),
+        "resources": st.fixed_dictionaries(
+            {},
+            optional={
+                "limits": st.dictionaries(st.sampled_from(["cpu", "memory"]), QUANTITY),
+                "requests": st.dictionaries(st.sampled_from(["cpu", "memory"]), QUANTITY),
+            },
+        ),
+    }
+    for key, strategy in optional.items():
+        if draw(st.booleans()):
+            section[key] = draw(strategy)
+    return section
+
+
+TOLERATION = st.fixed_dictionaries(
+    {},
+    optional={
+        "key": LABEL_KEY,
+        "operator": st.sampled_from(["Exists", "Equal"]),
+        "value": TEXT,
+        "effect": st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"]),
+        "tolerationSeconds": st.integers(0, 3600),
+    },
+)
+
+DAEMONSETS = st.fixed_dictionaries(
+    {},
+    optional={
+        "labels": st.dictionaries(LABEL_KEY, TEXT, max_size=3),
+        "annotations": st.dictionaries(LABEL_KEY, TEXT, max_size=3),
+        "tolerations": st.lists(TOLERATION, max_size=3),
+        "priorityClassName": NAME,
+        "updateStrategy": st.sampled_from(["RollingUpdate", "OnDelete"]),
+        "rollingUpdate": st.fixed_dictionaries({"maxUnavailable": INT_OR_PERCENT}),
+    },
+)
+
+
+@st.composite
+def policies(draw: st.DrawFn) -> Obj:
+    spec: Obj = {}
+    for section in sorted(draw(st.sets(st.sampled_from(sorted(SECTIONS))))):
+        spec[section] = draw(component_section())
+    if draw(st.booleans()):
+        spec["daemonsets"] = draw(DAEMONSETS)
+    if draw(st.booleans()):
+        spec["mig"] = {"strategy": draw(st.sampled_from(["none", "single", "mixed"]))}
+    if draw(st.booleans()):
+        spec["cdi"] = {"enabled": draw(st.booleans())}
+    if "driver" in spec and draw(st.booleans()):
+        spec["driver"]["usePrecompiled"] = draw(st.booleans())
+        spec["driver"]["upgradePolicy"] = {"autoUpgrade": draw(st.booleans())}
+        spec["driver"]["manager"] = {"env": draw(ENV)}
+    if "devicePlugin" in spec and draw(st.booleans()):
+        spec["devicePlugin"]["config"] = {"name": draw(TEXT), "default": draw(TEXT)}
+    if "dcgmExporter" in spec and draw(st.booleans()):
+        spec["dcgmExporter"]["serviceMonitor"] = {
+            "enabled": draw(st.booleans()),
+            "additionalLabels": draw(st.dictionaries(LABEL_KEY, TEXT, max_size=2)),
+        }
+        spec["dcgmExporter"]["enablePodLabels"] = draw(st.booleans())
+        spec["dcgmExporter"]["config"] = {"name": draw(TEXT)}
+    if "migManager" in spec and draw(st.booleans()):
+        spec["migManager"]["config"] = {"name": draw(TEXT)}
+    return spec
+
+
+FACTS = st.builds(
+    ClusterFacts,
+    namespace=NAME,
+    os_tag=st.sampled_from([None, "ubuntu22.04", "rhel9", "sles15.5"]),
+    kernel=st.sampled_from([None, "5.15.0-105-generic"]),
+    runtime=st.sampled_from(["containerd", "crio", "docker"]),
+)
+
+
+def last_values(env: list[Obj] | None) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in env or []}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=policies(), facts=FACTS)
+def test_any_valid_policy_renders_well_formed_objects(raw: Obj, facts: ClusterFacts) -> None:
+    policy = parse_spec(raw)
+    objects = render(policy, facts)
+
+    for obj in objects:
+        assert obj["apiVersion"] and obj["kind"] and obj["metadata"]["name"]
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/managed-by"] == "gpu-operator"
+        assert labels["app.kubernetes.io/part-of"] == "gpu-operator"
+
+    rendered = {o["metadata"]["labels"]["app.kubernetes.io/component"] for o in objects}
+    assert rendered == {PREREQUISITES} | {c.name for c in COMPONENTS if c.enabled(policy)}
+
+    by_name = {o["metadata"]["name"]: o for o in objects if o["kind"] == "DaemonSet"}
+    for component in COMPONENTS:
+        if not component.enabled(policy):
+            continue
+        ds = by_name[component.daemonset]
+        template_labels = ds["spec"]["template"]["metadata"]["labels"]
+        assert ds["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
+        pod = ds["spec"]["template"]["spec"]
+        assert pod["nodeSelector"][component.deploy_label] == "true"
+        spec = component.spec(policy)
+        main = pod["containers"][0]
+        env = {e["name"]: e.get("value") for e in main.get("env", [])}
+        assert len(env) == len(main.get("env", []))
+        assert last_values([e.model_dump() for e in spec.env or []]).items() <= env.items()
+        if spec.args is not None:
+            assert main["args"] == spec.args
+        for key, value in (policy.daemonsets.labels or {}).items():
+            if key not in RESERVED_LABELS:
+                assert template_labels[key] == value
+        for key, value in (policy.daemonsets.annotations or {}).items():
+            assert ds["spec"]["template"]["metadata"]["annotations"][key] == value
+
+    assert list(yaml.load_all(to_yaml(objects), Loader=LOADER)) == objects
