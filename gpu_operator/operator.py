@@ -259,7 +259,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     nvidia_driver = await asyncio.to_thread(_has_crd, kube, "nvidiadrivers.nvidia.com")
     service_monitor = await asyncio.to_thread(_has_crd, kube, "servicemonitors.monitoring.coreos.com")
     reconciler = Reconciler(
-        kube, STORE, namespace, dict(os.environ), nvidia_driver_crd=nvidia_driver, service_monitor_crd=service_monitor
+        kube,
+        STORE,
+        namespace,
+        dict(os.environ),
+        nvidia_driver_crd=nvidia_driver,
+        service_monitor_crd=service_monitor,
     )
     LOOP = Loop(reconciler)
     memo["task"] = asyncio.create_task(LOOP.run())

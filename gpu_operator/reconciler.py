@@ -162,7 +162,9 @@ class Reconciler:
                 continue
             component = body["metadata"]["labels"].get(COMPONENT_LABEL, key[1])
             if key[1] == "ServiceMonitor" and not self.service_monitor_crd:
-                errors.setdefault(component, "ServiceMonitor needs the monitoring.coreos.com CRD (Prometheus operator)")
+                errors.setdefault(
+                    component, "ServiceMonitor needs the monitoring.coreos.com CRD (Prometheus operator)"
+                )
                 continue
             with _recorded(errors, component):
                 result = self.kube.apply(body)

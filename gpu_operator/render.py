@@ -401,7 +401,9 @@ def _render_folder(folder: str, context: Mapping[str, Any], namespace: str) -> l
             text = env.get_template(name).render(context)
         except jinja2.TemplateError as exc:
             raise RenderError(f"template {name} failed: {exc}") from exc
-        objects.extend(_finish_metadata(obj, _standard_labels(folder), namespace) for obj in _parse(name, text))
+        objects.extend(
+            _finish_metadata(obj, _standard_labels(folder), namespace) for obj in _parse(name, text)
+        )
     return objects
 
 

@@ -218,7 +218,7 @@ class DriverSpec(ComponentSpec):
     """The containerized NVIDIA driver."""
 
     useNvidiaDriverCRD: bool | None = None
-    """Use NVIDIADriver objects instead (reported; this operator manages the driver from the ClusterPolicy)."""
+    """Use NVIDIADriver objects instead (reported; this operator manages the driver from this policy)."""
     usePrecompiled: bool | None = None
     """Use precompiled driver images (tag <version>-<kernel>-<os>)."""
     useOpenKernelModules: bool | None = None
