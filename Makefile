@@ -35,8 +35,9 @@ test-unit: venv ## unit tests (no cluster)
 crd: venv ## regenerate crds/clusterpolicy.yaml and the chart's copy from the models
 	$(BIN)/gpu-operator crd > crds/clusterpolicy.yaml
 	cp crds/clusterpolicy.yaml charts/gpu-operator/crds/clusterpolicy.yaml
+	$(PY) hack/values_schema.py --write
 
-test: lint test-unit test-e2e ## every test: lint, types, unit and end to end
+test: lint chart-lint test-unit test-e2e ## every test: lint, types, unit and end to end
 
 test-e2e: venv tools ## end-to-end tests (local control plane, or the cluster in $$KUBECONFIG)
 	$(BIN)/pytest -q tests/e2e

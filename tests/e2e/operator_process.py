@@ -4,6 +4,7 @@ call it makes is checked against that account's RBAC, exactly as in a cluster.""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -17,6 +18,23 @@ from .kube_helpers import Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR = Path(sys.executable).parent / "gpu-operator"
+
+
+def helm(cluster: Cluster, *args: str) -> str:
+    """Run the pinned helm (or one on PATH) against the cluster; fail the test with helm's stderr."""
+    binary = Path(cluster.kubectl_path).parent / "helm"
+    if not binary.is_file():
+        found = shutil.which("helm")
+        assert found is not None, "no helm: run `make tools` or put helm on PATH"
+        binary = Path(found)
+    result = subprocess.run(
+        [str(binary), "--kubeconfig", str(cluster.kubeconfig), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stderr}"
+    return result.stdout
 
 
 def sa_kubeconfig(cluster: Cluster, namespace: str, service_account: str, path: Path) -> Path:

@@ -5,10 +5,8 @@ and leaves it that way."""
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import kubernetes
@@ -16,7 +14,7 @@ import pytest
 import yaml
 
 from .kube_helpers import Cluster, clear_failure, gpu_nodes, inject_failure, list_pods, pod_is_ready, wait_for
-from .operator_process import ROOT, OperatorProcess, sa_kubeconfig
+from .operator_process import ROOT, OperatorProcess, helm, sa_kubeconfig
 
 # The generated models type every field Optional; these tests read live objects whose fields are set,
 # so they use the client untyped rather than assert on each attribute.
@@ -29,18 +27,6 @@ MANAGED = "app.kubernetes.io/managed-by=gpu-operator"
 COMPONENT = "app.kubernetes.io/component"
 POLICIES = ROOT / "tests" / "data" / "policies"
 CONVERGE = 120.0
-
-
-def helm(cluster: Cluster, *args: str) -> str:
-    binary = Path(cluster.kubectl_path).parent / "helm"
-    result = subprocess.run(
-        [str(binary), "--kubeconfig", str(cluster.kubeconfig), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert result.returncode == 0, f"helm {' '.join(args)} failed: {result.stderr}"
-    return result.stdout
 
 
 @pytest.fixture(scope="module")
