@@ -31,6 +31,7 @@ from gpu_operator.nodes import (
     desired_labels,
     gpu_nodes,
     runs_on,
+    takes_operands,
 )
 from gpu_operator.observed import (
     HASH_ANNOTATION,
@@ -268,7 +269,7 @@ def _status(
     notes: list[str],
     now: str,
 ) -> dict[str, Any]:
-    gpus = [n for n in gpu_nodes(nodes.values()) if n.labels.get("nvidia.com/gpu.deploy.operands") != "false"]
+    gpus = [n for n in gpu_nodes(nodes.values()) if takes_operands(n)]
     components = [_component_status(c, spec, gpus, pods, observed.daemonsets.get(c.name)) for c in COMPONENTS]
     components += [
         {"name": name, "enabled": True, "state": "unsupported", "reason": "not supported by this operator"}
