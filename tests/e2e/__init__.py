@@ -1,0 +1,1 @@
+"""End-to-end tests against a local kwok cluster or the cluster in $KUBECONFIG (see hack/README.md)."""

@@ -1,0 +1,508 @@
+"""Helpers for end-to-end tests: waiting on conditions, reading pod state, failure injection.
+
+Waiting: :func:`wait_for` calls a check until it passes. A check is a function that either
+returns a value (done) or raises ``AssertionError`` whose message describes what it saw; on
+timeout :class:`WaitTimeout` carries that last message, so a failing test shows the last
+observed state instead of "timed out". No fixed sleeps: the interval is only the polling period.
+
+Failure injection (local kwok cluster, or any cluster running kwok with ``--enable-crds=Stage``
+and the stages of ``hack/kwok/stages.yaml``): :func:`inject_failure` creates a kwok ``Stage``
+that matches pods by their ``app.kubernetes.io/component`` label and ``spec.nodeName``; kwok
+then gives every such pod that starts *afterwards* the failure state instead of Running/Ready:
+
+* ``CrashLoopBackOff``: phase Running, Ready=False, each container ``waiting.reason``
+  CrashLoopBackOff, ``lastState.terminated`` exit code 1, ``restartCount`` 3, a Warning event
+  ``BackOff``;
+* ``ImagePullBackOff``: phase Pending, Ready=False, each container ``waiting.reason``
+  ImagePullBackOff (message ``Back-off pulling image "<image>"``), ``restartCount`` 0.
+
+Pods that are already running are not changed (pass ``recreate=True`` to delete them so their
+DaemonSet recreates them with the failure). :func:`clear_failure` deletes the Stage and, by
+default, the failing pods, so the DaemonSet's replacement pods become Ready (a simulated pod does
+not heal in place).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+from kubernetes import client, utils
+from kubernetes.client import ApiException
+
+T = TypeVar("T")
+
+COMPONENT_LABEL = "app.kubernetes.io/component"
+GPU_NODE_LABEL = "feature.node.kubernetes.io/pci-10de.present"
+GPU_COUNT_ANNOTATION = "gpu-operator.sim/gpu-count"
+SIMULATED_NODE_LABEL = "gpu-operator.sim/simulated"
+GPU_RESOURCE = "nvidia.com/gpu"
+
+STAGE_GROUP = "kwok.x-k8s.io"
+STAGE_VERSION = "v1alpha1"
+STAGE_PLURAL = "stages"
+FAILURE_LABEL = "gpu-operator.sim/failure"
+FAILURE_COMPONENT_LABEL = "gpu-operator.sim/component"
+FAILURE_NODE_LABEL = "gpu-operator.sim/node"
+# Any weight > 0 beats pod-ready (weight 0): kwok never picks a weight-0 stage over a weighted one.
+FAILURE_WEIGHT = 1000
+CRASH_RESTART_COUNT = 3
+
+FailureReason = Literal["CrashLoopBackOff", "ImagePullBackOff"]
+FAILURE_REASONS: tuple[FailureReason, ...] = ("CrashLoopBackOff", "ImagePullBackOff")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The cluster under test, as the ``cluster`` session fixture gives it."""
+
+    kubeconfig: Path
+    api: client.ApiClient
+    kubectl_path: str
+    # True when the tests started the local kwok cluster (or found it running) via make.
+    local: bool
+    # API server audit log of the local cluster; None for a cluster given by $KUBECONFIG.
+    audit_log: Path | None
+
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        """Run kubectl against this cluster; return stdout, raise with stderr on failure."""
+        proc = subprocess.run(
+            [self.kubectl_path, "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+        return proc.stdout
+
+
+class WaitTimeout(AssertionError):
+    """A condition was not met in time; the message ends with the last observed state."""
+
+
+class FailureInjectionUnsupported(RuntimeError):
+    """The cluster has no kwok Stage API (not the local kwok cluster)."""
+
+
+# --- waiting ---------------------------------------------------------------------------------
+
+
+def wait_for(
+    check: Callable[[], T],
+    *,
+    timeout: float = 60.0,
+    interval: float = 0.2,
+    what: str = "condition",
+) -> T:
+    """Call ``check`` until it returns; retry while it raises AssertionError or a 404.
+
+    Returns what ``check`` returned. Raises :class:`WaitTimeout` after ``timeout`` seconds with
+    the last assertion message (the last observed state).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return check()
+        except AssertionError as exc:
+            last = str(exc) or repr(exc)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            last = f"404 Not Found: {exc.reason}"
+        if time.monotonic() >= deadline:
+            raise WaitTimeout(f"{what}: not met after {timeout:.0f}s; last observed: {last}")
+        time.sleep(interval)
+
+
+# --- reading state ---------------------------------------------------------------------------
+
+
+def pod_is_ready(pod: Any) -> bool:
+    """Running, not being deleted, and condition Ready=True."""
+    if pod.metadata.deletion_timestamp is not None or pod.status is None or pod.status.phase != "Running":
+        return False
+    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
+
+
+def waiting_reasons(pod: Any) -> list[str]:
+    """The ``state.waiting.reason`` of every container that is waiting."""
+    statuses = (pod.status.container_statuses if pod.status else None) or []
+    return [s.state.waiting.reason for s in statuses if s.state and s.state.waiting]
+
+
+def describe_pod(pod: Any) -> str:
+    """One line: name, node, phase, ready, waiting reasons and restart counts."""
+    statuses = (pod.status.container_statuses if pod.status else None) or []
+    restarts = [s.restart_count for s in statuses]
+    return (
+        f"{pod.metadata.namespace}/{pod.metadata.name} node={pod.spec.node_name} "
+        f"phase={pod.status.phase if pod.status else None} ready={pod_is_ready(pod)} "
+        f"waiting={waiting_reasons(pod)} restarts={restarts}"
+        + (" deleting" if pod.metadata.deletion_timestamp else "")
+    )
+
+
+def describe_pods(pods: Iterable[Any]) -> str:
+    return "; ".join(describe_pod(p) for p in pods) or "no pods"
+
+
+def create_object(api: client.ApiClient, body: dict[str, Any], namespace: str | None = None) -> None:
+    """Create any object from its manifest (a dict), in ``namespace`` when it is namespaced."""
+    utils.create_from_dict(api, body, namespace=namespace)  # type: ignore[no-untyped-call]
+
+
+def list_pods(
+    api: client.ApiClient, namespace: str | None = None, *, labels: str = "", node: str = ""
+) -> list[Any]:
+    """Pods by label selector and node, in one namespace or all; deleted pods excluded."""
+    core = client.CoreV1Api(api)
+    fields = f"spec.nodeName={node}" if node else ""
+    result: Any = (
+        core.list_namespaced_pod(namespace, label_selector=labels, field_selector=fields)
+        if namespace
+        else core.list_pod_for_all_namespaces(label_selector=labels, field_selector=fields)
+    )
+    return [p for p in result.items if p.metadata.deletion_timestamp is None]
+
+
+def node_gpus(api: client.ApiClient, node: str) -> tuple[str | None, str | None]:
+    """(capacity, allocatable) of nvidia.com/gpu on the node; None where not advertised."""
+    found: Any = client.CoreV1Api(api).read_node(node)
+    status = found.status
+    return (status.capacity or {}).get(GPU_RESOURCE), (status.allocatable or {}).get(GPU_RESOURCE)
+
+
+def gpu_nodes(api: client.ApiClient) -> list[str]:
+    """Names of the nodes labelled as having an NVIDIA PCI device, sorted."""
+    nodes: list[Any] = client.CoreV1Api(api).list_node(label_selector=f"{GPU_NODE_LABEL}=true").items
+    return sorted(str(n.metadata.name) for n in nodes)
+
+
+def wait_for_daemonset(
+    api: client.ApiClient,
+    namespace: str,
+    name: str,
+    *,
+    ready: int,
+    desired: int | None = None,
+    timeout: float = 60.0,
+) -> Any:
+    """Wait until the DaemonSet's controller observed its spec and counts ``ready`` ready pods.
+
+    ``desired`` (default: ``ready``) is the expected desiredNumberScheduled; available and
+    up-to-date pods must equal ``ready`` too.
+    """
+    apps = client.AppsV1Api(api)
+    want_desired = ready if desired is None else desired
+
+    def check() -> Any:
+        ds: Any = apps.read_namespaced_daemon_set(name, namespace)
+        st = ds.status
+        seen = (
+            f"observedGeneration={st.observed_generation}/{ds.metadata.generation} "
+            f"desired={st.desired_number_scheduled} current={st.current_number_scheduled} "
+            f"ready={st.number_ready} available={st.number_available or 0} "
+            f"updated={st.updated_number_scheduled or 0} misscheduled={st.number_misscheduled}"
+        )
+        assert (st.observed_generation or 0) >= ds.metadata.generation, seen
+        assert st.desired_number_scheduled == want_desired, seen
+        assert st.number_ready == ready, seen
+        assert (st.number_available or 0) == ready, seen
+        assert (st.updated_number_scheduled or 0) == want_desired, seen
+        return ds
+
+    return wait_for(check, timeout=timeout, what=f"DaemonSet {namespace}/{name} ready={ready}")
+
+
+# --- failure injection -----------------------------------------------------------------------
+
+_CONTAINER_FILTER = """{{ $pod := .metadata.name }}
+{{ $target := %s }}"""
+
+_CRASH_LOOP_TEMPLATE = """{{ $now := Now }}
+%s
+conditions:
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: Initialized
+- lastTransitionTime: {{ $now | Quote }}
+  reason: ContainersNotReady
+  status: "False"
+  type: Ready
+- lastTransitionTime: {{ $now | Quote }}
+  reason: ContainersNotReady
+  status: "False"
+  type: ContainersReady
+containerStatuses:
+{{ range .spec.containers }}
+{{ if or (eq $target "") (eq .name $target) }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: false
+  started: false
+  restartCount: %d
+  lastState:
+    terminated:
+      exitCode: 1
+      reason: Error
+      startedAt: {{ $now | Quote }}
+      finishedAt: {{ $now | Quote }}
+  state:
+    waiting:
+      reason: CrashLoopBackOff
+      message: {{ printf "back-off 40s restarting failed container=%%s pod=%%s" .name $pod | Quote }}
+{{ else }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: true
+  started: true
+  restartCount: 0
+  state:
+    running:
+      startedAt: {{ $now | Quote }}
+{{ end }}
+{{ end }}
+initContainerStatuses:
+{{ range .spec.initContainers }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: true
+  restartCount: 0
+  state:
+    terminated:
+      exitCode: 0
+      reason: Completed
+      startedAt: {{ $now | Quote }}
+      finishedAt: {{ $now | Quote }}
+{{ end }}
+%s
+phase: Running
+startTime: {{ $now | Quote }}
+"""
+
+_IMAGE_PULL_TEMPLATE = """{{ $now := Now }}
+%s
+conditions:
+- lastTransitionTime: {{ $now | Quote }}
+  status: "True"
+  type: Initialized
+- lastTransitionTime: {{ $now | Quote }}
+  reason: ContainersNotReady
+  status: "False"
+  type: Ready
+- lastTransitionTime: {{ $now | Quote }}
+  reason: ContainersNotReady
+  status: "False"
+  type: ContainersReady
+containerStatuses:
+{{ range .spec.containers }}
+{{ if or (eq $target "") (eq .name $target) }}
+- image: {{ .image | Quote }}
+  imageID: ""
+  name: {{ .name | Quote }}
+  ready: false
+  started: false
+  restartCount: 0
+  state:
+    waiting:
+      reason: ImagePullBackOff
+      message: {{ printf "Back-off pulling image %%q" .image | Quote }}
+{{ else }}
+- image: {{ .image | Quote }}
+  name: {{ .name | Quote }}
+  ready: false
+  started: false
+  restartCount: 0
+  state:
+    waiting:
+      reason: ContainerCreating
+{{ end }}
+{{ end }}
+%s
+phase: Pending
+startTime: {{ $now | Quote }}
+"""
+
+# Addresses as kwok's pod-ready stage assigns them (node IP, pod IP from the kwok pod CIDR).
+_POD_IPS = (
+    "{{ $podIPs := PodIPsWith .spec.nodeName ( or .spec.hostNetwork false ) "
+    '( or .metadata.uid "" ) ( or .metadata.name "" ) ( or .metadata.namespace "" ) }}'
+)
+_ADDRESSES = (
+    """{{ $hostIPs := NodeIPsWith .spec.nodeName }}
+{{ with $hostIPs }}
+hostIP: {{ index . 0 | Quote }}
+hostIPs:
+{{ range . }}
+- ip: {{ . | Quote }}
+{{ end }}
+{{ end }}
+"""
+    + _POD_IPS
+    + """
+{{ with $podIPs }}
+podIP: {{ index . 0 | Quote }}
+podIPs:
+{{ range . }}
+- ip: {{ . | Quote }}
+{{ end }}
+{{ end }}"""
+)
+
+
+def _go_string(value: str) -> str:
+    """A Go template string literal (JSON string syntax is valid Go syntax)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def failure_stage_name(component: str, node: str | None, reason: FailureReason) -> str:
+    raw = f"gpu-operator-sim-{reason}-{component}-{node or 'all-nodes'}".lower()
+    return re.sub(r"[^a-z0-9.-]", "-", raw)[:253]
+
+
+def _failure_labels(component: str, node: str | None) -> dict[str, str]:
+    return {
+        FAILURE_LABEL: "true",
+        FAILURE_COMPONENT_LABEL: component,
+        FAILURE_NODE_LABEL: node or "all-nodes",
+    }
+
+
+def failure_stage(
+    component: str, node: str | None, reason: FailureReason, container: str | None = None
+) -> dict[str, Any]:
+    """The kwok Stage that gives new pods of ``component`` on ``node`` (None: any node) ``reason``."""
+    if reason not in FAILURE_REASONS:
+        raise ValueError(f"reason must be one of {FAILURE_REASONS}, not {reason!r}")
+    header = _CONTAINER_FILTER % _go_string(container or "")
+    if reason == "CrashLoopBackOff":
+        template = _CRASH_LOOP_TEMPLATE % (header, CRASH_RESTART_COUNT, _ADDRESSES)
+        event = {"type": "Warning", "reason": "BackOff", "message": "Back-off restarting failed container"}
+    else:
+        template = _IMAGE_PULL_TEMPLATE % (header, _ADDRESSES)
+        event = {"type": "Warning", "reason": "Failed", "message": "Error: ImagePullBackOff"}
+    expressions: list[dict[str, Any]] = [
+        {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
+        # Only pods that kwok has not started yet, and never twice (the result stays Pending for
+        # ImagePullBackOff, so also skip pods that already carry a waiting reason).
+        {"key": ".status.phase", "operator": "In", "values": ["Pending"]},
+        {"key": ".status.containerStatuses.[].state.waiting.reason", "operator": "DoesNotExist"},
+    ]
+    if node:
+        expressions.append({"key": ".spec.nodeName", "operator": "In", "values": [node]})
+    else:
+        expressions.append({"key": ".spec.nodeName", "operator": "Exists"})
+    return {
+        "apiVersion": f"{STAGE_GROUP}/{STAGE_VERSION}",
+        "kind": "Stage",
+        "metadata": {
+            "name": failure_stage_name(component, node, reason),
+            "labels": {**_failure_labels(component, node), "gpu-operator.sim/reason": reason},
+        },
+        "spec": {
+            "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
+            "selector": {"matchLabels": {COMPONENT_LABEL: component}, "matchExpressions": expressions},
+            "weight": FAILURE_WEIGHT,
+            "next": {"event": event, "statusTemplate": template},
+        },
+    }
+
+
+def _stages(api: client.ApiClient) -> client.CustomObjectsApi:
+    return client.CustomObjectsApi(api)
+
+
+def failure_injection_supported(api: client.ApiClient) -> bool:
+    """True when the cluster serves kwok's Stage API."""
+    try:
+        _stages(api).list_cluster_custom_object(STAGE_GROUP, STAGE_VERSION, STAGE_PLURAL, limit=1)
+    except ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def _delete_pods(api: client.ApiClient, component: str, node: str | None) -> list[str]:
+    core = client.CoreV1Api(api)
+    deleted = []
+    for pod in list_pods(api, labels=f"{COMPONENT_LABEL}={component}", node=node or ""):
+        try:
+            core.delete_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
+            deleted.append(f"{pod.metadata.namespace}/{pod.metadata.name}")
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+    return deleted
+
+
+def inject_failure(
+    api: client.ApiClient,
+    component: str,
+    node: str | None,
+    reason: FailureReason = "CrashLoopBackOff",
+    *,
+    container: str | None = None,
+    recreate: bool = False,
+) -> str:
+    """Make pods of ``component`` on ``node`` fail with ``reason`` from now on.
+
+    ``component`` is matched against the pod label ``app.kubernetes.io/component``; ``node``
+    against ``spec.nodeName`` (None: every node). ``container`` limits the failure to one
+    container (default: all). Only pods that start after this call fail; ``recreate=True``
+    deletes the matching pods now so their controller replaces them with failing ones.
+    Replaces an earlier injection for the same component and node. Returns the Stage name.
+    Raises :class:`FailureInjectionUnsupported` without the kwok Stage API.
+    """
+    if not failure_injection_supported(api):
+        raise FailureInjectionUnsupported("this cluster has no kwok Stage API (kwok --enable-crds=Stage)")
+    _delete_stages(api, component, node)
+    body = failure_stage(component, node, reason, container)
+    _stages(api).create_cluster_custom_object(STAGE_GROUP, STAGE_VERSION, STAGE_PLURAL, body)
+    if recreate:
+        _delete_pods(api, component, node)
+    return str(body["metadata"]["name"])
+
+
+def _delete_stages(api: client.ApiClient, component: str | None, node: str | None) -> None:
+    selector = f"{FAILURE_LABEL}=true"
+    if component is not None:
+        selector += f",{FAILURE_COMPONENT_LABEL}={component},{FAILURE_NODE_LABEL}={node or 'all-nodes'}"
+    stages = _stages(api)
+    found: Any = stages.list_cluster_custom_object(
+        STAGE_GROUP, STAGE_VERSION, STAGE_PLURAL, label_selector=selector
+    )
+    for item in found["items"]:
+        try:
+            stages.delete_cluster_custom_object(
+                STAGE_GROUP, STAGE_VERSION, STAGE_PLURAL, item["metadata"]["name"]
+            )
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def clear_failure(
+    api: client.ApiClient, component: str, node: str | None, *, delete_pods: bool = True
+) -> list[str]:
+    """Undo :func:`inject_failure` for ``component`` on ``node`` (None: the all-nodes injection).
+
+    Pods that start from now on become Ready. A failing pod does not heal in place, so by
+    default its pods of ``component`` on ``node`` are deleted for their DaemonSet to recreate;
+    returns the deleted pods (namespace/name).
+    """
+    _delete_stages(api, component, node)
+    return _delete_pods(api, component, node) if delete_pods else []
+
+
+def clear_all_failures(api: client.ApiClient) -> None:
+    """Delete every injected failure Stage (pods are left alone). Safe without the Stage API."""
+    if failure_injection_supported(api):
+        _delete_stages(api, None, None)
