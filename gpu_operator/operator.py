@@ -20,7 +20,7 @@ from typing import Any
 import kopf
 
 from gpu_operator.api.crd import crd
-from gpu_operator.kube import RESOURCES, ApiError, Kube, load_api_client
+from gpu_operator.kube import ApiError, Kube, load_api_client
 from gpu_operator.nodes import node_info
 from gpu_operator.observed import (
     MANAGED_BY,
@@ -64,6 +64,8 @@ class Loop:
     def __init__(self, reconciler: Reconciler) -> None:
         self.reconciler = reconciler
         self.wakeup = asyncio.Event()
+        self.listed = asyncio.Event()
+        """Set once Kopf has listed every watched kind (see the watches below)."""
         self.passes = 0
         self.failures = 0
         self.last_error = ""
@@ -73,6 +75,7 @@ class Loop:
 
     async def run(self) -> None:
         backoff = 1.0
+        await self.listed.wait()
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wakeup.wait(), timeout=RESYNC_SECONDS)
@@ -113,98 +116,72 @@ def _policy_ref(body: Mapping[str, Any]) -> PolicyRef:
     )
 
 
-def _wake_if(changed: bool) -> None:
-    if changed and LOOP is not None:
-        LOOP.wake()
+# --- watches ------------------------------------------------------------------------------------
+#
+# Each watched kind gets two handlers. An index handler records every listed or changed object in
+# the Store: Kopf runs the index handlers for the initial listing of *every* indexed kind before it
+# runs any event handler, so the Store is complete before the first pass, and a pass never mistakes
+# "not listed yet" for "deleted". An event handler records deletions (index handlers do not see
+# them) and, by running at all, tells the loop that the initial listings are done.
+
+Recorder = Callable[[Mapping[str, Any], bool], bool]
+"""(body, deleted) → whether the Store changed in a way that needs a pass."""
 
 
-@kopf.on.event("nvidia.com", "v1", "clusterpolicies")
-async def policy_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+def _record_policy(body: Mapping[str, Any], deleted: bool) -> bool:
     name = body["metadata"]["name"]
-    if event["type"] == "DELETED":
-        _wake_if(STORE.put("policies", name, None))
-        return
+    if deleted:
+        return STORE.put("policies", name, None)
     ref = _policy_ref(body)
     before = STORE.policies.get(name)
     STORE.put("policies", name, ref)
     # Our own status writes come back as events too; only spec or identity changes need a pass.
-    _wake_if(
-        before is None or (before.spec, before.generation, before.uid) != (ref.spec, ref.generation, ref.uid)
+    return before is None or (before.spec, before.generation, before.uid) != (
+        ref.spec,
+        ref.generation,
+        ref.uid,
     )
 
 
-@kopf.on.event("", "v1", "nodes")
-async def node_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-    name = body["metadata"]["name"]
-    _wake_if(STORE.put("nodes", name, None if event["type"] == "DELETED" else node_info(body)))
+def _record_node(body: Mapping[str, Any], deleted: bool) -> bool:
+    return STORE.put("nodes", body["metadata"]["name"], None if deleted else node_info(body))
 
 
-@kopf.on.event("", "v1", "pods", labels={MANAGED_BY_LABEL: MANAGED_BY})
-async def pod_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+def _record_pod(body: Mapping[str, Any], deleted: bool) -> bool:
     key = f"{body['metadata'].get('namespace')}/{body['metadata']['name']}"
-    _wake_if(STORE.put("pods", key, None if event["type"] == "DELETED" else pod_info(body)))
+    return STORE.put("pods", key, None if deleted else pod_info(body))
 
 
-def _managed_event(event: kopf.RawEvent, body: kopf.Body) -> None:
+def _record_managed(body: Mapping[str, Any], deleted: bool) -> bool:
     key = object_key(body)
-    deleted = event["type"] == "DELETED"
     changed = STORE.put("objects", key, None if deleted else object_info(body))
     if body["kind"] == "DaemonSet":
         changed |= STORE.put("daemonsets", key, None if deleted else daemonset_info(body))
-    _wake_if(changed)
+    return changed
 
 
-def _register_managed(group: str, version: str, plural: str) -> None:
-    async def managed_event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-        _managed_event(event, body)
+def _watch(group: str, version: str, plural: str, record: Recorder, labels: dict[str, str] | None) -> None:
+    async def store(body: kopf.Body, **_: Any) -> None:
+        if record(body, False) and LOOP is not None:
+            LOOP.wake()
 
-    kopf.on.event(group, version, plural, id=f"managed-{plural}", labels={MANAGED_BY_LABEL: MANAGED_BY})(
-        managed_event
-    )
+    async def event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        if LOOP is None:
+            return
+        LOOP.listed.set()
+        if event["type"] == "DELETED" and record(body, True):
+            LOOP.wake()
+
+    kopf.index(group, version, plural, id=f"store-{plural}", labels=labels)(store)
+    kopf.on.event(group, version, plural, id=f"events-{plural}", labels=labels)(event)
 
 
+_OURS = {MANAGED_BY_LABEL: MANAGED_BY}
+_watch("nvidia.com", "v1", "clusterpolicies", _record_policy, None)
+_watch("", "v1", "nodes", _record_node, None)
+_watch("", "v1", "pods", _record_pod, _OURS)
 for _group, _version, _plural in MANAGED:
-    _register_managed(_group, _version, _plural)
-
-
-def prime(kube: Kube, store: Store, namespace: str) -> None:
-    """Fill the Store with one LIST per kind before the first pass, so that pass never acts on a
-    half-listed cluster (e.g. mistaking "policy not listed yet" for "policy deleted")."""
-    fill: list[tuple[str, str, str, str, Callable[[dict[str, Any]], object]]] = [
-        (
-            "nvidia.com/v1",
-            "ClusterPolicy",
-            "",
-            "",
-            lambda b: store.put("policies", b["metadata"]["name"], _policy_ref(b)),
-        ),
-        ("v1", "Node", "", "", lambda b: store.put("nodes", b["metadata"]["name"], node_info(b))),
-        (
-            "v1",
-            "Pod",
-            namespace,
-            SELECTOR,
-            lambda b: store.put("pods", f"{namespace}/{b['metadata']['name']}", pod_info(b)),
-        ),
-    ]
-    for api_version, kind in RESOURCES:
-        plural, namespaced = RESOURCES[(api_version, kind)]
-        if any(plural == p for _, _, p in MANAGED):
-            fill.append((api_version, kind, namespace if namespaced else "", SELECTOR, _prime_managed(store)))
-    for api_version, kind, ns, selector, put in fill:
-        for item in kube.list(api_version, kind, ns, selector):
-            item.setdefault("apiVersion", api_version)
-            item.setdefault("kind", kind)
-            put(item)
-
-
-def _prime_managed(store: Store) -> Callable[[dict[str, Any]], None]:
-    def put(body: dict[str, Any]) -> None:
-        store.put("objects", object_key(body), object_info(body))
-        if body["kind"] == "DaemonSet":
-            store.put("daemonsets", object_key(body), daemonset_info(body))
-
-    return put
+    _watch(_group, _version, _plural, _record_managed, _OURS)
 
 
 CRD_HASH_ANNOTATION = "nvidia.com/gpu-operator.crd-hash"
@@ -255,7 +232,6 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     namespace: str = memo["namespace"]
     kube = Kube(load_api_client())
     await asyncio.to_thread(ensure_crd, kube)
-    await asyncio.to_thread(prime, kube, STORE, namespace)
     nvidia_driver = await asyncio.to_thread(_has_crd, kube, "nvidiadrivers.nvidia.com")
     service_monitor = await asyncio.to_thread(_has_crd, kube, "servicemonitors.monitoring.coreos.com")
     reconciler = Reconciler(
@@ -268,7 +244,6 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     )
     LOOP = Loop(reconciler)
     memo["task"] = asyncio.create_task(LOOP.run())
-    LOOP.wake()
 
 
 @kopf.on.cleanup()

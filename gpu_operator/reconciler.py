@@ -180,7 +180,12 @@ class Reconciler:
             if policy is None:
                 continue
             if status_differs(policy.status, status):
-                self.kube.patch_status(name, status)
+                try:
+                    self.kube.patch_status(name, status)
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise
+                    continue  # deleted meanwhile; its DELETED event is on the way
             self._post_events(
                 policy, status, plan.notes if plan.active and plan.active.name == name else [], stamp
             )
