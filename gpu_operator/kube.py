@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 
 from gpu_operator.observed import ObjectKey
@@ -92,7 +93,11 @@ class Kube:
             body=body,
             auth_settings=["BearerToken"],
         )
-        response = self.api.call_api(method_, full_url, header_params=headers, body=payload)
+        try:
+            response = self.api.call_api(method_, full_url, header_params=headers, body=payload)
+        except urllib3.exceptions.HTTPError as exc:
+            # Connection refused, TLS failure, timeout: reported like an API error, retried the same way.
+            raise ApiError(0, "ConnectionError", str(exc)) from None
         data = response.read()  # type: ignore[no-untyped-call]
         if not 200 <= response.status < 300:
             try:

@@ -109,7 +109,7 @@ def _recorded(errors: dict[str, str], what: str) -> Iterator[None]:
     try:
         yield
     except ApiError as exc:
-        if exc.status >= 500 or exc.status == 429:
+        if exc.status >= 500 or exc.status in (0, 429):  # 0: no response at all
             raise
         log.warning("%s: %s", what, exc)
         errors.setdefault(what, str(exc))

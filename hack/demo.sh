@@ -45,15 +45,12 @@ echo "demo: installing the CRD and the chart's ServiceAccount and RBAC (operator
 echo "demo: starting the operator as system:serviceaccount:$NS:gpu-operator (log: $LOG)"
 stop_operator
 token=$("$KUBECTL" create token gpu-operator -n "$NS" --duration=24h)
-server=$("$KUBECTL" config view --minify -o jsonpath='{.clusters[0].cluster.server}')
-"$KUBECTL" config view --minify --raw -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' \
-  | base64 -d > "$STATE/ca.crt"
 OPERATOR_KUBECONFIG=$STATE/operator-kubeconfig.yaml
-KUBECONFIG=$OPERATOR_KUBECONFIG "$KUBECTL" config set-cluster demo --server="$server" \
-  --certificate-authority="$PWD/$STATE/ca.crt" --embed-certs >/dev/null
+# The admin kubeconfig's cluster entry (CA embedded by --flatten), with the ServiceAccount's token.
+"$KUBECTL" config view --minify --raw --flatten > "$OPERATOR_KUBECONFIG"
+chmod 600 "$OPERATOR_KUBECONFIG"
 KUBECONFIG=$OPERATOR_KUBECONFIG "$KUBECTL" config set-credentials operator --token="$token" >/dev/null
-KUBECONFIG=$OPERATOR_KUBECONFIG "$KUBECTL" config set-context demo --cluster=demo --user=operator >/dev/null
-KUBECONFIG=$OPERATOR_KUBECONFIG "$KUBECTL" config use-context demo >/dev/null
+KUBECONFIG=$OPERATOR_KUBECONFIG "$KUBECTL" config set-context --current --user=operator >/dev/null
 KUBECONFIG=$OPERATOR_KUBECONFIG setsid .venv/bin/gpu-operator run --namespace "$NS" --liveness "" \
   >"$LOG" 2>&1 < /dev/null &
 echo $! > "$PIDFILE"
@@ -62,12 +59,20 @@ name=$(.venv/bin/python -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv
 echo "demo: applying $POLICY (ClusterPolicy $name)"
 "$KUBECTL" apply --server-side -f "$POLICY" >/dev/null
 start=$(date +%s)
-if ! "$KUBECTL" wait --for=jsonpath='{.status.state}'=ready "clusterpolicy/$name" --timeout=300s >/dev/null; then
-  echo "demo: the ClusterPolicy did not become ready; status and operator log:" >&2
-  "$KUBECTL" get clusterpolicy "$name" -o yaml >&2
-  tail -30 "$LOG" >&2
-  exit 1
-fi
+until [[ $("$KUBECTL" get clusterpolicy "$name" -o jsonpath='{.status.state}') == ready ]]; do
+  if ! kill -0 "$(cat "$PIDFILE")" 2>/dev/null; then
+    echo "demo: the operator exited; its log:" >&2
+    tail -30 "$LOG" >&2
+    exit 1
+  fi
+  if (( $(date +%s) - start > 300 )); then
+    echo "demo: the ClusterPolicy did not become ready in 300s; status and operator log:" >&2
+    "$KUBECTL" get clusterpolicy "$name" -o yaml >&2
+    tail -30 "$LOG" >&2
+    exit 1
+  fi
+  "$KUBECTL" wait --for=jsonpath='{.status.state}'=ready "clusterpolicy/$name" --timeout=5s >/dev/null 2>&1 || true
+done
 echo "demo: ready after $(( $(date +%s) - start ))s"
 echo
 "$KUBECTL" get clusterpolicy -o wide
