@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from gpu_operator.api.status import REASON_OPERAND_NOT_READY
 from gpu_operator.kube import ApiError, Kube
 from gpu_operator.nodes import NodeInfo
 from gpu_operator.observed import (
@@ -207,7 +208,7 @@ class Reconciler:
         previous = self.reported.get(policy.name)
         self.reported[policy.name] = signature
         ref = {"name": policy.name, "uid": policy.uid}
-        if previous is None and status_differs(status, policy.status) is False:
+        if previous is None and not status_differs(policy.status, status):
             return  # restarted operator, nothing new to say
         state = status.get("state")
         if state == "ready":
@@ -215,6 +216,11 @@ class Reconciler:
         elif state == "ignored":
             ready = next(c for c in status["conditions"] if c["type"] == "Ready")
             self._event(ref, "Normal", "Ignored", ready["message"], stamp)
+        elif error.get("reason") == REASON_OPERAND_NOT_READY and not any(
+            c.get("nodesFailing") for c in status.get("components", [])
+        ):
+            # Rolling out, nothing failing: news, not a warning.
+            self._event(ref, "Normal", "Progressing", error.get("message", ""), stamp)
         elif error.get("reason"):
             self._event(ref, "Warning", error["reason"], error.get("message", ""), stamp)
         for note in notes:

@@ -219,8 +219,10 @@ def test_policy_converges_on_exactly_the_gpu_nodes(
         return str(pod.spec.node_name)
 
     assert wait_for(scheduled, timeout=60, what="GPU pod scheduled").startswith("gpu-node-")
-    events = cluster.kubectl("describe", "clusterpolicy", name)
-    assert "Ready" in events.split("Events:")[-1], events
+    events = cluster.kubectl("describe", "clusterpolicy", name).split("Events:")[-1]
+    assert "Ready" in events, events
+    if sample == "seed-sample":
+        assert "Unsupported" in events and "useNvidiaDriverCRD" in events, events
 
 
 def test_failing_driver_blocks_only_its_node(
