@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 from gpu_operator.api.status import REASON_OPERAND_NOT_READY
@@ -93,6 +95,17 @@ def in_sync(desired_hash: str, observed: ObjectInfo | None, applied: Applied | N
     return observed.resource_version == applied.resource_version
 
 
+WRITERS = 16
+"""Concurrent API writes in one pass: enough to label 1000 nodes quickly, few enough for the API server."""
+
+
+def _by_component(objects: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for body in objects:
+        groups.setdefault(body["metadata"]["labels"].get(COMPONENT_LABEL, ""), []).append(body)
+    return list(groups.values())
+
+
 def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -126,26 +139,28 @@ class Reconciler:
     service_monitor_crd: bool = False
     applied: dict[ObjectKey, Applied] = field(default_factory=dict)
     reported: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(WRITERS, "gpu-operator-write")
+    )
     """Policy name → the last (state, reason, notes...) we posted Events for."""
 
     def run_once(self) -> Outcome:
         """One pass. API errors on single objects do not stop the pass: every other object, node
-        and status is still handled, and the errors go into the status and the returned Outcome."""
+        and status is still handled, and the errors go into the status and the returned Outcome.
+
+        Writes run in parallel (a 1000-node rollout is 1000 label patches per stage), except that a
+        component's own objects go in order: its ServiceAccount and RBAC before its DaemonSet."""
         stamp = now()
         plan = build(self.store.snapshot(self.namespace, self.environ, self.nvidia_driver_crd), stamp)
         errors: dict[str, str] = {}
         if plan.spec is not None:
-            self._apply_objects(plan, errors)
-        for key in plan.deletes:
-            log.info("deleting %s %s/%s (no longer wanted)", key[1], key[2], key[3])
-            with _recorded(errors, key[1] + "/" + key[3]):
-                self.kube.delete(key)
-                self.store.put("objects", key, None)
-                self.applied.pop(key, None)
-        for node, labels in plan.node_labels.items():
-            log.info("node %s: operator labels %s", node, sorted(labels))
-            with _recorded(errors, f"node/{node}"):
-                self.kube.apply_node_labels(node, labels)
+            self._in_parallel(
+                partial(self._apply_objects, bodies, errors) for bodies in _by_component(plan.objects)
+            )
+        self._in_parallel(partial(self._delete, key, errors) for key in plan.deletes)
+        self._in_parallel(
+            partial(self._label, node, labels, errors) for node, labels in plan.node_labels.items()
+        )
         if errors and plan.active is not None and plan.active.name in plan.statuses:
             plan.statuses[plan.active.name] = with_apply_errors(
                 plan.active, plan.statuses[plan.active.name], errors, stamp
@@ -153,13 +168,20 @@ class Reconciler:
         self._write_statuses(plan)
         return Outcome(plan, errors)
 
-    def _apply_objects(self, plan: Plan, errors: dict[str, str]) -> None:
-        with self.store.lock:
-            observed = dict(self.store.objects)
-        for body in plan.objects:
+    def _in_parallel(self, jobs: Iterable[Callable[[], None]]) -> None:
+        """Run the jobs on the worker pool; after all have finished, re-raise the first failure."""
+        futures = [self.pool.submit(job) for job in jobs]
+        wait(futures)
+        for future in futures:
+            future.result()
+
+    def _apply_objects(self, bodies: list[dict[str, Any]], errors: dict[str, str]) -> None:
+        for body in bodies:
             key = object_key(body)
             desired_hash = body["metadata"]["annotations"][HASH_ANNOTATION]
-            if in_sync(desired_hash, observed.get(key), self.applied.get(key)):
+            with self.store.lock:
+                observed = self.store.objects.get(key)
+            if in_sync(desired_hash, observed, self.applied.get(key)):
                 continue
             component = body["metadata"]["labels"].get(COMPONENT_LABEL, key[1])
             if key[1] == "ServiceMonitor" and not self.service_monitor_crd:
@@ -173,6 +195,18 @@ class Reconciler:
                 info = object_info(result)
                 self.store.put("objects", key, info)
                 self.applied[key] = Applied(desired_hash, info.generation, info.resource_version)
+
+    def _delete(self, key: ObjectKey, errors: dict[str, str]) -> None:
+        log.info("deleting %s %s/%s (no longer wanted)", key[1], key[2], key[3])
+        with _recorded(errors, key[1] + "/" + key[3]):
+            self.kube.delete(key)
+            self.store.put("objects", key, None)
+            self.applied.pop(key, None)
+
+    def _label(self, node: str, labels: Mapping[str, str], errors: dict[str, str]) -> None:
+        log.info("node %s: operator labels %s", node, sorted(labels))
+        with _recorded(errors, f"node/{node}"):
+            self.kube.apply_node_labels(node, labels)
 
     def _write_statuses(self, plan: Plan) -> None:
         stamp = now()
