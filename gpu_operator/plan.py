@@ -159,7 +159,7 @@ def build(observed: Observed, now: str) -> Plan:
         return Plan(active, None, exc.errors, [], [], {}, statuses, [])
 
     facts: ClusterFacts = cluster_facts(nodes, observed.namespace, observed.environ)
-    objects = [_owned(obj, active) for obj in render(spec, facts)]
+    objects = _rendered(active, spec, facts)
     wanted = {object_key(o) for o in objects}
     deletes = sorted(key for key in observed.objects if key not in wanted)
     labels = _label_changes(nodes, spec, is_ready)
@@ -168,6 +168,31 @@ def build(observed: Observed, now: str) -> Plan:
     notes = _notes(spec, observed.nvidia_driver_crd)
     statuses[active.name] = _status(active, spec, planned, pods, observed, notes, now)
     return Plan(active, spec, [], objects, deletes, labels, statuses, notes)
+
+
+_RENDERED: dict[str, list[dict[str, Any]]] = {}
+
+
+def _rendered(policy: PolicyRef, spec: ClusterPolicySpec, facts: ClusterFacts) -> list[dict[str, Any]]:
+    """The owned, hashed objects; rendered again only when the policy or the facts change (most passes
+    are caused by pod and node events and change neither). Callers must not mutate the result."""
+    key = json.dumps(
+        [
+            policy.name,
+            policy.uid,
+            policy.spec,
+            facts.namespace,
+            facts.os_tag,
+            facts.kernel,
+            facts.runtime,
+            sorted(facts.environ.items()),
+        ],
+        sort_keys=True,
+    )
+    if key not in _RENDERED:
+        _RENDERED.clear()
+        _RENDERED[key] = [_owned(obj, policy) for obj in render(spec, facts)]
+    return _RENDERED[key]
 
 
 def _with_labels(node: NodeInfo, owned: Mapping[str, str]) -> NodeInfo:
