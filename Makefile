@@ -10,6 +10,7 @@ BIN := $(VENV)/bin
 # Cluster toolchain, cluster-up/down, kubeconfig (hack/cluster.mk).
 include hack/cluster.mk
 include hack/chart.mk
+include hack/bench.mk
 
 .PHONY: help venv lint typecheck test test-unit test-e2e crd demo down bench
 

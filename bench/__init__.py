@@ -1,0 +1,1 @@
+"""Benchmarks of the operator on the local kwok control plane; never part of `make test` (see README.md)."""

@@ -1,0 +1,248 @@
+"""The bench's own small API client: plain dicts, request timeouts, and watches that timestamp a condition.
+
+`Watcher` is how every duration is measured: it lists a collection, opens a watch from the list's
+resourceVersion (before the action being timed starts), and records the wall-clock time of the
+first event after which a predicate over the whole collection holds. No polling interval adds to
+any measured time; the only latency is the watch's own, the same for the operator and the limit.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+
+USER_AGENT = "gpu-operator-bench"
+PARTIAL_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+WATCH_SECONDS = 60
+
+Objects = Mapping[str, dict[str, Any]]
+"""`namespace/name` → object, as the watch currently sees the collection."""
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        self.status = status
+        super().__init__(f"{status}: {message}")
+
+
+class Api:
+    """Admin (or any kubeconfig) access; thread-safe, with a connection pool for parallel writes."""
+
+    def __init__(self, kubeconfig: Path, pool: int = 16) -> None:
+        configuration = client.Configuration()
+        config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)  # type: ignore[no-untyped-call]
+        configuration.connection_pool_maxsize = pool
+        self.client = client.ApiClient(configuration)
+        self.client.user_agent = USER_AGENT
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+        timeout: float | tuple[float, float] = 60.0,
+        accept: str = "application/json",
+    ) -> Any:
+        method_, url, headers, payload, _ = self.client.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list((query or {}).items()),
+            header_params={"Content-Type": content_type, "Accept": accept},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        return self.client.call_api(
+            method_, url, header_params=headers, body=payload, _request_timeout=timeout
+        )
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+        timeout: float = 60.0,
+        accept: str = "application/json",
+    ) -> dict[str, Any]:
+        response = self._call(method, path, body, query, content_type, timeout, accept)
+        data: bytes = response.read()
+        if not 200 <= response.status < 300:
+            try:
+                message = str(json.loads(data).get("message", ""))
+            except ValueError:
+                message = data.decode(errors="replace")[:300]
+            raise ApiError(response.status, message)
+        result: dict[str, Any] = json.loads(data) if data else {}
+        return result
+
+    def get(self, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+        return self.request("GET", path, query=query)
+
+    def items(self, path: str, query: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        return list(self.get(path, query).get("items") or [])
+
+    def exists(self, path: str, selector: str = "") -> bool:
+        """Whether the collection (or object) has anything matching; one cheap request."""
+        try:
+            found = self.get(path, {"labelSelector": selector, "limit": "1"} if selector else {"limit": "1"})
+        except ApiError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return bool(found.get("items")) if "items" in found else True
+
+    def apply(self, body: Mapping[str, Any], path: str, manager: str) -> dict[str, Any]:
+        return self.request(
+            "PATCH",
+            path,
+            body=dict(body),
+            query={"fieldManager": manager, "force": "true"},
+            content_type="application/apply-patch+yaml",
+        )
+
+    def delete(
+        self, path: str, body: Mapping[str, Any] | None = None, query: Mapping[str, str] | None = None
+    ) -> None:
+        try:
+            self.request("DELETE", path, body=dict(body or {}), query=query)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+
+    def delete_collection(self, path: str, selector: str) -> None:
+        """Delete what matches at once, without grace period. The answer lists every deleted object,
+        so ask for metadata only (8000 pods as full objects are 80 MB)."""
+        self.request(
+            "DELETE",
+            path,
+            body={"gracePeriodSeconds": 0},
+            query={"labelSelector": selector},
+            timeout=300.0,
+            accept=PARTIAL_METADATA,
+        )
+
+    def stream(self, path: str, query: Mapping[str, str]) -> Iterator[dict[str, Any]]:
+        """Watch events of a collection from `query['resourceVersion']`, until the server ends the watch."""
+        params = {
+            **query,
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_SECONDS),
+        }
+        response = self._call("GET", path, query=params, timeout=(10.0, WATCH_SECONDS + 15.0))
+        raw = response.response
+        try:
+            if response.status != 200:
+                raise ApiError(response.status, raw.read().decode(errors="replace")[:300])
+            for line in raw:
+                if line.strip():
+                    yield json.loads(line)
+        finally:
+            raw.release_conn()
+
+
+def object_key(body: Mapping[str, Any]) -> str:
+    metadata = body.get("metadata") or {}
+    return f"{metadata.get('namespace') or ''}/{metadata.get('name')}"
+
+
+class Watcher:
+    """Watch a collection in a thread; `done_at` is when `predicate(objects)` first held.
+
+    Start it before the action to be timed: `start()` returns once the watch is open, so no event
+    the action causes is missed.
+    """
+
+    def __init__(
+        self,
+        api: Api,
+        path: str,
+        predicate: Callable[[Objects], bool],
+        query: Mapping[str, str] | None = None,
+        what: str = "",
+    ) -> None:
+        self.api = api
+        self.path = path
+        self.query = dict(query or {})
+        self.predicate = predicate
+        self.what = what or path
+        self.objects: dict[str, dict[str, Any]] = {}
+        self.done_at: float | None = None
+        self.held_before_start = False
+        self.error: BaseException | None = None
+        self._listed = threading.Event()
+        self._done = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"watch {self.what}", daemon=True)
+
+    def start(self, timeout: float = 60.0) -> Watcher:
+        self._thread.start()
+        if not self._listed.wait(timeout):
+            raise TimeoutError(f"{self.what}: no list after {timeout:.0f}s")
+        if self.error is not None:
+            raise RuntimeError(f"{self.what}: {self.error}") from self.error
+        return self
+
+    def wait(self, timeout: float) -> float:
+        """The time the predicate first held; TimeoutError (with what was seen) after `timeout` s."""
+        if not self._done.wait(timeout):
+            self.stop()
+            raise TimeoutError(
+                f"{self.what}: not reached after {timeout:.0f}s ({len(self.objects)} objects seen)"
+            )
+        if self.error is not None:
+            raise RuntimeError(f"{self.what}: {self.error}") from self.error
+        assert self.done_at is not None
+        return self.done_at
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _check(self) -> None:
+        if self.done_at is None and self.predicate(self.objects):
+            self.done_at = time.time()
+            self._done.set()
+
+    def _relist(self) -> str:
+        listing = self.api.get(self.path, self.query)
+        self.objects = {object_key(item): item for item in listing.get("items") or []}
+        return str(listing["metadata"]["resourceVersion"])
+
+    def _run(self) -> None:
+        try:
+            version = self._relist()
+            if self.predicate(self.objects):  # nothing to time: the caller treats this as an error
+                self.held_before_start = True
+                self.done_at = time.time()
+                self._done.set()
+            self._listed.set()
+            while not self._stop.is_set() and self.done_at is None:
+                for event in self.api.stream(self.path, {**self.query, "resourceVersion": version}):
+                    kind, body = event["type"], event["object"]
+                    if kind == "ERROR":  # 410 Gone: the version is too old; start over from a list
+                        version = self._relist()
+                        break
+                    version = str(body["metadata"].get("resourceVersion") or version)
+                    if kind == "BOOKMARK":
+                        continue
+                    if kind == "DELETED":
+                        self.objects.pop(object_key(body), None)
+                    else:
+                        self.objects[object_key(body)] = body
+                    self._check()
+                    if self.done_at is not None or self._stop.is_set():
+                        return
+                self._check()
+        except BaseException as exc:  # reported to the waiting thread
+            self.error = exc
+            self._listed.set()
+            self._done.set()

@@ -1,0 +1,104 @@
+"""bench/results/latest.md: the results as a Markdown table, plus the traffic details (pure)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from bench.stats import idle_verdict, ratio_verdict, rss_verdict
+
+COLUMNS = (
+    "GPU nodes",
+    "runs",
+    "operator s",
+    "limit s",
+    "ratio",
+    "node join operator s",
+    "node join limit s",
+    "idle writes/min",
+    "requests/node",
+    "peak RSS MiB",
+    "CPU s",
+)
+
+
+def fmt(value: float | None, digits: int = 2) -> str:
+    return "n/a" if value is None else f"{value:.{digits}f}"
+
+
+def mark(met: bool | None) -> str:
+    return "" if met is None else (" ✓" if met else " ✗")
+
+
+def row(result: Mapping[str, Any]) -> list[str]:
+    nodes = int(result["nodes"])
+    r = ratio_verdict(nodes, result.get("ratio"))
+    idle = idle_verdict(result.get("idle_writes_per_min"))
+    rss = rss_verdict(nodes, result.get("peak_rss_mib"))
+    return [
+        str(nodes),
+        str(result.get("rounds", "")),
+        fmt(result.get("operator_s")),
+        fmt(result.get("limit_s")),
+        f"{fmt(r.value)} (≤ {r.target:g}){mark(r.met)}",
+        fmt(result.get("node_join_operator_s")),
+        fmt(result.get("node_join_limit_s")),
+        f"{fmt(idle.value, 1)}{mark(idle.met)}",
+        fmt(result.get("requests_per_node"), 1),
+        f"{fmt(rss.value, 0)}{mark(rss.met)}",
+        fmt(result.get("cpu_s"), 1),
+    ]
+
+
+def table(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """One row per size, smallest first."""
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "|".join("---:" for _ in COLUMNS) + "|"]
+    for key in sorted(results, key=int):
+        lines.append("| " + " | ".join(row(results[key])) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _counts(title: str, counts: Mapping[str, int]) -> list[str]:
+    if not counts:
+        return [f"- {title}: none"]
+    return [f"- {title}: " + ", ".join(f"{key} {n}" for key, n in counts.items())]
+
+
+def details(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """Per size: the operator's requests by verb and resource, and what it did at rest."""
+    lines: list[str] = []
+    for key in sorted(results, key=int):
+        result = results[key]
+        lines.append(f"### {key} GPU nodes")
+        converging = result.get("convergence_requests", {})
+        lines.extend(_counts("requests during convergence (first run)", converging))
+        window = result.get("idle_window_s")
+        lines.extend(_counts(f"requests during {fmt(window, 0)} s at rest", result.get("idle_requests", {})))
+        writes = result.get("idle_writes") or []
+        lines.append("- writes at rest: " + ("; ".join(writes) if writes else "none"))
+        reads = result.get("idle_reads") or []
+        none = "none (reads come only from watches)"
+        lines.append("- GET/LIST at rest: " + ("; ".join(reads) if reads else none))
+        lines.append("")
+    return "\n".join(lines)
+
+
+def markdown(document: Mapping[str, Any]) -> str:
+    """The whole of latest.md: the table the README quotes, how it was measured, and the details."""
+    machine = document.get("machine", {})
+    loads = document.get("load_average", {})
+    header = (
+        f"Measured {document.get('date', '')} at commit `{str(document.get('git_commit', ''))[:12]}`"
+        f"{' (uncommitted changes)' if document.get('git_dirty') else ''} on {machine.get('nproc')} CPUs "
+        f"({machine.get('cpu_model')}), {machine.get('memory_gib')} GiB; load average "
+        f"{fmt(loads.get('min'), 1)} to {fmt(loads.get('max'), 1)} during the run."
+    )
+    notes = (
+        "Times are medians over the runs; ratio is the median of per-run ratios (each operator run "
+        "paired with the limit run next to it on the same cluster). Limit: `gpu-operator render` "
+        "applied with `kubectl apply --server-side` plus every deploy label at once. ✓/✗: target met or "
+        "missed (ratio ≤ 1.25 up to 100 nodes, ≤ 1.5 at 1000; 0 writes/min at rest; peak RSS "
+        "< 150 MiB at 1000 nodes). See bench/README.md."
+    )
+    results = document.get("results", {})
+    return "\n".join([header, "", table(results), notes, "", details(results)])

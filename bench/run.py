@@ -1,0 +1,827 @@
+"""`make bench`: how fast the operator converges N simulated GPU nodes, against what the control plane allows.
+
+For each size N, on a fresh local cluster (hack/cluster.sh, kwok) with N GPU nodes and one CPU node:
+
+* operator run: `gpu-operator run` as its own process, logged in as the Helm chart's ServiceAccount;
+  time from `kubectl apply` of the ClusterPolicy to `status.state=ready` (watched, see kubeapi.Watcher);
+* limit run: the same objects (`gpu-operator render`) applied with `kubectl apply --server-side` at
+  once with every node label the operator would end up setting; time until every DaemonSet is rolled
+  out (observedGeneration current, desired == updated == available == ready == expected);
+* node join, for both: a new GPU node (hack/gen_nodes.py's make_node) until its operand pods are Ready;
+* the first operator run then stays at rest for --rest-seconds: its requests from the audit log;
+* between runs everything is removed again (the policy or the limit's objects, pods, node labels).
+
+Runs alternate their order (limit first, then operator first, ...) on the same cluster; see README.md.
+
+    python -m bench.run --sizes 10 100 1000 --rounds 10=3 100=3 1000=1
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import urllib3
+import yaml
+
+from bench import audit, procstat, profile, report, stats
+from bench.cluster import (
+    NAMESPACE,
+    OPERATOR,
+    ROOT,
+    SERVICE_ACCOUNT_USER,
+    Cluster,
+    OperatorProcess,
+    bin_dir,
+    install_chart,
+    log,
+    run,
+    sa_kubeconfig,
+    versions,
+)
+from bench.kubeapi import Api, ApiError, Objects, Watcher
+from gpu_operator.api import parse_document
+from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.components import COMPONENTS
+from gpu_operator.nodes import GPU_PRESENT, MIG_CONFIG, desired_labels, node_info
+
+POLICY = ROOT / "examples" / "clusterpolicy.yaml"
+POLICIES = "/apis/nvidia.com/v1/clusterpolicies"
+NODES = "/api/v1/nodes"
+PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
+DAEMONSETS = f"/apis/apps/v1/namespaces/{NAMESPACE}/daemonsets"
+SELECTOR = "app.kubernetes.io/managed-by=gpu-operator"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+LIMIT_MANAGER = "gpu-operator-bench-limit"
+MANAGED_COLLECTIONS = (
+    f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",
+    f"/api/v1/namespaces/{NAMESPACE}/configmaps",
+    f"/api/v1/namespaces/{NAMESPACE}/services",
+    DAEMONSETS,
+    f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/roles",
+    f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}/rolebindings",
+    "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "/apis/node.k8s.io/v1/runtimeclasses",
+)
+OPERATOR_LABELS = (GPU_PRESENT, MIG_CONFIG, *(c.deploy_label for c in COMPONENTS))
+# Watches the operator must have open before a timed run starts (the rest open at the same moment).
+OPERATOR_WATCHES = frozenset({"clusterpolicies", "nodes", "pods", "daemonsets"})
+LABEL_WORKERS = 8
+
+
+def always_ready(component: str, node: str) -> bool:
+    return True
+
+
+def load_gen_nodes() -> ModuleType:
+    """hack/gen_nodes.py, so a joining node is made exactly like the cluster's own."""
+    spec = importlib.util.spec_from_file_location("gen_nodes", ROOT / "hack" / "gen_nodes.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class Settings:
+    sizes: list[int]
+    rounds: dict[int, int]
+    rest_s: float
+    settle_s: float
+    cluster_name: str
+    port_base: int
+    out: Path
+    work: Path
+    keep_cluster: bool = False
+    admin: bool = False
+    profile: bool = False
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# --- predicates over watched collections -------------------------------------------------------------
+
+
+def policy_ready(name: str, gpu_nodes: int) -> Callable[[Objects], bool]:
+    def check(objects: Objects) -> bool:
+        body = objects.get(f"/{name}")
+        if body is None:
+            return False
+        status = body.get("status") or {}
+        return bool(
+            status.get("state") == "ready"
+            and status.get("observedGeneration") == body["metadata"].get("generation")
+            and status.get("gpuNodes") == gpu_nodes
+        )
+
+    return check
+
+
+def policy_counts(name: str, gpu_nodes: int) -> Callable[[Objects], bool]:
+    """The operator's status counts `gpu_nodes` GPU nodes (whatever its state)."""
+
+    def check(objects: Objects) -> bool:
+        body = objects.get(f"/{name}")
+        return body is not None and (body.get("status") or {}).get("gpuNodes") == gpu_nodes
+
+    return check
+
+
+def daemonsets_rolled_out(expected: Mapping[str, int]) -> Callable[[Objects], bool]:
+    """Every expected DaemonSet current and fully available on exactly its expected number of nodes."""
+
+    def check(objects: Objects) -> bool:
+        by_name = {body["metadata"]["name"]: body for body in objects.values()}
+        for name, count in expected.items():
+            body = by_name.get(name)
+            if body is None:
+                return False
+            status = body.get("status") or {}
+            if int(status.get("observedGeneration") or 0) < int(body["metadata"].get("generation") or 0):
+                return False
+            numbers = [
+                status.get(key) or 0
+                for key in (
+                    "desiredNumberScheduled",
+                    "updatedNumberScheduled",
+                    "numberAvailable",
+                    "numberReady",
+                )
+            ]
+            if any(n != count for n in numbers):
+                return False
+        return True
+
+    return check
+
+
+def all_gpus_advertised(gpu_nodes: int) -> Callable[[Objects], bool]:
+    def check(objects: Objects) -> bool:
+        advertised = sum(
+            1
+            for body in objects.values()
+            if int(((body.get("status") or {}).get("allocatable") or {}).get("nvidia.com/gpu") or 0) > 0
+        )
+        return advertised >= gpu_nodes
+
+    return check
+
+
+def pod_ready(body: Mapping[str, Any]) -> bool:
+    if (body.get("metadata") or {}).get("deletionTimestamp"):
+        return False
+    conditions = (body.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def pods_ready(components: frozenset[str]) -> Callable[[Objects], bool]:
+    """A Ready pod of every component (the watch is limited to one node)."""
+
+    def check(objects: Objects) -> bool:
+        ready = {
+            (body["metadata"].get("labels") or {}).get(COMPONENT_LABEL)
+            for body in objects.values()
+            if pod_ready(body)
+        }
+        return components <= ready
+
+    return check
+
+
+# --- one size ----------------------------------------------------------------------------------------
+
+
+class SizeBench:
+    """All runs at one size N, on one fresh cluster."""
+
+    def __init__(self, settings: Settings, nodes: int) -> None:
+        self.s = settings
+        self.n = nodes
+        self.work = settings.work / f"n{nodes}"
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.log_file = self.work / "bench.log"
+        self.cluster = Cluster(settings.cluster_name, settings.port_base, nodes, self.log_file)
+        self.tools = bin_dir()
+        self.kubectl = str(self.tools / "kubectl")
+        self.gen_nodes = load_gen_nodes()
+        self.kubelet_version = versions()["K8S_VERSION"]
+        self.policy_doc: dict[str, Any] = yaml.safe_load(POLICY.read_text())
+        self.policy_name = str(self.policy_doc["metadata"]["name"])
+        self.spec: ClusterPolicySpec = parse_document(self.policy_doc)
+        self.loads: list[float] = []
+        self.timeout = max(300.0, nodes * 2.0)
+
+    # --- set-up and tear-down ---
+    def setup(self) -> None:
+        log(f"N={self.n}: starting cluster {self.s.cluster_name} (ports from {self.s.port_base})")
+        self.cluster.down()
+        start = time.time()
+        self.cluster.up()
+        self.cluster_up_s = time.time() - start
+        self.kubeconfig = self.cluster.kubeconfig
+        self.api = Api(self.kubeconfig, pool=LABEL_WORKERS * 2)
+        crd = ROOT / "crds" / "clusterpolicy.yaml"
+        self.kc("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+        self.wait_established("clusterpolicies.nvidia.com")
+        if self.s.admin:
+            self.user = self.api.request(
+                "POST",
+                "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+                body={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+            )["status"]["userInfo"]["username"]
+            self.operator_kubeconfig = self.kubeconfig
+            self.kc("create", "namespace", NAMESPACE)
+            excluded: tuple[str, ...] = ("kubectl", "helm", "Helm", "gpu-operator-bench")
+        else:
+            install_chart(self.tools / "helm", self.kubeconfig, self.log_file)
+            self.user = SERVICE_ACCOUNT_USER
+            self.operator_kubeconfig = sa_kubeconfig(
+                self.api, self.kubeconfig, self.work / "operator-kubeconfig"
+            )
+            excluded = ()
+        self.audit = audit.AuditReader(self.cluster.audit_log, self.user, excluded)
+        self.pod_audit = audit.AuditReader(
+            self.cluster.audit_log, None, keep=lambda r: r.namespace == NAMESPACE, marker='"resource":"pods"'
+        )
+        nodes = self.api.items(NODES)
+        self.gpu_nodes = sum(1 for n in nodes if node_info(n).is_gpu)
+        assert self.gpu_nodes == self.n, f"{self.gpu_nodes} GPU nodes, expected {self.n}"
+        nodes_file = self.work / "nodes.yaml"
+        nodes_file.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
+        self.rendered = self.work / "rendered.yaml"
+        self.rendered.write_text(
+            run(
+                [
+                    str(OPERATOR),
+                    "render",
+                    "-f",
+                    str(POLICY),
+                    "--nodes",
+                    str(nodes_file),
+                    "--namespace",
+                    NAMESPACE,
+                ]
+            )
+        )
+        # What the operator ends up owning on each node, once every dependency is ready.
+        self.final_labels = {
+            n["metadata"]["name"]: labels
+            for n in nodes
+            if (labels := desired_labels(node_info(n), self.spec, always_ready))
+        }
+        labels_now = {
+            n["metadata"]["name"]: {
+                **(n["metadata"].get("labels") or {}),
+                **self.final_labels.get(n["metadata"]["name"], {}),
+            }
+            for n in nodes
+        }
+        self.expected_daemonsets: dict[str, int] = {}
+        for doc in yaml.safe_load_all(self.rendered.read_text()):
+            if doc and doc.get("kind") == "DaemonSet":
+                selector = doc["spec"]["template"]["spec"].get("nodeSelector") or {}
+                count = sum(
+                    1
+                    for labels in labels_now.values()
+                    if all(labels.get(k) == v for k, v in selector.items())
+                )
+                self.expected_daemonsets[doc["metadata"]["name"]] = count
+        log(f"N={self.n}: cluster up in {self.cluster_up_s:.0f}s; expected pods {self.expected_daemonsets}")
+        self.sample_load()
+
+    def wait_established(self, name: str) -> None:
+        deadline = time.time() + 60
+        path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
+        while not any(
+            c.get("type") == "Established" and c.get("status") == "True"
+            for c in (self.api.get(path).get("status") or {}).get("conditions") or []
+        ):
+            if time.time() > deadline:
+                raise TimeoutError(f"CRD {name} not Established after 60s")
+            time.sleep(0.2)
+
+    def teardown(self) -> None:
+        if self.s.keep_cluster:
+            log(f"N={self.n}: keeping cluster {self.s.cluster_name} (--keep-cluster)")
+            return
+        self.cluster.down()
+
+    def kc(self, *args: str, input: str | None = None) -> str:
+        return run(
+            [self.kubectl, "--kubeconfig", str(self.kubeconfig), *args], input=input, log_file=self.log_file
+        )
+
+    def pipeline(self, start: float, end: float) -> dict[str, Any]:
+        """What the control plane did with the operand pods between start and end (see audit.Pipeline)."""
+        found = audit.pod_pipeline(audit.in_window(self.pod_audit.update(), start, end), start)
+        return {k: round(v, 3) if isinstance(v, float) else v for k, v in dataclasses.asdict(found).items()}
+
+    def sample_load(self) -> None:
+        self.loads.append(procstat.load_average()[0])
+
+    def control_plane_cpu(self, operator: OperatorProcess | None = None) -> dict[str, float]:
+        pids = self.cluster.pids()
+        if operator is not None and operator.running:
+            pids["operator"] = operator.pid
+        return procstat.cpu_seconds(pids)
+
+    # --- waiting for a clean cluster between runs ---
+    def leftovers(self, join_node: str | None) -> list[str]:
+        found = []
+        if self.api.exists(POLICIES):
+            found.append("ClusterPolicy")
+        found += [path.rsplit("/", 1)[-1] for path in MANAGED_COLLECTIONS if self.api.exists(path, SELECTOR)]
+        if self.api.exists(PODS):
+            found.append("pods")
+        found += [f"label {key}" for key in OPERATOR_LABELS if self.api.exists(NODES, key)]
+        if join_node and self.api.exists(f"{NODES}/{join_node}"):
+            found.append(f"node {join_node}")
+        return found
+
+    def clean_up(self, join_node: str | None) -> float:
+        """Remove pods without their grace period once the DaemonSets are gone (bench housekeeping:
+        nothing here is timed), delete the joined node, and wait until nothing of a run is left."""
+        start = time.time()
+        deadline = start + self.timeout
+        while self.api.exists(DAEMONSETS, SELECTOR):
+            if time.time() > deadline:
+                raise TimeoutError(f"N={self.n}: DaemonSets still there after {self.timeout:.0f}s")
+            time.sleep(0.5)
+        self.delete_pods()
+        if join_node:
+            self.api.delete(f"{NODES}/{join_node}", body={"gracePeriodSeconds": 0})
+        while left := self.leftovers(join_node):
+            if time.time() > deadline:
+                raise TimeoutError(f"N={self.n}: still there after {self.timeout:.0f}s: {left}")
+            if "pods" in left:
+                self.delete_pods()
+            time.sleep(1.0)
+        return time.time() - start
+
+    def delete_pods(self) -> None:
+        """One component at a time (about N pods each); a failed call is retried by the caller's loop."""
+        for component in COMPONENTS:
+            try:
+                self.api.delete_collection(PODS, f"{COMPONENT_LABEL}={component.name}")
+            except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+                log(f"N={self.n}: deleting {component.name} pods: {exc}; will retry")
+
+    # --- node join ---
+    def join_node_body(self, with_labels: bool) -> tuple[dict[str, Any], frozenset[str]]:
+        body: dict[str, Any] = self.gen_nodes.make_node("gpu", self.n, self.kubelet_version)
+        final = desired_labels(node_info(body), self.spec, always_ready)
+        components = frozenset(c.name for c in COMPONENTS if final.get(c.deploy_label) == "true")
+        if with_labels:
+            body["metadata"]["labels"].update(final)
+        return body, components
+
+    def quiet(self) -> float:
+        """Wait until the simulated device manager advertises nvidia.com/gpu on every GPU node (its node
+        status patches trail the device-plugin pods by seconds at 1000 nodes), then settle_s more: a
+        node join is timed on a cluster that is done with the previous convergence, for both sides."""
+        start = time.time()
+        Watcher(self.api, NODES, all_gpus_advertised(self.n), what="nvidia.com/gpu advertised").start().wait(
+            self.timeout
+        )
+        time.sleep(self.s.settle_s)
+        return time.time() - start
+
+    def join(self, with_labels: bool, policy: bool) -> dict[str, Any]:
+        body, components = self.join_node_body(with_labels)
+        name = body["metadata"]["name"]
+        pods = Watcher(
+            self.api,
+            PODS,
+            pods_ready(components),
+            {"fieldSelector": f"spec.nodeName={name}"},
+            f"pods on {name}",
+        ).start()
+        status = None
+        if policy:
+            status = Watcher(
+                self.api,
+                POLICIES,
+                policy_ready(self.policy_name, self.n + 1),
+                {"fieldSelector": f"metadata.name={self.policy_name}"},
+                "policy ready with the new node",
+            ).start()
+        t0 = time.time()
+        self.api.request("POST", NODES, body=body)
+        done = pods.wait(120.0)
+        result: dict[str, Any] = {"node": name, "components": sorted(components), "pods_ready_s": done - t0}
+        if status is not None:
+            result["policy_ready_s"] = status.wait(120.0) - t0
+        result["t0"], result["t1"] = t0, max(done, t0 + result.get("policy_ready_s", 0.0))
+        return result
+
+    # --- the operator ---
+    def start_operator(self, round_no: int) -> OperatorProcess:
+        probe_port = self.s.port_base + 90
+        proc = OperatorProcess(
+            self.operator_kubeconfig, self.work / f"operator-r{round_no}.log", probe_port, self.s.env
+        ).start()
+        deadline = time.time() + 120
+        while True:
+            if not proc.running:
+                raise RuntimeError(f"operator exited at start-up:\n{proc.tail()}")
+            watching = {
+                r.resource
+                for r in self.audit.update()
+                if r.verb == "watch" and r.received >= proc.started_at - 1
+            }
+            if watching >= OPERATOR_WATCHES:
+                break
+            if time.time() > deadline:
+                raise TimeoutError(f"operator watches {sorted(watching)} after 120s:\n{proc.tail()}")
+            time.sleep(0.2)
+        # Its first pass (no policy yet) done; Kopf caches probe answers for 10 s.
+        while int(proc.probe().get("reconcile", {}).get("passes", 0)) < 1:
+            if time.time() > deadline:
+                raise TimeoutError(f"operator made no pass in 120s: {proc.probe()}\n{proc.tail()}")
+            time.sleep(1.0)
+        return proc
+
+    def start_profiler(self, proc: OperatorProcess, round_no: int) -> subprocess.Popen[bytes]:
+        """py-spy on every thread of the operator, idle ones too (a wall-clock view), 20 samples a second."""
+        py_spy = Path(sys.executable).parent / "py-spy"
+        if not py_spy.exists():
+            raise RuntimeError(f"--profile needs py-spy: {Path(sys.executable).parent}/pip install py-spy")
+        output = self.work / f"profile-r{round_no}.txt"
+        command = [str(py_spy), "record", "--pid", str(proc.pid), "--idle", "--threads", "--rate", "20"]
+        command += ["--format", "raw", "--output", str(output), "--nonblocking"]
+        with self.log_file.open("ab") as out:
+            spy = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        self.profile_output = output
+        return spy
+
+    def stop_profiler(self, spy: subprocess.Popen[bytes]) -> dict[str, float]:
+        spy.send_signal(signal.SIGINT)
+        spy.wait(timeout=60)
+        return profile.summarise(self.profile_output.read_text()) if self.profile_output.exists() else {}
+
+    @staticmethod
+    def operator_usage(proc: OperatorProcess, peaks: list[float]) -> procstat.ProcessUsage:
+        usage = procstat.usage(proc.pid)
+        if usage is None or not proc.running:
+            code = proc.process.poll() if proc.process is not None else None
+            raise RuntimeError(
+                f"the operator exited ({code}; -15: SIGTERM from outside the bench):\n{proc.tail()}"
+            )
+        if usage.peak_rss_mib is not None:
+            peaks.append(usage.peak_rss_mib)
+        return usage
+
+    def operator_round(self, round_no: int, rest: bool, cleanup: bool = True) -> dict[str, Any]:
+        proc = self.start_operator(round_no)
+        try:
+            return self._operator_round(proc, round_no, rest, cleanup)
+        finally:
+            proc.stop()
+
+    def _operator_round(
+        self, proc: OperatorProcess, round_no: int, rest: bool, cleanup: bool
+    ) -> dict[str, Any]:
+        watcher = Watcher(
+            self.api,
+            POLICIES,
+            policy_ready(self.policy_name, self.n),
+            {"fieldSelector": f"metadata.name={self.policy_name}"},
+            "policy ready",
+        ).start()
+        assert not watcher.held_before_start, "a ready ClusterPolicy before the run"
+        spy = self.start_profiler(proc, round_no) if self.s.profile else None
+        cpu0, busy0 = self.control_plane_cpu(proc), procstat.machine_busy()
+        t0 = time.time()
+        self.kc("apply", "--server-side", "-f", str(POLICY))
+        t_ready = watcher.wait(self.timeout)
+        shares = self.stop_profiler(spy) if spy is not None else None
+        cpu1, busy1 = self.control_plane_cpu(proc), procstat.machine_busy()
+        peaks: list[float] = []
+        self.operator_usage(proc, peaks)
+        result: dict[str, Any] = {
+            "round": round_no,
+            "converge_s": t_ready - t0,
+            "converge_cpu_s": cpu1.get("operator", 0.0) - cpu0.get("operator", 0.0),
+            "cpu_by_process": procstat.cpu_delta(cpu0, cpu1),
+            "machine_busy": procstat.busy_fraction(busy0, busy1),
+            "pods": self.pipeline(t0, t_ready),
+        }
+        if shares is not None:
+            result["profile"] = shares
+        self.sample_load()
+        log(f"N={self.n} r{round_no}: operator ready after {result['converge_s']:.2f}s {result['pods']}")
+        settled = t_ready + self.s.settle_s
+        time.sleep(max(0.0, settled - time.time()))
+        rest_end = settled
+        if rest:
+            log(f"N={self.n} r{round_no}: at rest for {self.s.rest_s:.0f}s")
+            cpu_rest0 = self.control_plane_cpu(proc)
+            rest_end = settled + self.s.rest_s
+            while time.time() < rest_end:
+                time.sleep(min(30.0, max(0.0, rest_end - time.time())))
+                self.sample_load()
+            result["rest_cpu_by_process"] = procstat.cpu_delta(cpu_rest0, self.control_plane_cpu(proc))
+            self.operator_usage(proc, peaks)
+        result["quiet_s"] = self.quiet()
+        joined = self.join(with_labels=False, policy=True)
+        result["join_s"] = joined["pods_ready_s"]
+        result["join_policy_ready_s"] = joined.get("policy_ready_s")
+        log(f"N={self.n} r{round_no}: operator node join {result['join_s']:.2f}s")
+        time.sleep(max(0.0, joined["t1"] + self.s.settle_s - time.time()))
+        requests = self.audit.update()
+        converging = audit.in_window(requests, t0, settled)
+        result["requests"] = len(converging)
+        result["requests_by_kind"] = audit.by_verb_resource(converging)
+        result["timeline"] = audit.timeline(audit.writes(converging), t0)
+        result["join_requests_by_kind"] = audit.by_verb_resource(
+            audit.in_window(requests, joined["t0"], joined["t1"] + self.s.settle_s)
+        )
+        if rest:
+            resting = audit.in_window(requests, settled, rest_end)
+            result["rest_s"] = self.s.rest_s
+            result["rest_requests_by_kind"] = audit.by_verb_resource(resting)
+            result["rest_writes"] = [audit.describe(r, settled) for r in audit.writes(resting)]
+            result["rest_reads"] = [
+                f"{r.verb} {r.resource} {r.name} x{r.count}"
+                + (f" every {r.mean_interval_s:.0f}s" if r.mean_interval_s else "")
+                for r in audit.repeated_reads(resting)
+            ]
+        # The process's cost: start-up, convergence, the rest window (first run) and the node join.
+        usage = self.operator_usage(proc, peaks)
+        result["process_cpu_s"] = usage.cpu_s
+        result["process_rss_mib"] = usage.rss_mib
+        result["process_lifetime_s"] = time.time() - proc.started_at
+        if cleanup:
+            # The joined node goes first, and the operator is given time to see it gone: deleting a
+            # node while the operator removes its labels makes its server-side apply try to create the
+            # node (403, a failed pass; see README.md), which is not what this bench measures.
+            gone = time.time()
+            self.api.delete(f"{NODES}/{joined['node']}", body={"gracePeriodSeconds": 0})
+            Watcher(
+                self.api,
+                POLICIES,
+                policy_counts(self.policy_name, self.n),
+                {"fieldSelector": f"metadata.name={self.policy_name}"},
+                "policy back to N nodes",
+            ).start().wait(120.0)
+            result["node_leave_s"] = time.time() - gone
+            self.api.delete(f"{POLICIES}/{self.policy_name}")
+            result["cleanup_s"] = self.clean_up(joined["node"])
+            self.operator_usage(proc, peaks)
+        # VmHWM only grows; several reads, so one unreadable moment cannot lose the peak.
+        result["process_peak_rss_mib"] = max(peaks, default=None)
+        for line in proc.tail(400).splitlines():
+            if "Traceback" in line or " 403" in line or "orbidden" in line:
+                result.setdefault("log_problems", []).append(line[:300])
+        return result
+
+    # --- the limit ---
+    def label_nodes(self, labels: Mapping[str, Mapping[str, str]]) -> None:
+        """One server-side apply per node, LABEL_WORKERS at a time (what `kubectl label` in bulk does
+        one by one)."""
+
+        def apply(name: str) -> None:
+            body = {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "labels": dict(labels[name])},
+            }
+            self.api.apply(body, f"{NODES}/{name}", LIMIT_MANAGER)
+
+        with concurrent.futures.ThreadPoolExecutor(LABEL_WORKERS) as pool:
+            for future in [pool.submit(apply, name) for name in labels]:
+                future.result()
+
+    def limit_round(self, round_no: int, cleanup: bool = True) -> dict[str, Any]:
+        watcher = Watcher(
+            self.api,
+            DAEMONSETS,
+            daemonsets_rolled_out(self.expected_daemonsets),
+            {"labelSelector": SELECTOR},
+            "rollout",
+        ).start()
+        assert not watcher.held_before_start, "DaemonSets rolled out before the run"
+        cpu0, busy0 = self.control_plane_cpu(), procstat.machine_busy()
+        t0 = time.time()
+        command = [self.kubectl, "--kubeconfig", str(self.kubeconfig), "apply", "--server-side"]
+        command += ["--force-conflicts", f"--field-manager={LIMIT_MANAGER}", "-f", str(self.rendered)]
+        applying = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.label_nodes(self.final_labels)
+        labelled = time.time()
+        _, errors = applying.communicate()
+        if applying.returncode != 0:
+            raise RuntimeError(f"kubectl apply of the rendered objects failed: {errors}")
+        applied = time.time()
+        t_done = watcher.wait(self.timeout)
+        cpu1, busy1 = self.control_plane_cpu(), procstat.machine_busy()
+        result: dict[str, Any] = {
+            "round": round_no,
+            "converge_s": t_done - t0,
+            "labels_done_s": labelled - t0,
+            "apply_done_s": applied - t0,
+            "cpu_by_process": procstat.cpu_delta(cpu0, cpu1),
+            "machine_busy": procstat.busy_fraction(busy0, busy1),
+            "pods": self.pipeline(t0, t_done),
+        }
+        self.sample_load()
+        log(f"N={self.n} r{round_no}: limit rolled out after {result['converge_s']:.2f}s {result['pods']}")
+        result["quiet_s"] = self.quiet()
+        joined = self.join(with_labels=True, policy=False)
+        result["join_s"] = joined["pods_ready_s"]
+        log(f"N={self.n} r{round_no}: limit node join {result['join_s']:.2f}s")
+        if cleanup:
+            self.kc("delete", "--ignore-not-found", "--wait=false", "-f", str(self.rendered))
+            self.label_nodes({name: {} for name in self.final_labels})
+            result["cleanup_s"] = self.clean_up(joined["node"])
+        return result
+
+    # --- everything at this size ---
+    def run(self) -> dict[str, Any]:
+        started = time.time()
+        operator_runs: list[dict[str, Any]] = []
+        limit_runs: list[dict[str, Any]] = []
+        rounds = self.s.rounds.get(self.n, 3)
+        try:
+            self.setup()
+            # Alternate the order (limit first in odd rounds), so neither side always runs on the fresher
+            # cluster. The last run leaves its objects: the cluster goes away with them.
+            phases = [
+                (kind, round_no)
+                for round_no in range(1, rounds + 1)
+                for kind in (("limit", "operator") if round_no % 2 else ("operator", "limit"))
+            ]
+            for index, (kind, round_no) in enumerate(phases):
+                cleanup = index < len(phases) - 1
+                if kind == "limit":
+                    limit_runs.append(self.limit_round(round_no, cleanup))
+                else:
+                    operator_runs.append(
+                        self.operator_round(round_no, rest=not operator_runs, cleanup=cleanup)
+                    )
+        finally:
+            self.teardown()
+        return summarise(self, operator_runs, limit_runs, time.time() - started)
+
+
+def summarise(
+    bench: SizeBench, operator_runs: list[dict[str, Any]], limit_runs: list[dict[str, Any]], wall_s: float
+) -> dict[str, Any]:
+    """Per-size results: medians of the runs, the paired ratio, the first run's traffic, the costs."""
+    n = bench.n
+    op = [r["converge_s"] for r in operator_runs]
+    lim = [r["converge_s"] for r in limit_runs]
+    op_join = [r["join_s"] for r in operator_runs]
+    lim_join = [r["join_s"] for r in limit_runs]
+    first = operator_runs[0]
+    rest_s = float(first.get("rest_s") or 0.0)
+    rest_writes = first.get("rest_writes") or []
+    result: dict[str, Any] = {
+        "nodes": n,
+        "rounds": len(operator_runs),
+        "operator_s": stats.median(op),
+        "limit_s": stats.median(lim),
+        "ratio": stats.median(stats.paired_ratios(op, lim)),
+        "node_join_operator_s": stats.median(op_join),
+        "node_join_limit_s": stats.median(lim_join),
+        "node_join_ratio": stats.median(stats.paired_ratios(op_join, lim_join)),
+        "node_join_policy_ready_s": stats.median([r["join_policy_ready_s"] for r in operator_runs]),
+        "idle_window_s": rest_s,
+        "idle_writes_per_min": audit.per_minute(len(rest_writes), rest_s) if rest_s else None,
+        "requests_per_node": stats.median([r["requests"] / n for r in operator_runs]),
+        "peak_rss_mib": max(r["process_peak_rss_mib"] or 0.0 for r in operator_runs),
+        "rss_after_join_mib": first.get("process_rss_mib"),
+        "cpu_s": first["process_cpu_s"],
+        "converge_cpu_s": stats.median([r["converge_cpu_s"] for r in operator_runs]),
+        "operator_profile": first.get("profile", {}),
+        "operator_runs_s": op,
+        "limit_runs_s": lim,
+        "ratios": stats.paired_ratios(op, lim),
+        "node_join_operator_runs_s": op_join,
+        "node_join_limit_runs_s": lim_join,
+        "convergence_requests": first["requests_by_kind"],
+        "node_join_requests": first["join_requests_by_kind"],
+        "idle_requests": first.get("rest_requests_by_kind", {}),
+        "idle_writes": rest_writes,
+        "idle_reads": first.get("rest_reads", []),
+        "operator_timeline": first.get("timeline", []),
+        "operator_user": bench.user,
+        "operator_runs": operator_runs,
+        "limit_runs": limit_runs,
+        "cluster_up_s": bench.cluster_up_s,
+        "wall_s": wall_s,
+        "load_average_1m": {"min": min(bench.loads), "max": max(bench.loads)},
+    }
+    return result
+
+
+# --- the whole run -------------------------------------------------------------------------------------
+
+
+def git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(ROOT), *args], capture_output=True, text=True, check=False
+    ).stdout.strip()
+
+
+def write(settings: Settings, results: dict[str, dict[str, Any]], loads: list[float], started: str) -> None:
+    document = {
+        "date": started,
+        "git_commit": git("rev-parse", "HEAD"),
+        "git_dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "machine": procstat.machine(),
+        "load_average": {"min": min(loads), "max": max(loads)} if loads else {},
+        "settings": {
+            "sizes": settings.sizes,
+            "rounds": {str(k): v for k, v in settings.rounds.items()},
+            "rest_s": settings.rest_s,
+            "settle_s": settings.settle_s,
+            "policy": str(POLICY.relative_to(ROOT)),
+            "cluster": f"{settings.cluster_name} (ports from {settings.port_base})",
+        },
+        "results": results,
+    }
+    settings.out.parent.mkdir(parents=True, exist_ok=True)
+    settings.out.with_suffix(".json").write_text(json.dumps(document, indent=1, sort_keys=False) + "\n")
+    settings.out.with_suffix(".md").write_text(report.markdown(document))
+
+
+def parse_rounds(values: list[str]) -> dict[int, int]:
+    """`10=3 1000=1` → {10: 3, 1000: 1}."""
+    found = {}
+    for value in values:
+        size, _, count = value.partition("=")
+        found[int(size)] = int(count)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000], help="GPU node counts")
+    parser.add_argument(
+        "--rounds", nargs="*", default=["10=3", "100=3", "1000=1"], help="SIZE=RUNS (default 3)"
+    )
+    parser.add_argument("--rest-seconds", type=float, default=300.0, help="time at rest after the first run")
+    parser.add_argument(
+        "--settle-seconds", type=float, default=5.0, help="pause after each ready before the next step"
+    )
+    parser.add_argument("--cluster-name", default="bench")
+    parser.add_argument(
+        "--port-base", type=int, default=29500, help="CLUSTER_PORT_BASE of the bench's cluster"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=ROOT / "bench" / "results" / "latest", help="writes OUT.json, OUT.md"
+    )
+    parser.add_argument(
+        "--work", type=Path, default=ROOT / ".cache" / "bench", help="logs and rendered files"
+    )
+    parser.add_argument("--keep-cluster", action="store_true", help="leave the last cluster up")
+    parser.add_argument(
+        "--admin", action="store_true", help="run the operator with the admin kubeconfig (no chart)"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="sample the operator with py-spy while it converges"
+    )
+    args = parser.parse_args(argv)
+    settings = Settings(
+        sizes=args.sizes,
+        rounds=parse_rounds(args.rounds),
+        rest_s=args.rest_seconds,
+        settle_s=args.settle_seconds,
+        cluster_name=args.cluster_name,
+        port_base=args.port_base,
+        out=args.out,
+        work=args.work,
+        keep_cluster=args.keep_cluster,
+        admin=args.admin,
+        profile=args.profile,
+    )
+    started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    results: dict[str, dict[str, Any]] = {}
+    loads = [procstat.load_average()[0]]
+    for size in settings.sizes:
+        bench = SizeBench(settings, size)
+        results[str(size)] = bench.run()
+        loads += bench.loads
+        write(settings, results, loads, started)
+        log(f"N={size}: done in {results[str(size)]['wall_s']:.0f}s")
+    print(report.table(results), end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,26 @@
+# `make bench`: the operator against the control plane's own limit, on fresh kwok clusters of 10, 100 and
+# 1000 simulated GPU nodes (bench/README.md). Never part of `make test`. Included by the Makefile.
+#
+#   make bench                      every size (about 30 minutes on 2 cores)
+#   make bench NODES=10             one size only
+#   make bench BENCH_ROUNDS="10=5"  runs per size (default 3 at 10 and 100, 1 at 1000)
+#
+# Writes bench/results/latest.json and bench/results/latest.md; logs under .cache/bench/.
+
+BENCH_SIZES ?= 10 100 1000
+ifeq ($(origin NODES),command line)
+BENCH_SIZES := $(NODES)
+endif
+BENCH_ROUNDS ?= 10=3 100=3 1000=1
+BENCH_REST_SECONDS ?= 300
+# Its own cluster, never the tests' (CLUSTER_NAME=gpu-operator); ports 29747..29943 and the operator's
+# probe on 29590, all below the Linux ephemeral range (32768+).
+BENCH_CLUSTER_NAME ?= bench
+BENCH_PORT_BASE ?= 29500
+BENCH_ARGS ?=
+
+.PHONY: bench
+
+bench: venv tools ## benchmarks vs the control plane's limit (NODES=10: one size); bench/results/latest.{json,md}
+	$(PY) -m bench.run --sizes $(BENCH_SIZES) --rounds $(BENCH_ROUNDS) --rest-seconds $(BENCH_REST_SECONDS) \
+		--cluster-name $(BENCH_CLUSTER_NAME) --port-base $(BENCH_PORT_BASE) $(BENCH_ARGS)

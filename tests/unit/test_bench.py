@@ -1,0 +1,412 @@
+"""The benchmark's pure parts: audit-log aggregation, medians and ratios, /proc parsing, the table."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from bench import audit, procstat, report, stats
+
+OPERATOR = "system:serviceaccount:gpu-operator:gpu-operator"
+T0 = 1_800_000_000.0
+
+
+def stamp(offset: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(T0 + offset, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def line(
+    offset: float,
+    verb: str,
+    resource: str,
+    *,
+    name: str = "",
+    user: str = OPERATOR,
+    stage: str = "ResponseComplete",
+    audit_id: str | None = None,
+    subresource: str = "",
+    namespace: str = "",
+    agent: str = "kopf/1.45.2",
+) -> str:
+    ref: dict[str, Any] = {"resource": resource, "apiVersion": "v1"}
+    if name:
+        ref["name"] = name
+    if subresource:
+        ref["subresource"] = subresource
+    if namespace:
+        ref["namespace"] = namespace
+    entry = {
+        "kind": "Event",
+        "apiVersion": "audit.k8s.io/v1",
+        "level": "Metadata",
+        "auditID": audit_id or f"{verb}-{resource}-{name}-{offset}",
+        "stage": stage,
+        "verb": verb,
+        "user": {"username": user, "groups": ["system:serviceaccounts"]},
+        "userAgent": agent,
+        "objectRef": ref,
+        "responseStatus": {"metadata": {}, "code": 200},
+        "requestReceivedTimestamp": stamp(offset),
+        "stageTimestamp": stamp(offset + 0.01),
+    }
+    return json.dumps(entry, separators=(",", ":"))
+
+
+# --- audit ---------------------------------------------------------------------------------------
+
+
+def test_parse_time_is_utc_with_microseconds() -> None:
+    assert audit.parse_time(stamp(1.25)) == pytest.approx(T0 + 1.25)
+
+
+def test_parse_lines_keeps_one_user_and_counts_a_watch_once() -> None:
+    lines = [
+        line(0, "watch", "nodes", stage="ResponseStarted", audit_id="w1"),
+        line(1, "patch", "nodes", name="gpu-node-0"),
+        line(2, "patch", "nodes", name="gpu-node-0", user="kwok-admin"),
+        line(300, "watch", "nodes", stage="ResponseComplete", audit_id="w1"),
+        "",
+    ]
+    found = audit.parse_lines(lines, OPERATOR)
+    assert [(r.verb, r.received - T0) for r in found] == [("watch", 0.0), ("patch", 1.0)]
+    assert len(audit.parse_lines(lines)) == 3
+
+
+def test_subresource_and_non_resource_requests() -> None:
+    status = audit.parse_lines([line(0, "patch", "clusterpolicies", name="p", subresource="status")])[0]
+    assert status.key == "patch clusterpolicies/status"
+    entry = json.loads(line(0, "get", "x"))
+    del entry["objectRef"]
+    bare = audit.parse_entry(entry)
+    assert bare is not None and bare.key == "get (non-resource)"
+    entry["stage"] = "RequestReceived"
+    assert audit.parse_entry(entry) is None
+
+
+def test_windows_group_by_verb_and_resource() -> None:
+    found = audit.parse_lines(
+        [
+            line(0.5, "patch", "daemonsets", name="a", namespace="gpu-operator"),
+            line(1, "patch", "nodes", name="n1"),
+            line(2, "patch", "nodes", name="n2"),
+            line(3, "patch", "clusterpolicies", name="p", subresource="status"),
+            line(10, "patch", "nodes", name="n3"),
+        ]
+    )
+    window = audit.in_window(found, T0 + 1, T0 + 10)
+    assert audit.by_verb_resource(window) == {"patch nodes": 2, "patch clusterpolicies/status": 1}
+    assert len(audit.writes(found)) == 5
+
+
+def test_writes_per_minute_and_repeated_reads() -> None:
+    found = audit.parse_lines(
+        [
+            line(0, "watch", "pods", stage="ResponseStarted"),
+            line(10, "list", "nodes"),
+            line(70, "list", "nodes"),
+            line(130, "list", "nodes"),
+            line(50, "get", "customresourcedefinitions", name="clusterpolicies.nvidia.com"),
+            line(100, "patch", "nodes", name="n1"),
+        ]
+    )
+    assert audit.per_minute(len(audit.writes(found)), 300) == pytest.approx(0.2)
+    reads = audit.repeated_reads(found)
+    assert reads[0] == audit.RepeatedRead("list", "nodes", "", 3, 60.0)
+    assert reads[1].count == 1 and reads[1].mean_interval_s is None
+    with pytest.raises(ValueError):
+        audit.per_minute(1, 0)
+
+
+def test_timeline_collapses_consecutive_requests() -> None:
+    found = audit.parse_lines(
+        [line(0.1, "patch", "daemonsets", name="a")]
+        + [line(1 + i / 10, "patch", "nodes", name=f"n{i}") for i in range(3)]
+        + [line(2, "patch", "clusterpolicies", name="p", subresource="status")]
+    )
+    assert audit.timeline(found, T0) == [
+        "+0.100s patch daemonsets x1",
+        "+1.000..+1.200s patch nodes x3",
+        "+2.000s patch clusterpolicies/status x1",
+    ]
+    assert audit.timeline(found, T0, limit=1)[-1] == "... 2 more"
+
+
+def test_describe_names_the_object_and_offset() -> None:
+    request = audit.parse_lines([line(12.3456, "create", "events", name="e", namespace="default")])[0]
+    assert audit.describe(request, T0) == "+12.346s create events default/e (200)"
+
+
+def test_reader_reads_only_new_whole_lines(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    log.write_text(line(0, "patch", "nodes", name="a") + "\n" + line(1, "patch", "nodes", name="b")[:40])
+    reader = audit.AuditReader(log, OPERATOR)
+    assert len(reader.update()) == 1
+    log.write_text(
+        line(0, "patch", "nodes", name="a")
+        + "\n"
+        + line(1, "patch", "nodes", name="b")
+        + "\n"
+        + line(2, "list", "nodes", user="admin", agent="kubectl/v1.36")
+        + "\n"
+    )
+    assert [r.name for r in reader.update()] == ["a", "b"]
+    admin = audit.AuditReader(log, "admin", exclude_agents=("kubectl",))
+    assert admin.update() == []
+
+
+# --- stats ---------------------------------------------------------------------------------------
+
+
+def test_median_and_ratio() -> None:
+    assert stats.median([]) is None
+    assert stats.median([3.0, 1.0, 2.0]) == 2.0
+    assert stats.median([1.0, 2.0, 3.0, 10.0]) == 2.5
+    assert stats.ratio(3.0, 2.0) == 1.5
+    assert stats.ratio(None, 2.0) is None
+    assert stats.ratio(1.0, 0.0) is None
+
+
+def test_paired_ratios_skip_missing_rounds() -> None:
+    assert stats.paired_ratios([2.0, None, 6.0], [1.0, 1.0, 3.0]) == [2.0, 2.0]
+    assert stats.median(stats.paired_ratios([5.0, 4.0, 9.0], [4.0, 4.0, 6.0])) == 1.25
+
+
+def test_targets() -> None:
+    assert stats.ratio_target(10) == 1.25 and stats.ratio_target(100) == 1.25
+    assert stats.ratio_target(1000) == 1.5
+    assert stats.ratio_verdict(100, 1.25).met is True
+    assert stats.ratio_verdict(100, 1.26).met is False
+    assert stats.ratio_verdict(1000, 1.4).met is True
+    assert stats.ratio_verdict(10, None).met is None
+    assert stats.idle_verdict(0.0).met is True and stats.idle_verdict(0.2).met is False
+    assert stats.rss_verdict(1000, 149.0).met is True
+    assert stats.rss_verdict(1000, 150.0).met is False
+    assert stats.rss_verdict(100, 400.0).met is None
+
+
+# --- /proc parsing -------------------------------------------------------------------------------
+
+
+def test_stat_cpu_survives_odd_command_names() -> None:
+    fields = ["S", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "250", "50"] + ["0"] * 30
+    text = "4242 (gpu op) (x)) " + " ".join(fields)
+    assert procstat.parse_stat_cpu(text, ticks=100) == 3.0
+
+
+def test_status_and_machine_busy() -> None:
+    status = "Name:\tpython\nVmHWM:\t  153600 kB\nVmRSS:\t  102400 kB\n"
+    assert procstat.parse_status_kib(status, "VmHWM") == 153600
+    assert procstat.parse_status_kib(status, "VmSwap") is None
+    before = procstat.parse_machine_busy("cpu  100 0 100 700 100 0 0 0 0 0\ncpu0 1 2 3 4\n")
+    after = procstat.parse_machine_busy("cpu  300 0 200 800 100 0 0 0 0 0\n")
+    assert before == (200.0, 1000.0)
+    assert procstat.busy_fraction(before, after) == pytest.approx(0.75)
+    assert procstat.busy_fraction(after, after) is None
+    assert procstat.cpu_delta({"a": 1.0, "b": 2.0}, {"a": 1.5, "b": 5.0, "c": 9.0}) == {"b": 3.0, "a": 0.5}
+
+
+# --- the Markdown table --------------------------------------------------------------------------
+
+
+def result(nodes: int, **overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "nodes": nodes,
+        "rounds": 3,
+        "operator_s": 5.0,
+        "limit_s": 4.0,
+        "ratio": 1.25,
+        "node_join_operator_s": 1.5,
+        "node_join_limit_s": 0.5,
+        "idle_writes_per_min": 0.0,
+        "requests_per_node": 4.5,
+        "peak_rss_mib": 90.0,
+        "cpu_s": 12.34,
+    }
+    base.update(overrides)
+    return base
+
+
+def test_table_rows_sorted_by_size_with_verdicts() -> None:
+    text = report.table(
+        {
+            "1000": result(1000, ratio=1.6, peak_rss_mib=149.4),
+            "10": result(10),
+            "100": result(100, ratio=None),
+        }
+    )
+    lines = text.splitlines()
+    assert lines[0].startswith("| GPU nodes | runs | operator s | limit s | ratio |")
+    assert len(lines) == 5 and all(len(row.split("|")) == len(report.COLUMNS) + 2 for row in lines)
+    assert lines[2].startswith(
+        "| 10 | 3 | 5.00 | 4.00 | 1.25 (≤ 1.25) ✓ | 1.50 | 0.50 | 0.0 ✓ | 4.5 | 90 | 12.3 |"
+    )
+    assert "| n/a (≤ 1.25) |" in lines[3]
+    assert "1.60 (≤ 1.5) ✗" in lines[4] and "| 149 ✓ |" in lines[4]
+
+
+def test_markdown_has_header_table_and_details() -> None:
+    document = {
+        "date": "2026-11-29T14:00:00Z",
+        "git_commit": "0123456789abcdef",
+        "machine": {"nproc": 2, "cpu_model": "Test CPU", "memory_gib": 24.0},
+        "load_average": {"min": 1.0, "max": 3.5},
+        "results": {
+            "10": result(
+                10,
+                convergence_requests={"patch nodes": 40},
+                idle_window_s=300.0,
+                idle_requests={},
+                idle_writes=["+1.000s create events default/e (201)"],
+            )
+        },
+    }
+    text = report.markdown(document)
+    assert "`0123456789ab`" in text and "2 CPUs (Test CPU)" in text and "1.0 to 3.5" in text
+    assert "| 10 | 3 |" in text
+    assert "- requests during convergence (first run): patch nodes 40" in text
+    assert "- requests during 300 s at rest: none" in text
+    assert "- writes at rest: +1.000s create events default/e (201)" in text
+
+
+def test_pod_pipeline_backlogs_and_lag() -> None:
+    ns = "gpu-operator"
+    lines = [
+        line(0.0, "create", "pods", namespace=ns, user="kwok-admin", audit_id="c1"),
+        line(0.1, "create", "pods", namespace=ns, user="kwok-admin", audit_id="c2"),
+        line(0.2, "create", "pods", namespace=ns, user="kwok-admin", audit_id="c3"),
+        line(0.3, "create", "pods", name="a", subresource="binding", namespace=ns, user="kwok-admin"),
+        line(0.4, "create", "pods", name="b", subresource="binding", namespace=ns, user="kwok-admin"),
+        line(0.6, "patch", "pods", name="a", subresource="status", namespace=ns, user="kwok-admin"),
+        line(0.7, "patch", "pods", name="a", subresource="status", namespace=ns, user="kwok-admin"),
+        line(1.4, "patch", "pods", name="b", subresource="status", namespace=ns, user="kwok-admin"),
+    ]
+    found = audit.pod_pipeline(audit.parse_lines(lines), T0)
+    assert (found.created, found.bound, found.ready) == (3, 2, 2)
+    assert found.max_waiting_for_scheduler == 3 and found.max_waiting_for_kubelet == 2
+    assert found.last_ready_s == pytest.approx(1.4)
+    assert found.bind_to_ready_median_s == pytest.approx(0.65)
+    empty = audit.pod_pipeline([], T0)
+    assert empty.created == 0 and empty.bind_to_ready_median_s is None
+
+
+def test_profile_shares_of_wall_time() -> None:
+    from bench import profile
+
+    loop = "MainThread;<module> (gpu-operator:6);run (kopf/_core/reactor/running.py:81)"
+    worker = "asyncio_0;Thread.run (threading.py:982);Reconciler.run_once (gpu_operator/reconciler.py:147)"
+    raw = "\n".join(
+        [
+            f"thread (1): {loop};EpollSelector.select (selectors.py:468) 6",
+            f"thread (1): {loop};deepcopy (copy.py:128) 4",
+            f"thread (2): {worker};Kube.apply_node_labels (gpu_operator/kube.py:138);Kube.apply (k.py:1) 5",
+            f"thread (2): {worker};build (gpu_operator/plan.py:150) 2",
+            f"thread (2): {worker};Kube.apply (gpu_operator/kube.py:118) 1",
+            "thread (3): asyncio_1;Thread.run (threading.py:982);_worker (thread.py:81) 10",
+            "thread (4): gpu-operator-write_0;_worker (thread.py:83);Kube.apply_node_labels (k.py:1) 7",
+            "thread (5): gpu-operator-write_1;_worker (thread.py:83);Kube.apply_node_labels (k.py:1) 6",
+            "thread (5): gpu-operator-write_1;_worker (thread.py:81) 4",
+            "garbage",
+        ]
+    )
+    assert profile.summarise(raw) == {
+        "reconcile: node label PATCH": 0.5,
+        "reconcile: planning (pure)": 0.2,
+        "reconcile: object apply PATCH": 0.1,
+        "reconcile (total)": 0.8,
+        "in flight: node label PATCH": 1.3,
+        "event loop busy": 0.4,
+    }
+    assert profile.summarise("") == {}
+
+
+def test_reader_follows_rotated_logs(tmp_path: Path) -> None:
+    log = tmp_path / "audit.log"
+    log.write_text(line(0, "patch", "nodes", name="a") + "\n")
+    reader = audit.AuditReader(log, OPERATOR)
+    assert [r.name for r in reader.update()] == ["a"]
+    with log.open("a") as out:
+        out.write(line(1, "patch", "nodes", name="b") + "\n")
+    log.rename(tmp_path / "audit-2026-11-29T14-41-21.435.log")
+    (tmp_path / "audit-2026-11-29T14-47-33.495.log").write_text(line(2, "patch", "nodes", name="c") + "\n")
+    log.write_text(line(3, "patch", "nodes", name="d") + "\n")
+    assert [r.name for r in reader.update()] == ["a", "b", "c", "d"]
+    assert [r.name for r in reader.update()] == ["a", "b", "c", "d"]
+
+
+# --- the conditions the watches wait for -----------------------------------------------------------
+
+
+def test_policy_ready_needs_current_generation_and_all_nodes() -> None:
+    from bench import run
+
+    check = run.policy_ready("p", 3)
+    body: dict[str, Any] = {"metadata": {"name": "p", "generation": 2}, "status": {"state": "ready"}}
+    body["status"].update(observedGeneration=2, gpuNodes=3)
+    assert check({"/p": body})
+    assert not check({})
+    assert not check({"/p": {**body, "status": {**body["status"], "observedGeneration": 1}}})
+    assert not check({"/p": {**body, "status": {**body["status"], "gpuNodes": 2}}})
+    assert not check({"/p": {**body, "status": {**body["status"], "state": "notReady"}}})
+
+
+def test_daemonsets_rolled_out_on_exactly_the_expected_nodes() -> None:
+    from bench import run
+
+    def ds(
+        name: str, n: int, generation: int = 1, observed: int = 1, ready: int | None = None
+    ) -> dict[str, Any]:
+        status = {
+            "observedGeneration": observed,
+            "desiredNumberScheduled": n,
+            "updatedNumberScheduled": n,
+            "numberAvailable": n,
+            "numberReady": n if ready is None else ready,
+        }
+        return {
+            "metadata": {"name": name, "namespace": "gpu-operator", "generation": generation},
+            "status": status,
+        }
+
+    check = run.daemonsets_rolled_out({"a": 3, "b": 1})
+    assert check({"x/a": ds("a", 3), "x/b": ds("b", 1)})
+    assert not check({"x/a": ds("a", 3)})
+    assert not check({"x/a": ds("a", 2), "x/b": ds("b", 1)})
+    assert not check({"x/a": ds("a", 3, generation=2), "x/b": ds("b", 1)})
+    assert not check({"x/a": ds("a", 3, ready=2), "x/b": ds("b", 1)})
+
+
+def test_pods_ready_and_gpus_advertised() -> None:
+    from bench import run
+
+    def pod(component: str, ready: bool, deleting: bool = False) -> dict[str, Any]:
+        metadata: dict[str, Any] = {"name": component, "labels": {"app.kubernetes.io/component": component}}
+        if deleting:
+            metadata["deletionTimestamp"] = "2026-11-29T00:00:00Z"
+        condition = {"type": "Ready", "status": "True" if ready else "False"}
+        return {"metadata": metadata, "status": {"conditions": [condition]}}
+
+    check = run.pods_ready(frozenset({"driver", "dcgm"}))
+    assert check({"1": pod("driver", True), "2": pod("dcgm", True), "3": pod("other", False)})
+    assert not check({"1": pod("driver", True), "2": pod("dcgm", False)})
+    assert not check({"1": pod("driver", True), "2": pod("dcgm", True, deleting=True)})
+
+    def node(gpus: str | None) -> dict[str, Any]:
+        return {"status": {"allocatable": {"nvidia.com/gpu": gpus} if gpus is not None else {}}}
+
+    advertised = run.all_gpus_advertised(2)
+    assert advertised({"a": node("8"), "b": node("8"), "c": node(None)})
+    assert not advertised({"a": node("8"), "b": node("0")})
+
+
+def test_rounds_option() -> None:
+    from bench import run
+
+    assert run.parse_rounds(["10=3", "1000=1"]) == {10: 3, 1000: 1}
