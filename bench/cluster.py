@@ -153,6 +153,46 @@ def install_chart(helm: Path, kubeconfig: Path, log_file: Path) -> None:
     )
 
 
+# A sample of what the operator needs (gpu_operator/kube.py), checked before anything is timed:
+# (verb, group, resource, namespace).
+REQUIRED_ACCESS = (
+    ("watch", "", "nodes", ""),
+    ("patch", "", "nodes", ""),
+    ("watch", "nvidia.com", "clusterpolicies", ""),
+    ("patch", "nvidia.com", "clusterpolicies/status", ""),
+    ("watch", "", "pods", NAMESPACE),
+    ("create", "apps", "daemonsets", NAMESPACE),
+    ("patch", "apps", "daemonsets", NAMESPACE),
+    ("delete", "apps", "daemonsets", NAMESPACE),
+    ("create", "rbac.authorization.k8s.io", "clusterrolebindings", ""),
+    ("create", "", "events", "default"),
+)
+
+
+def missing_access(api: Api, user: str) -> list[str]:
+    """The REQUIRED_ACCESS that `user` (a ServiceAccount) lacks, by SubjectAccessReview."""
+    namespace = user.split(":")[2] if user.startswith("system:serviceaccount:") else ""
+    groups = ["system:authenticated", "system:serviceaccounts", f"system:serviceaccounts:{namespace}"]
+    missing = []
+    for verb, group, resource, ns in REQUIRED_ACCESS:
+        plural, _, subresource = resource.partition("/")
+        attributes = {"verb": verb, "group": group, "resource": plural, "subresource": subresource}
+        if ns:
+            attributes["namespace"] = ns
+        review = api.request(
+            "POST",
+            "/apis/authorization.k8s.io/v1/subjectaccessreviews",
+            body={
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SubjectAccessReview",
+                "spec": {"user": user, "groups": groups, "resourceAttributes": attributes},
+            },
+        )
+        if not review.get("status", {}).get("allowed"):
+            missing.append(f"{verb} {resource}" + (f" in {ns}" if ns else ""))
+    return missing
+
+
 def sa_kubeconfig(api: Api, admin_kubeconfig: Path, path: Path) -> Path:
     """A kubeconfig that logs in as the chart's ServiceAccount with a fresh TokenRequest token."""
     token = api.request(

@@ -48,6 +48,7 @@ from bench.cluster import (
     bin_dir,
     install_chart,
     log,
+    missing_access,
     run,
     sa_kubeconfig,
     versions,
@@ -246,8 +247,12 @@ class SizeBench:
             self.kc("create", "namespace", NAMESPACE)
             excluded: tuple[str, ...] = ("kubectl", "helm", "Helm", "gpu-operator-bench")
         else:
-            install_chart(self.tools / "helm", self.kubeconfig, self.log_file)
             self.user = SERVICE_ACCOUNT_USER
+            install_chart(self.tools / "helm", self.kubeconfig, self.log_file)
+            # Fail before anything is timed rather than time an operator that cannot do its job.
+            missing = missing_access(self.api, self.user)
+            if missing:
+                raise RuntimeError(f"charts/gpu-operator does not give the operator: {', '.join(missing)}")
             self.operator_kubeconfig = sa_kubeconfig(
                 self.api, self.kubeconfig, self.work / "operator-kubeconfig"
             )
