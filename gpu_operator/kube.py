@@ -110,12 +110,6 @@ class Kube:
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
         return self.request("GET", path(api_version, kind, namespace, name))
 
-    def list(
-        self, api_version: str, kind: str, namespace: str = "", selector: str = ""
-    ) -> list[dict[str, Any]]:
-        query = {"labelSelector": selector} if selector else None
-        return list(self.request("GET", path(api_version, kind, namespace), query=query).get("items", []))
-
     def apply(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply under our field manager, taking over conflicting fields (drift repair)."""
         metadata = body["metadata"]
