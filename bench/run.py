@@ -523,6 +523,7 @@ class SizeBench:
             "cpu_by_process": procstat.cpu_delta(cpu0, cpu1),
             "machine_busy": procstat.busy_fraction(busy0, busy1),
             "pods": self.pipeline(t0, t_ready),
+            "load_average_1m": procstat.load_average()[0],
         }
         if shares is not None:
             result["profile"] = shares
@@ -640,6 +641,7 @@ class SizeBench:
             "cpu_by_process": procstat.cpu_delta(cpu0, cpu1),
             "machine_busy": procstat.busy_fraction(busy0, busy1),
             "pods": self.pipeline(t0, t_done),
+            "load_average_1m": procstat.load_average()[0],
         }
         self.sample_load()
         log(f"N={self.n} r{round_no}: limit rolled out after {result['converge_s']:.2f}s {result['pods']}")
