@@ -229,8 +229,14 @@ class OperatorProcess:
     """`gpu-operator run` with its own kubeconfig and a liveness endpoint on loopback."""
 
     def __init__(
-        self, kubeconfig: Path, log_path: Path, probe_port: int, env: Mapping[str, str] | None = None
+        self,
+        kubeconfig: Path,
+        log_path: Path,
+        probe_port: int,
+        env: Mapping[str, str] | None = None,
+        module: str = "gpu_operator.cli",
     ) -> None:
+        self.module = module
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.probe_port = probe_port
@@ -258,7 +264,7 @@ class OperatorProcess:
         # the form `grep gpu-operator /proc/PID/cmdline` (hack/demo.sh's) can mistake it for its own.
         with self.log_path.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gpu_operator.cli", "run"],
+                [sys.executable, "-m", self.module, "run"],
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 env=environ,

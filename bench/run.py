@@ -37,7 +37,7 @@ from typing import Any
 import urllib3
 import yaml
 
-from bench import audit, procstat, profile, report, stats
+from bench import audit, memtrace, procstat, profile, report, stats
 from bench.cluster import (
     NAMESPACE,
     OPERATOR,
@@ -110,6 +110,7 @@ class Settings:
     keep_cluster: bool = False
     admin: bool = False
     profile: bool = False
+    tracemalloc: bool = False
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -435,8 +436,13 @@ class SizeBench:
     # --- the operator ---
     def start_operator(self, round_no: int) -> OperatorProcess:
         probe_port = self.s.port_base + 90
+        env = dict(self.s.env)
+        module = "gpu_operator.cli"
+        if self.s.tracemalloc:
+            env[memtrace.ENV] = str(self.work / f"memtrace-r{round_no}.txt")
+            module = "bench.memtrace"
         proc = OperatorProcess(
-            self.operator_kubeconfig, self.work / f"operator-r{round_no}.log", probe_port, self.s.env
+            self.operator_kubeconfig, self.work / f"operator-r{round_no}.log", probe_port, env, module
         ).start()
         deadline = time.time() + 120
         while True:
@@ -476,6 +482,19 @@ class SizeBench:
         spy.send_signal(signal.SIGINT)
         spy.wait(timeout=60)
         return profile.summarise(self.profile_output.read_text()) if self.profile_output.exists() else {}
+
+    def memtrace(self, proc: OperatorProcess, round_no: int) -> list[str]:
+        """Ask the traced operator (bench.memtrace) for what it has allocated now."""
+        output = self.work / f"memtrace-r{round_no}.txt"
+        output.unlink(missing_ok=True)
+        assert proc.process is not None
+        proc.process.send_signal(signal.SIGUSR1)
+        deadline = time.time() + 120
+        while not output.exists() or not output.read_text().endswith("\n"):
+            if time.time() > deadline:
+                return ["no tracemalloc report after 120 s"]
+            time.sleep(0.5)
+        return output.read_text().splitlines()
 
     @staticmethod
     def operator_usage(proc: OperatorProcess, peaks: list[float]) -> procstat.ProcessUsage:
@@ -565,6 +584,8 @@ class SizeBench:
                 + (f" every {r.mean_interval_s:.0f}s" if r.mean_interval_s else "")
                 for r in audit.repeated_reads(resting)
             ]
+        if self.s.tracemalloc:
+            result["memtrace"] = self.memtrace(proc, round_no)
         # The process's cost: start-up, convergence, the rest window (first run) and the node join.
         usage = self.operator_usage(proc, peaks)
         result["process_cpu_s"] = usage.cpu_s
@@ -803,6 +824,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--profile", action="store_true", help="sample the operator with py-spy while it converges"
     )
+    parser.add_argument(
+        "--tracemalloc", action="store_true", help="run the operator under tracemalloc; report what it holds"
+    )
     args = parser.parse_args(argv)
     settings = Settings(
         sizes=args.sizes,
@@ -816,6 +840,7 @@ def main(argv: list[str] | None = None) -> int:
         keep_cluster=args.keep_cluster,
         admin=args.admin,
         profile=args.profile,
+        tracemalloc=args.tracemalloc,
     )
     started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     results: dict[str, dict[str, Any]] = {}

@@ -11,13 +11,16 @@ PIDFILE=$STATE/operator.pid
 LOG=$STATE/operator.log
 NS=gpu-operator
 POLICY=${POLICY:-examples/clusterpolicy.yaml}
+OPERATOR_KUBECONFIG=$STATE/operator-kubeconfig.yaml
 
 stop_operator() {
   if [[ -f $PIDFILE ]]; then
     local pid
     pid=$(cat "$PIDFILE")
-    # Only our own process: the pid file names it, and its command line must still be the operator.
-    if kill -0 "$pid" 2>/dev/null && grep -q "gpu-operator" "/proc/$pid/cmdline" 2>/dev/null; then
+    # Only our own process: the pid file names it, and (pids get reused) it must still run with the
+    # demo's kubeconfig in its environment.
+    if kill -0 "$pid" 2>/dev/null \
+      && tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "KUBECONFIG=$OPERATOR_KUBECONFIG"; then
       kill "$pid"
       for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
       kill -9 "$pid" 2>/dev/null || true
@@ -45,7 +48,6 @@ echo "demo: installing the CRD and the chart's ServiceAccount and RBAC (operator
 echo "demo: starting the operator as system:serviceaccount:$NS:gpu-operator (log: $LOG)"
 stop_operator
 token=$("$KUBECTL" create token gpu-operator -n "$NS" --duration=24h)
-OPERATOR_KUBECONFIG=$STATE/operator-kubeconfig.yaml
 # The admin kubeconfig's cluster entry (CA embedded by --flatten), with the ServiceAccount's token.
 "$KUBECTL" config view --minify --raw --flatten > "$OPERATOR_KUBECONFIG"
 chmod 600 "$OPERATOR_KUBECONFIG"
