@@ -280,6 +280,7 @@ class Facts:
     """One consistent snapshot of the cluster for one pass."""
 
     nodes: Sequence[UpgradeNode]
+    """The GPU nodes (those without a driver pod only get NVIDIA's auto-upgrade annotation)."""
     driver_daemonsets: Sequence[DriverDaemonSet] = ()
     driver_pods: Sequence[DriverPod] = ()
     validator_pods: Sequence[ValidatorPod] = ()

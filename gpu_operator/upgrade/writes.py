@@ -3,13 +3,15 @@
 Each node's writes come in order and the caller stops at the first one that fails: the node patch
 (state label, annotations and cordon in one merge patch, so a state never lands without its side
 effects) always comes first, so a pod is evicted only from a node that is already cordoned and whose
-label already says so.
+label already says so. An eviction's answer, whatever it is, is an observation, not a failure: the
+caller records it in Facts.evictions (by pod UID) and goes on. After a node patch the caller must
+put the returned Node into its cache before the next pass, or the limits would be counted on a stale
+view. Different nodes' writes may run in parallel.
 
 | write      | API call                                                                  | body            |
 |------------|---------------------------------------------------------------------------|-----------------|
 | PatchNode  | PATCH /api/v1/nodes/{node}, application/merge-patch+json                  | `body()`        |
-| EvictPod   | POST /api/v1/namespaces/{ns}/pods/{name}/eviction (the result, 201 or     | `body()`        |
-|            | 429 or any other, goes back into Facts.evictions, never fails the pass)   |                 |
+| EvictPod   | POST /api/v1/namespaces/{ns}/pods/{name}/eviction                         | `body()`        |
 | DeletePod  | DELETE /api/v1/namespaces/{ns}/pods/{name}                                | `body()`        |
 """
 
