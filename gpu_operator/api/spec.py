@@ -20,11 +20,11 @@ from gpu_operator.api.common import (
     IntOrPercent,
     Labels,
     Model,
-    NonNegativeInt,
     OffByDefault,
     ProbeSpec,
     Toleration,
 )
+from gpu_operator.api.upgrade_policy import UpgradePolicySpec
 
 
 class InitContainerSpec(Model):
@@ -109,60 +109,6 @@ class DaemonsetsSpec(Model):
     """Rolling update parameters."""
     podSecurityContext: dict[str, Any] | None = None
     """Pod-level security context of every operand pod (core/v1 PodSecurityContext)."""
-
-
-class WaitForCompletionSpec(Model):
-    """Wait for jobs to finish before upgrading a node's driver."""
-
-    podSelector: str | None = None
-    """Label selector of the pods to wait for."""
-    timeoutSeconds: NonNegativeInt = 0
-    """How long to wait; 0 waits forever."""
-
-
-class PodDeletionSpec(Model):
-    """Deletion of GPU pods before a driver upgrade."""
-
-    force: bool = False
-    """Delete pods not managed by a controller too."""
-    timeoutSeconds: NonNegativeInt = 300
-    """How long to wait for the pods to go."""
-    deleteEmptyDir: bool = False
-    """Delete pods that use emptyDir volumes (their data is lost)."""
-
-
-class DrainSpec(Model):
-    """Node drain before a driver upgrade."""
-
-    enable: bool = False
-    """Drain the node."""
-    force: bool = False
-    """Drain pods not managed by a controller too."""
-    podSelector: str | None = None
-    """Only drain pods matching this label selector."""
-    timeoutSeconds: NonNegativeInt = 300
-    """How long to wait for the drain."""
-    deleteEmptyDir: bool = False
-    """Drain pods that use emptyDir volumes."""
-
-
-class UpgradePolicySpec(Model):
-    """Automatic, rolling driver upgrades."""
-
-    autoUpgrade: bool = False
-    """Let the operator upgrade the driver node by node."""
-    maxParallelUpgrades: NonNegativeInt = 1
-    """Nodes upgraded at once; 0 means no limit."""
-    maxUnavailable: IntOrPercent = "25%"
-    """GPU nodes that may be unavailable during the upgrade: a count or a percentage."""
-    waitForCompletion: WaitForCompletionSpec | None = None
-    """Wait for jobs to complete first."""
-    podDeletion: PodDeletionSpec | None = None
-    """Delete GPU pods first."""
-    gpuPodDeletion: PodDeletionSpec | None = None
-    """Helm's name for podDeletion (accepted as an alias)."""
-    drain: DrainSpec | None = None
-    """Drain the node first."""
 
 
 class RDMASpec(Model):

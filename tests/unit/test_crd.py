@@ -75,7 +75,16 @@ def test_crd_identity() -> None:
     assert (version["name"], version["served"], version["storage"]) == ("v1", True, True)
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Status", "GPU Nodes", "Components", "Reason", "Message", "Age"]
+    assert list(columns) == [
+        "Status",
+        "GPU Nodes",
+        "Components",
+        "Driver Upgrade",
+        "Reason",
+        "Message",
+        "Age",
+    ]
+    assert columns["Driver Upgrade"]["jsonPath"] == ".status.driverUpgrade.summary"
     assert columns["GPU Nodes"]["type"] == "integer"
     assert columns["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
     assert columns["Reason"].get("priority", 0) == 0
