@@ -213,7 +213,7 @@ class Agent:
                         version = self._event(event, store) or version
             except _Expired:
                 continue
-            except ApiError as exc:
+            except Exception as exc:  # a dead watch thread would leave the agent blind: never let it end
                 log.warning("watch of %s %s failed (retrying in %.0fs): %s", kind, name, backoff, exc)
                 self.stop.wait(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF)
