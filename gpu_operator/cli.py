@@ -1,4 +1,4 @@
-"""`gpu-operator run | render | validate | crd`.
+"""`gpu-operator run | render | validate | crd | discover`.
 
 Data goes to stdout, diagnostics to stderr, one line each, prefixed with the file they concern. Exit
 status: 0 fine (warnings allowed), 2 bad input (unreadable file, invalid YAML, invalid policy) or bad
@@ -6,12 +6,13 @@ usage, 1 an unexpected failure while rendering. No input, however broken, produc
 `validate` and `render` are what people run in CI on hand-written YAML.
 
 `validate`, `render` and `crd` never import Kopf or the Kubernetes client; `run` imports the operator
-lazily.
+lazily, `discover` (the node agent, gpu_operator/agent.py) the Kubernetes client.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -33,6 +34,8 @@ EXIT_INVALID = 2
 
 DEFAULT_NAMESPACE = "gpu-operator"
 DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
+DEFAULT_RESCAN_SECONDS = 60.0
+"""How often the discovery agent reads sysfs again (gpu_operator/agent.py says why a minute)."""
 
 
 class InputError(Exception):
@@ -272,6 +275,52 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
+def cmd_discover(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from gpu_operator.discovery import ScanError, gpus, pci_labels, read_devices
+
+    if args.dry_run:
+        try:
+            devices = read_devices(Path(args.sysfs))
+        except ScanError as exc:
+            print(f"discover: {exc}", file=err)
+            return EXIT_INVALID
+        for device in gpus(devices):
+            print(f"# {device.describe()}", file=out)
+        for key, value in pci_labels(devices).items():
+            print(f"{key}={value}", file=out)
+        return EXIT_OK
+    if not args.node_name:
+        print("discover: no node name: give --node-name or set NODE_NAME (the chart sets it)", file=err)
+        return EXIT_INVALID
+    from kubernetes.config import ConfigException
+
+    from gpu_operator.agent import Agent, run
+    from gpu_operator.kube import Kube, load_api_client
+
+    try:
+        api = load_api_client()
+    except ConfigException as exc:
+        print(f"discover: no credentials (in-cluster or kubeconfig): {exc}", file=err)
+        return EXIT_INVALID
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(message)s",
+        stream=err,
+    )
+    run(Agent(Kube(api), args.node_name, Path(args.sysfs), args.mode, args.rescan_seconds))
+    return EXIT_OK
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 86400, not {text}")
+    return value
+
+
 # --- the parser -----------------------------------------------------------------------------------
 
 
@@ -321,6 +370,36 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
     crd = commands.add_parser("crd", help="print the ClusterPolicy CustomResourceDefinition")
     crd.set_defaults(handler=cmd_crd)
+
+    discover = commands.add_parser(
+        "discover", help="node agent: keep NFD's NVIDIA PCI labels on this node (when NFD is not installed)"
+    )
+    discover.add_argument(
+        "--node-name",
+        default=environ.get("NODE_NAME", ""),
+        help="the node this runs on (env NODE_NAME; the chart sets it from spec.nodeName)",
+    )
+    discover.add_argument("--sysfs", default="/sys", help="where the host's sysfs is (default %(default)s)")
+    discover.add_argument(
+        "--mode",
+        choices=("auto", "builtin"),
+        default="auto",
+        help="auto (default): stay idle while Node Feature Discovery is installed; builtin: always label",
+    )
+    discover.add_argument(
+        "--rescan-seconds",
+        type=_seconds,
+        default=DEFAULT_RESCAN_SECONDS,
+        metavar="N",
+        help="how often sysfs is read again (default %(default).0f)",
+    )
+    discover.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the GPUs and the labels they give, talk to no API server",
+    )
+    discover.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    discover.set_defaults(handler=cmd_discover)
     return parser
 
 

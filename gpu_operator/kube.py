@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,14 +77,16 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
 class Kube:
     api: client.ApiClient
 
-    def request(
+    def _call(
         self,
         method: str,
         url: str,
         body: Any = None,
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
-    ) -> dict[str, Any]:
+        timeout: float | tuple[float, float] | None = None,
+    ) -> Any:
+        """The raw response, its body not read yet; ApiError for anything but a 2xx status."""
         method_, full_url, headers, payload, _ = self.api.param_serialize(
             method=method,
             resource_path=url,
@@ -94,31 +96,73 @@ class Kube:
             auth_settings=["BearerToken"],
         )
         try:
-            response = self.api.call_api(method_, full_url, header_params=headers, body=payload)
+            response = self.api.call_api(
+                method_, full_url, header_params=headers, body=payload, _request_timeout=timeout
+            )
         except urllib3.exceptions.HTTPError as exc:
             # Connection refused, TLS failure, timeout: reported like an API error, retried the same way.
             raise ApiError(0, "ConnectionError", str(exc)) from None
-        data = response.read()  # type: ignore[no-untyped-call]
         if not 200 <= response.status < 300:
+            data = response.read()  # type: ignore[no-untyped-call]
             try:
                 details = json.loads(data)
                 raise ApiError(response.status, details.get("reason", ""), details.get("message", ""))
             except (ValueError, AttributeError):
                 raise ApiError(response.status, "", data.decode(errors="replace")[:300]) from None
+        return response
+
+    def request(
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        try:
+            data = self._call(method, url, body, query, content_type).read()
+        except urllib3.exceptions.HTTPError as exc:
+            raise ApiError(0, "ConnectionError", str(exc)) from None
         return json.loads(data) if data else {}
+
+    def watch(
+        self, api_version: str, kind: str, query: Mapping[str, str], timeout_seconds: int
+    ) -> Iterator[dict[str, Any]]:
+        """The events of a watch (`{"type": ..., "object": ...}`), until the server ends it after
+        `timeout_seconds`. A connection that goes quiet for longer raises ApiError(0, ...)."""
+        params = {**query, "watch": "true", "timeoutSeconds": str(timeout_seconds)}
+        response = self._call(
+            "GET", path(api_version, kind), query=params, timeout=(10, timeout_seconds + 30)
+        )
+        try:
+            buffer = b""
+            for chunk in response.response.stream(amt=None, decode_content=False):
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield json.loads(line)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise ApiError(0, "ConnectionError", str(exc)) from None
+        finally:
+            response.response.release_conn()
 
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
         return self.request("GET", path(api_version, kind, namespace, name))
 
-    def apply(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Server-side apply under our field manager, taking over conflicting fields (drift repair)."""
+    def apply(
+        self, body: Mapping[str, Any], manager: str = FIELD_MANAGER, force: bool = True
+    ) -> dict[str, Any]:
+        """Server-side apply, by default under the operator's field manager taking over conflicting
+        fields (drift repair); with force=False a field another manager set to another value is a
+        409 Conflict instead."""
         metadata = body["metadata"]
         url = path(body["apiVersion"], body["kind"], metadata.get("namespace", ""), metadata["name"])
         return self.request(
             "PATCH",
             url,
             body=body,
-            query={"fieldManager": FIELD_MANAGER, "force": "true"},
+            query={"fieldManager": manager, "force": str(force).lower()},
             content_type="application/apply-patch+yaml",
         )
 
@@ -132,10 +176,14 @@ class Kube:
             if exc.status != 404:
                 raise
 
-    def apply_node_labels(self, node: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    def apply_node_labels(
+        self, node: str, labels: Mapping[str, str], manager: str = FIELD_MANAGER, force: bool = True
+    ) -> dict[str, Any]:
         """Own exactly `labels` on the node: labels we owned and leave out are removed, others untouched."""
         return self.apply(
-            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": dict(labels)}}
+            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": dict(labels)}},
+            manager,
+            force,
         )
 
     def patch_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:

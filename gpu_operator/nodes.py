@@ -53,10 +53,13 @@ class NodeInfo:
         return any(key.startswith(NFD_PREFIX) for key in self.labels)
 
 
-def _owned_label_keys(managed_fields: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+def owned_label_keys(
+    managed_fields: Iterable[Mapping[str, Any]], manager: str = FIELD_MANAGER
+) -> frozenset[str]:
+    """The label keys `manager` owns by server-side apply, from a node's `metadata.managedFields`."""
     keys: set[str] = set()
     for entry in managed_fields:
-        if entry.get("manager") != FIELD_MANAGER or entry.get("operation") != "Apply":
+        if entry.get("manager") != manager or entry.get("operation") != "Apply":
             continue
         labels = (entry.get("fieldsV1") or {}).get("f:metadata", {}).get("f:labels", {})
         keys.update(key.removeprefix("f:") for key in labels if key.startswith("f:"))
@@ -77,7 +80,7 @@ def node_info(body: Mapping[str, Any]) -> NodeInfo:
         name=metadata["name"],
         labels=dict(metadata.get("labels") or {}),
         gpu_allocatable=_quantity_int(allocatable.get(GPU_RESOURCE, 0)),
-        own_labels=_owned_label_keys(metadata.get("managedFields") or ()),
+        own_labels=owned_label_keys(metadata.get("managedFields") or ()),
     )
 
 

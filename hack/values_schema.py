@@ -143,10 +143,37 @@ def nfd_schema() -> Schema:
         {
             "enabled": {
                 "const": False,
-                "description": "NFD is not bundled: install it separately (see the chart's README).",
+                "description": "NFD is not bundled: install it separately (see the chart's README) and set "
+                "nodeDiscovery to nfd, or leave nodeDiscovery at auto.",
             }
         },
         "Node Feature Discovery.",
+    )
+
+
+def node_discovery_schema() -> Schema:
+    return {
+        "enum": ["auto", "builtin", "nfd", "none"],
+        "description": "How GPU nodes are found: auto (the node agent, idle while NFD is installed), "
+        "builtin (the agent, always), nfd (Node Feature Discovery, installed separately), none (by hand).",
+    }
+
+
+def node_discovery_agent_schema() -> Schema:
+    return _strict(
+        {
+            "rescanSeconds": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": 86400,
+                "description": "How often the agent reads sysfs again.",
+            },
+            "priorityClassName": _STRING,
+            "resources": _strict(
+                {"requests": _RESOURCE_LIST, "limits": _RESOURCE_LIST}, "The agent container's resources."
+            ),
+        },
+        "The node discovery agent's DaemonSet (nodeDiscovery auto or builtin).",
     )
 
 
@@ -186,6 +213,8 @@ def values_schema() -> Schema:
         "fullnameOverride": {"type": "string", "description": "The name of the operator's objects."},
         "operator": operator_schema(),
         "clusterPolicy": cluster_policy_schema(),
+        "nodeDiscovery": node_discovery_schema(),
+        "nodeDiscoveryAgent": node_discovery_agent_schema(),
         "nfd": nfd_schema(),
         "cleanup": cleanup_schema(),
     }

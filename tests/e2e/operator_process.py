@@ -37,9 +37,20 @@ def helm(cluster: Cluster, *args: str) -> str:
     return result.stdout
 
 
-def sa_kubeconfig(cluster: Cluster, namespace: str, service_account: str, path: Path) -> Path:
-    """A kubeconfig at `path` that authenticates with a fresh TokenRequest token of the ServiceAccount."""
-    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(expiration_seconds=7200))
+def sa_kubeconfig(
+    cluster: Cluster, namespace: str, service_account: str, path: Path, bound_pod: Any = None
+) -> Path:
+    """A kubeconfig at `path` that authenticates with a fresh TokenRequest token of the ServiceAccount.
+
+    With `bound_pod` (a V1Pod) the token is bound to that pod, as the kubelet mounts it into the pod:
+    it then carries the pod's node (user extra authentication.kubernetes.io/node-name).
+    """
+    bound = None
+    if bound_pod is not None:
+        meta = bound_pod.metadata
+        bound = client.V1BoundObjectReference(api_version="v1", kind="Pod", name=meta.name, uid=meta.uid)
+    spec = client.V1TokenRequestSpec(expiration_seconds=7200, bound_object_ref=bound)
+    request = client.AuthenticationV1TokenRequest(spec=spec)
     response = client.CoreV1Api(cluster.api).create_namespaced_service_account_token(
         service_account, namespace, request
     )

@@ -25,7 +25,9 @@ import yaml
 from gpu_operator.api import parse_spec
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.components import COMPONENTS
+from gpu_operator.discovery import NFD_CRD
 from gpu_operator.kube import RESOURCES
+from gpu_operator.nodes import PCI_LABELS
 from gpu_operator.render import ClusterFacts, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +35,7 @@ CHART = ROOT / "charts" / "gpu-operator"
 POLICIES = ROOT / "tests" / "data" / "policies"
 NAMESPACE = "gpu-operator"
 RELEASE = "gpu-operator"
+AGENT = f"{RELEASE}-node-discovery"
 KUBE_VERSION = "1.36.0"  # helm built from source defaults to v1.20, below the chart's kubeVersion
 
 Obj = dict[str, Any]
@@ -144,6 +147,13 @@ def test_default_render_has_the_chart_objects(default_objects: list[Obj]) -> Non
             ("ClusterRoleBinding", f"{RELEASE}-cleanup"),
             ("ConfigMap", f"{RELEASE}-cleanup"),
             ("Job", f"{RELEASE}-cleanup"),
+            # The node discovery agent (nodeDiscovery: auto).
+            ("ServiceAccount", AGENT),
+            ("ClusterRole", AGENT),
+            ("ClusterRoleBinding", AGENT),
+            ("ValidatingAdmissionPolicy", AGENT),
+            ("ValidatingAdmissionPolicyBinding", AGENT),
+            ("DaemonSet", AGENT),
         ]
     )
     for obj in default_objects:
@@ -152,7 +162,15 @@ def test_default_render_has_the_chart_objects(default_objects: list[Obj]) -> Non
         assert labels["app.kubernetes.io/instance"] == RELEASE
         assert labels["app.kubernetes.io/version"] == "0.1.0"
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
-        if obj["kind"] in ("ServiceAccount", "Role", "RoleBinding", "Deployment", "ConfigMap", "Job"):
+        if obj["kind"] in (
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "Deployment",
+            "ConfigMap",
+            "Job",
+            "DaemonSet",
+        ):
             expected = "default" if obj["metadata"]["name"].endswith("-events") else NAMESPACE
             assert obj["metadata"]["namespace"] == expected
 
@@ -259,6 +277,9 @@ BAD_VALUES = [
     (["--set", "clusterPolicy.name=Not_A_Name"], "/clusterPolicy/name", ""),
     (["--set", "nfd.enabled=true"], "/nfd/enabled", ""),
     (["--set", "drivers.enabled=false"], "'drivers' not allowed", ""),
+    (["--set", "nodeDiscovery=yes"], "/nodeDiscovery", "'auto', 'builtin', 'nfd', 'none'"),
+    (["--set", "nodeDiscoveryAgent.rescanSeconds=0"], "/nodeDiscoveryAgent/rescanSeconds", ""),
+    (["--set", "nodeDiscoveryAgent.foo=1"], "/nodeDiscoveryAgent", "'foo' not allowed"),
 ]
 
 
@@ -275,7 +296,7 @@ def test_bad_values_fail_naming_the_value(args: list[str], where: str, what: str
 def test_operand_sections_are_strict() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert schema["additionalProperties"] is False
-    for name in ("operator", "clusterPolicy", "nfd"):
+    for name in ("operator", "clusterPolicy", "nfd", "nodeDiscoveryAgent"):
         assert schema["properties"][name]["additionalProperties"] is False
     for name in ClusterPolicySpec.model_fields:
         if name == "operator":
@@ -342,7 +363,8 @@ def test_deployment_values(tmp_path: Path) -> None:
         }
     }
     objects = render_chart("-f", values_file(tmp_path, values))
-    assert [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"] == [f"{RELEASE}-cleanup"]
+    accounts = [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"]
+    assert sorted(accounts) == [f"{RELEASE}-cleanup", AGENT]
     deployment = find(objects, "Deployment")
     assert deployment["spec"]["replicas"] == 0
     template = deployment["spec"]["template"]
@@ -357,8 +379,15 @@ def test_deployment_values(tmp_path: Path) -> None:
     assert container["imagePullPolicy"] == "Never"
     assert "--log-format=plain" in container["args"] and "--verbose" in container["args"]
     assert {"name": "DRIVER_IMAGE", "value": "registry.example.com/driver:1"} in container["env"]
+    agent = find(objects, "DaemonSet", AGENT)["spec"]["template"]["spec"]
+    assert agent["imagePullSecrets"] == [{"name": "creds"}]
+    assert [(c["image"], c["imagePullPolicy"]) for c in agent["containers"]] == [
+        ("gpu-operator:dev", "Never")
+    ]
     for binding in (
-        o for o in objects if o["kind"].endswith("Binding") and "cleanup" not in o["metadata"]["name"]
+        o
+        for o in objects
+        if o["kind"].endswith("RoleBinding") and o["metadata"]["name"] not in (f"{RELEASE}-cleanup", AGENT)
     ):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "existing", "namespace": NAMESPACE}]
 
@@ -514,5 +543,98 @@ def test_bindings_point_at_the_chart_roles(default_objects: list[Obj]) -> None:
         role = find(default_objects, role_kind, binding["roleRef"]["name"])
         assert role.get("metadata", {}).get("namespace") == binding["metadata"].get("namespace")
         assert binding["roleRef"]["kind"] == role_kind
-        account = f"{RELEASE}-cleanup" if binding["metadata"]["name"].endswith("-cleanup") else RELEASE
+        name = binding["metadata"]["name"]
+        account = name if name in (f"{RELEASE}-cleanup", AGENT) else RELEASE
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+
+
+# --- the node discovery agent ---------------------------------------------------------------------
+
+
+def agent_objects(objects: list[Obj]) -> list[Obj]:
+    return [o for o in objects if o["metadata"]["name"] == AGENT]
+
+
+def test_agent_rbac_is_exactly_what_the_agent_needs(default_objects: list[Obj]) -> None:
+    """gpu_operator/agent.py: list and watch its own node (field selector), server-side apply of
+    labels (patch); in auto mode list and watch NFD's CRD by name."""
+    nodes = ("", "", "nodes", "")
+    assert granted(default_objects, AGENT) == {
+        nodes: {"list", "watch", "patch"},
+        ("", *CRDS, NFD_CRD): {"list", "watch"},
+    }
+    builtin = render_chart("--set", "nodeDiscovery=builtin")
+    assert granted(builtin, AGENT) == {nodes: {"list", "watch", "patch"}}
+
+
+@needs_helm
+@pytest.mark.parametrize("mode", ["nfd", "none"])
+def test_no_agent_unless_asked_for(mode: str) -> None:
+    assert not agent_objects(render_chart("--set", f"nodeDiscovery={mode}"))
+
+
+def test_agent_daemonset(default_objects: list[Obj]) -> None:
+    daemonset = find(default_objects, "DaemonSet", AGENT)
+    assert daemonset["metadata"]["namespace"] == NAMESPACE
+    template = daemonset["spec"]["template"]
+    assert daemonset["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    pod = template["spec"]
+    assert pod["serviceAccountName"] == AGENT
+    assert pod["tolerations"] == [{"operator": "Exists"}], "it must run on tainted GPU nodes"
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    operator_image = find(default_objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert container["image"] == operator_image, "no image of its own"
+    assert container["args"] == ["discover", "--mode=auto", "--sysfs=/host/sys", "--rescan-seconds=60"]
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container[
+        "env"
+    ]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert "privileged" not in security
+    assert container["resources"] == {
+        "requests": {"cpu": "5m", "memory": "64Mi"},
+        "limits": {"memory": "128Mi"},
+    }
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host_paths == {"pci-devices": "/sys/bus/pci/devices", "devices": "/sys/devices"}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    for name, host_path in host_paths.items():
+        assert mounts[name]["readOnly"] is True
+        # Mounted where --sysfs=/host/sys expects them, so sysfs's relative symlinks resolve.
+        assert mounts[name]["mountPath"] == "/host" + host_path
+
+
+@needs_helm
+def test_agent_values(tmp_path: Path) -> None:
+    values = {
+        "nodeDiscovery": "builtin",
+        "nodeDiscoveryAgent": {"rescanSeconds": 5, "priorityClassName": "system-node-critical"},
+    }
+    pod = find(render_chart("-f", values_file(tmp_path, values)), "DaemonSet", AGENT)["spec"]["template"][
+        "spec"
+    ]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["containers"][0]["args"][1:] == ["--mode=builtin", "--sysfs=/host/sys", "--rescan-seconds=5"]
+
+
+def test_admission_policy_limits_the_agent_to_the_pci_labels_of_its_own_node(
+    default_objects: list[Obj],
+) -> None:
+    policy = find(default_objects, "ValidatingAdmissionPolicy", AGENT)["spec"]
+    assert policy["failurePolicy"] == "Fail"
+    (rule,) = policy["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"], rule["operations"]) == ([""], ["nodes"], ["UPDATE"])
+    (condition,) = policy["matchConditions"]
+    assert (
+        condition["expression"] == f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:{AGENT}"'
+    )
+    variables = {v["name"]: v["expression"] for v in policy["variables"]}
+    assert sorted(re.findall(r"'([^']+)'", variables["pciLabels"])) == sorted(PCI_LABELS)
+    assert "request.userInfo.extra['authentication.kubernetes.io/node-name']" in variables["tokenNode"]
+    assert [v["reason"] for v in policy["validations"]] == ["Forbidden"] * 3
+    binding = find(default_objects, "ValidatingAdmissionPolicyBinding", AGENT)["spec"]
+    assert binding == {"policyName": AGENT, "validationActions": ["Deny"]}
