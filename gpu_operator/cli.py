@@ -32,7 +32,7 @@ EXIT_FAILED = 1
 EXIT_INVALID = 2
 
 DEFAULT_NAMESPACE = "gpu-operator"
-DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
+DEFAULT_LISTEN = "0.0.0.0:8080"
 
 
 class InputError(Exception):
@@ -268,11 +268,22 @@ def cmd_crd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gpu_operator.operator import run  # Kopf is imported only when the operator runs
 
-    run(namespace=args.namespace, log_format=args.log_format, liveness=args.liveness, verbose=args.verbose)
+    run(namespace=args.namespace, log_format=args.log_format, listen=args.listen, verbose=args.verbose)
     return EXIT_OK
 
 
 # --- the parser -----------------------------------------------------------------------------------
+
+
+def _listen_address(value: str) -> str:
+    from gpu_operator.server import parse_address
+
+    if value:
+        try:
+            parse_address(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -293,10 +304,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "--log-format", choices=("plain", "full", "json"), default="plain", help="log format (default plain)"
     )
     run.add_argument(
-        "--liveness",
-        default=environ.get("GPU_OPERATOR_LIVENESS", DEFAULT_LIVENESS),
-        metavar="URL",
-        help="liveness endpoint (env GPU_OPERATOR_LIVENESS; default %(default)s; empty disables it)",
+        "--listen",
+        default=environ.get("GPU_OPERATOR_LISTEN", DEFAULT_LISTEN),
+        type=_listen_address,
+        metavar="HOST:PORT",
+        help="HTTP address of /metrics, /healthz and /readyz (env GPU_OPERATOR_LISTEN; default "
+        "%(default)s; port 0 picks a free one; empty disables the server)",
     )
     run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     run.set_defaults(handler=cmd_run)

@@ -16,10 +16,12 @@ from typing import Any
 import urllib3
 from kubernetes import client, config
 
+from gpu_operator import metrics
 from gpu_operator.observed import ObjectKey
 
 FIELD_MANAGER = "gpu-operator"
 EVENTS_NAMESPACE = "default"
+LIST_PAGE = 500
 
 # (apiVersion, kind) → (plural, namespaced)
 RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
@@ -28,6 +30,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("v1", "Service"): ("services", True),
     ("v1", "Pod"): ("pods", True),
     ("v1", "Event"): ("events", True),
+    ("v1", "ResourceQuota"): ("resourcequotas", True),
     ("v1", "Node"): ("nodes", False),
     ("v1", "Namespace"): ("namespaces", False),
     ("apps/v1", "DaemonSet"): ("daemonsets", True),
@@ -42,6 +45,12 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
 }
 
 
+def _verb(method: str, content_type: str) -> str:
+    if method == "PATCH":
+        return "apply" if content_type == "application/apply-patch+yaml" else "patch"
+    return {"POST": "create", "PUT": "update", "DELETE": "delete"}.get(method, method.lower())
+
+
 class ApiError(Exception):
     """A failed API call, with the server's status code and message."""
 
@@ -52,9 +61,10 @@ class ApiError(Exception):
 
 
 def path(api_version: str, kind: str, namespace: str = "", name: str = "", subresource: str = "") -> str:
+    """The URL path; a namespaced kind without a namespace is its list across all namespaces."""
     plural, namespaced = RESOURCES[(api_version, kind)]
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    if namespaced:
+    if namespaced and namespace:
         prefix += f"/namespaces/{namespace}"
     result = f"{prefix}/{plural}"
     if name:
@@ -84,31 +94,76 @@ class Kube:
         body: Any = None,
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
+        kind: str = "",
     ) -> dict[str, Any]:
+        """One API call; the JSON response. Writes (anything but GET) count in the metrics by `kind`."""
+        data = self._call(method, url, body, query, content_type, kind)
+        return json.loads(data) if data else {}
+
+    def _call(
+        self,
+        method: str,
+        url: str,
+        body: Any,
+        query: Mapping[str, str] | None,
+        content_type: str,
+        kind: str,
+        accept: str = "application/json",
+    ) -> bytes:
         method_, full_url, headers, payload, _ = self.api.param_serialize(
             method=method,
             resource_path=url,
             query_params=list((query or {}).items()),
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            header_params={"Content-Type": content_type, "Accept": accept},
             body=body,
             auth_settings=["BearerToken"],
         )
+        status = 0
         try:
             response = self.api.call_api(method_, full_url, header_params=headers, body=payload)
+            status = response.status
         except urllib3.exceptions.HTTPError as exc:
             # Connection refused, TLS failure, timeout: reported like an API error, retried the same way.
             raise ApiError(0, "ConnectionError", str(exc)) from None
-        data = response.read()  # type: ignore[no-untyped-call]
+        finally:
+            if method != "GET":
+                metrics.observe_write(_verb(method, content_type), kind, status)
+        data: bytes = response.read()  # type: ignore[no-untyped-call]
         if not 200 <= response.status < 300:
             try:
                 details = json.loads(data)
                 raise ApiError(response.status, details.get("reason", ""), details.get("message", ""))
             except (ValueError, AttributeError):
                 raise ApiError(response.status, "", data.decode(errors="replace")[:300]) from None
-        return json.loads(data) if data else {}
+        return data
 
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
         return self.request("GET", path(api_version, kind, namespace, name))
+
+    def list(
+        self, api_version: str, kind: str, namespace: str = "", label_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        """Every object of a kind (all namespaces when `namespace` is empty), fetched in pages."""
+        items: list[dict[str, Any]] = []
+        query = {"limit": str(LIST_PAGE)}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        while True:
+            page = self.request("GET", path(api_version, kind, namespace), query=query)
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            query["continue"] = token
+
+    def pod_log(self, namespace: str, name: str, container: str, lines: int, previous: bool = False) -> str:
+        """The last `lines` lines of a container's log (of its previous run when `previous`)."""
+        query = {"container": container, "tailLines": str(lines)}
+        if previous:
+            query["previous"] = "true"
+        url = path("v1", "Pod", namespace, name, "log")
+        data = self._call("GET", url, None, query, "application/json", "", accept="text/plain")
+        return data.decode(errors="replace")
 
     def apply(self, body: Mapping[str, Any]) -> dict[str, Any]:
         """Server-side apply under our field manager, taking over conflicting fields (drift repair)."""
@@ -120,13 +175,17 @@ class Kube:
             body=body,
             query={"fieldManager": FIELD_MANAGER, "force": "true"},
             content_type="application/apply-patch+yaml",
+            kind=body["kind"],
         )
 
     def delete(self, key: ObjectKey) -> None:
         api_version, kind, namespace, name = key
         try:
             self.request(
-                "DELETE", path(api_version, kind, namespace, name), body={"propagationPolicy": "Background"}
+                "DELETE",
+                path(api_version, kind, namespace, name),
+                body={"propagationPolicy": "Background"},
+                kind=kind,
             )
         except ApiError as exc:
             if exc.status != 404:
@@ -144,6 +203,7 @@ class Kube:
             path("nvidia.com/v1", "ClusterPolicy", name=name, subresource="status"),
             body={"status": dict(status)},
             content_type="application/merge-patch+json",
+            kind="ClusterPolicy",
         )
 
     def post_event(self, policy: Mapping[str, str], type_: str, reason: str, message: str, now: str) -> None:
@@ -169,4 +229,4 @@ class Kube:
             "source": {"component": FIELD_MANAGER},
             "reportingComponent": FIELD_MANAGER,
         }
-        self.request("POST", path("v1", "Event", namespace), body=body)
+        self.request("POST", path("v1", "Event", namespace), body=body, kind="Event")

@@ -96,6 +96,26 @@ def operator_schema() -> Schema:
             "affinity": _OBJECT,
             "priorityClassName": _STRING,
             "logFormat": {"enum": ["plain", "full", "json"]},
+            "port": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 65535,
+                "description": "HTTP port of /metrics, /healthz and /readyz.",
+            },
+            "metrics": _strict(
+                {
+                    "service": _strict({"annotations": _STRING_MAP}, "The metrics Service."),
+                    "serviceMonitor": _strict(
+                        {
+                            "enabled": {"type": "boolean"},
+                            "interval": {"type": "string", "pattern": r"^([0-9]+(ms|s|m|h))+$"},
+                            "labels": _STRING_MAP,
+                        },
+                        "A ServiceMonitor (Prometheus operator) for the metrics Service.",
+                    ),
+                },
+                "The operator's Prometheus metrics.",
+            ),
             "verbose": {"type": "boolean", "description": "Debug logging."},
             "env": {
                 "type": "array",

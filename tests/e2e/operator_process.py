@@ -4,6 +4,7 @@ call it makes is checked against that account's RBAC, exactly as in a cluster.""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -69,20 +70,30 @@ class OperatorProcess:
     """`gpu-operator run` in a subprocess with its own kubeconfig; output goes to a log file."""
 
     def __init__(
-        self, kubeconfig: Path, namespace: str, log: Path, env: dict[str, str] | None = None
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        log: Path,
+        env: dict[str, str] | None = None,
+        listen: str = "127.0.0.1:0",
     ) -> None:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.log_path = log
         self.env = env or {}
+        self.listen = listen
+        """HTTP address of /metrics, /healthz, /readyz; port 0 (a free one, see `url`) by default."""
         self.process: subprocess.Popen[bytes] | None = None
+        self.log_offset = 0
+        """Where this run's output starts in the (appended) log."""
 
     def start(self) -> OperatorProcess:
         environ = {k: v for k, v in os.environ.items() if not k.endswith("_IMAGE")}
         environ.update(KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1", **self.env)
+        self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [str(OPERATOR), "run", "--namespace", self.namespace, "--liveness", ""],
+                [str(OPERATOR), "run", "--namespace", self.namespace, "--listen", self.listen],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=environ,
@@ -107,6 +118,13 @@ class OperatorProcess:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.kill()
+
+    def url(self) -> str:
+        """The operator's HTTP base URL, from its log (this run's, the log is appended to)."""
+        run = self.log_path.read_bytes()[self.log_offset :].decode(errors="replace")
+        found = re.findall(r"serving /metrics, /healthz and /readyz on (http://\S+)", run)
+        assert found, "the operator has not started its HTTP server (yet)"
+        return str(found[-1])
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""

@@ -137,6 +137,7 @@ def test_default_render_has_the_chart_objects(default_objects: list[Obj]) -> Non
             ("Role", f"{RELEASE}-events"),
             ("RoleBinding", f"{RELEASE}-events"),
             ("Deployment", RELEASE),
+            ("Service", f"{RELEASE}-metrics"),
             ("ClusterPolicy", "cluster-policy"),
             # The pre-delete cleanup hook.
             ("ServiceAccount", f"{RELEASE}-cleanup"),
@@ -152,7 +153,15 @@ def test_default_render_has_the_chart_objects(default_objects: list[Obj]) -> Non
         assert labels["app.kubernetes.io/instance"] == RELEASE
         assert labels["app.kubernetes.io/version"] == "0.1.0"
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
-        if obj["kind"] in ("ServiceAccount", "Role", "RoleBinding", "Deployment", "ConfigMap", "Job"):
+        if obj["kind"] in (
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "Deployment",
+            "ConfigMap",
+            "Job",
+            "Service",
+        ):
             expected = "default" if obj["metadata"]["name"].endswith("-events") else NAMESPACE
             assert obj["metadata"]["namespace"] == expected
 
@@ -247,6 +256,17 @@ BAD_VALUES = [
     (["--set", "operator.foo=1"], "/operator", "'foo' not allowed"),
     (["--set", "operator.image.pullPolicy=Sometimes"], "/operator/image/pullPolicy", ""),
     (["--set", "operator.logFormat=xml"], "/operator/logFormat", ""),
+    (["--set", "operator.port=0"], "/operator/port", "minimum"),
+    (
+        ["--set", "operator.metrics.serviceMonitor.enabled=yes"],
+        "/operator/metrics/serviceMonitor/enabled",
+        "",
+    ),
+    (
+        ["--set", "operator.metrics.serviceMonitor.interval=often"],
+        "/operator/metrics/serviceMonitor/interval",
+        "",
+    ),
     (["--set", "driver.foo=1"], "/driver", "'foo' not allowed"),
     (["--set", "devicePlugin.version=1"], "/devicePlugin/version", "want string"),
     (
@@ -302,14 +322,15 @@ def test_deployment(default_objects: list[Obj]) -> None:
         "run",
         "--namespace=$(OPERATOR_NAMESPACE)",
         "--log-format=json",
-        "--liveness=http://0.0.0.0:8080/healthz",
+        "--listen=0.0.0.0:8080",
     ]
     assert {
         "name": "OPERATOR_NAMESPACE",
         "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
     } in container["env"]
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
-    assert {"name": "healthz", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
     security = container["securityContext"]
     assert security["runAsNonRoot"] is True
     assert security["runAsUser"] == 65532
@@ -361,6 +382,43 @@ def test_deployment_values(tmp_path: Path) -> None:
         o for o in objects if o["kind"].endswith("Binding") and "cleanup" not in o["metadata"]["name"]
     ):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "existing", "namespace": NAMESPACE}]
+
+
+def test_metrics_service_selects_the_operator_pod(default_objects: list[Obj]) -> None:
+    service = find(default_objects, "Service", f"{RELEASE}-metrics")
+    pod_labels = find(default_objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [
+        {"name": "gpu-operator-metrics", "port": 8080, "targetPort": "http", "protocol": "TCP"}
+    ]
+    assert not [o for o in default_objects if o["kind"] == "ServiceMonitor"], "off by default"
+
+
+@needs_helm
+def test_service_monitor_and_port(tmp_path: Path) -> None:
+    values = {
+        "operator": {
+            "port": 9443,
+            "metrics": {
+                "service": {"annotations": {"prometheus.io/scrape": "true"}},
+                "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}},
+            },
+        }
+    }
+    objects = render_chart("-f", values_file(tmp_path, values))
+    (container,) = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--listen=0.0.0.0:9443" in container["args"]
+    assert container["ports"][0]["containerPort"] == 9443
+    service = find(objects, "Service", f"{RELEASE}-metrics")
+    assert service["spec"]["ports"][0]["port"] == 9443
+    assert service["metadata"]["annotations"] == {"prometheus.io/scrape": "true"}
+    monitor = find(objects, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "gpu-operator-metrics", "path": "/metrics", "interval": "15s"}
+    ]
 
 
 # --- RBAC -------------------------------------------------------------------------------------------
