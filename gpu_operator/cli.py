@@ -1,4 +1,4 @@
-"""`gpu-operator run | render | validate | crd`.
+"""`gpu-operator run | render | validate | crd | doctor`.
 
 Data goes to stdout, diagnostics to stderr, one line each, prefixed with the file they concern. Exit
 status: 0 fine (warnings allowed), 2 bad input (unreadable file, invalid YAML, invalid policy) or bad
@@ -272,7 +272,42 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
+def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from gpu_operator.doctor import EXIT_BAD_INPUT, DoctorError, run
+    from gpu_operator.doctor.state import Scope
+
+    try:
+        return run(
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            namespace=args.namespace,
+            scope=Scope(node=args.node or "", pod=args.pod or ""),
+            output=args.output,
+            log_lines=args.log_lines,
+            state_file=args.from_state,
+            save=args.save_state,
+            out=out,
+        )
+    except DoctorError as exc:
+        one_line = " ".join(str(exc).split())  # YAML and API messages span lines; the promise is one
+        print(f"gpu-operator doctor: {one_line}", file=err)
+        return EXIT_BAD_INPUT
+
+
 # --- the parser -----------------------------------------------------------------------------------
+
+
+def _pod_ref(value: str) -> str:
+    namespace, _, name = value.partition("/")
+    if not namespace or not name or "/" in name:
+        raise argparse.ArgumentTypeError(f"{value!r} is not NAMESPACE/NAME")
+    return value
+
+
+def _non_negative(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number >= 0")
+    return int(value)
 
 
 def _listen_address(value: str) -> str:
@@ -334,6 +369,36 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
     crd = commands.add_parser("crd", help="print the ClusterPolicy CustomResourceDefinition")
     crd.set_defaults(handler=cmd_crd)
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="find what keeps GPU pods from running, and what to run next (read only)",
+        description="Walks the GPU troubleshooting checklist over the cluster (or one node or pod) with "
+        "your kubeconfig, read only. Exit 0: nothing wrong, 1: problems found, 2: bad input or no access.",
+    )
+    where = doctor.add_mutually_exclusive_group()
+    where.add_argument("--node", metavar="NAME", help="only what concerns this node")
+    where.add_argument("--pod", metavar="NAMESPACE/NAME", type=_pod_ref, help="only what concerns this pod")
+    doctor.add_argument("-o", "--output", choices=("table", "json"), default="table", help="default table")
+    doctor.add_argument("--kubeconfig", help="kubeconfig file (default $KUBECONFIG or ~/.kube/config)")
+    doctor.add_argument("--context", help="kubeconfig context (default the current one)")
+    doctor.add_argument(
+        "--namespace",
+        default="",
+        help="namespace of the operands (default: the ClusterPolicy's status.namespace, else gpu-operator)",
+    )
+    doctor.add_argument(
+        "--log-lines",
+        type=_non_negative,
+        default=10,
+        metavar="N",
+        help="log lines to read of each failing operand container (default %(default)s; 0: read no logs)",
+    )
+    doctor.add_argument("--save-state", metavar="FILE", help="also write what was read, as JSON")
+    doctor.add_argument(
+        "--from-state", metavar="FILE", help="diagnose a state saved by --save-state instead of the cluster"
+    )
+    doctor.set_defaults(handler=cmd_doctor)
     return parser
 
 

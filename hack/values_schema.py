@@ -180,6 +180,29 @@ def cleanup_schema() -> Schema:
     )
 
 
+def doctor_schema() -> Schema:
+    subject = {
+        "type": "object",
+        "required": ["kind", "name"],
+        "properties": {
+            "kind": {"enum": ["User", "Group", "ServiceAccount"]},
+            "name": {"type": "string", "minLength": 1},
+            "namespace": _STRING,
+            "apiGroup": _STRING,
+        },
+        "additionalProperties": False,
+    }
+    return _strict(
+        {
+            "rbac": _strict(
+                {"create": {"type": "boolean"}, "subjects": {"type": "array", "items": subject}},
+                "The doctor's read-only ClusterRole and who it is bound to.",
+            )
+        },
+        "`gpu-operator doctor`.",
+    )
+
+
 def _clean(schema: Any) -> Any:
     """Drop pydantic titles and CRD-only `x-kubernetes-*` keywords, recursively."""
     if isinstance(schema, list):
@@ -208,6 +231,7 @@ def values_schema() -> Schema:
         "clusterPolicy": cluster_policy_schema(),
         "nfd": nfd_schema(),
         "cleanup": cleanup_schema(),
+        "doctor": doctor_schema(),
     }
     overlap = properties.keys() & operands.keys()
     if overlap:

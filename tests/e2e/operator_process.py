@@ -9,6 +9,8 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -136,3 +138,38 @@ class OperatorProcess:
         assert "403" not in text and "forbidden" not in text.lower(), (
             f"operator hit RBAC denials:\n{text[-4000:]}"
         )
+
+
+RELEASE = "gpu-operator"
+
+
+@contextmanager
+def chart_operator(
+    cluster: Cluster, folder: Path, namespace: str, *helm_args: str
+) -> Iterator[OperatorProcess]:
+    """The chart's ServiceAccount and RBAC (no in-cluster Deployment, no ClusterPolicy) and the
+    operator running as that ServiceAccount; uninstalled afterwards."""
+    helm(
+        cluster,
+        "upgrade",
+        "--install",
+        RELEASE,
+        str(ROOT / "charts" / "gpu-operator"),
+        "--namespace",
+        namespace,
+        "--create-namespace",
+        "--wait",
+        "--set",
+        "operator.replicas=0",
+        "--set",
+        "clusterPolicy.create=false",
+        *helm_args,
+    )
+    kubeconfig = sa_kubeconfig(cluster, namespace, RELEASE, folder / "kubeconfig")
+    process = OperatorProcess(kubeconfig, namespace, folder / "operator.log").start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        print(process.log()[-6000:])
+        helm(cluster, "uninstall", RELEASE, "--namespace", namespace, "--wait")

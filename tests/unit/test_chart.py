@@ -138,6 +138,7 @@ def test_default_render_has_the_chart_objects(default_objects: list[Obj]) -> Non
             ("RoleBinding", f"{RELEASE}-events"),
             ("Deployment", RELEASE),
             ("Service", f"{RELEASE}-metrics"),
+            ("ClusterRole", f"{RELEASE}-doctor"),
             ("ClusterPolicy", "cluster-policy"),
             # The pre-delete cleanup hook.
             ("ServiceAccount", f"{RELEASE}-cleanup"),
@@ -257,6 +258,7 @@ BAD_VALUES = [
     (["--set", "operator.image.pullPolicy=Sometimes"], "/operator/image/pullPolicy", ""),
     (["--set", "operator.logFormat=xml"], "/operator/logFormat", ""),
     (["--set", "operator.port=0"], "/operator/port", "minimum"),
+    (["--set", "doctor.rbac.subjects[0].kind=Robot"], "/doctor/rbac/subjects/0/kind", ""),
     (
         ["--set", "operator.metrics.serviceMonitor.enabled=yes"],
         "/operator/metrics/serviceMonitor/enabled",
@@ -547,6 +549,43 @@ def test_cleanup_hook_rbac(default_objects: list[Obj]) -> None:
     assert script == (CHART / "files" / "cleanup.py").read_text()
 
 
+def doctor_rules(objects: list[Obj]) -> Grants:
+    role = find(objects, "ClusterRole", f"{RELEASE}-doctor")
+    grants: Grants = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                grants.setdefault(("", group, resource, ""), set()).update(rule["verbs"])
+    return grants
+
+
+def test_doctor_role_is_exactly_what_doctor_reads(default_objects: list[Obj]) -> None:
+    from gpu_operator.doctor.recording import READS
+
+    assert doctor_rules(default_objects) == {
+        ("", group, resource, ""): set(verbs) for group, resource, verbs in READS
+    }
+    assert not {"create", "update", "patch", "delete"} & {
+        v for verbs in doctor_rules(default_objects).values() for v in verbs
+    }
+    assert not [
+        o
+        for o in default_objects
+        if o["kind"] == "ClusterRoleBinding" and o["metadata"]["name"].endswith("-doctor")
+    ]
+
+
+@needs_helm
+def test_doctor_role_binding_and_opt_out(tmp_path: Path) -> None:
+    subjects = [{"kind": "Group", "name": "gpu-team", "apiGroup": "rbac.authorization.k8s.io"}]
+    objects = render_chart("-f", values_file(tmp_path, {"doctor": {"rbac": {"subjects": subjects}}}))
+    binding = find(objects, "ClusterRoleBinding", f"{RELEASE}-doctor")
+    assert binding["subjects"] == subjects
+    assert binding["roleRef"]["name"] == f"{RELEASE}-doctor"
+    none = render_chart("--set", "doctor.rbac.create=false")
+    assert not [o for o in none if o["metadata"]["name"].endswith("-doctor")]
+
+
 @needs_helm
 def test_no_cleanup_hook_without_a_cluster_policy() -> None:
     for args in (["--set", "clusterPolicy.create=false"], ["--set", "cleanup.enabled=false"]):
@@ -568,6 +607,8 @@ def test_operand_role_names_match_the_operator() -> None:
 
 def test_bindings_point_at_the_chart_roles(default_objects: list[Obj]) -> None:
     for binding in (o for o in default_objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        if binding["metadata"]["name"].endswith("-doctor"):
+            continue  # bound to people (doctor.rbac.subjects), tested above
         role_kind = "ClusterRole" if binding["kind"] == "ClusterRoleBinding" else "Role"
         role = find(default_objects, role_kind, binding["roleRef"]["name"])
         assert role.get("metadata", {}).get("namespace") == binding["metadata"].get("namespace")
