@@ -48,6 +48,15 @@ def _quota_fits_now(cluster: Cluster, namespace: str, name: str, requested: Mapp
 REFUSED = "the API server refuses its pods: "
 
 
+def _operand_gone(cluster: Cluster, involved: Obj) -> bool:
+    """An Event of an operand DaemonSet that no longer exists (Events outlive it by an hour)."""
+    return (
+        involved.get("kind") == "DaemonSet"
+        and involved.get("namespace") == cluster.namespace
+        and not any(name_of(d) == involved.get("name") for d in cluster.state.daemonsets)
+    )
+
+
 def rejection_findings(cluster: Cluster) -> list[Finding]:
     """Workloads whose pods the API server refuses to create (their controllers' FailedCreate Events)."""
     latest: dict[tuple[str, str], tuple[Obj, int]] = {}
@@ -57,6 +66,8 @@ def rejection_findings(cluster: Cluster) -> list[Finding]:
             if code is None:
                 continue
             involved = event.get("involvedObject") or {}
+            if _operand_gone(cluster, involved):
+                continue
             kind = str(involved.get("kind", "")).lower()
             what = f"{kind} {involved.get('namespace', '')}/{involved.get('name', '')}"
             stamp = str(event.get("lastTimestamp") or event.get("eventTime") or "")

@@ -105,6 +105,13 @@ def test_a_stale_scheduler_message_is_pointed_out() -> None:
     )
 
 
+def test_a_quota_with_room_now_is_not_reported() -> None:
+    recorded = state("demo-broken.json")
+    (quota,) = recorded.quotas
+    quota["status"]["used"]["requests.nvidia.com/gpu"] = "4"  # the refused 4 fit now
+    assert not [f for f in diagnose(recorded) if f.code == "GPUQuotaExceeded"]
+
+
 def test_recorded_broken_demo_scoped() -> None:
     recorded = state("demo-broken.json")
     node = diagnose(recorded, Scope(node="gpu-node-1"))
@@ -197,6 +204,7 @@ def test_gpu_pods_that_cannot_start() -> None:
     sandboxed = by(findings, "GPUPodNotStarting", "pod team/sandboxed")
     assert "its RuntimeClass nvidia-legacy does not exist" in sandboxed.cause
     assert not [f for f in findings if f.object == "pod team/young"], "30 s in ContainerCreating is normal"
+    assert not [f for f in findings if f.code == "RuntimeClassNotFound"], "the RuntimeClass is back"
 
 
 def test_policy_stale_and_refused_creates() -> None:
@@ -209,6 +217,7 @@ def test_policy_stale_and_refused_creates() -> None:
     bert = by(findings, "GPURequestRejected", "trainingjob team/bert")
     assert "requests must equal limits" in bert.cause and bert.details[0].startswith("3 failed create(s)")
     assert "fractional nvidia.com/gpu" in by(findings, "GPURequestRejected", "trainingjob team/half").cause
+    assert not [f for f in findings if "daemonset" in f.object], "the DaemonSet is gone"
     serve = by(findings, "RuntimeClassNotFound", "replicaset team/serve-5d8f")
     assert "RuntimeClass nvidia, which does not exist (the ClusterPolicy's" in serve.cause
     assert serve.details[0].startswith("5 failed create(s)")
