@@ -267,9 +267,6 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
         settings.watching.label_selectors[group, plural] = SELECTOR
     settings.watching.label_selectors["", "pods"] = SELECTOR
     namespace: str = memo["namespace"]
-    if memo["listen"]:
-        # First, so the liveness probe answers while the CRD checks below wait on the API server.
-        memo["server"] = await server.start(memo["listen"], health, ready, metrics.REGISTRY)
     kube = Kube(load_api_client())
     await asyncio.to_thread(ensure_crd, kube)
     nvidia_driver = await asyncio.to_thread(_has_crd, kube, "nvidiadrivers.nvidia.com")
@@ -291,8 +288,6 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     task = memo.get("task")
     if task is not None:
         task.cancel()
-    if "server" in memo:
-        await memo["server"].stop()
 
 
 # --- probes (served by gpu_operator/server.py) ---------------------------------------------------
@@ -329,8 +324,16 @@ def run(namespace: str, log_format: str = "plain", listen: str = "", verbose: bo
     if not verbose:
         # Kopf logs every watch event's handler at INFO; our own log says what was done.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    kopf.run(
-        standalone=True,
-        namespaces=[namespace],
-        memo=kopf.Memo(namespace=namespace, listen=listen),
-    )
+    with contextlib.suppress(asyncio.CancelledError):  # as kopf.run
+        asyncio.run(_serve(namespace, listen))
+
+
+async def _serve(namespace: str, listen: str) -> None:
+    # The HTTP server first, so a busy port fails at once (server.ServerError) and the probes answer
+    # while Kopf starts: /healthz says "not started", /readyz 503.
+    running = await server.start(listen, health, ready, metrics.REGISTRY) if listen else None
+    try:
+        await kopf.operator(standalone=True, namespaces=[namespace], memo=kopf.Memo(namespace=namespace))
+    finally:
+        if running is not None:
+            await running.stop()

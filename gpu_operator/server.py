@@ -57,6 +57,10 @@ def app(health: Check, ready: Check, registry: CollectorRegistry) -> web.Applica
     return application
 
 
+class ServerError(Exception):
+    """The address cannot be served (port in use, no such interface), in one line."""
+
+
 @dataclass
 class Server:
     runner: web.AppRunner
@@ -73,7 +77,11 @@ async def start(address: str, health: Check, ready: Check, registry: CollectorRe
     runner = web.AppRunner(app(health, ready, registry), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await site.start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ServerError(f"cannot serve HTTP on {address}: {exc.strerror or exc}") from None
     bound = runner.addresses[0]
     shown = f"[{bound[0]}]" if ":" in bound[0] else bound[0]
     url = f"http://{shown}:{bound[1]}"

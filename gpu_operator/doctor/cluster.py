@@ -129,6 +129,10 @@ class Cluster:
     def enabled(self, component: str) -> bool:
         return self.spec is None or BY_NAME[component].enabled(self.spec)
 
+    def expected_on(self, component: str, node: str) -> bool:
+        """Whether the component should run on the node at all (enabled, the node not opted out)."""
+        return self.enabled(component) and runs_on(BY_NAME[component], self.infos[node])
+
     def is_ready(self, component: str, node: str) -> bool:
         operand = self.operands.get((component, node))
         return operand is not None and operand.info.ready

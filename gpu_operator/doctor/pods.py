@@ -99,9 +99,8 @@ def _unschedulable(cluster: Cluster, pod: Obj) -> Finding:
             "error",
             "GPUPodUnschedulable",
             f"pod {ref}",
-            "Pending: no node in the cluster has an NVIDIA GPU (no label "
-            "feature.node.kubernetes.io/pci-10de.present "
-            "label from Node Feature Discovery, no nvidia.com/gpu.present): is NFD installed?",
+            "Pending: no node in the cluster has an NVIDIA GPU (no Node Feature Discovery label "
+            "feature.node.kubernetes.io/pci-10de.present, no nvidia.com/gpu.present): is NFD installed?",
             pod=ref,
             details=(f"scheduler: {message}",) if message else (),
             commands=(
@@ -216,8 +215,10 @@ def _not_starting(cluster: Cluster, pod: Obj) -> Finding | None:
         causes.append(f"its RuntimeClass {runtime_class} does not exist")
         commands.append(checklist.kubectl("get", "runtimeclasses"))
     for component in ("driver", "container-toolkit", "device-plugin"):
+        if not cluster.expected_on(component, node):
+            continue  # disabled, or opted out on purpose (a driver on the host, say)
         link = cluster.explain(component, node)
-        if not link.ok and cluster.enabled(component) and "disabled" not in link.text:
+        if not link.ok:
             causes.append(f"on {node}, {link.text}")
             commands += link_commands(cluster, link, node)
             break

@@ -367,3 +367,19 @@ def test_scheduler_reasons() -> None:
         "node(s) were unschedulable": 1
     }
     assert scheduling.scheduler_reasons("") == {}
+
+
+def test_a_host_driver_is_not_blamed() -> None:
+    """With the driver opted out (pre-installed on the host) and no driver pod, a crashing GPU pod is
+    the container's own problem once the toolkit and device plugin are ready."""
+    recorded = state("healthy.yaml")
+    recorded.nodes[0]["metadata"]["labels"]["nvidia.com/gpu.deploy.driver"] = "false"
+    recorded.pods[:] = [p for p in recorded.pods if p["metadata"]["name"] != "nvidia-driver-daemonset-aaaaa"]
+    train = next(p for p in recorded.pods if p["metadata"]["name"] == "train")
+    train["status"] = {
+        "phase": "Running",
+        "containerStatuses": [{"name": "main", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}],
+    }
+    (found,) = diagnose(recorded)
+    assert found.code == "GPUPodNotStarting"
+    assert found.cause == "CrashLoopBackOff; the GPU stack on gpu-a is ready, so look at the container itself"

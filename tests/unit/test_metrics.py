@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import socket
+import subprocess
+import sys
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
@@ -281,3 +286,22 @@ def test_operator_probes() -> None:
     assert before_listing == (False, {"watchesEstablished": False, "firstPassDone": False})
     assert listed[0] is False and done[0] is True
     assert health[0] is True and health[1]["reconcile"]["passes"] == 0
+
+
+def test_run_exits_2_when_its_port_is_taken(tmp_path: Path) -> None:
+    """Checked before Kopf starts: one line, no retry loop of a failing startup handler."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        result = subprocess.run(
+            [sys.executable, "-m", "gpu_operator.cli", "run", "--listen", address],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+            env={**os.environ, "KUBECONFIG": str(tmp_path / "none")},
+        )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.startswith(f"gpu-operator run: cannot serve HTTP on {address}: ")
+    assert "Traceback" not in result.stderr
