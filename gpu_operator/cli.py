@@ -1,4 +1,4 @@
-"""`gpu-operator run | render | validate | crd | discover`.
+"""`gpu-operator run | render | validate | crd | discover | doctor`.
 
 Data goes to stdout, diagnostics to stderr, one line each, prefixed with the file they concern. Exit
 status: 0 fine (warnings allowed), 2 bad input (unreadable file, invalid YAML, invalid policy) or bad
@@ -33,9 +33,9 @@ EXIT_FAILED = 1
 EXIT_INVALID = 2
 
 DEFAULT_NAMESPACE = "gpu-operator"
-DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
 DEFAULT_RESCAN_SECONDS = 60.0
 """How often the discovery agent reads sysfs again (gpu_operator/agent.py says why a minute)."""
+DEFAULT_LISTEN = "0.0.0.0:8080"
 
 
 class InputError(Exception):
@@ -270,8 +270,13 @@ def cmd_crd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gpu_operator.operator import run  # Kopf is imported only when the operator runs
+    from gpu_operator.server import ServerError
 
-    run(namespace=args.namespace, log_format=args.log_format, liveness=args.liveness, verbose=args.verbose)
+    try:
+        run(namespace=args.namespace, log_format=args.log_format, listen=args.listen, verbose=args.verbose)
+    except ServerError as exc:
+        print(f"gpu-operator run: {exc}", file=err)
+        return EXIT_INVALID
     return EXIT_OK
 
 
@@ -321,7 +326,53 @@ def _seconds(text: str) -> float:
     return value
 
 
+def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from gpu_operator.doctor import EXIT_BAD_INPUT, DoctorError, run
+    from gpu_operator.doctor.state import Scope
+
+    try:
+        return run(
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            namespace=args.namespace,
+            scope=Scope(node=args.node or "", pod=args.pod or ""),
+            output=args.output,
+            log_lines=args.log_lines,
+            state_file=args.from_state,
+            save=args.save_state,
+            out=out,
+        )
+    except DoctorError as exc:
+        one_line = " ".join(str(exc).split())  # YAML and API messages span lines; the promise is one
+        print(f"gpu-operator doctor: {one_line}", file=err)
+        return EXIT_BAD_INPUT
+
+
 # --- the parser -----------------------------------------------------------------------------------
+
+
+def _pod_ref(value: str) -> str:
+    namespace, _, name = value.partition("/")
+    if not namespace or not name or "/" in name:
+        raise argparse.ArgumentTypeError(f"{value!r} is not NAMESPACE/NAME")
+    return value
+
+
+def _non_negative(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number >= 0")
+    return int(value)
+
+
+def _listen_address(value: str) -> str:
+    from gpu_operator.server import parse_address
+
+    if value:
+        try:
+            parse_address(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -342,10 +393,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "--log-format", choices=("plain", "full", "json"), default="plain", help="log format (default plain)"
     )
     run.add_argument(
-        "--liveness",
-        default=environ.get("GPU_OPERATOR_LIVENESS", DEFAULT_LIVENESS),
-        metavar="URL",
-        help="liveness endpoint (env GPU_OPERATOR_LIVENESS; default %(default)s; empty disables it)",
+        "--listen",
+        default=environ.get("GPU_OPERATOR_LISTEN", DEFAULT_LISTEN),
+        type=_listen_address,
+        metavar="HOST:PORT",
+        help="HTTP address of /metrics, /healthz and /readyz (env GPU_OPERATOR_LISTEN; default "
+        "%(default)s; port 0 picks a free one; empty disables the server)",
     )
     run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     run.set_defaults(handler=cmd_run)
@@ -400,6 +453,36 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     discover.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     discover.set_defaults(handler=cmd_discover)
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="find what keeps GPU pods from running, and what to run next (read only)",
+        description="Walks the GPU troubleshooting checklist over the cluster (or one node or pod) with "
+        "your kubeconfig, read only. Exit 0: nothing wrong, 1: problems found, 2: bad input or no access.",
+    )
+    where = doctor.add_mutually_exclusive_group()
+    where.add_argument("--node", metavar="NAME", help="only what concerns this node")
+    where.add_argument("--pod", metavar="NAMESPACE/NAME", type=_pod_ref, help="only what concerns this pod")
+    doctor.add_argument("-o", "--output", choices=("table", "json"), default="table", help="default table")
+    doctor.add_argument("--kubeconfig", help="kubeconfig file (default $KUBECONFIG or ~/.kube/config)")
+    doctor.add_argument("--context", help="kubeconfig context (default the current one)")
+    doctor.add_argument(
+        "--namespace",
+        default="",
+        help="namespace of the operands (default: the ClusterPolicy's status.namespace, else gpu-operator)",
+    )
+    doctor.add_argument(
+        "--log-lines",
+        type=_non_negative,
+        default=10,
+        metavar="N",
+        help="log lines to read of each failing operand container (default %(default)s; 0: read no logs)",
+    )
+    doctor.add_argument("--save-state", metavar="FILE", help="also write what was read, as JSON")
+    doctor.add_argument(
+        "--from-state", metavar="FILE", help="diagnose a state saved by --save-state instead of the cluster"
+    )
+    doctor.set_defaults(handler=cmd_doctor)
     return parser
 
 

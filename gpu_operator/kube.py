@@ -16,10 +16,12 @@ from typing import Any
 import urllib3
 from kubernetes import client, config
 
+from gpu_operator import metrics
 from gpu_operator.observed import ObjectKey
 
 FIELD_MANAGER = "gpu-operator"
 EVENTS_NAMESPACE = "default"
+LIST_PAGE = 500
 
 # (apiVersion, kind) → (plural, namespaced)
 RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
@@ -28,6 +30,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("v1", "Service"): ("services", True),
     ("v1", "Pod"): ("pods", True),
     ("v1", "Event"): ("events", True),
+    ("v1", "ResourceQuota"): ("resourcequotas", True),
     ("v1", "Node"): ("nodes", False),
     ("v1", "Namespace"): ("namespaces", False),
     ("apps/v1", "DaemonSet"): ("daemonsets", True),
@@ -42,6 +45,12 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
 }
 
 
+def _verb(method: str, content_type: str) -> str:
+    if method == "PATCH":
+        return "apply" if content_type == "application/apply-patch+yaml" else "patch"
+    return {"POST": "create", "PUT": "update", "DELETE": "delete"}.get(method, method.lower())
+
+
 class ApiError(Exception):
     """A failed API call, with the server's status code and message."""
 
@@ -52,9 +61,10 @@ class ApiError(Exception):
 
 
 def path(api_version: str, kind: str, namespace: str = "", name: str = "", subresource: str = "") -> str:
+    """The URL path; a namespaced kind without a namespace is its list across all namespaces."""
     plural, namespaced = RESOURCES[(api_version, kind)]
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    if namespaced:
+    if namespaced and namespace:
         prefix += f"/namespaces/{namespace}"
     result = f"{prefix}/{plural}"
     if name:
@@ -84,24 +94,32 @@ class Kube:
         body: Any = None,
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
+        kind: str = "",
+        accept: str = "application/json",
         timeout: float | tuple[float, float] | None = None,
     ) -> Any:
-        """The raw response, its body not read yet; ApiError for anything but a 2xx status."""
+        """The raw response, its body not read yet; ApiError for anything but a 2xx status.
+        Writes (anything but GET) count in the metrics by `kind`."""
         method_, full_url, headers, payload, _ = self.api.param_serialize(
             method=method,
             resource_path=url,
             query_params=list((query or {}).items()),
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
+            header_params={"Content-Type": content_type, "Accept": accept},
             body=body,
             auth_settings=["BearerToken"],
         )
+        status = 0
         try:
             response = self.api.call_api(
                 method_, full_url, header_params=headers, body=payload, _request_timeout=timeout
             )
+            status = response.status
         except urllib3.exceptions.HTTPError as exc:
             # Connection refused, TLS failure, timeout: reported like an API error, retried the same way.
             raise ApiError(0, "ConnectionError", str(exc)) from None
+        finally:
+            if method != "GET":
+                metrics.observe_write(_verb(method, content_type), kind, status)
         if not 200 <= response.status < 300:
             data = response.read()  # type: ignore[no-untyped-call]
             try:
@@ -111,6 +129,13 @@ class Kube:
                 raise ApiError(response.status, "", data.decode(errors="replace")[:300]) from None
         return response
 
+    def _read(self, response: Any) -> bytes:
+        try:
+            data: bytes = response.read()
+        except urllib3.exceptions.HTTPError as exc:
+            raise ApiError(0, "ConnectionError", str(exc)) from None
+        return data
+
     def request(
         self,
         method: str,
@@ -118,11 +143,10 @@ class Kube:
         body: Any = None,
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
+        kind: str = "",
     ) -> dict[str, Any]:
-        try:
-            data = self._call(method, url, body, query, content_type).read()
-        except urllib3.exceptions.HTTPError as exc:
-            raise ApiError(0, "ConnectionError", str(exc)) from None
+        """One API call; the JSON response."""
+        data = self._read(self._call(method, url, body, query, content_type, kind))
         return json.loads(data) if data else {}
 
     def watch(
@@ -150,6 +174,31 @@ class Kube:
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
         return self.request("GET", path(api_version, kind, namespace, name))
 
+    def list(
+        self, api_version: str, kind: str, namespace: str = "", label_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        """Every object of a kind (all namespaces when `namespace` is empty), fetched in pages."""
+        items: list[dict[str, Any]] = []
+        query = {"limit": str(LIST_PAGE)}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        while True:
+            page = self.request("GET", path(api_version, kind, namespace), query=query)
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            query["continue"] = token
+
+    def pod_log(self, namespace: str, name: str, container: str, lines: int, previous: bool = False) -> str:
+        """The last `lines` lines of a container's log (of its previous run when `previous`)."""
+        query = {"container": container, "tailLines": str(lines)}
+        if previous:
+            query["previous"] = "true"
+        url = path("v1", "Pod", namespace, name, "log")
+        data = self._read(self._call("GET", url, query=query, accept="text/plain"))
+        return data.decode(errors="replace")
+
     def apply(
         self, body: Mapping[str, Any], manager: str = FIELD_MANAGER, force: bool = True
     ) -> dict[str, Any]:
@@ -164,13 +213,17 @@ class Kube:
             body=body,
             query={"fieldManager": manager, "force": str(force).lower()},
             content_type="application/apply-patch+yaml",
+            kind=body["kind"],
         )
 
     def delete(self, key: ObjectKey) -> None:
         api_version, kind, namespace, name = key
         try:
             self.request(
-                "DELETE", path(api_version, kind, namespace, name), body={"propagationPolicy": "Background"}
+                "DELETE",
+                path(api_version, kind, namespace, name),
+                body={"propagationPolicy": "Background"},
+                kind=kind,
             )
         except ApiError as exc:
             if exc.status != 404:
@@ -192,6 +245,7 @@ class Kube:
             path("nvidia.com/v1", "ClusterPolicy", name=name, subresource="status"),
             body={"status": dict(status)},
             content_type="application/merge-patch+json",
+            kind="ClusterPolicy",
         )
 
     def post_event(self, policy: Mapping[str, str], type_: str, reason: str, message: str, now: str) -> None:
@@ -217,4 +271,4 @@ class Kube:
             "source": {"component": FIELD_MANAGER},
             "reportingComponent": FIELD_MANAGER,
         }
-        self.request("POST", path("v1", "Event", namespace), body=body)
+        self.request("POST", path("v1", "Event", namespace), body=body, kind="Event")

@@ -38,7 +38,8 @@ class PodInfo:
         return not self.ready and self.reason not in STARTING_REASONS
 
 
-def _waiting(statuses: list[Mapping[str, Any]]) -> tuple[str, str] | None:
+def waiting_reason(statuses: list[Mapping[str, Any]]) -> tuple[str, str] | None:
+    """(reason, message) of the first container waiting or terminated (not Completed), if any."""
     for status in statuses:
         state = status.get("state") or {}
         for key in ("waiting", "terminated"):
@@ -67,7 +68,7 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
         reason = "Terminating"
     elif not ready:
         scheduled = conditions.get("PodScheduled") or {}
-        found = _waiting(status.get("initContainerStatuses") or []) or _waiting(
+        found = waiting_reason(status.get("initContainerStatuses") or []) or waiting_reason(
             status.get("containerStatuses") or []
         )
         if scheduled.get("status") == "False":

@@ -14,11 +14,13 @@ import asyncio
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
 
+from gpu_operator import metrics, server
 from gpu_operator.api.crd import crd
 from gpu_operator.kube import ApiError, Kube, load_api_client
 from gpu_operator.nodes import node_info
@@ -31,7 +33,7 @@ from gpu_operator.observed import (
     pod_info,
 )
 from gpu_operator.plan import PolicyRef, content_hash
-from gpu_operator.reconciler import Reconciler, Store
+from gpu_operator.reconciler import Outcome, Reconciler, Store
 
 log = logging.getLogger("gpu_operator")
 
@@ -81,6 +83,8 @@ class Loop:
         self.wakeup = asyncio.Event()
         self.listed = asyncio.Event()
         """Set once Kopf has listed every watched kind (see the watches below)."""
+        self.completed = asyncio.Event()
+        """Set once a pass has run to its end (some writes may have been rejected)."""
         self.passes = 0
         self.failures = 0
         self.last_error = ""
@@ -96,7 +100,8 @@ class Loop:
                 await asyncio.wait_for(self.wakeup.wait(), timeout=RESYNC_SECONDS)
             self.wakeup.clear()
             try:
-                outcome = await asyncio.to_thread(self.reconciler.run_once)
+                outcome = await asyncio.to_thread(self._timed_pass)
+                self.completed.set()
                 if outcome.errors:
                     raise RejectedWrites("; ".join(f"{k}: {v}" for k, v in outcome.errors.items()))
             except (ApiError, OSError, RejectedWrites) as exc:
@@ -114,6 +119,17 @@ class Loop:
             else:
                 self.passes += 1
                 backoff = 1.0
+
+    def _timed_pass(self) -> Outcome:
+        started = time.monotonic()
+        try:
+            outcome = self.reconciler.run_once()
+        except Exception as exc:
+            bug = not isinstance(exc, ApiError | OSError)
+            metrics.observe_aborted_pass(time.monotonic() - started, operator_error=bug)
+            raise
+        metrics.observe_pass(outcome.plan, outcome.errors, outcome.gpu_nodes, time.monotonic() - started)
+        return outcome
 
 
 STORE = Store()
@@ -181,6 +197,7 @@ def _watch(group: str, version: str, plural: str, record: Recorder, labels: dict
             LOOP.wake()
 
     async def event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
+        metrics.observe_watch_event(body.get("kind") or plural, event["type"])
         if LOOP is None:
             return
         LOOP.listed.set()
@@ -273,30 +290,50 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         task.cancel()
 
 
-@kopf.on.probe(id="reconcile")
-async def probe(**_: Any) -> dict[str, Any]:
+# --- probes (served by gpu_operator/server.py) ---------------------------------------------------
+
+
+def health() -> tuple[bool, dict[str, Any]]:
+    """Liveness: the event loop answers. The body is what Kopf's probe endpoint used to show."""
     if LOOP is None:
-        return {"started": False}
-    return {
-        "passes": LOOP.passes,
-        "failures": LOOP.failures,
-        "lastError": LOOP.last_error,
-        "nodes": len(STORE.nodes),
-        "pods": len(STORE.pods),
+        return True, {"reconcile": {"started": False}}
+    return True, {
+        "reconcile": {
+            "passes": LOOP.passes,
+            "failures": LOOP.failures,
+            "lastError": LOOP.last_error,
+            "nodes": len(STORE.nodes),
+            "pods": len(STORE.pods),
+        }
     }
 
 
-def run(namespace: str, log_format: str = "plain", liveness: str = "", verbose: bool = False) -> None:
-    """Run the operator until interrupted: operands in `namespace`, ClusterPolicies cluster-wide."""
+def ready() -> tuple[bool, dict[str, Any]]:
+    """Readiness: every watch has listed its kind, and a pass has run to its end since."""
+    listed = LOOP is not None and LOOP.listed.is_set()
+    completed = LOOP is not None and LOOP.completed.is_set()
+    return listed and completed, {"watchesEstablished": listed, "firstPassDone": completed}
+
+
+def run(namespace: str, log_format: str = "plain", listen: str = "", verbose: bool = False) -> None:
+    """Run the operator until interrupted: operands in `namespace`, ClusterPolicies cluster-wide;
+    `listen` (HOST:PORT, empty for none) serves /metrics, /healthz and /readyz."""
     formats = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
     kopf.configure(verbose=verbose, log_format=formats[log_format])
     logging.getLogger("aiohttp.access").propagate = False
     if not verbose:
         # Kopf logs every watch event's handler at INFO; our own log says what was done.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    kopf.run(
-        standalone=True,
-        namespaces=[namespace],
-        liveness_endpoint=liveness or None,
-        memo=kopf.Memo(namespace=namespace),
-    )
+    with contextlib.suppress(asyncio.CancelledError):  # as kopf.run
+        asyncio.run(_serve(namespace, listen))
+
+
+async def _serve(namespace: str, listen: str) -> None:
+    # The HTTP server first, so a busy port fails at once (server.ServerError) and the probes answer
+    # while Kopf starts: /healthz says "not started", /readyz 503.
+    running = await server.start(listen, health, ready, metrics.REGISTRY) if listen else None
+    try:
+        await kopf.operator(standalone=True, namespaces=[namespace], memo=kopf.Memo(namespace=namespace))
+    finally:
+        if running is not None:
+            await running.stop()

@@ -19,7 +19,7 @@ from typing import Any
 
 from gpu_operator.api.status import REASON_OPERAND_NOT_READY
 from gpu_operator.kube import ApiError, Kube
-from gpu_operator.nodes import NodeInfo
+from gpu_operator.nodes import NodeInfo, gpu_nodes
 from gpu_operator.observed import (
     COMPONENT_LABEL,
     HASH_ANNOTATION,
@@ -115,6 +115,8 @@ class Outcome:
     plan: Plan
     errors: Mapping[str, str]
     """What could not be written (component or object → the API server's message)."""
+    gpu_nodes: int
+    """Nodes detected as GPU nodes in this pass's snapshot."""
 
 
 @contextmanager
@@ -151,7 +153,8 @@ class Reconciler:
         Writes run in parallel (a 1000-node rollout is 1000 label patches per stage), except that a
         component's own objects go in order: its ServiceAccount and RBAC before its DaemonSet."""
         stamp = now()
-        plan = build(self.store.snapshot(self.namespace, self.environ, self.nvidia_driver_crd), stamp)
+        observed = self.store.snapshot(self.namespace, self.environ, self.nvidia_driver_crd)
+        plan = build(observed, stamp)
         errors: dict[str, str] = {}
         if plan.spec is not None:
             self._in_parallel(
@@ -166,7 +169,7 @@ class Reconciler:
                 plan.active, plan.statuses[plan.active.name], errors, stamp
             )
         self._write_statuses(plan)
-        return Outcome(plan, errors)
+        return Outcome(plan, errors, len(gpu_nodes(observed.nodes.values())))
 
     def _in_parallel(self, jobs: Iterable[Callable[[], None]]) -> None:
         """Run the jobs on the worker pool; after all have finished, re-raise the first failure."""

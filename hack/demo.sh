@@ -53,7 +53,7 @@ token=$("$KUBECTL" create token gpu-operator -n "$NS" --duration=24h)
 chmod 600 "$OPERATOR_KUBECONFIG"
 KUBECONFIG=$OPERATOR_KUBECONFIG "$KUBECTL" config set-credentials operator --token="$token" >/dev/null
 KUBECONFIG=$OPERATOR_KUBECONFIG "$KUBECTL" config set-context --current --user=operator >/dev/null
-KUBECONFIG=$OPERATOR_KUBECONFIG setsid .venv/bin/gpu-operator run --namespace "$NS" --liveness "" \
+KUBECONFIG=$OPERATOR_KUBECONFIG setsid .venv/bin/gpu-operator run --namespace "$NS" --listen 127.0.0.1:0 \
   >"$LOG" 2>&1 < /dev/null &
 echo $! > "$PIDFILE"
 
@@ -84,5 +84,7 @@ echo
 "$KUBECTL" get nodes -L nvidia.com/gpu.present,nvidia.com/gpu.deploy.driver,nvidia.com/gpu.deploy.device-plugin,nvidia.com/gpu.deploy.mig-manager \
   -o custom-columns='NODE:.metadata.name,GPU-PRESENT:.metadata.labels.nvidia\.com/gpu\.present,DRIVER:.metadata.labels.nvidia\.com/gpu\.deploy\.driver,DEVICE-PLUGIN:.metadata.labels.nvidia\.com/gpu\.deploy\.device-plugin,MIG-MANAGER:.metadata.labels.nvidia\.com/gpu\.deploy\.mig-manager,GPUS:.status.allocatable.nvidia\.com/gpu'
 echo
+url=$(grep -o 'serving /metrics, /healthz and /readyz on http://[^ ]*' "$LOG" | tail -1 | awk '{print $NF}')
 echo "The cluster and the operator keep running: export KUBECONFIG=$KUBECONFIG, then try"
-echo "'$KUBECTL get clusterpolicy $name -o yaml' or 'kubectl describe clusterpolicy $name'; 'make down' stops everything."
+echo "'$KUBECTL get clusterpolicy $name -o yaml' or 'kubectl describe clusterpolicy $name',"
+echo "'.venv/bin/gpu-operator doctor' and 'curl -s $url/metrics | grep ^gpu_operator'; 'make down' stops everything."

@@ -96,6 +96,26 @@ def operator_schema() -> Schema:
             "affinity": _OBJECT,
             "priorityClassName": _STRING,
             "logFormat": {"enum": ["plain", "full", "json"]},
+            "port": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 65535,
+                "description": "HTTP port of /metrics, /healthz and /readyz.",
+            },
+            "metrics": _strict(
+                {
+                    "service": _strict({"annotations": _STRING_MAP}, "The metrics Service."),
+                    "serviceMonitor": _strict(
+                        {
+                            "enabled": {"type": "boolean"},
+                            "interval": {"type": "string", "pattern": r"^([0-9]+(ms|s|m|h))+$"},
+                            "labels": _STRING_MAP,
+                        },
+                        "A ServiceMonitor (Prometheus operator) for the metrics Service.",
+                    ),
+                },
+                "The operator's Prometheus metrics.",
+            ),
             "verbose": {"type": "boolean", "description": "Debug logging."},
             "env": {
                 "type": "array",
@@ -187,6 +207,29 @@ def cleanup_schema() -> Schema:
     )
 
 
+def doctor_schema() -> Schema:
+    subject = {
+        "type": "object",
+        "required": ["kind", "name"],
+        "properties": {
+            "kind": {"enum": ["User", "Group", "ServiceAccount"]},
+            "name": {"type": "string", "minLength": 1},
+            "namespace": _STRING,
+            "apiGroup": _STRING,
+        },
+        "additionalProperties": False,
+    }
+    return _strict(
+        {
+            "rbac": _strict(
+                {"create": {"type": "boolean"}, "subjects": {"type": "array", "items": subject}},
+                "The doctor's read-only ClusterRole and who it is bound to.",
+            )
+        },
+        "`gpu-operator doctor`.",
+    )
+
+
 def _clean(schema: Any) -> Any:
     """Drop pydantic titles and CRD-only `x-kubernetes-*` keywords, recursively."""
     if isinstance(schema, list):
@@ -217,6 +260,7 @@ def values_schema() -> Schema:
         "nodeDiscoveryAgent": node_discovery_agent_schema(),
         "nfd": nfd_schema(),
         "cleanup": cleanup_schema(),
+        "doctor": doctor_schema(),
     }
     overlap = properties.keys() & operands.keys()
     if overlap:

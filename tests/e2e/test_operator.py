@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from .kube_helpers import Cluster, clear_failure, gpu_nodes, inject_failure, list_pods, pod_is_ready, wait_for
-from .operator_process import ROOT, OperatorProcess, helm, sa_kubeconfig
+from .operator_process import ROOT, OperatorProcess, chart_operator
 
 # The generated models type every field Optional; these tests read live objects whose fields are set,
 # so they use the client untyped rather than assert on each attribute.
@@ -32,33 +32,8 @@ CONVERGE = 120.0
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     """The chart's ServiceAccount and RBAC (no in-cluster Deployment) and the operator running as it."""
-    helm(
-        cluster,
-        "upgrade",
-        "--install",
-        RELEASE,
-        str(ROOT / "charts" / "gpu-operator"),
-        "--namespace",
-        NS,
-        "--create-namespace",
-        "--wait",
-        "--set",
-        "operator.replicas=0",
-        "--set",
-        "clusterPolicy.create=false",
-        # The simulated nodes carry NFD's labels; these tests count every pod on a node as an operand.
-        "--set",
-        "nodeDiscovery=none",
-    )
-    folder = tmp_path_factory.mktemp("operator")
-    kubeconfig = sa_kubeconfig(cluster, NS, RELEASE, folder / "kubeconfig")
-    process = OperatorProcess(kubeconfig, NS, folder / "operator.log").start()
-    try:
+    with chart_operator(cluster, tmp_path_factory.mktemp("operator"), NS) as process:
         yield process
-    finally:
-        process.stop()
-        print(process.log()[-6000:])
-        helm(cluster, "uninstall", RELEASE, "--namespace", NS, "--wait")
 
 
 @pytest.fixture

@@ -140,6 +140,8 @@ def test_default_render_has_the_chart_objects(default_objects: list[Obj]) -> Non
             ("Role", f"{RELEASE}-events"),
             ("RoleBinding", f"{RELEASE}-events"),
             ("Deployment", RELEASE),
+            ("Service", f"{RELEASE}-metrics"),
+            ("ClusterRole", f"{RELEASE}-doctor"),
             ("ClusterPolicy", "cluster-policy"),
             # The pre-delete cleanup hook.
             ("ServiceAccount", f"{RELEASE}-cleanup"),
@@ -170,6 +172,7 @@ def test_default_render_has_the_chart_objects(default_objects: list[Obj]) -> Non
             "ConfigMap",
             "Job",
             "DaemonSet",
+            "Service",
         ):
             expected = "default" if obj["metadata"]["name"].endswith("-events") else NAMESPACE
             assert obj["metadata"]["namespace"] == expected
@@ -265,6 +268,18 @@ BAD_VALUES = [
     (["--set", "operator.foo=1"], "/operator", "'foo' not allowed"),
     (["--set", "operator.image.pullPolicy=Sometimes"], "/operator/image/pullPolicy", ""),
     (["--set", "operator.logFormat=xml"], "/operator/logFormat", ""),
+    (["--set", "operator.port=0"], "/operator/port", "minimum"),
+    (["--set", "doctor.rbac.subjects[0].kind=Robot"], "/doctor/rbac/subjects/0/kind", ""),
+    (
+        ["--set", "operator.metrics.serviceMonitor.enabled=yes"],
+        "/operator/metrics/serviceMonitor/enabled",
+        "",
+    ),
+    (
+        ["--set", "operator.metrics.serviceMonitor.interval=often"],
+        "/operator/metrics/serviceMonitor/interval",
+        "",
+    ),
     (["--set", "driver.foo=1"], "/driver", "'foo' not allowed"),
     (["--set", "devicePlugin.version=1"], "/devicePlugin/version", "want string"),
     (
@@ -323,14 +338,15 @@ def test_deployment(default_objects: list[Obj]) -> None:
         "run",
         "--namespace=$(OPERATOR_NAMESPACE)",
         "--log-format=json",
-        "--liveness=http://0.0.0.0:8080/healthz",
+        "--listen=0.0.0.0:8080",
     ]
     assert {
         "name": "OPERATOR_NAMESPACE",
         "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
     } in container["env"]
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
-    assert {"name": "healthz", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
     security = container["securityContext"]
     assert security["runAsNonRoot"] is True
     assert security["runAsUser"] == 65532
@@ -390,6 +406,43 @@ def test_deployment_values(tmp_path: Path) -> None:
         if o["kind"].endswith("RoleBinding") and o["metadata"]["name"] not in (f"{RELEASE}-cleanup", AGENT)
     ):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "existing", "namespace": NAMESPACE}]
+
+
+def test_metrics_service_selects_the_operator_pod(default_objects: list[Obj]) -> None:
+    service = find(default_objects, "Service", f"{RELEASE}-metrics")
+    pod_labels = find(default_objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [
+        {"name": "gpu-operator-metrics", "port": 8080, "targetPort": "http", "protocol": "TCP"}
+    ]
+    assert not [o for o in default_objects if o["kind"] == "ServiceMonitor"], "off by default"
+
+
+@needs_helm
+def test_service_monitor_and_port(tmp_path: Path) -> None:
+    values = {
+        "operator": {
+            "port": 9443,
+            "metrics": {
+                "service": {"annotations": {"prometheus.io/scrape": "true"}},
+                "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}},
+            },
+        }
+    }
+    objects = render_chart("-f", values_file(tmp_path, values))
+    (container,) = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--listen=0.0.0.0:9443" in container["args"]
+    assert container["ports"][0]["containerPort"] == 9443
+    service = find(objects, "Service", f"{RELEASE}-metrics")
+    assert service["spec"]["ports"][0]["port"] == 9443
+    assert service["metadata"]["annotations"] == {"prometheus.io/scrape": "true"}
+    monitor = find(objects, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "gpu-operator-metrics", "path": "/metrics", "interval": "15s"}
+    ]
 
 
 # --- RBAC -------------------------------------------------------------------------------------------
@@ -518,6 +571,43 @@ def test_cleanup_hook_rbac(default_objects: list[Obj]) -> None:
     assert script == (CHART / "files" / "cleanup.py").read_text()
 
 
+def doctor_rules(objects: list[Obj]) -> Grants:
+    role = find(objects, "ClusterRole", f"{RELEASE}-doctor")
+    grants: Grants = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                grants.setdefault(("", group, resource, ""), set()).update(rule["verbs"])
+    return grants
+
+
+def test_doctor_role_is_exactly_what_doctor_reads(default_objects: list[Obj]) -> None:
+    from gpu_operator.doctor.recording import READS
+
+    assert doctor_rules(default_objects) == {
+        ("", group, resource, ""): set(verbs) for group, resource, verbs in READS
+    }
+    assert not {"create", "update", "patch", "delete"} & {
+        v for verbs in doctor_rules(default_objects).values() for v in verbs
+    }
+    assert not [
+        o
+        for o in default_objects
+        if o["kind"] == "ClusterRoleBinding" and o["metadata"]["name"].endswith("-doctor")
+    ]
+
+
+@needs_helm
+def test_doctor_role_binding_and_opt_out(tmp_path: Path) -> None:
+    subjects = [{"kind": "Group", "name": "gpu-team", "apiGroup": "rbac.authorization.k8s.io"}]
+    objects = render_chart("-f", values_file(tmp_path, {"doctor": {"rbac": {"subjects": subjects}}}))
+    binding = find(objects, "ClusterRoleBinding", f"{RELEASE}-doctor")
+    assert binding["subjects"] == subjects
+    assert binding["roleRef"]["name"] == f"{RELEASE}-doctor"
+    none = render_chart("--set", "doctor.rbac.create=false")
+    assert not [o for o in none if o["metadata"]["name"].endswith("-doctor")]
+
+
 @needs_helm
 def test_no_cleanup_hook_without_a_cluster_policy() -> None:
     for args in (["--set", "clusterPolicy.create=false"], ["--set", "cleanup.enabled=false"]):
@@ -539,6 +629,8 @@ def test_operand_role_names_match_the_operator() -> None:
 
 def test_bindings_point_at_the_chart_roles(default_objects: list[Obj]) -> None:
     for binding in (o for o in default_objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        if binding["metadata"]["name"].endswith("-doctor"):
+            continue  # bound to people (doctor.rbac.subjects), tested above
         role_kind = "ClusterRole" if binding["kind"] == "ClusterRoleBinding" else "Role"
         role = find(default_objects, role_kind, binding["roleRef"]["name"])
         assert role.get("metadata", {}).get("namespace") == binding["metadata"].get("namespace")

@@ -231,7 +231,7 @@ def test_validate_and_crd_do_not_import_kopf() -> None:
 def test_run_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["run", "--help"]) == 0
     out = capsys.readouterr().out
-    for option in ("--namespace", "--log-format", "--liveness", "--verbose"):
+    for option in ("--namespace", "--log-format", "--listen", "--verbose"):
         assert option in out
 
 
@@ -240,17 +240,25 @@ def test_run_passes_options(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(operator, "run", lambda **kwargs: calls.append(kwargs))
     monkeypatch.setenv("OPERATOR_NAMESPACE", "gpu-ops")
-    monkeypatch.delenv("GPU_OPERATOR_LIVENESS", raising=False)
+    monkeypatch.delenv("GPU_OPERATOR_LISTEN", raising=False)
     assert cli.main(["run"]) == 0
     assert calls[-1] == {
         "namespace": "gpu-ops",
         "log_format": "plain",
-        "liveness": "http://0.0.0.0:8080/healthz",
+        "listen": "0.0.0.0:8080",
         "verbose": False,
     }
-    monkeypatch.setenv("GPU_OPERATOR_LIVENESS", "")
+    monkeypatch.setenv("GPU_OPERATOR_LISTEN", "")
     assert cli.main(["run", "--namespace", "x", "--log-format", "json", "-v"]) == 0
-    assert calls[-1] == {"namespace": "x", "log_format": "json", "liveness": "", "verbose": True}
+    assert calls[-1] == {"namespace": "x", "log_format": "json", "listen": "", "verbose": True}
+    assert cli.main(["run", "--listen", "[::1]:0"]) == 0
+    assert calls[-1]["listen"] == "[::1]:0"
+
+
+@pytest.mark.parametrize("address", ["8080", "host:port", "0.0.0.0:70000", "http://0.0.0.0:8080/healthz"])
+def test_run_rejects_a_bad_listen_address(address: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--listen", address]) == 2
+    assert "--listen" in capsys.readouterr().err
 
 
 # --- render ----------------------------------------------------------------------------------------
