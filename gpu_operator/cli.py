@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -246,7 +246,9 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     policy = policies[0]
     _report(args.file, warnings_for(policy), err)
     try:
-        facts = cluster_facts(nodes, args.namespace, os.environ)
+        facts = replace(
+            cluster_facts(nodes, args.namespace, os.environ), service_monitor_crd=args.service_monitor_crd
+        )
         text = to_yaml(render(policy.spec, facts))
     except PolicyError as exc:
         _report(args.file, [str(e) for e in exc.errors], err)
@@ -312,6 +314,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "--nodes",
         metavar="NODES.yaml",
         help="nodes (kubectl get nodes -o yaml) that decide the driver image's OS suffix",
+    )
+    render.add_argument(
+        "--no-servicemonitor-crd",
+        dest="service_monitor_crd",
+        action="store_false",
+        help="render for a cluster without the Prometheus operator's ServiceMonitor CRD",
     )
     render.set_defaults(handler=cmd_render)
 

@@ -65,6 +65,8 @@ class ClusterFacts:
     environ: Mapping[str, str] = field(default_factory=dict)
     """The operator's environment: image fallbacks like DRIVER_IMAGE."""
     runtime: str = "containerd"
+    service_monitor_crd: bool = True
+    """Whether the cluster serves the Prometheus operator's ServiceMonitor kind (NVIDIA skips it if not)."""
 
 
 class RenderError(RuntimeError):
