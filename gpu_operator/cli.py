@@ -247,7 +247,8 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     _report(args.file, warnings_for(policy), err)
     try:
         facts = replace(
-            cluster_facts(nodes, args.namespace, os.environ), service_monitor_crd=args.service_monitor_crd
+            cluster_facts(nodes, args.namespace, os.environ, policy.spec.operator.defaultRuntime),
+            service_monitor_crd=args.service_monitor_crd,
         )
         text = to_yaml(render(policy.spec, facts))
     except PolicyError as exc:

@@ -63,7 +63,7 @@ class Store:
                 policies=tuple(self.policies.values()),
                 nodes=dict(self.nodes),
                 pods=tuple(self.pods.values()),
-                daemonsets={d.component: d for d in self.daemonsets.values()},
+                daemonsets={d.name: d for d in self.daemonsets.values()},
                 objects=dict(self.objects),
                 namespace=namespace,
                 environ=dict(environ),

@@ -47,6 +47,7 @@ def test_empty_spec_has_nvidias_defaults() -> None:
         "container-toolkit",
         "operator-validator",
         "device-plugin",
+        "mps-control-daemon",
         "dcgm",
         "dcgm-exporter",
         "gpu-feature-discovery",

@@ -239,7 +239,8 @@ def _service(obj: Obj) -> Fields:
     for port in spec.get("ports") or []:
         fields[("", f"port {port.get('name', '')}")] = {
             "port": port["port"],
-            "targetPort": port.get("targetPort", port["port"]),
+            # The API server defaults an absent (or zero, in NVIDIA's dump) targetPort to the port.
+            "targetPort": port.get("targetPort") or port["port"],
             "protocol": port.get("protocol", "TCP"),
         }
     return fields

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_operator.components import RUNTIME_LABEL
 from gpu_operator.nodes import GPU_PRESENT, NodeInfo
 from gpu_operator.observed import HASH_ANNOTATION, DaemonSetInfo, ObjectInfo, PodInfo, pod_info
 from gpu_operator.plan import Observed, PolicyRef, active_policy, build, pods_by_node, status_differs
@@ -55,7 +56,9 @@ def test_objects_are_owned_hashed_and_in_dependency_order() -> None:
         assert obj["metadata"]["annotations"][HASH_ANNOTATION]
     components = [o["metadata"]["labels"]["app.kubernetes.io/component"] for o in plan.objects]
     assert (
-        components.index("driver") < components.index("container-toolkit") < components.index("device-plugin")
+        components.index("nvidia-driver")
+        < components.index("container-toolkit")
+        < components.index("device-plugin")
     )
 
 
@@ -93,8 +96,13 @@ def test_status_names_the_failing_node_and_reason() -> None:
     nodes = [
         NodeInfo(
             f"gpu-{i}",
-            {PCI: "true", GPU_PRESENT: "true", "nvidia.com/gpu.deploy.driver": "true"},
-            own_labels=frozenset({GPU_PRESENT, "nvidia.com/gpu.deploy.driver"}),
+            {
+                PCI: "true",
+                GPU_PRESENT: "true",
+                "nvidia.com/gpu.deploy.driver": "true",
+                RUNTIME_LABEL: "containerd",
+            },
+            own_labels=frozenset({GPU_PRESENT, "nvidia.com/gpu.deploy.driver", RUNTIME_LABEL}),
         )
         for i in range(2)
     ]
@@ -102,7 +110,11 @@ def test_status_names_the_failing_node_and_reason() -> None:
         PodInfo("d0", "driver", "gpu-0", True, "", "", False, "t"),
         PodInfo("d1", "driver", "gpu-1", False, "CrashLoopBackOff", "back-off", False, "t"),
     ]
-    ds = {"driver": DaemonSetInfo("nvidia-driver-daemonset", "driver", 1, 1, 2, 1, 2, 1, 1, True)}
+    ds = {
+        "nvidia-driver-daemonset": DaemonSetInfo(
+            "nvidia-driver-daemonset", "driver", 1, 1, 2, 1, 2, 1, 1, True
+        )
+    }
     plan = build(observed(policy(), nodes=nodes, pods=pods, daemonsets=ds), NOW)
     status = plan.statuses["cluster-policy"]
     assert status["state"] == "notReady"
