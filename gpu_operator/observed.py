@@ -187,3 +187,8 @@ def object_info(body: Mapping[str, Any]) -> ObjectInfo:
         resource_version=str(metadata.get("resourceVersion") or ""),
         owner_uid=owners[0].get("uid", "") if owners else "",
     )
+
+
+def config_map_keys(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """The file names a ConfigMap holds (text and binary)."""
+    return tuple(sorted({*(body.get("data") or {}), *(body.get("binaryData") or {})}))

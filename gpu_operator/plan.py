@@ -42,7 +42,7 @@ from gpu_operator.observed import (
     component_of,
     object_key,
 )
-from gpu_operator.render import ClusterFacts, render
+from gpu_operator.render import ClusterFacts, config_maps_read, missing_inputs, render
 
 MAX_PROBLEMS = 5
 
@@ -75,6 +75,8 @@ class Observed:
     namespace: str
     environ: Mapping[str, str] = field(default_factory=dict)
     nvidia_driver_crd: bool = False
+    config_maps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """ConfigMap name → keys, in the operand namespace."""
 
 
 @dataclass(frozen=True)
@@ -160,9 +162,20 @@ def build(observed: Observed, now: str) -> Plan:
         return Plan(active, None, exc.errors, [], [], {}, statuses, [])
 
     facts = cluster_facts(nodes, observed.namespace, observed.environ, spec.operator.defaultRuntime)
+    # Only the ConfigMaps the policy names, so that other ConfigMap changes do not re-render.
+    named = {name for c in COMPONENTS for _, name in config_maps_read(c, spec)}
+    facts = replace(facts, config_maps={n: k for n, k in observed.config_maps.items() if n in named})
     objects = _rendered(active, spec, facts)
+    missing = {
+        c.name: found for c in COMPONENTS if c.enabled(spec) and (found := missing_inputs(c, spec, facts))
+    }
     wanted = {object_key(o) for o in objects}
-    deletes = sorted(key for key in observed.objects if key not in wanted)
+    # A DaemonSet withheld for a missing input stays as it is (NVIDIA's behaviour): deleting the
+    # driver's would unload the driver under running GPU workloads.
+    kept = {
+        key for key, info in observed.objects.items() if key[1] == "DaemonSet" and info.component in missing
+    }
+    deletes = sorted(key for key in observed.objects if key not in wanted and key not in kept)
     labels = _label_changes(nodes, spec, is_ready)
     # Status reflects the labels as they will be once this plan is carried out.
     planned = {n.name: _with_labels(n, labels[n.name]) if n.name in labels else n for n in nodes}
@@ -171,7 +184,7 @@ def build(observed: Observed, now: str) -> Plan:
     for obj in objects:
         if obj["kind"] == "DaemonSet":
             daemonsets.setdefault(component_of(obj["metadata"]), []).append(obj["metadata"]["name"])
-    statuses[active.name] = _status(active, spec, planned, pods, observed, daemonsets, notes, now)
+    statuses[active.name] = _status(active, spec, planned, pods, observed, daemonsets, missing, notes, now)
     return Plan(active, spec, [], objects, deletes, labels, statuses, notes)
 
 
@@ -211,6 +224,7 @@ def _notes(spec: ClusterPolicySpec, nvidia_driver_crd: bool) -> list[str]:
         f"spec.{name} is enabled but not supported by this operator; it is ignored"
         for name in spec.unsupported_enabled()
     ]
+    notes += [f"accepted but not acted on: {field}" for field in spec.ignored_fields()]
     if spec.driver.useNvidiaDriverCRD and not nvidia_driver_crd:
         notes.append(
             "spec.driver.useNvidiaDriverCRD is set, but no NVIDIADriver CRD is installed; "
@@ -286,6 +300,7 @@ def _status(
     pods: Mapping[tuple[str, str], PodInfo],
     observed: Observed,
     daemonsets: Mapping[str, list[str]],
+    missing: Mapping[str, list[str]],
     notes: list[str],
     now: str,
 ) -> dict[str, Any]:
@@ -296,6 +311,9 @@ def _status(
         )
         for c in COMPONENTS
     ]
+    for entry in components:
+        if entry["name"] in missing:
+            entry.update(state="notReady", reason="; ".join(missing[entry["name"]]))
     components += [
         {"name": name, "enabled": True, "state": "unsupported", "reason": "not supported by this operator"}
         for name in spec.unsupported_enabled()

@@ -44,6 +44,8 @@ class Store:
     pods: dict[str, PodInfo] = field(default_factory=dict)
     daemonsets: dict[str, DaemonSetInfo] = field(default_factory=dict)
     objects: dict[ObjectKey, ObjectInfo] = field(default_factory=dict)
+    config_maps: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Every ConfigMap of the operand namespace → its keys (users' ones feed the driver's mounts)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def put(self, table: str, key: Any, value: Any) -> bool:
@@ -65,6 +67,7 @@ class Store:
                 pods=tuple(self.pods.values()),
                 daemonsets={d.name: d for d in self.daemonsets.values()},
                 objects=dict(self.objects),
+                config_maps=dict(self.config_maps),
                 namespace=namespace,
                 environ=dict(environ),
                 nvidia_driver_crd=nvidia_driver_crd,

@@ -107,7 +107,7 @@ def test_transient_failure_aborts_the_pass() -> None:
 
 def test_events_on_transitions_only() -> None:
     fake = FakeKube()
-    rec = reconciler(fake, {"gds": {"enabled": True}})
+    rec = reconciler(fake, {"ccManager": {"enabled": True}})
     rec.run_once()
     assert ("Normal", "Progressing") in fake.events  # rolling out, nothing failing
     assert ("Warning", "Unsupported") in fake.events

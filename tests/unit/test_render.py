@@ -860,3 +860,21 @@ def test_facts_default() -> None:
         "image"
     ]
     assert image == "nvcr.io/nvidia/driver:595.91.07"
+
+
+def test_without_the_validator_nothing_waits_for_toolkit_ready() -> None:
+    """Nothing writes toolkit-ready then; the per-node deploy labels keep driver, toolkit, the rest."""
+    ds = daemonsets(render_spec({"validator": {"enabled": False}}))
+    assert "nvidia-operator-validator" not in ds
+    for name, daemonset in ds.items():
+        init = [c["name"] for c in pod_spec(daemonset).get("initContainers", [])]
+        assert "toolkit-validation" not in init, name
+    # The toolkit still validates the driver itself and writes driver-ready for the others.
+    assert [c["name"] for c in pod_spec(ds["nvidia-container-toolkit-daemonset"])["initContainers"]] == [
+        "driver-validation"
+    ]
+    # Without the toolkit either, the operands that source driver-ready write it themselves.
+    alone = daemonsets(render_spec({"validator": {"enabled": False}, "toolkit": {"enabled": False}}))
+    for name in ("nvidia-device-plugin-daemonset", "nvidia-mig-manager"):
+        assert [c["name"] for c in pod_spec(alone[name])["initContainers"]] == ["driver-validation"], name
+    assert "initContainers" not in pod_spec(alone["gpu-feature-discovery"])
