@@ -77,6 +77,8 @@ class Observed:
     nvidia_driver_crd: bool = False
     config_maps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """ConfigMap name → keys, in the operand namespace."""
+    service_monitor_crd: bool = True
+    """Whether the Prometheus operator's ServiceMonitor kind exists (ServiceMonitors need it)."""
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,11 @@ def build(observed: Observed, now: str) -> Plan:
     facts = cluster_facts(nodes, observed.namespace, observed.environ, spec.operator.defaultRuntime)
     # Only the ConfigMaps the policy names, so that other ConfigMap changes do not re-render.
     named = {name for c in COMPONENTS for _, name in config_maps_read(c, spec)}
-    facts = replace(facts, config_maps={n: k for n, k in observed.config_maps.items() if n in named})
+    facts = replace(
+        facts,
+        config_maps={n: k for n, k in observed.config_maps.items() if n in named},
+        service_monitor_crd=observed.service_monitor_crd,
+    )
     objects = _rendered(active, spec, facts)
     missing = {
         c.name: found for c in COMPONENTS if c.enabled(spec) and (found := missing_inputs(c, spec, facts))

@@ -59,7 +59,13 @@ class Store:
             entries[key] = value
             return True
 
-    def snapshot(self, namespace: str, environ: Mapping[str, str], nvidia_driver_crd: bool) -> Observed:
+    def snapshot(
+        self,
+        namespace: str,
+        environ: Mapping[str, str],
+        nvidia_driver_crd: bool,
+        service_monitor_crd: bool = True,
+    ) -> Observed:
         with self.lock:
             return Observed(
                 policies=tuple(self.policies.values()),
@@ -71,6 +77,7 @@ class Store:
                 namespace=namespace,
                 environ=dict(environ),
                 nvidia_driver_crd=nvidia_driver_crd,
+                service_monitor_crd=service_monitor_crd,
             )
 
 
@@ -154,7 +161,10 @@ class Reconciler:
         Writes run in parallel (a 1000-node rollout is 1000 label patches per stage), except that a
         component's own objects go in order: its ServiceAccount and RBAC before its DaemonSet."""
         stamp = now()
-        plan = build(self.store.snapshot(self.namespace, self.environ, self.nvidia_driver_crd), stamp)
+        observed = self.store.snapshot(
+            self.namespace, self.environ, self.nvidia_driver_crd, self.service_monitor_crd
+        )
+        plan = build(observed, stamp)
         errors: dict[str, str] = {}
         if plan.spec is not None:
             self._in_parallel(

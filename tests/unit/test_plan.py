@@ -28,6 +28,7 @@ def observed(*policies: PolicyRef, nodes: list[NodeInfo] | None = None, **kw: An
         objects=kw.get("objects", {}),
         namespace="gpu-operator",
         config_maps=kw.get("config_maps", {}),
+        service_monitor_crd=kw.get("service_monitor_crd", True),
     )
 
 
@@ -277,3 +278,14 @@ def test_fields_not_acted_on_are_in_the_status() -> None:
         "spec.driver.upgradePolicy.autoUpgrade"
         in condition(plan.statuses["cluster-policy"], "Ready")["message"]
     )
+
+
+def test_service_monitors_only_where_the_prometheus_crd_is() -> None:
+    spec = {"nodeStatusExporter": {"enabled": True}, "dcgmExporter": {"serviceMonitor": {"enabled": True}}}
+
+    def monitors(crd: bool) -> list[str]:
+        plan = build(observed(policy(**spec), service_monitor_crd=crd), NOW)
+        return sorted(o["metadata"]["name"] for o in plan.objects if o["kind"] == "ServiceMonitor")
+
+    assert monitors(True) == ["nvidia-dcgm-exporter", "nvidia-node-status-exporter"]
+    assert monitors(False) == []
