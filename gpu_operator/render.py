@@ -288,7 +288,7 @@ def _update_strategy(component: Component, policy: ClusterPolicySpec) -> dict[st
     workloads; its pods are replaced by the upgrade controller or by hand. Every other operand follows
     `daemonsets.updateStrategy`."""
     daemonsets = policy.daemonsets
-    if component.split == "kernel" or daemonsets.updateStrategy == "OnDelete":
+    if component.name == "driver" or daemonsets.updateStrategy == "OnDelete":
         return {"type": "OnDelete"}
     max_unavailable: int | str = DEFAULT_MAX_UNAVAILABLE
     if daemonsets.rollingUpdate is not None and daemonsets.rollingUpdate.maxUnavailable is not None:

@@ -335,7 +335,8 @@ def test_disable_enable_and_version_change_touch_only_their_objects(
     policy = wait_state(cluster, "cluster-policy", "ready")
     after = {name: ds.metadata.generation for name, ds in daemonsets(cluster).items()}
     changed = {name for name in before if before[name] != after[name]}
-    assert changed == {"device-plugin"}, f"generations before {before} after {after}"
+    # The MPS control daemon runs the device plugin's image (NVIDIA's TransformMPSControlDaemon).
+    assert changed == {"device-plugin", "mps-control-daemon"}, f"generations before {before} after {after}"
     image = daemonsets(cluster)["device-plugin"].spec.template.spec.containers[0].image
     assert image == "nvcr.io/nvidia/k8s-device-plugin:v0.20.1"
     assert (

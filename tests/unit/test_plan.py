@@ -281,7 +281,10 @@ def test_fields_not_acted_on_are_in_the_status() -> None:
 
 
 def test_service_monitors_only_where_the_prometheus_crd_is() -> None:
-    spec = {"nodeStatusExporter": {"enabled": True}, "dcgmExporter": {"serviceMonitor": {"enabled": True}}}
+    spec: dict[str, Any] = {
+        "nodeStatusExporter": {"enabled": True},
+        "dcgmExporter": {"serviceMonitor": {"enabled": True}},
+    }
 
     def monitors(crd: bool) -> list[str]:
         plan = build(observed(policy(**spec), service_monitor_crd=crd), NOW)

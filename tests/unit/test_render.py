@@ -878,3 +878,16 @@ def test_without_the_validator_nothing_waits_for_toolkit_ready() -> None:
     for name in ("nvidia-device-plugin-daemonset", "nvidia-mig-manager"):
         assert [c["name"] for c in pod_spec(alone[name])["initContainers"]] == ["driver-validation"], name
     assert "initContainers" not in pod_spec(alone["gpu-feature-discovery"])
+
+
+def test_validator_image_containers_run_as_root() -> None:
+    """They read host files and exec nvidia-smi; a non-root pod security context must not break them."""
+    ds = daemonsets(
+        render_spec({"daemonsets": {"podSecurityContext": {"runAsNonRoot": True, "runAsUser": 1000}}})
+    )
+    validator_image = container(ds["nvidia-operator-validator"], "nvidia-operator-validator")["image"]
+    for daemonset in ds.values():
+        pod = pod_spec(daemonset)
+        for ctr in pod.get("initContainers", []) + pod["containers"]:
+            if ctr["image"] == validator_image:
+                assert ctr["securityContext"]["runAsUser"] == 0, ctr["name"]
