@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -185,6 +185,7 @@ def warnings_for(policy: Policy) -> list[str]:
         f"warning: spec.{name} is enabled, but this operator does not deploy it; it is ignored"
         for name in policy.spec.unsupported_enabled()
     )
+    lines.extend(f"warning: accepted but not acted on: {field}" for field in policy.spec.ignored_fields())
     return lines
 
 
@@ -226,10 +227,32 @@ def load_nodes(path: str) -> list[dict[str, Any]]:
     return nodes
 
 
+def load_config_maps(path: str) -> dict[str, tuple[str, ...]]:
+    """ConfigMap name → keys, from `kubectl get configmaps -o yaml` (or ConfigMap documents)."""
+    from gpu_operator.observed import config_map_keys
+
+    found: dict[str, tuple[str, ...]] = {}
+    problems: list[str] = []
+    for index, doc in enumerate(load_documents(read_text(path)), start=1):
+        metadata = doc.get("metadata") if isinstance(doc, Mapping) else None
+        if (
+            not isinstance(doc, Mapping)
+            or doc.get("kind") != "ConfigMap"
+            or not isinstance(metadata, Mapping)
+        ):
+            what = doc.get("kind") if isinstance(doc, Mapping) else type(doc).__name__
+            problems.append(f"item {index}: a {what}, not a ConfigMap")
+        else:
+            found[str(metadata.get("name"))] = config_map_keys(doc)
+    if problems:
+        raise InputError(problems)
+    return found
+
+
 def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     # Imported here so that `validate` and `crd` work without the renderer's templates.
     from gpu_operator.nodes import cluster_facts
-    from gpu_operator.render import render, to_yaml
+    from gpu_operator.render import missing_inputs, render, to_yaml
 
     try:
         policies = load_policies(args.file)
@@ -239,17 +262,33 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if len(policies) != 1:
         _report(args.file, [f"render takes one {KIND}, this file has {len(policies)}"], err)
         return EXIT_INVALID
-    nodes: list[dict[str, Any]] = []
-    if args.nodes:
-        try:
-            nodes = load_nodes(args.nodes)
-        except InputError as exc:
-            _report(args.nodes, exc.lines, err)
-            return EXIT_INVALID
+    current = ""
+    try:
+        current = args.nodes or ""
+        nodes = load_nodes(args.nodes) if args.nodes else []
+        current = args.config_maps or ""
+        config_maps = load_config_maps(args.config_maps) if args.config_maps else {}
+    except InputError as exc:
+        _report(current, exc.lines, err)
+        return EXIT_INVALID
     policy = policies[0]
     _report(args.file, warnings_for(policy), err)
     try:
-        facts = cluster_facts(nodes, args.namespace, os.environ)
+        facts = replace(
+            cluster_facts(nodes, args.namespace, os.environ, policy.spec.operator.defaultRuntime),
+            service_monitor_crd=args.service_monitor_crd,
+            config_maps=config_maps,
+        )
+        for component in COMPONENTS:
+            if component.enabled(policy.spec):
+                _report(
+                    args.file,
+                    [
+                        f"warning: {m}; {component.daemonset} is left out"
+                        for m in missing_inputs(component, policy.spec, facts)
+                    ],
+                    err,
+                )
         text = to_yaml(render(policy.spec, facts))
     except PolicyError as exc:
         _report(args.file, [str(e) for e in exc.errors], err)
@@ -413,7 +452,18 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     render.add_argument(
         "--nodes",
         metavar="NODES.yaml",
-        help="nodes (kubectl get nodes -o yaml) that decide the driver image's OS suffix",
+        help="nodes (kubectl get nodes -o yaml): their OS, kernels and runtimes shape the DaemonSets",
+    )
+    render.add_argument(
+        "--config-maps",
+        metavar="CONFIGMAPS.yaml",
+        help="ConfigMaps the policy names (kubectl get configmaps -o yaml), whose files the driver mounts",
+    )
+    render.add_argument(
+        "--no-servicemonitor-crd",
+        dest="service_monitor_crd",
+        action="store_false",
+        help="render for a cluster without the Prometheus operator's ServiceMonitor CRD",
     )
     render.set_defaults(handler=cmd_render)
 

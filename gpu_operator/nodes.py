@@ -12,9 +12,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.components import BY_NAME, COMPONENTS, Component, mig_capable
+from gpu_operator.components import BY_NAME, COMPONENTS, RUNTIME_LABEL, Component, mig_capable
 from gpu_operator.images import KERNEL_LABEL, os_tag
-from gpu_operator.render import ClusterFacts
+from gpu_operator.render import ClusterFacts, runtimes_in_order
 
 FIELD_MANAGER = "gpu-operator"
 GPU_PRESENT = "nvidia.com/gpu.present"
@@ -38,6 +38,8 @@ class NodeInfo:
     gpu_allocatable: int = 0
     own_labels: frozenset[str] = frozenset()
     """Label keys the operator's field manager owns (set by server-side apply)."""
+    runtime: str | None = None
+    """Container runtime the kubelet reports (containerd, crio, docker); None if unknown."""
 
     @property
     def is_gpu(self) -> bool:
@@ -73,14 +75,25 @@ def _quantity_int(value: Any) -> int:
         return 0
 
 
+# `status.nodeInfo.containerRuntimeVersion` is `<runtime>://<version>` (NVIDIA's getRuntimeString,
+# controllers/state_manager.go:562-577).
+_RUNTIME_PREFIXES = (("containerd", "containerd"), ("cri-o", "crio"), ("docker", "docker"))
+
+
+def _runtime(version: str) -> str | None:
+    return next((name for prefix, name in _RUNTIME_PREFIXES if version.startswith(prefix)), None)
+
+
 def node_info(body: Mapping[str, Any]) -> NodeInfo:
     metadata = body.get("metadata") or {}
-    allocatable = (body.get("status") or {}).get("allocatable") or {}
+    status = body.get("status") or {}
+    allocatable = status.get("allocatable") or {}
     return NodeInfo(
         name=metadata["name"],
         labels=dict(metadata.get("labels") or {}),
         gpu_allocatable=_quantity_int(allocatable.get(GPU_RESOURCE, 0)),
         own_labels=owned_label_keys(metadata.get("managedFields") or ()),
+        runtime=_runtime(str((status.get("nodeInfo") or {}).get("containerRuntimeVersion") or "")),
     )
 
 
@@ -88,16 +101,39 @@ def gpu_nodes(nodes: Iterable[NodeInfo]) -> list[NodeInfo]:
     return sorted((n for n in nodes if n.is_gpu), key=lambda n: n.name)
 
 
+def node_runtime(node: NodeInfo, default_runtime: str | None) -> str:
+    """The runtime the kubelet reports, else `operator.defaultRuntime`, else containerd (NVIDIA's default)."""
+    return node.runtime or default_runtime or "containerd"
+
+
 def cluster_facts(
-    nodes: Iterable[Mapping[str, Any]] | Iterable[NodeInfo], namespace: str, environ: Mapping[str, str]
+    nodes: Iterable[Mapping[str, Any]] | Iterable[NodeInfo],
+    namespace: str,
+    environ: Mapping[str, str],
+    default_runtime: str | None = None,
 ) -> ClusterFacts:
-    """Rendering facts from the nodes: like NVIDIA, the OS and kernel of the first GPU node."""
+    """Rendering facts from the GPU nodes: the OS of the first one (the driver image's suffix, as NVIDIA
+    does), the kernels (one precompiled driver DaemonSet each) and the container runtimes (one toolkit
+    DaemonSet each). Nodes opted out of operands still count: their labels may change any time."""
     infos = [n if isinstance(n, NodeInfo) else node_info(n) for n in nodes]
     gpus = gpu_nodes(infos)
     first = gpus[0].labels if gpus else {}
+    kernels = {(n.labels[KERNEL_LABEL], os_tag(n.labels)) for n in gpus if n.labels.get(KERNEL_LABEL)}
     return ClusterFacts(
-        namespace=namespace, os_tag=os_tag(first), kernel=first.get(KERNEL_LABEL), environ=dict(environ)
+        namespace=namespace,
+        os_tag=os_tag(first),
+        kernels=tuple(sorted(kernels, key=lambda k: (k[0], k[1] or ""))),
+        runtimes=runtimes_in_order({node_runtime(n, default_runtime) for n in gpus}),
+        environ=dict(environ),
     )
+
+
+def runtime_labels(node: NodeInfo, policy: ClusterPolicySpec) -> dict[str, str]:
+    """The runtime label the toolkit DaemonSets select on; part of desired_labels, so it is written in
+    the same apply as the deploy labels."""
+    if not BY_NAME["container-toolkit"].enabled(policy) or _foreign(node, RUNTIME_LABEL):
+        return {}
+    return {RUNTIME_LABEL: node_runtime(node, policy.operator.defaultRuntime)}
 
 
 def takes_operands(node: NodeInfo) -> bool:
@@ -152,6 +188,7 @@ def desired_labels(node: NodeInfo, policy: ClusterPolicySpec | None, is_ready: I
         labels[GPU_PRESENT] = "true"
     if not takes_operands(node):
         return labels
+    labels.update(runtime_labels(node, policy))
     for component in COMPONENTS:
         key = component.deploy_label
         if not component.enabled(policy) or not runs_on(component, node) or _foreign(node, key):

@@ -27,6 +27,7 @@ from gpu_operator.nodes import node_info
 from gpu_operator.observed import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
+    config_map_keys,
     daemonset_info,
     object_info,
     object_key,
@@ -42,7 +43,9 @@ RESYNC_SECONDS = 600.0
 """Safety net only: a pass with nothing changed reads caches and writes nothing."""
 MAX_BACKOFF = 60.0
 
-# Kinds the operator creates (watched with a server-side label selector, for drift repair).
+# Kinds the operator creates (watched with a server-side label selector, for drift repair; ConfigMaps
+# without it, see _record_config_map).
+CONFIG_MAPS = ("", "v1", "configmaps")
 MANAGED = [
     ("", "v1", "serviceaccounts"),
     ("", "v1", "configmaps"),
@@ -191,6 +194,15 @@ def _record_managed(body: Mapping[str, Any], deleted: bool) -> bool:
     return changed
 
 
+def _record_config_map(body: Mapping[str, Any], deleted: bool) -> bool:
+    """ConfigMaps are watched without the label selector: the driver mounts the files of users'
+    ConfigMaps (repoConfig, certConfig, kernelModuleConfig) one by one, so it needs their keys."""
+    ours = (body["metadata"].get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
+    changed = _record_managed(body, deleted or not ours)
+    keys = None if deleted else config_map_keys(body)
+    return STORE.put("config_maps", body["metadata"]["name"], keys) or changed
+
+
 def _watch(group: str, version: str, plural: str, record: Recorder, labels: dict[str, str] | None) -> None:
     async def store(body: kopf.Body, **_: Any) -> None:
         if record(body, False) and LOOP is not None:
@@ -213,7 +225,10 @@ _watch("nvidia.com", "v1", "clusterpolicies", _record_policy, None)
 _watch("", "v1", "nodes", _record_node, None)
 _watch("", "v1", "pods", _record_pod, _OURS)
 for _group, _version, _plural in MANAGED:
-    _watch(_group, _version, _plural, _record_managed, _OURS)
+    if (_group, _version, _plural) == CONFIG_MAPS:
+        _watch(_group, _version, _plural, _record_config_map, None)
+    else:
+        _watch(_group, _version, _plural, _record_managed, _OURS)
 
 
 CRD_HASH_ANNOTATION = "nvidia.com/gpu-operator.crd-hash"
@@ -263,8 +278,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.networking.request_timeout = 60
     # Initial LISTs in pages: 9000 operand pods at 1000 nodes are never one response in memory.
     settings.watching.chunk_size = 500
-    for group, _version, plural in MANAGED:
-        settings.watching.label_selectors[group, plural] = SELECTOR
+    for group, version, plural in MANAGED:
+        if (group, version, plural) != CONFIG_MAPS:
+            settings.watching.label_selectors[group, plural] = SELECTOR
     settings.watching.label_selectors["", "pods"] = SELECTOR
     namespace: str = memo["namespace"]
     kube = Kube(load_api_client())

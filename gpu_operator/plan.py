@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gpu_operator.api import GROUP, KIND, VERSION, FieldError, PolicyError, parse_spec
@@ -22,7 +22,7 @@ from gpu_operator.api.status import (
     REASON_RECONCILE_FAILED,
     REASON_RECONCILED,
 )
-from gpu_operator.components import COMPONENTS, Component
+from gpu_operator.components import BY_LABEL, COMPONENTS, Component
 from gpu_operator.nodes import (
     IsReady,
     NodeInfo,
@@ -39,9 +39,10 @@ from gpu_operator.observed import (
     ObjectInfo,
     ObjectKey,
     PodInfo,
+    component_of,
     object_key,
 )
-from gpu_operator.render import ClusterFacts, render
+from gpu_operator.render import ClusterFacts, config_maps_read, missing_inputs, render
 
 MAX_PROBLEMS = 5
 
@@ -69,11 +70,15 @@ class Observed:
     nodes: Mapping[str, NodeInfo]
     pods: Iterable[PodInfo]
     daemonsets: Mapping[str, DaemonSetInfo]
-    """By component name."""
+    """By DaemonSet name (a component may have several: one per runtime, one per kernel)."""
     objects: Mapping[ObjectKey, ObjectInfo]
     namespace: str
     environ: Mapping[str, str] = field(default_factory=dict)
     nvidia_driver_crd: bool = False
+    config_maps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """ConfigMap name → keys, in the operand namespace."""
+    service_monitor_crd: bool = True
+    """Whether the Prometheus operator's ServiceMonitor kind exists (ServiceMonitors need it)."""
 
 
 @dataclass(frozen=True)
@@ -158,15 +163,34 @@ def build(observed: Observed, now: str) -> Plan:
         statuses[active.name] = _invalid_status(active, exc.errors, observed.namespace, now)
         return Plan(active, None, exc.errors, [], [], {}, statuses, [])
 
-    facts: ClusterFacts = cluster_facts(nodes, observed.namespace, observed.environ)
+    facts = cluster_facts(nodes, observed.namespace, observed.environ, spec.operator.defaultRuntime)
+    # Only the ConfigMaps the policy names, so that other ConfigMap changes do not re-render.
+    named = {name for c in COMPONENTS for _, name in config_maps_read(c, spec)}
+    facts = replace(
+        facts,
+        config_maps={n: k for n, k in observed.config_maps.items() if n in named},
+        service_monitor_crd=observed.service_monitor_crd,
+    )
     objects = _rendered(active, spec, facts)
+    missing = {
+        c.name: found for c in COMPONENTS if c.enabled(spec) and (found := missing_inputs(c, spec, facts))
+    }
     wanted = {object_key(o) for o in objects}
-    deletes = sorted(key for key in observed.objects if key not in wanted)
+    # A DaemonSet withheld for a missing input stays as it is (NVIDIA's behaviour): deleting the
+    # driver's would unload the driver under running GPU workloads.
+    kept = {
+        key for key, info in observed.objects.items() if key[1] == "DaemonSet" and info.component in missing
+    }
+    deletes = sorted(key for key in observed.objects if key not in wanted and key not in kept)
     labels = _label_changes(nodes, spec, is_ready)
     # Status reflects the labels as they will be once this plan is carried out.
     planned = {n.name: _with_labels(n, labels[n.name]) if n.name in labels else n for n in nodes}
     notes = _notes(spec, observed.nvidia_driver_crd)
-    statuses[active.name] = _status(active, spec, planned, pods, observed, notes, now)
+    daemonsets: dict[str, list[str]] = {}
+    for obj in objects:
+        if obj["kind"] == "DaemonSet":
+            daemonsets.setdefault(component_of(obj["metadata"]), []).append(obj["metadata"]["name"])
+    statuses[active.name] = _status(active, spec, planned, pods, observed, daemonsets, missing, notes, now)
     return Plan(active, spec, [], objects, deletes, labels, statuses, notes)
 
 
@@ -176,19 +200,7 @@ _RENDERED: dict[str, list[dict[str, Any]]] = {}
 def _rendered(policy: PolicyRef, spec: ClusterPolicySpec, facts: ClusterFacts) -> list[dict[str, Any]]:
     """The owned, hashed objects; rendered again only when the policy or the facts change (most passes
     are caused by pod and node events and change neither). Callers must not mutate the result."""
-    key = json.dumps(
-        [
-            policy.name,
-            policy.uid,
-            policy.spec,
-            facts.namespace,
-            facts.os_tag,
-            facts.kernel,
-            facts.runtime,
-            sorted(facts.environ.items()),
-        ],
-        sort_keys=True,
-    )
+    key = json.dumps([policy.name, policy.uid, policy.spec, asdict(facts)], sort_keys=True)
     if key not in _RENDERED:
         _RENDERED.clear()
         _RENDERED[key] = [_owned(obj, policy) for obj in render(spec, facts)]
@@ -198,7 +210,7 @@ def _rendered(policy: PolicyRef, spec: ClusterPolicySpec, facts: ClusterFacts) -
 def _with_labels(node: NodeInfo, owned: Mapping[str, str]) -> NodeInfo:
     labels = {k: v for k, v in node.labels.items() if k not in node.own_labels}
     labels.update(owned)
-    return NodeInfo(node.name, labels, node.gpu_allocatable, frozenset(owned))
+    return replace(node, labels=labels, own_labels=frozenset(owned))
 
 
 def _label_changes(
@@ -218,6 +230,7 @@ def _notes(spec: ClusterPolicySpec, nvidia_driver_crd: bool) -> list[str]:
         f"spec.{name} is enabled but not supported by this operator; it is ignored"
         for name in spec.unsupported_enabled()
     ]
+    notes += [f"accepted but not acted on: {field}" for field in spec.ignored_fields()]
     if spec.driver.useNvidiaDriverCRD and not nvidia_driver_crd:
         notes.append(
             "spec.driver.useNvidiaDriverCRD is set, but no NVIDIADriver CRD is installed; "
@@ -231,7 +244,7 @@ def _component_status(
     spec: ClusterPolicySpec,
     nodes: list[NodeInfo],
     pods: Mapping[tuple[str, str], PodInfo],
-    daemonset: DaemonSetInfo | None,
+    daemonsets: list[DaemonSetInfo | None],
 ) -> dict[str, Any]:
     if not component.enabled(spec):
         return {"name": component.name, "enabled": False, "state": "disabled"}
@@ -254,7 +267,8 @@ def _component_status(
         message = f"waiting for {', '.join(deps)}" if deps else "waiting for its deploy label"
         problems.append({"node": node.name, "reason": "WaitingForDependency", "message": message})
     rolled_out = not labelled or (
-        daemonset is not None and daemonset.rolled_out and daemonset.desired == len(labelled)
+        all(d is not None and d.rolled_out for d in daemonsets)
+        and sum(d.desired for d in daemonsets if d is not None) == len(labelled)
     )
     is_ready = rolled_out and not waiting and len(ready) == len(labelled)
     reason = "" if is_ready else _summary(len(eligible), len(ready), problems)
@@ -291,11 +305,21 @@ def _status(
     nodes: Mapping[str, NodeInfo],
     pods: Mapping[tuple[str, str], PodInfo],
     observed: Observed,
+    daemonsets: Mapping[str, list[str]],
+    missing: Mapping[str, list[str]],
     notes: list[str],
     now: str,
 ) -> dict[str, Any]:
     gpus = [n for n in gpu_nodes(nodes.values()) if takes_operands(n)]
-    components = [_component_status(c, spec, gpus, pods, observed.daemonsets.get(c.name)) for c in COMPONENTS]
+    components = [
+        _component_status(
+            c, spec, gpus, pods, [observed.daemonsets.get(n) for n in daemonsets.get(c.name, [])]
+        )
+        for c in COMPONENTS
+    ]
+    for entry in components:
+        if entry["name"] in missing:
+            entry.update(state="notReady", reason="; ".join(missing[entry["name"]]))
     components += [
         {"name": name, "enabled": True, "state": "unsupported", "reason": "not supported by this operator"}
         for name in spec.unsupported_enabled()
@@ -389,11 +413,13 @@ def with_apply_errors(
     policy: PolicyRef, status: dict[str, Any], errors: Mapping[str, str], now: str
 ) -> dict[str, Any]:
     """The status when some objects could not be written: those components are not ready, and Error
-    says why (NVIDIA's ReconcileFailed), with the API server's own message."""
+    says why (NVIDIA's ReconcileFailed), with the API server's own message. Errors are keyed by
+    component name or by the `app.kubernetes.io/component` label of the object that failed."""
+    by_component = {(BY_LABEL[k].name if k in BY_LABEL else k): text for k, text in errors.items()}
     components = []
     for entry in status.get("components", []):
-        if entry["name"] in errors:
-            entry = {**entry, "state": "notReady", "reason": f"apply failed: {errors[entry['name']]}"}
+        if entry["name"] in by_component:
+            entry = {**entry, "state": "notReady", "reason": f"apply failed: {by_component[entry['name']]}"}
         components.append(entry)
     message = "failed to reconcile: " + "; ".join(f"{name}: {text}" for name, text in errors.items())
     return {

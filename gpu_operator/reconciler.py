@@ -44,6 +44,8 @@ class Store:
     pods: dict[str, PodInfo] = field(default_factory=dict)
     daemonsets: dict[str, DaemonSetInfo] = field(default_factory=dict)
     objects: dict[ObjectKey, ObjectInfo] = field(default_factory=dict)
+    config_maps: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Every ConfigMap of the operand namespace → its keys (users' ones feed the driver's mounts)."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def put(self, table: str, key: Any, value: Any) -> bool:
@@ -57,17 +59,25 @@ class Store:
             entries[key] = value
             return True
 
-    def snapshot(self, namespace: str, environ: Mapping[str, str], nvidia_driver_crd: bool) -> Observed:
+    def snapshot(
+        self,
+        namespace: str,
+        environ: Mapping[str, str],
+        nvidia_driver_crd: bool,
+        service_monitor_crd: bool = True,
+    ) -> Observed:
         with self.lock:
             return Observed(
                 policies=tuple(self.policies.values()),
                 nodes=dict(self.nodes),
                 pods=tuple(self.pods.values()),
-                daemonsets={d.component: d for d in self.daemonsets.values()},
+                daemonsets={d.name: d for d in self.daemonsets.values()},
                 objects=dict(self.objects),
+                config_maps=dict(self.config_maps),
                 namespace=namespace,
                 environ=dict(environ),
                 nvidia_driver_crd=nvidia_driver_crd,
+                service_monitor_crd=service_monitor_crd,
             )
 
 
@@ -153,7 +163,9 @@ class Reconciler:
         Writes run in parallel (a 1000-node rollout is 1000 label patches per stage), except that a
         component's own objects go in order: its ServiceAccount and RBAC before its DaemonSet."""
         stamp = now()
-        observed = self.store.snapshot(self.namespace, self.environ, self.nvidia_driver_crd)
+        observed = self.store.snapshot(
+            self.namespace, self.environ, self.nvidia_driver_crd, self.service_monitor_crd
+        )
         plan = build(observed, stamp)
         errors: dict[str, str] = {}
         if plan.spec is not None:

@@ -70,19 +70,21 @@ class OperatorSpec(Model):
     """Settings of the operator itself."""
 
     defaultRuntime: Literal["docker", "crio", "containerd"] | None = None
-    """Deprecated: the container runtime is detected from the nodes."""
+    """Container runtime of GPU nodes whose kubelet does not report one (each node's runtime is detected
+    from status.nodeInfo; default containerd)."""
     runtimeClass: str = "nvidia"
     """Name (and handler) of the RuntimeClass the operands that need the NVIDIA runtime use."""
     initContainer: InitContainerSpec | None = None
-    """Deprecated and unused."""
+    """Deprecated and unused (also by NVIDIA's operator)."""
     labels: Labels | None = None
-    """Labels added to the operator's own objects."""
+    """Accepted, not acted on (reported in the status): the operator's own Deployment comes from its Helm
+    chart, which sets its labels."""
     annotations: Labels | None = None
-    """Annotations added to the operator's own objects."""
+    """Accepted, not acted on (reported in the status): set the operator's annotations in its Helm chart."""
     metrics: OperatorMetrics | None = None
-    """Operator metrics settings."""
+    """Accepted, not acted on (reported in the status when its ServiceMonitor is enabled)."""
     use_ocp_driver_toolkit: bool | None = None
-    """OpenShift Driver Toolkit (accepted; OpenShift is not supported by this operator)."""
+    """OpenShift Driver Toolkit: accepted, not acted on (reported; OpenShift is not supported)."""
 
 
 class RollingUpdateSpec(Model):
@@ -168,7 +170,7 @@ class DriverSpec(ComponentSpec):
     usePrecompiled: bool | None = None
     """Use precompiled driver images (tag <version>-<kernel>-<os>)."""
     useOpenKernelModules: bool | None = None
-    """Deprecated: use kernelModuleType: open."""
+    """Deprecated and ignored, as by NVIDIA's operator (reported): use kernelModuleType: open."""
     kernelModuleType: Literal["auto", "open", "proprietary"] = "auto"
     """Which kernel modules to build and load."""
     startupProbe: ProbeSpec | None = None
@@ -180,7 +182,8 @@ class DriverSpec(ComponentSpec):
     rdma: RDMASpec | None = None
     """GPUDirect RDMA."""
     upgradePolicy: UpgradePolicySpec | None = None
-    """Driver upgrade policy."""
+    """Driver upgrade policy: accepted, not acted on yet (autoUpgrade is reported). The driver DaemonSet
+    is OnDelete, so a changed driver reaches a node when its driver pod is deleted."""
     manager: DriverManagerSpec | None = None
     """k8s-driver-manager init container."""
     repoConfig: RepoConfigSpec | None = None
@@ -329,11 +332,11 @@ class ValidatorSpec(ComponentSpec):
     cuda: ValidatorComponentSpec | None = None
     """CUDA workload validation."""
     vfioPCI: ValidatorComponentSpec | None = None
-    """VFIO-PCI validation (sandbox)."""
+    """VFIO-PCI validation (sandbox validator, not deployed: its env is reported as ignored)."""
     vgpuManager: ValidatorComponentSpec | None = None
-    """vGPU manager validation (sandbox)."""
+    """vGPU manager validation (sandbox validator, not deployed: its env is reported as ignored)."""
     vgpuDevices: ValidatorComponentSpec | None = None
-    """vGPU devices validation (sandbox)."""
+    """vGPU devices validation (sandbox validator, not deployed: its env is reported as ignored)."""
 
 
 class EnabledSpec(Model):
@@ -365,7 +368,7 @@ class CDIConfigSpec(Model):
     enabled: bool = True
     """Generate CDI specs and use CDI for GPU injection."""
     default: bool | None = None
-    """Deprecated."""
+    """Deprecated and ignored, as by NVIDIA's operator (reported when true)."""
     nriPluginEnabled: bool = False
     """Use the NRI plugin for injection (requires CDI)."""
 
@@ -441,11 +444,13 @@ class KataDevicePluginSpec(OffByDefault):
 
 
 class GDSSpec(OffByDefault):
-    """GPUDirect Storage nvidia-fs sidecar (unsupported)."""
+    """GPUDirect Storage: the nvidia-fs module, built by a sidecar of the driver pod (image tag gets the
+    node OS suffix; not with precompiled drivers)."""
 
 
 class GDRCopySpec(OffByDefault):
-    """GDRCopy sidecar (unsupported)."""
+    """GDRCopy: the gdrdrv module, built by a sidecar of the driver pod (image tag gets the node OS
+    suffix; not with precompiled drivers)."""
 
 
 class ClusterPolicySpec(Model):
@@ -460,8 +465,6 @@ class ClusterPolicySpec(Model):
         "kataManager",
         "kataSandboxDevicePlugin",
         "ccManager",
-        "gds",
-        "gdrcopy",
     )
 
     operator: OperatorSpec = Field(default_factory=OperatorSpec)
@@ -491,7 +494,7 @@ class ClusterPolicySpec(Model):
     psa: EnabledSpec = Field(default_factory=EnabledSpec)
     """Label the operand namespace for the privileged Pod Security Admission level."""
     psp: EnabledSpec = Field(default_factory=EnabledSpec)
-    """PodSecurityPolicy (removed from Kubernetes; accepted, no effect)."""
+    """PodSecurityPolicy: removed from Kubernetes in 1.25; accepted, not acted on (reported when enabled)."""
     cdi: CDIConfigSpec = Field(default_factory=CDIConfigSpec)
     """Container Device Interface."""
     hostPaths: HostPathsSpec = Field(default_factory=HostPathsSpec)
@@ -513,15 +516,73 @@ class ClusterPolicySpec(Model):
     ccManager: CCManagerSpec = Field(default_factory=CCManagerSpec)
     """Confidential computing manager (unsupported)."""
     gds: GDSSpec = Field(default_factory=GDSSpec)
-    """GPUDirect Storage (unsupported)."""
+    """GPUDirect Storage."""
     gdrcopy: GDRCopySpec = Field(default_factory=GDRCopySpec)
-    """GDRCopy (unsupported)."""
+    """GDRCopy."""
 
     @model_validator(mode="after")
     def _nri_needs_cdi(self) -> ClusterPolicySpec:
         if self.cdi.nriPluginEnabled and not self.cdi.enabled:
             raise ValueError("cdi.nriPluginEnabled requires cdi.enabled")
         return self
+
+    @model_validator(mode="after")
+    def _sidecars_build_on_the_node(self) -> ClusterPolicySpec:
+        # Their modules are built against the driver installed on the node (NVIDIA refuses the same).
+        if self.driver.usePrecompiled and self.driver.is_enabled():
+            for name in ("gds", "gdrcopy"):
+                if getattr(self, name).is_enabled():
+                    raise ValueError(f"{name}.enabled is not supported with driver.usePrecompiled")
+        return self
+
+    def ignored_fields(self) -> list[str]:
+        """Fields the user set that this operator accepts but does not act on, each with the reason (the
+        planner reports them; their CRD descriptions say so too)."""
+        operator, driver = self.operator, self.driver
+        checks = [
+            (
+                driver.upgradePolicy is not None and driver.upgradePolicy.autoUpgrade,
+                "spec.driver.upgradePolicy.autoUpgrade",
+                "there is no upgrade controller yet; a changed driver reaches a node when its driver pod "
+                "is deleted (the driver DaemonSet is OnDelete)",
+            ),
+            (
+                bool(driver.useOpenKernelModules),
+                "spec.driver.useOpenKernelModules",
+                "deprecated and ignored, as by NVIDIA's operator; use kernelModuleType: open",
+            ),
+            (bool(operator.labels), "spec.operator.labels", "set the operator's labels in its Helm chart"),
+            (
+                bool(operator.annotations),
+                "spec.operator.annotations",
+                "set the operator's annotations in its Helm chart",
+            ),
+            (
+                bool(
+                    operator.metrics
+                    and operator.metrics.serviceMonitor
+                    and operator.metrics.serviceMonitor.enabled
+                ),
+                "spec.operator.metrics.serviceMonitor",
+                "the operator serves no metrics",
+            ),
+            (
+                bool(operator.use_ocp_driver_toolkit),
+                "spec.operator.use_ocp_driver_toolkit",
+                "OpenShift is not supported",
+            ),
+            (self.psp.enabled, "spec.psp.enabled", "PodSecurityPolicy was removed from Kubernetes in 1.25"),
+            (bool(self.cdi.default), "spec.cdi.default", "deprecated and ignored, as by NVIDIA's operator"),
+        ]
+        checks += [
+            (
+                bool(getattr(self.validator, step) and getattr(self.validator, step).env),
+                f"spec.validator.{step}.env",
+                "the sandbox validator is not deployed",
+            )
+            for step in ("vfioPCI", "vgpuManager", "vgpuDevices")
+        ]
+        return [f"{path}: {why}" for found, path, why in checks if found]
 
     def unsupported_enabled(self) -> list[str]:
         """Names of unsupported sections the user switched on (reported, never silently ignored)."""

@@ -47,6 +47,7 @@ def test_empty_spec_has_nvidias_defaults() -> None:
         "container-toolkit",
         "operator-validator",
         "device-plugin",
+        "mps-control-daemon",
         "dcgm",
         "dcgm-exporter",
         "gpu-feature-discovery",
@@ -143,8 +144,16 @@ def test_deprecated_alias_still_works() -> None:
 
 
 def test_unsupported_sections_are_reported() -> None:
-    spec = parse_spec({"gds": {"enabled": True}, "sandboxWorkloads": {"enabled": True}, "vgpuManager": {}})
-    assert spec.unsupported_enabled() == ["sandboxWorkloads", "gds"]
+    spec = parse_spec(
+        {"ccManager": {"enabled": True}, "sandboxWorkloads": {"enabled": True}, "vgpuManager": {}}
+    )
+    assert spec.unsupported_enabled() == ["sandboxWorkloads", "ccManager"]
+
+
+def test_gds_and_gdrcopy_need_a_driver_built_on_the_node() -> None:
+    assert parse_spec({"gds": {"enabled": True}, "gdrcopy": {"enabled": True}}).unsupported_enabled() == []
+    with pytest.raises(PolicyError, match=r"gds\.enabled is not supported with driver\.usePrecompiled"):
+        parse_spec({"gds": {"enabled": True}, "driver": {"usePrecompiled": True}})
 
 
 # --- pydantic and the CRD say the same thing ---------------------------------------------------------
@@ -235,3 +244,25 @@ def test_env_name_agrees_with_crd(value: str) -> None:
     pattern = crd_node("toolkit.env")["items"]["properties"]["name"]["pattern"]
     by_crd = re.fullmatch(pattern, value) is not None and "\n" not in value
     assert accepts({"toolkit": {"env": [{"name": value, "value": "x"}]}}) == by_crd
+
+
+def test_fields_accepted_but_not_acted_on_are_reported() -> None:
+    assert parse_spec({}).ignored_fields() == []
+    spec = parse_spec(
+        {
+            "driver": {"upgradePolicy": {"autoUpgrade": True}, "useOpenKernelModules": True},
+            "operator": {"labels": {"a": "b"}},
+            "psp": {"enabled": True},
+            "validator": {"vfioPCI": {"env": [{"name": "A", "value": "1"}]}},
+        }
+    )
+    assert [line.split(":")[0] for line in spec.ignored_fields()] == [
+        "spec.driver.upgradePolicy.autoUpgrade",
+        "spec.driver.useOpenKernelModules",
+        "spec.operator.labels",
+        "spec.psp.enabled",
+        "spec.validator.vfioPCI.env",
+    ]
+    # What the operator does act on is never listed, however it is set.
+    acted_on = {"driver": {"upgradePolicy": {"autoUpgrade": False}}, "operator": {"defaultRuntime": "crio"}}
+    assert parse_spec(acted_on).ignored_fields() == []

@@ -19,7 +19,7 @@ import urllib3
 
 from gpu_operator import metrics, server
 from gpu_operator.api import parse_spec
-from gpu_operator.components import COMPONENTS
+from gpu_operator.components import BY_NAME, COMPONENTS
 from gpu_operator.kube import ApiError, Kube
 from gpu_operator.nodes import NodeInfo
 from gpu_operator.observed import DaemonSetInfo, PodInfo
@@ -48,7 +48,11 @@ def plan_for(spec: dict[str, Any] | None, ready_pods: bool = False, nodes: int =
     labels = {PCI: "true", **{f"nvidia.com/gpu.deploy.{c}": "true" for c in components}}
     infos = {name: NodeInfo(name, labels) for name in names}
     pods = tuple(PodInfo(f"{c}-{n}", c, n, True, "", "", False, NOW) for c in components for n in names)
-    daemonsets = {c: DaemonSetInfo(c, c, 1, 1, nodes, nodes, nodes, nodes, 0, False) for c in components}
+    daemonsets = {
+        ds: DaemonSetInfo(ds, c, 1, 1, nodes, nodes, nodes, nodes, 0, False)
+        for c in components
+        for ds in [BY_NAME[c].daemonset]
+    }
     return build(Observed(policies, infos, pods, daemonsets, {}, "gpu-operator"), NOW)
 
 

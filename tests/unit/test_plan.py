@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpu_operator.components import RUNTIME_LABEL
 from gpu_operator.nodes import GPU_PRESENT, NodeInfo
 from gpu_operator.observed import HASH_ANNOTATION, DaemonSetInfo, ObjectInfo, PodInfo, pod_info
 from gpu_operator.plan import Observed, PolicyRef, active_policy, build, pods_by_node, status_differs
@@ -26,6 +27,8 @@ def observed(*policies: PolicyRef, nodes: list[NodeInfo] | None = None, **kw: An
         daemonsets=kw.get("daemonsets", {}),
         objects=kw.get("objects", {}),
         namespace="gpu-operator",
+        config_maps=kw.get("config_maps", {}),
+        service_monitor_crd=kw.get("service_monitor_crd", True),
     )
 
 
@@ -55,7 +58,9 @@ def test_objects_are_owned_hashed_and_in_dependency_order() -> None:
         assert obj["metadata"]["annotations"][HASH_ANNOTATION]
     components = [o["metadata"]["labels"]["app.kubernetes.io/component"] for o in plan.objects]
     assert (
-        components.index("driver") < components.index("container-toolkit") < components.index("device-plugin")
+        components.index("nvidia-driver")
+        < components.index("container-toolkit")
+        < components.index("device-plugin")
     )
 
 
@@ -93,8 +98,13 @@ def test_status_names_the_failing_node_and_reason() -> None:
     nodes = [
         NodeInfo(
             f"gpu-{i}",
-            {PCI: "true", GPU_PRESENT: "true", "nvidia.com/gpu.deploy.driver": "true"},
-            own_labels=frozenset({GPU_PRESENT, "nvidia.com/gpu.deploy.driver"}),
+            {
+                PCI: "true",
+                GPU_PRESENT: "true",
+                "nvidia.com/gpu.deploy.driver": "true",
+                RUNTIME_LABEL: "containerd",
+            },
+            own_labels=frozenset({GPU_PRESENT, "nvidia.com/gpu.deploy.driver", RUNTIME_LABEL}),
         )
         for i in range(2)
     ]
@@ -102,7 +112,11 @@ def test_status_names_the_failing_node_and_reason() -> None:
         PodInfo("d0", "driver", "gpu-0", True, "", "", False, "t"),
         PodInfo("d1", "driver", "gpu-1", False, "CrashLoopBackOff", "back-off", False, "t"),
     ]
-    ds = {"driver": DaemonSetInfo("nvidia-driver-daemonset", "driver", 1, 1, 2, 1, 2, 1, 1, True)}
+    ds = {
+        "nvidia-driver-daemonset": DaemonSetInfo(
+            "nvidia-driver-daemonset", "driver", 1, 1, 2, 1, 2, 1, 1, True
+        )
+    }
     plan = build(observed(policy(), nodes=nodes, pods=pods, daemonsets=ds), NOW)
     status = plan.statuses["cluster-policy"]
     assert status["state"] == "notReady"
@@ -126,8 +140,8 @@ def test_no_gpu_nodes_is_ready_with_nvidia_reason() -> None:
 
 
 def test_unsupported_sections_are_reported_not_fatal() -> None:
-    plan = build(observed(policy(gds={"enabled": True}), nodes=[]), NOW)
-    assert plan.notes and "spec.gds" in plan.notes[0]
+    plan = build(observed(policy(ccManager={"enabled": True}), nodes=[]), NOW)
+    assert plan.notes and "spec.ccManager" in plan.notes[0]
     assert plan.statuses["cluster-policy"]["state"] == "ready"
     assert any(c["state"] == "unsupported" for c in plan.statuses["cluster-policy"]["components"])
 
@@ -193,3 +207,88 @@ def test_in_sync_detects_edits_and_deletes() -> None:
     cm = ("v1", "ConfigMap", "ns", "cm")
     assert in_sync("h", ObjectInfo(cm, "x", "h", 0, "5", ""), Applied("h", 0, "5"))
     assert not in_sync("h", ObjectInfo(cm, "x", "h", 0, "6", ""), Applied("h", 0, "5"))
+
+
+def test_a_missing_config_map_keeps_the_running_driver_and_says_why() -> None:
+    """As NVIDIA: the driver DaemonSet is neither applied nor deleted until its ConfigMap is there."""
+    driver = ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-driver-daemonset")
+    objects = {driver: ObjectInfo(driver, "driver", "h", 1, "1", "uid-cluster-policy")}
+    wanting = policy(driver={"certConfig": {"name": "corp-ca"}})
+    plan = build(observed(wanting, objects=objects), NOW)
+    assert driver not in plan.deletes
+    assert not [o for o in plan.objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == driver[3]]
+    status = plan.statuses["cluster-policy"]
+    entry = next(c for c in status["components"] if c["name"] == "driver")
+    assert entry["state"] == "notReady"
+    assert "spec.driver.certConfig.name: ConfigMap 'corp-ca' not found" in entry["reason"]
+    assert "corp-ca" in condition(status, "Error")["message"]
+
+    plan = build(
+        observed(wanting, objects=objects, config_maps={"corp-ca": ("ca.crt",), "other": ("x",)}), NOW
+    )
+    ds = next(o for o in plan.objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == driver[3])
+    mounts = ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    assert {
+        "name": "cert-config",
+        "mountPath": "/usr/local/share/ca-certificates/ca.crt",
+        "subPath": "ca.crt",
+        "readOnly": True,
+    } in mounts
+
+
+def test_status_counts_every_daemonset_of_a_component() -> None:
+    """One toolkit DaemonSet per runtime: ready only when each is rolled out and all pods are."""
+    runtimes = {"gpu-0": "containerd", "gpu-1": "crio"}
+    labels = {
+        PCI: "true",
+        GPU_PRESENT: "true",
+        "nvidia.com/gpu.deploy.driver": "true",
+        "nvidia.com/gpu.deploy.container-toolkit": "true",
+    }
+    nodes = [
+        NodeInfo(
+            n, {**labels, RUNTIME_LABEL: r}, own_labels=frozenset({*labels, RUNTIME_LABEL} - {PCI}), runtime=r
+        )
+        for n, r in runtimes.items()
+    ]
+    pods = [PodInfo(f"t{n}", "container-toolkit", n, True, "", "", False, "t") for n in runtimes]
+    first = DaemonSetInfo(
+        "nvidia-container-toolkit-daemonset", "container-toolkit", 1, 1, 1, 1, 1, 1, 0, False
+    )
+    crio = DaemonSetInfo(
+        "nvidia-container-toolkit-daemonset-crio", "container-toolkit", 1, 1, 1, 1, 1, 1, 0, False
+    )
+
+    def toolkit(daemonsets: dict[str, DaemonSetInfo]) -> dict[str, Any]:
+        plan = build(observed(policy(), nodes=nodes, pods=pods, daemonsets=daemonsets), NOW)
+        return next(
+            c for c in plan.statuses["cluster-policy"]["components"] if c["name"] == "container-toolkit"
+        )
+
+    assert toolkit({first.name: first})["state"] == "notReady"  # the CRI-O one is not there yet
+    assert toolkit({first.name: first, crio.name: crio})["state"] == "ready"
+
+
+def test_fields_not_acted_on_are_in_the_status() -> None:
+    plan = build(observed(policy(driver={"upgradePolicy": {"autoUpgrade": True}})), NOW)
+    assert any(
+        n.startswith("accepted but not acted on: spec.driver.upgradePolicy.autoUpgrade") for n in plan.notes
+    )
+    assert (
+        "spec.driver.upgradePolicy.autoUpgrade"
+        in condition(plan.statuses["cluster-policy"], "Ready")["message"]
+    )
+
+
+def test_service_monitors_only_where_the_prometheus_crd_is() -> None:
+    spec: dict[str, Any] = {
+        "nodeStatusExporter": {"enabled": True},
+        "dcgmExporter": {"serviceMonitor": {"enabled": True}},
+    }
+
+    def monitors(crd: bool) -> list[str]:
+        plan = build(observed(policy(**spec), service_monitor_crd=crd), NOW)
+        return sorted(o["metadata"]["name"] for o in plan.objects if o["kind"] == "ServiceMonitor")
+
+    assert monitors(True) == ["nvidia-dcgm-exporter", "nvidia-node-status-exporter"]
+    assert monitors(False) == []

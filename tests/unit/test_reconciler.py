@@ -88,7 +88,9 @@ def test_second_pass_writes_nothing() -> None:
 def test_rejected_write_is_reported_and_the_rest_proceeds() -> None:
     fake = FakeKube(reject={"nvidia-driver-daemonset": ApiError(422, "Invalid", "spec.template: bad")})
     outcome = reconciler(fake).run_once()
-    assert "driver" in outcome.errors
+    assert "nvidia-driver" in outcome.errors  # the object's component label
+    driver = next(c for c in fake.statuses[-1]["components"] if c["name"] == "driver")
+    assert driver["state"] == "notReady" and "spec.template: bad" in driver["reason"]
     assert any(key[3] == "nvidia-container-toolkit" for key in fake.applied)  # later objects still written
     status = fake.statuses[-1]
     error = next(c for c in status["conditions"] if c["type"] == "Error")
@@ -105,7 +107,7 @@ def test_transient_failure_aborts_the_pass() -> None:
 
 def test_events_on_transitions_only() -> None:
     fake = FakeKube()
-    rec = reconciler(fake, {"gds": {"enabled": True}})
+    rec = reconciler(fake, {"ccManager": {"enabled": True}})
     rec.run_once()
     assert ("Normal", "Progressing") in fake.events  # rolling out, nothing failing
     assert ("Warning", "Unsupported") in fake.events

@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_operator.api import parse_spec
-from gpu_operator.components import COMPONENTS
-from gpu_operator.render import PREREQUISITES, RESERVED_LABELS, ClusterFacts, render, to_yaml
+from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.components import COMPONENTS, Component
+from gpu_operator.render import PREREQUISITES, RESERVED_LABELS, ClusterFacts, render, to_yaml, variants
 
 Obj = dict[str, Any]
 
@@ -129,8 +130,10 @@ FACTS = st.builds(
     ClusterFacts,
     namespace=NAME,
     os_tag=st.sampled_from([None, "ubuntu22.04", "rhel9", "sles15.5"]),
-    kernel=st.sampled_from([None, "5.15.0-105-generic"]),
-    runtime=st.sampled_from(["containerd", "crio", "docker"]),
+    kernels=st.sampled_from(
+        [(), (("5.15.0-105-generic", "ubuntu22.04"),), (("5.15.0", None), ("6.8.0", "x"))]
+    ),
+    runtimes=st.sampled_from([(), ("containerd",), ("crio",), ("containerd", "crio", "docker")]),
 )
 
 
@@ -148,31 +151,67 @@ def test_any_valid_policy_renders_well_formed_objects(raw: Obj, facts: ClusterFa
         assert obj["apiVersion"] and obj["kind"] and obj["metadata"]["name"]
         labels = obj["metadata"]["labels"]
         assert labels["app.kubernetes.io/managed-by"] == "gpu-operator"
-        assert labels["app.kubernetes.io/part-of"] == "gpu-operator"
+        assert labels["app.kubernetes.io/part-of"] in ("gpu-operator", "nvidia-gpu")  # GFD: NVIDIA's selector
 
     rendered = {o["metadata"]["labels"]["app.kubernetes.io/component"] for o in objects}
-    assert rendered == {PREREQUISITES} | {c.name for c in COMPONENTS if c.enabled(policy)}
+    assert rendered == {PREREQUISITES} | {c.component_label for c in COMPONENTS if c.enabled(policy)}
 
-    by_name = {o["metadata"]["name"]: o for o in objects if o["kind"] == "DaemonSet"}
     for component in COMPONENTS:
         if not component.enabled(policy):
             continue
-        ds = by_name[component.daemonset]
-        template_labels = ds["spec"]["template"]["metadata"]["labels"]
-        assert ds["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
-        pod = ds["spec"]["template"]["spec"]
-        assert pod["nodeSelector"][component.deploy_label] == "true"
-        spec = component.spec(policy)
-        main = pod["containers"][0]
-        env = {e["name"]: e.get("value") for e in main.get("env", [])}
-        assert len(env) == len(main.get("env", []))
-        assert last_values([e.model_dump() for e in spec.env or []]).items() <= env.items()
-        if spec.args is not None:
-            assert main["args"] == spec.args
-        for key, value in (policy.daemonsets.labels or {}).items():
-            if key not in RESERVED_LABELS:
-                assert template_labels[key] == value
-        for key, value in (policy.daemonsets.annotations or {}).items():
-            assert ds["spec"]["template"]["metadata"]["annotations"][key] == value
+        found = [
+            o
+            for o in objects
+            if o["kind"] == "DaemonSet"
+            and o["metadata"]["labels"]["app.kubernetes.io/component"] == component.component_label
+        ]
+        assert len(found) == len(variants(component, policy, facts))
+        for ds in found:
+            check_daemonset(ds, component, policy)
 
     assert list(yaml.load_all(to_yaml(objects), Loader=LOADER)) == objects
+
+
+# Set by the operator from the user's own values (NVIDIA's runtime paths of toolkit.env, the driver
+# digest), so not the user's value itself.
+DERIVED_ENV = {
+    "RUNTIME",
+    "RUNTIME_CONFIG",
+    "CONTAINERD_CONFIG",
+    "CRIO_CONFIG",
+    "DOCKER_CONFIG",
+    "RUNTIME_DROP_IN_CONFIG",
+    "RUNTIME_DROP_IN_CONFIG_HOST_PATH",
+    "RUNTIME_SOCKET",
+    "CONTAINERD_SOCKET",
+    "DOCKER_SOCKET",
+    "RUNTIME_CONFIG_SOURCE",
+    "NRI_SOCKET",
+    "CONTAINERD_RUNTIME_CLASS",
+    "DRIVER_CONFIG_DIGEST",
+    "HOST_ROOT",
+}
+
+
+def check_daemonset(ds: Obj, component: Component, policy: ClusterPolicySpec) -> None:
+    template_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["nodeSelector"][component.deploy_label] == "true"
+    spec = component.spec(policy)
+    main = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in main.get("env", [])}
+    assert len(env) == len(main.get("env", []))
+    wanted = {
+        k: v for k, v in last_values([e.model_dump() for e in spec.env or []]).items() if k not in DERIVED_ENV
+    }
+    for key, value in (policy.daemonsets.labels or {}).items():
+        if key not in RESERVED_LABELS:
+            assert template_labels[key] == value
+    for key, value in (policy.daemonsets.annotations or {}).items():
+        assert ds["spec"]["template"]["metadata"]["annotations"][key] == value
+    if component.name == "mps-control-daemon":
+        return  # NVIDIA gives it none of devicePlugin's env and args
+    assert wanted.items() <= env.items()
+    if spec.args is not None:
+        assert main["args"] == spec.args
