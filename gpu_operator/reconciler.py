@@ -21,12 +21,12 @@ from gpu_operator.api.status import REASON_OPERAND_NOT_READY
 from gpu_operator.kube import ApiError, Kube
 from gpu_operator.nodes import NodeInfo, gpu_nodes
 from gpu_operator.observed import (
-    COMPONENT_LABEL,
     HASH_ANNOTATION,
     DaemonSetInfo,
     ObjectInfo,
     ObjectKey,
     PodInfo,
+    component_of,
     object_info,
     object_key,
 )
@@ -112,7 +112,7 @@ WRITERS = 16
 def _by_component(objects: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     groups: dict[str, list[dict[str, Any]]] = {}
     for body in objects:
-        groups.setdefault(body["metadata"]["labels"].get(COMPONENT_LABEL, ""), []).append(body)
+        groups.setdefault(component_of(body["metadata"]), []).append(body)
     return list(groups.values())
 
 
@@ -198,7 +198,7 @@ class Reconciler:
                 observed = self.store.objects.get(key)
             if in_sync(desired_hash, observed, self.applied.get(key)):
                 continue
-            component = body["metadata"]["labels"].get(COMPONENT_LABEL, key[1])
+            component = component_of(body["metadata"]) or key[1]
             if key[1] == "ServiceMonitor" and not self.service_monitor_crd:
                 errors.setdefault(
                     component, "ServiceMonitor needs the monitoring.coreos.com CRD (Prometheus operator)"

@@ -17,11 +17,7 @@ from gpu_operator.doctor.checklist import Command
 from gpu_operator.doctor.scheduling import GPU, quantity
 from gpu_operator.doctor.state import LOG_LINES, ClusterState, Obj, is_operand
 from gpu_operator.nodes import DEPLOY_OPERANDS, NodeInfo, dependencies_met, node_info, runs_on, takes_operands
-from gpu_operator.observed import (
-    COMPONENT_LABEL,
-    PodInfo,
-    pod_info,
-)
+from gpu_operator.observed import PodInfo, component_of, pod_info
 from gpu_operator.plan import pods_by_node
 
 # --- reading the state -----------------------------------------------------------------------------
@@ -119,10 +115,7 @@ class Cluster:
                 self.spec = parse_spec(self.policy.get("spec") or {})
             except PolicyError:
                 self.spec = None
-        self.daemonsets = {
-            ((d.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL, ""): d
-            for d in state.daemonsets
-        }
+        self.daemonsets = {component_of(d.get("metadata") or {}): d for d in state.daemonsets}
 
     # --- the operator's rules ---
 

@@ -146,7 +146,7 @@ class OperatorProcess:
         """No tracebacks and no RBAC denials: either would mean a bug or a missing chart rule."""
         text = self.log()
         assert "Traceback" not in text, f"operator traceback:\n{text[-4000:]}"
-        assert "403" not in text and "forbidden" not in text.lower(), (
+        assert not re.search(r"\b403\b", text) and "forbidden" not in text.lower(), (
             f"operator hit RBAC denials:\n{text[-4000:]}"
         )
 

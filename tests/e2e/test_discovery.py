@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
+from gpu_operator.components import BY_NAME
 from gpu_operator.discovery import FIELD_MANAGER, NFD_CRD
 from gpu_operator.kube import ApiError, Kube
 from gpu_operator.nodes import GPU_PRESENT, NFD_PREFIX, owned_label_keys
@@ -273,9 +274,10 @@ def test_the_agent_labels_its_node_and_the_policy_converges(cluster: Cluster, se
     def operands_ready() -> None:
         pods = list_pods(cluster.api, NS, labels=MANAGED, node=NODE)
         components = {p.metadata.labels["app.kubernetes.io/component"] for p in pods if pod_is_ready(p)}
-        assert {"driver", "container-toolkit", "device-plugin", "operator-validator"} <= components, (
-            components
-        )
+        assert {
+            BY_NAME[c].component_label
+            for c in ("driver", "container-toolkit", "device-plugin", "operator-validator")
+        } <= components, components
 
     wait_for(operands_ready, timeout=CONVERGE, what=f"operands ready on {NODE}")
     assert "Traceback" not in agent_log(setup)

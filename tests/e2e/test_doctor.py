@@ -19,6 +19,8 @@ import kubernetes
 import pytest
 from kubernetes.client import ApiException
 
+from gpu_operator.components import BY_NAME
+
 from .kube_helpers import (
     Cluster,
     clear_failure,
@@ -39,6 +41,9 @@ from .test_operator import (
     policy_from,
     wait_state,
 )
+
+DRIVER = BY_NAME["driver"].component_label
+"""The driver pods' app.kubernetes.io/component label (NVIDIA's `nvidia-driver`)."""
 
 client: Any = kubernetes.client
 
@@ -188,7 +193,7 @@ def test_pending_gpu_pods_get_their_cause_and_node(
     operator, kubeconfig = stack
     remove_policy(cluster, operator)
     # The driver crash-loops on gpu-node-1, so nothing above it (toolkit, device plugin) gets there.
-    inject_failure(cluster.api, "driver", "gpu-node-1", "CrashLoopBackOff")
+    inject_failure(cluster.api, DRIVER, "gpu-node-1", "CrashLoopBackOff")
     apply_policy(cluster, policy_from("empty"))
 
     def others_converged() -> None:
@@ -260,7 +265,7 @@ def test_pending_gpu_pods_get_their_cause_and_node(
         code == 1 and "GPUPodUnschedulable" in table and "on node gpu-node-1 (ssh, or kubectl debug" in table
     )
 
-    clear_failure(cluster.api, "driver", "gpu-node-1")
+    clear_failure(cluster.api, DRIVER, "gpu-node-1")
     wait_state(cluster, POLICY, "ready")
 
 

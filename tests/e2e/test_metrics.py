@@ -15,6 +15,8 @@ import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
+from gpu_operator.components import BY_NAME
+
 from .kube_helpers import Cluster, clear_failure, inject_failure, wait_for
 from .operator_process import OperatorProcess, chart_operator
 from .test_operator import (
@@ -27,6 +29,9 @@ from .test_operator import (
     policy_from,
     writes_by,
 )
+
+DRIVER = BY_NAME["driver"].component_label
+"""The driver pods' app.kubernetes.io/component label (NVIDIA's `nvidia-driver`)."""
 
 NS = "gpu-operator"
 USER = f"system:serviceaccount:{NS}:gpu-operator"
@@ -89,7 +94,7 @@ def test_probes_and_metrics_through_a_rollout(
     assert (value(idle, "gpu_operator_watch_events_total", kind="Node", type="LISTED") or 0) >= 5
 
     # A rollout that cannot finish: the driver crash-loops on gpu-node-1.
-    inject_failure(cluster.api, "driver", "gpu-node-1", "CrashLoopBackOff")
+    inject_failure(cluster.api, DRIVER, "gpu-node-1", "CrashLoopBackOff")
     apply_policy(cluster, policy_from("empty"))
 
     def held_back() -> Samples:
@@ -105,7 +110,7 @@ def test_probes_and_metrics_through_a_rollout(
     assert value(rolling, "gpu_operator_component_nodes_waiting", component="container-toolkit") == 1
     assert (value(rolling, "gpu_operator_reconciliation_failed_total") or 0) >= 1
 
-    clear_failure(cluster.api, "driver", "gpu-node-1")
+    clear_failure(cluster.api, DRIVER, "gpu-node-1")
 
     def converged() -> Samples:
         samples = scrape(operator)
