@@ -7,7 +7,6 @@ and out. Sync on purpose: it runs in a worker thread, never on Kopf's event loop
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -16,7 +15,9 @@ from typing import Any
 import urllib3
 from kubernetes import client, config
 
+from gpu_operator import safe_json
 from gpu_operator.observed import ObjectKey
+from gpu_operator.render import tojson
 
 FIELD_MANAGER = "gpu-operator"
 EVENTS_NAMESPACE = "default"
@@ -101,11 +102,12 @@ class Kube:
         data = response.read()  # type: ignore[no-untyped-call]
         if not 200 <= response.status < 300:
             try:
-                details = json.loads(data)
+                details = safe_json.loads(data)
                 raise ApiError(response.status, details.get("reason", ""), details.get("message", ""))
             except (ValueError, AttributeError):
                 raise ApiError(response.status, "", data.decode(errors="replace")[:300]) from None
-        return json.loads(data) if data else {}
+        # A ClusterPolicy's status patch returns the whole object, whatever its spec holds.
+        return safe_json.loads(data) if data else {}
 
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
         return self.request("GET", path(api_version, kind, namespace, name))
@@ -114,10 +116,13 @@ class Kube:
         """Server-side apply under our field manager, taking over conflicting fields (drift repair)."""
         metadata = body["metadata"]
         url = path(body["apiVersion"], body["kind"], metadata.get("namespace", ""), metadata["name"])
+        # The body is YAML to the API server. The client's json.dumps would escape an emoji as a UTF-16
+        # surrogate pair, which YAML refuses ("invalid Unicode character escape code"): send the
+        # renderer's YAML-safe JSON instead, which keeps every such character as UTF-8.
         return self.request(
             "PATCH",
             url,
-            body=body,
+            body=tojson(body).encode(),
             query={"fieldManager": FIELD_MANAGER, "force": "true"},
             content_type="application/apply-patch+yaml",
         )

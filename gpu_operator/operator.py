@@ -19,6 +19,8 @@ from typing import Any
 
 import kopf
 
+from gpu_operator import safe_json
+from gpu_operator.api import MAX_DEPTH, too_deep
 from gpu_operator.api.crd import crd
 from gpu_operator.kube import ApiError, Kube, load_api_client
 from gpu_operator.nodes import node_info
@@ -34,6 +36,9 @@ from gpu_operator.plan import PolicyRef, content_hash
 from gpu_operator.reconciler import Reconciler, Store
 
 log = logging.getLogger("gpu_operator")
+
+# Before any watch starts: no policy content, however deep, can make Kopf's decoding raise.
+safe_json.install()
 
 SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 RESYNC_SECONDS = 600.0
@@ -121,12 +126,17 @@ LOOP: Loop | None = None
 
 
 def _policy_ref(body: Mapping[str, Any]) -> PolicyRef:
+    spec = dict(body.get("spec") or {})
+    if too_deep(spec) is not None:
+        # Keep just enough for the planner to name the path (InvalidSpec); comparing or copying the
+        # whole would recurse as deep as the content goes.
+        spec = safe_json.truncated(spec, MAX_DEPTH + 1)
     return PolicyRef(
         name=body["metadata"]["name"],
         uid=body["metadata"]["uid"],
         generation=int(body["metadata"].get("generation") or 0),
         created=body["metadata"].get("creationTimestamp") or "",
-        spec=dict(body.get("spec") or {}),
+        spec=spec,
         status=dict(body.get("status") or {}),
     )
 
