@@ -137,11 +137,41 @@ class Kube:
             if exc.status != 404:
                 raise
 
-    def apply_node_labels(self, node: str, labels: Mapping[str, str]) -> dict[str, Any]:
-        """Own exactly `labels` on the node: labels we owned and leave out are removed, others untouched."""
-        return self.apply(
-            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": dict(labels)}}
-        )
+    def apply_node_labels(
+        self, node: str, labels: Mapping[str, str], resource_version: str = ""
+    ) -> dict[str, Any]:
+        """Own exactly `labels` on the node: labels we owned and leave out are removed, others untouched.
+        With `resource_version`, the write fails with 409 if the node changed since."""
+        metadata: dict[str, Any] = {"name": node, "labels": dict(labels)}
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
+        return self.apply({"apiVersion": "v1", "kind": "Node", "metadata": metadata})
+
+    def rewrite_labels(self, kind: str, name: str, changes: Mapping[str, tuple[str, str | None]]) -> None:
+        """Change labels of a cluster-scoped core object (Node, Namespace) whoever owns them: label →
+        (the value it must still have, its new value or None to remove it). One JSON patch, test before
+        each change, so all or nothing; a label changed meanwhile (422) or an object gone (404) leaves
+        nothing to do (the watch brings the new state)."""
+        operations: list[dict[str, str]] = []
+        for key, (expected, new) in changes.items():
+            pointer = "/metadata/labels/" + key.replace("~", "~0").replace("/", "~1")
+            operations.append({"op": "test", "path": pointer, "value": expected})
+            operations.append(
+                {"op": "remove", "path": pointer}
+                if new is None
+                else {"op": "replace", "path": pointer, "value": new}
+            )
+        try:
+            self.request(
+                "PATCH",
+                path("v1", kind, name=name),
+                body=operations,
+                query={"fieldManager": FIELD_MANAGER},
+                content_type="application/json-patch+json",
+            )
+        except ApiError as exc:
+            if exc.status not in (404, 422):
+                raise
 
     def patch_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         return self.request(

@@ -39,7 +39,7 @@ _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$", re.A
 # Object names as the API server checks them (apimachinery validation: IsDNS1123Label/Subdomain).
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+_CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]*$")  # "" (NVIDIA's chart default) means none
 
 INT32_MAX = 2**31 - 1
 # The API server stores these as int32 (probe timings, ports, seconds, counts): a larger value would
@@ -171,6 +171,14 @@ ObjectName = Annotated[
     crd_schema(pattern=_DNS_SUBDOMAIN.pattern),
 ]
 """The name of a ConfigMap, Secret, PriorityClass, ServiceAccount...: a DNS-1123 subdomain."""
+_NAME_OR_EMPTY = re.compile(f"^$|{_DNS_SUBDOMAIN.pattern}")
+NameRef = Annotated[
+    str,
+    _pattern(_NAME_OR_EMPTY, "object name (DNS-1123 subdomain: lowercase letters, digits, '-' and '.')"),
+    Field(max_length=253),
+    crd_schema(pattern=_NAME_OR_EMPTY.pattern),
+]
+"""A reference by name that may be empty: NVIDIA's chart writes "" for "none"."""
 ConfigKey = Annotated[
     str,
     _pattern(_CONFIG_KEY, "ConfigMap key (letters, digits, '-', '_' and '.')"),
@@ -439,14 +447,14 @@ class OffByDefault(ComponentSpec):
 class ConfigMapRef(Model):
     """A reference to a ConfigMap in the operand namespace."""
 
-    name: ObjectName | None = None
+    name: NameRef | None = None
     """ConfigMap name."""
 
 
 class ConfigWithDefault(Model):
     """A ConfigMap of named configurations and the entry used when a node names none."""
 
-    name: ObjectName | None = None
+    name: NameRef | None = None
     """ConfigMap name holding the configurations."""
     default: ConfigKey | None = None
     """Configuration used on nodes without an explicit config label."""

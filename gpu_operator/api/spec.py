@@ -26,8 +26,8 @@ from gpu_operator.api.common import (
     IntOrPercent,
     Labels,
     Model,
+    NameRef,
     NonNegativeInt,
-    ObjectName,
     OffByDefault,
     PodSecurityContext,
     ProbeSpec,
@@ -123,7 +123,7 @@ class DaemonsetsSpec(Model):
     """Annotations added to every operand DaemonSet and its pods."""
     tolerations: list[Toleration] | None = None
     """Tolerations of every operand pod; when set they replace the default nvidia.com/gpu toleration."""
-    priorityClassName: ObjectName = "system-node-critical"
+    priorityClassName: NameRef = "system-node-critical"
     """PriorityClass of every operand pod."""
     updateStrategy: Literal["RollingUpdate", "OnDelete"] = "RollingUpdate"
     """Update strategy of the operand DaemonSets (the driver keeps OnDelete, see the README)."""
@@ -214,16 +214,16 @@ class DriverManagerSpec(Model):
 class RepoConfigSpec(Model):
     """Custom package repositories for the driver container."""
 
-    configMapName: ObjectName | None = None
+    configMapName: NameRef | None = None
     """ConfigMap with repository files."""
 
 
 class LicensingConfigSpec(Model):
     """vGPU guest licensing."""
 
-    configMapName: ObjectName | None = None
+    configMapName: NameRef | None = None
     """ConfigMap with gridd.conf."""
-    secretName: ObjectName | None = None
+    secretName: NameRef | None = None
     """Secret with the client token."""
     nlsEnabled: bool | None = None
     """Use NVIDIA License System."""
@@ -232,7 +232,7 @@ class LicensingConfigSpec(Model):
 class VirtualTopologySpec(Model):
     """Virtual topology daemon configuration."""
 
-    config: ObjectName | None = None
+    config: NameRef | None = None
     """ConfigMap name."""
 
 
@@ -269,7 +269,7 @@ class DriverSpec(ComponentSpec):
     """Virtual topology configuration."""
     kernelModuleConfig: ConfigMapRef | None = None
     """ConfigMap with kernel module parameters."""
-    secretEnv: ObjectName | None = None
+    secretEnv: NameRef | None = None
     """Secret whose keys become environment variables of the driver container."""
 
 
@@ -367,7 +367,7 @@ class MIGSpec(Model):
 class MIGManagerConfig(Model):
     """MIG partitioning configurations."""
 
-    name: ObjectName | None = None
+    name: NameRef | None = None
     """ConfigMap with mig-parted configurations (default: the operator's default-mig-parted-config)."""
     default: Literal["all-disabled", ""] = "all-disabled"
     """Configuration applied to MIG-capable nodes without an nvidia.com/mig.config label."""
@@ -527,8 +527,7 @@ class GDRCopySpec(OffByDefault):
 class ClusterPolicySpec(Model):
     """Desired state of the NVIDIA GPU software stack on every GPU node."""
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "sandboxWorkloads",
+    SANDBOX: ClassVar[tuple[str, ...]] = (
         "vfioManager",
         "vgpuManager",
         "vgpuDeviceManager",
@@ -536,9 +535,10 @@ class ClusterPolicySpec(Model):
         "kataManager",
         "kataSandboxDevicePlugin",
         "ccManager",
-        "gds",
-        "gdrcopy",
     )
+    """Deployed by NVIDIA only with sandboxWorkloads.enabled (state_manager.go:1030-1046): their own
+    `enabled` means nothing without it (NVIDIA's chart turns several on by default)."""
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("sandboxWorkloads", *SANDBOX, "gds", "gdrcopy")
 
     operator: OperatorSpec = Field(default_factory=OperatorSpec)
     """Operator settings."""
@@ -603,6 +603,8 @@ class ClusterPolicySpec(Model):
         """Names of unsupported sections the user switched on (reported, never silently ignored)."""
         found = []
         for name in self.UNSUPPORTED:
+            if name in self.SANDBOX and not self.sandboxWorkloads.enabled:
+                continue
             section = getattr(self, name)
             if getattr(section, "enabled", False) or (
                 isinstance(section, ComponentSpec) and section.is_enabled()

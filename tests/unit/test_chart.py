@@ -385,7 +385,10 @@ REQUIRED_EXTRA: Grants = {
     # operator.py ensure_crd (get, server-side apply) and _has_crd (get).
     ("", *CRDS, "clusterpolicies.nvidia.com"): {"get", "patch"},
     ("", *CRDS, "nvidiadrivers.nvidia.com"): {"get"},
-    ("", *CRDS, "servicemonitors.monitoring.coreos.com"): {"get"},
+    # operator.py: the ServiceMonitor CRD's watch (Kopf's scanning and our index), by field selector.
+    ("", *CRDS, "servicemonitors.monitoring.coreos.com"): {"list", "watch"},
+    # operator.py: the operand namespace's watch; reconciler.py _write_namespace (psa.enabled).
+    ("", "", "namespaces", NAMESPACE): {"list", "watch", "patch"},
 }
 
 

@@ -78,7 +78,7 @@ def test_install_routes_kopf_decoding_through_loads() -> None:
     # The two places Kopf decodes API responses; if Kopf moves them, this must fail, not the operator.
     assert "json.loads(line.decode('utf-8'))" in inspect.getsource(api.stream)
     assert "await response.json()" in inspect.getsource(api.get)
-    assert api.json.loads is safe_json.loads
+    assert api.json.loads is safe_json.loads  # type: ignore[attr-defined]
     hook = vars(aiohttp.ClientResponse)["json"]
     assert hook.keywords == {"loads": safe_json.loads}
     assert not isinstance(hook.func, type(hook)), "wrapped twice"
