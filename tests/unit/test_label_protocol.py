@@ -3,20 +3,16 @@
 A small model of one node's labels with server-side-apply ownership stands in for the API server:
 the operator's apply (field manager gpu-operator, force), the managers' patches (operation Update,
 which take a field only when they change its value) and the operator's explicit removals. The
-managers' rules are transcribed from their sources:
-
-* k8s-driver-manager v0.12.0, cmd/driver-manager/main.go: `maybeSetPaused` (l.728) when it evicts
-  the operands, `maybeSetTrue` (l.1075) when it reschedules them; absent labels read as "" (l.560);
-  on a host with a driver, `nvidia.com/gpu.deploy.driver=pre-installed` (l.549).
-* mig-manager v0.15.0, pkg/mig/reconfigure/reconfigure.go: `maybeSetPaused` / `maybeSetTrue`
-  (l.581-593) over device-plugin, GFD, DCGM exporter, DCGM and NVSM.
+managers' writes are transcribed from their sources in hack/operand_managers.py (k8s-driver-manager
+v0.12.0, mig-manager v0.15.0); the end-to-end tests play the same writes on a real API server.
 """
 
 from __future__ import annotations
 
-import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +20,15 @@ import pytest
 from gpu_operator.nodes import GPU_PRESENT, MIG_CONFIG, NodeInfo, node_info
 from gpu_operator.observed import DaemonSetInfo, PodInfo
 from gpu_operator.plan import Observed, PolicyRef, build
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from hack import operand_managers
+from hack.operand_managers import (
+    driver_manager_paused,
+    driver_manager_true,
+    mig_manager_paused,
+    mig_manager_true,
+)
 
 PCI = "feature.node.kubernetes.io/pci-10de.present"
 DRIVER_MANAGER = "k8s-driver-manager"
@@ -33,53 +38,6 @@ NOW = "2026-12-01T00:00:00Z"
 
 def deploy(name: str) -> str:
     return f"nvidia.com/gpu.deploy.{name}"
-
-
-# The labels each manager reads and rewrites (driver-manager main.go:53-69, mig-manager l.375-380).
-DRIVER_MANAGER_LABELS = [
-    deploy(n)
-    for n in (
-        "operator-validator",
-        "container-toolkit",
-        "device-plugin",
-        "gpu-feature-discovery",
-        "dcgm-exporter",
-        "dcgm",
-        "nvsm",
-        "sandbox-validator",
-        "sandbox-device-plugin",
-        "vgpu-device-manager",
-        "dra-driver",
-        "dra-validator",
-        "dcgm-dra",
-        "dcgm-exporter-dra",
-    )
-]
-MIG_MANAGER_LABELS = [
-    deploy(n) for n in ("device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm", "nvsm")
-]
-
-
-def driver_manager_paused(value: str) -> str:
-    if value in ("", "false") or "paused-for-driver-upgrade" in value:
-        return value
-    return "paused-for-driver-upgrade" if value == "true" else f"{value}_paused-for-driver-upgrade"
-
-
-def driver_manager_true(value: str) -> str:
-    if value == "false":
-        return "false"
-    if value == "paused-for-driver-upgrade":
-        return "true"
-    return re.sub("paused-for-driver-upgrade_?", "", value).strip("_")
-
-
-def mig_manager_paused(value: str) -> str:
-    return "false" if value == "false" else "paused-for-mig-change"
-
-
-def mig_manager_true(value: str) -> str:
-    return "false" if value == "false" else "true"
 
 
 @pytest.mark.parametrize(
@@ -169,20 +127,16 @@ class Node:
 
     # The managers, acting on this node.
     def driver_manager_reschedules(self) -> None:
-        self.patch(
-            DRIVER_MANAGER, {k: driver_manager_true(self.labels.get(k, "")) for k in DRIVER_MANAGER_LABELS}
-        )
+        self.patch(DRIVER_MANAGER, operand_managers.driver_manager_reschedule(self.labels))
 
     def driver_manager_evicts(self) -> None:
-        self.patch(
-            DRIVER_MANAGER, {k: driver_manager_paused(self.labels.get(k, "")) for k in DRIVER_MANAGER_LABELS}
-        )
+        self.patch(DRIVER_MANAGER, operand_managers.driver_manager_evict(self.labels))
 
     def mig_manager_pauses(self) -> None:
-        self.patch(MIG_MANAGER, {k: mig_manager_paused(self.labels.get(k, "")) for k in MIG_MANAGER_LABELS})
+        self.patch(MIG_MANAGER, operand_managers.mig_manager_pause(self.labels))
 
     def mig_manager_restores(self) -> None:
-        self.patch(MIG_MANAGER, {k: mig_manager_true(self.labels.get(k, "")) for k in MIG_MANAGER_LABELS})
+        self.patch(MIG_MANAGER, operand_managers.mig_manager_restore(self.labels))
 
 
 @dataclass
