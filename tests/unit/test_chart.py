@@ -257,6 +257,8 @@ BAD_VALUES = [
     (["--set", "daemonsets.updateStrategy=Sometimes"], "/daemonsets/updateStrategy", ""),
     (["--set", "clusterPolicy.operator.foo=1"], "/clusterPolicy/operator", "'foo' not allowed"),
     (["--set", "clusterPolicy.name=Not_A_Name"], "/clusterPolicy/name", ""),
+    (["--set", "operator.serviceAccount.name=Not A Name"], "/operator/serviceAccount/name", ""),
+    (["--set", "operator.priorityClassName=critical!"], "/operator/priorityClassName", ""),
     (["--set", "nfd.enabled=true"], "/nfd/enabled", ""),
     (["--set", "drivers.enabled=false"], "'drivers' not allowed", ""),
 ]
