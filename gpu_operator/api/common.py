@@ -46,7 +46,6 @@ INT32_MAX = 2**31 - 1
 # wrap on the way into the typed object (4294967301 becomes 5), so both pydantic and the CRD refuse it.
 NonNegativeInt = Annotated[int, Field(ge=0, le=INT32_MAX)]
 PositiveInt = Annotated[int, Field(ge=1, le=INT32_MAX)]
-Int64 = Annotated[int, Field(ge=-(2**63), le=2**63 - 1)]
 
 
 class Model(BaseModel):
@@ -56,6 +55,17 @@ class Model(BaseModel):
     model_config = ConfigDict(
         extra="forbid", strict=True, populate_by_name=True, use_attribute_docstrings=True
     )
+
+
+def _int64(value: int) -> int:
+    if not -(2**63) <= value < 2**63:
+        raise ValueError("does not fit the 64-bit integer the API server stores")
+    return value
+
+
+# Checked by pydantic only: the API server has no bounds to state here (its JSON numbers are float64,
+# so it would print them rounded), and refuses a number beyond int64 as "not an integer" anyway.
+Int64 = Annotated[int, AfterValidator(_int64)]
 
 
 def _int_or_percent(value: int | str) -> int | str:
