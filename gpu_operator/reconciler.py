@@ -124,7 +124,8 @@ class Outcome:
     errors: Mapping[str, str]
     """What could not be written (component or object → the API server's message)."""
     stale: tuple[str, ...] = ()
-    """Nodes that changed between the snapshot and their label write: a new pass should follow soon."""
+    """Objects (node/..., namespace/...) that changed between the snapshot and their write: a new
+    pass should follow soon."""
 
 
 @contextmanager
@@ -137,6 +138,21 @@ def _recorded(errors: dict[str, str], what: str) -> Iterator[None]:
             raise
         log.warning("%s: %s", what, exc)
         errors.setdefault(what, str(exc))
+
+
+def _unless_changed(what: str, stale: list[str], write: Callable[[], object]) -> bool:
+    """Run a write that carries the resourceVersion the plan saw. A conflict (409) means the object
+    changed since (a manager's pause, an admin's label): the write is left to the next pass, which is
+    asked for. True when the write went through."""
+    try:
+        write()
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+        log.info("%s changed since this pass read it; the next pass decides again", what)
+        stale.append(what)
+        return False
+    return True
 
 
 @dataclass
@@ -176,7 +192,7 @@ class Reconciler:
             for node, labels in plan.node_labels.items()
         )
         if plan.namespace_write is not None and observed.operand_namespace is not None:
-            self._write_namespace(observed.operand_namespace, plan.namespace_write, errors)
+            self._write_namespace(observed.operand_namespace, plan.namespace_write, errors, stale)
         if errors and plan.active is not None and plan.active.name in plan.statuses:
             plan.statuses[plan.active.name] = with_apply_errors(
                 plan.active, plan.statuses[plan.active.name], errors, stamp
@@ -226,26 +242,17 @@ class Reconciler:
         with _recorded(errors, f"node/{node.name}"):
             # On the node as the plan saw it: if k8s-driver-manager or mig-manager changed a label since,
             # the write conflicts (409) rather than undo their pause, and the next pass decides again.
-            try:
-                self.kube.apply_node_labels(node.name, labels, node.resource_version)
-            except ApiError as exc:
-                if exc.status != 409:
-                    raise
-                log.info("node %s changed since this pass read it; labelled again on the next", node.name)
-                stale.append(node.name)
-                return
-            if releases:
+            apply = partial(self.kube.apply_node_labels, node.name, labels, node.resource_version)
+            if _unless_changed(f"node/{node.name}", stale, apply) and releases:
                 log.info("node %s: removing shared labels %s", node.name, sorted(releases))
                 self.kube.rewrite_labels("Node", node.name, {k: (v, None) for k, v in releases.items()})
 
     def _write_namespace(
-        self, namespace: NamespaceInfo, write: NamespaceWrite, errors: dict[str, str]
+        self, namespace: NamespaceInfo, write: NamespaceWrite, errors: dict[str, str], stale: list[str]
     ) -> None:
         log.info("namespace %s: pod-security labels %s", namespace.name, write.labels or "released")
-        with _recorded(errors, f"namespace/{namespace.name}"):
-            if write.restore:
-                restore = {key: (PRIVILEGED, value) for key, value in write.restore.items()}
-                self.kube.rewrite_labels("Namespace", namespace.name, restore)
+        what = f"namespace/{namespace.name}"
+        with _recorded(errors, what):
             metadata = {
                 "name": namespace.name,
                 "resourceVersion": namespace.resource_version,
@@ -253,8 +260,11 @@ class Reconciler:
                 "annotations": write.annotations,
             }
             if write.restore:
-                del metadata["resourceVersion"]  # the restore above moved it on
-            self.kube.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": metadata})
+                restore = {key: (PRIVILEGED, value) for key, value in write.restore.items()}
+                self.kube.rewrite_labels("Namespace", namespace.name, restore)
+                del metadata["resourceVersion"]  # the restore moved it on
+            body = {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
+            _unless_changed(what, stale, partial(self.kube.apply, body))
 
     def _write_statuses(self, plan: Plan) -> None:
         stamp = now()

@@ -83,8 +83,9 @@ def _is_union_tag(part: int | str) -> bool:
 
 
 MAX_DEPTH = 32
-"""How deeply a spec may nest (the deepest typed field is 6 levels down). Checked without recursion
-before anything else walks the spec, so no content can exhaust a recursion limit downstream."""
+"""How deeply a spec may nest: far deeper than any typed field (five levels), so only free-form
+content can hit it. Checked without recursion before anything else walks the spec, so no content can
+exhaust a recursion limit downstream."""
 
 
 def too_deep(value: Any, prefix: str = "spec", limit: int = MAX_DEPTH) -> str | None:

@@ -160,7 +160,7 @@ def test_label_writes_carry_the_planned_node_version_and_a_conflict_retries() ->
     conflict = FakeKube(reject={"gpu-0": ApiError(409, "Conflict", "the object has been modified")})
     outcome = reconciler(conflict).run_once()
     # Not an error of the policy: the loop runs another pass on a fresh view.
-    assert outcome.stale == ("gpu-0",) and not outcome.errors
+    assert outcome.stale == ("node/gpu-0",) and not outcome.errors
 
 
 def test_shared_labels_leaving_the_set_are_removed_explicitly() -> None:
