@@ -7,7 +7,6 @@ and out. Sync on purpose: it runs in a worker thread, never on Kopf's event loop
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -16,8 +15,9 @@ from typing import Any
 import urllib3
 from kubernetes import client, config
 
-from gpu_operator import metrics
+from gpu_operator import metrics, safe_json
 from gpu_operator.observed import ObjectKey
+from gpu_operator.render import tojson
 
 FIELD_MANAGER = "gpu-operator"
 EVENTS_NAMESPACE = "default"
@@ -123,7 +123,7 @@ class Kube:
         if not 200 <= response.status < 300:
             data = response.read()  # type: ignore[no-untyped-call]
             try:
-                details = json.loads(data)
+                details = safe_json.loads(data)
                 raise ApiError(response.status, details.get("reason", ""), details.get("message", ""))
             except (ValueError, AttributeError):
                 raise ApiError(response.status, "", data.decode(errors="replace")[:300]) from None
@@ -147,7 +147,8 @@ class Kube:
     ) -> dict[str, Any]:
         """One API call; the JSON response."""
         data = self._read(self._call(method, url, body, query, content_type, kind))
-        return json.loads(data) if data else {}
+        # A ClusterPolicy's status patch returns the whole object, whatever its spec holds.
+        return safe_json.loads(data) if data else {}
 
     def watch(
         self, api_version: str, kind: str, query: Mapping[str, str], timeout_seconds: int
@@ -165,7 +166,7 @@ class Kube:
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
                     if line.strip():
-                        yield json.loads(line)
+                        yield safe_json.loads(line)
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ApiError(0, "ConnectionError", str(exc)) from None
         finally:
@@ -207,10 +208,13 @@ class Kube:
         409 Conflict instead."""
         metadata = body["metadata"]
         url = path(body["apiVersion"], body["kind"], metadata.get("namespace", ""), metadata["name"])
+        # The body is YAML to the API server. The client's json.dumps would escape an emoji as a UTF-16
+        # surrogate pair, which YAML refuses ("invalid Unicode character escape code"): send the
+        # renderer's YAML-safe JSON instead, which keeps every such character as UTF-8.
         return self.request(
             "PATCH",
             url,
-            body=body,
+            body=tojson(body).encode(),
             query={"fieldManager": manager, "force": str(force).lower()},
             content_type="application/apply-patch+yaml",
             kind=body["kind"],
@@ -230,14 +234,46 @@ class Kube:
                 raise
 
     def apply_node_labels(
-        self, node: str, labels: Mapping[str, str], manager: str = FIELD_MANAGER, force: bool = True
+        self,
+        node: str,
+        labels: Mapping[str, str],
+        resource_version: str = "",
+        manager: str = FIELD_MANAGER,
+        force: bool = True,
     ) -> dict[str, Any]:
-        """Own exactly `labels` on the node: labels we owned and leave out are removed, others untouched."""
-        return self.apply(
-            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": dict(labels)}},
-            manager,
-            force,
-        )
+        """Own exactly `labels` on the node: labels the manager owned and leaves out are removed, others
+        untouched. With `resource_version`, the write fails with 409 if the node changed since (and
+        never creates a Node that is gone)."""
+        metadata: dict[str, Any] = {"name": node, "labels": dict(labels)}
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
+        return self.apply({"apiVersion": "v1", "kind": "Node", "metadata": metadata}, manager, force)
+
+    def rewrite_labels(self, kind: str, name: str, changes: Mapping[str, tuple[str, str | None]]) -> None:
+        """Change labels of a cluster-scoped core object (Node, Namespace) whoever owns them: label →
+        (the value it must still have, its new value or None to remove it). One JSON patch, test before
+        each change, so all or nothing; a label changed meanwhile (422) or an object gone (404) leaves
+        nothing to do (the watch brings the new state)."""
+        operations: list[dict[str, str]] = []
+        for key, (expected, new) in changes.items():
+            pointer = "/metadata/labels/" + key.replace("~", "~0").replace("/", "~1")
+            operations.append({"op": "test", "path": pointer, "value": expected})
+            operations.append(
+                {"op": "remove", "path": pointer}
+                if new is None
+                else {"op": "replace", "path": pointer, "value": new}
+            )
+        try:
+            self.request(
+                "PATCH",
+                path("v1", kind, name=name),
+                body=operations,
+                query={"fieldManager": FIELD_MANAGER},
+                content_type="application/json-patch+json",
+            )
+        except ApiError as exc:
+            if exc.status not in (404, 422):
+                raise
 
     def patch_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         return self.request(

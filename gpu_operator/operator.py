@@ -20,7 +20,8 @@ from typing import Any
 
 import kopf
 
-from gpu_operator import metrics, server
+from gpu_operator import metrics, safe_json, server
+from gpu_operator.api import MAX_DEPTH, too_deep
 from gpu_operator.api.crd import crd
 from gpu_operator.kube import ApiError, Kube, load_api_client
 from gpu_operator.nodes import node_info
@@ -34,14 +35,19 @@ from gpu_operator.observed import (
     pod_info,
 )
 from gpu_operator.plan import PolicyRef, content_hash
-from gpu_operator.reconciler import Outcome, Reconciler, Store
+from gpu_operator.psa import namespace_info
+from gpu_operator.reconciler import SERVICE_MONITOR_CRD, Outcome, Reconciler, Store
 
 log = logging.getLogger("gpu_operator")
+
+# Before any watch starts: no policy content, however deep, can make Kopf's decoding raise.
+safe_json.install()
 
 SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 RESYNC_SECONDS = 600.0
 """Safety net only: a pass with nothing changed reads caches and writes nothing."""
 MAX_BACKOFF = 60.0
+STALE_RETRY_SECONDS = 0.5
 
 # Kinds the operator creates (watched with a server-side label selector, for drift repair; ConfigMaps
 # without it, see _record_config_map).
@@ -56,7 +62,11 @@ MANAGED = [
     ("rbac.authorization.k8s.io", "v1", "clusterroles"),
     ("rbac.authorization.k8s.io", "v1", "clusterrolebindings"),
     ("node.k8s.io", "v1", "runtimeclasses"),
+    # Served only while the Prometheus operator's CRD exists; Kopf starts the watch when it appears.
+    ("monitoring.coreos.com", "v1", "servicemonitors"),
 ]
+CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
+NAMESPACES = ("", "namespaces")
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -105,6 +115,10 @@ class Loop:
             try:
                 outcome = await asyncio.to_thread(self._timed_pass)
                 self.completed.set()
+                if outcome.stale:
+                    # The watch may bring the node's new version without a change a pass would react
+                    # to (a status update): look again shortly, without counting a failure.
+                    asyncio.get_running_loop().call_later(STALE_RETRY_SECONDS, self.wake)
                 if outcome.errors:
                     raise RejectedWrites("; ".join(f"{k}: {v}" for k, v in outcome.errors.items()))
             except (ApiError, OSError, RejectedWrites) as exc:
@@ -140,12 +154,17 @@ LOOP: Loop | None = None
 
 
 def _policy_ref(body: Mapping[str, Any]) -> PolicyRef:
+    spec = dict(body.get("spec") or {})
+    if too_deep(spec) is not None:
+        # Keep just enough for the planner to name the path (InvalidSpec); comparing or copying the
+        # whole would recurse as deep as the content goes.
+        spec = safe_json.truncated(spec, MAX_DEPTH + 1)
     return PolicyRef(
         name=body["metadata"]["name"],
         uid=body["metadata"]["uid"],
         generation=int(body["metadata"].get("generation") or 0),
         created=body["metadata"].get("creationTimestamp") or "",
-        spec=dict(body.get("spec") or {}),
+        spec=spec,
         status=dict(body.get("status") or {}),
     )
 
@@ -203,6 +222,16 @@ def _record_config_map(body: Mapping[str, Any], deleted: bool) -> bool:
     return STORE.put("config_maps", body["metadata"]["name"], keys) or changed
 
 
+def _record_crd(body: Mapping[str, Any], deleted: bool) -> bool:
+    conditions = (body.get("status") or {}).get("conditions") or []
+    established = any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
+    return STORE.put("crds", body["metadata"]["name"], None if deleted else established)
+
+
+def _record_namespace(body: Mapping[str, Any], deleted: bool) -> bool:
+    return STORE.put("namespaces", body["metadata"]["name"], None if deleted else namespace_info(body))
+
+
 def _watch(group: str, version: str, plural: str, record: Recorder, labels: dict[str, str] | None) -> None:
     async def store(body: kopf.Body, **_: Any) -> None:
         if record(body, False) and LOOP is not None:
@@ -229,6 +258,10 @@ for _group, _version, _plural in MANAGED:
         _watch(_group, _version, _plural, _record_config_map, None)
     else:
         _watch(_group, _version, _plural, _record_managed, _OURS)
+# Both narrowed to one object by field selectors (startup, below): the ServiceMonitor CRD and the
+# operand namespace.
+_watch(CRDS[0], "v1", CRDS[1], _record_crd, None)
+_watch(NAMESPACES[0], "v1", NAMESPACES[1], _record_namespace, None)
 
 
 CRD_HASH_ANNOTATION = "nvidia.com/gpu-operator.crd-hash"
@@ -270,10 +303,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.posting.enabled = (
         False  # we post our own Events, on the ClusterPolicy, where describe finds them
     )
-    settings.scanning.disabled = True
-    settings.persistence.diffbase_storage = (
-        NoDiffBase()
-    )  # the CRD exists before we start; no CRD/namespace watches needed
+    settings.persistence.diffbase_storage = NoDiffBase()
     settings.watching.server_timeout = 300
     settings.networking.request_timeout = 60
     # Initial LISTs in pages: 9000 operand pods at 1000 nodes are never one response in memory.
@@ -283,18 +313,15 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
             settings.watching.label_selectors[group, plural] = SELECTOR
     settings.watching.label_selectors["", "pods"] = SELECTOR
     namespace: str = memo["namespace"]
+    # Kopf's scanning (its own CRD and namespace watches) stays on, narrowed to the two objects that
+    # matter: when the ServiceMonitor CRD appears, Kopf starts serving servicemonitors without a
+    # restart; the namespace watch serves both Kopf and psa.enabled. RBAC allows just these names.
+    settings.watching.field_selectors[CRDS] = f"metadata.name={SERVICE_MONITOR_CRD}"
+    settings.watching.field_selectors[NAMESPACES] = f"metadata.name={namespace}"
     kube = Kube(load_api_client())
     await asyncio.to_thread(ensure_crd, kube)
     nvidia_driver = await asyncio.to_thread(_has_crd, kube, "nvidiadrivers.nvidia.com")
-    service_monitor = await asyncio.to_thread(_has_crd, kube, "servicemonitors.monitoring.coreos.com")
-    reconciler = Reconciler(
-        kube,
-        STORE,
-        namespace,
-        dict(os.environ),
-        nvidia_driver_crd=nvidia_driver,
-        service_monitor_crd=service_monitor,
-    )
+    reconciler = Reconciler(kube, STORE, namespace, dict(os.environ), nvidia_driver_crd=nvidia_driver)
     LOOP = Loop(reconciler)
     memo["task"] = asyncio.create_task(LOOP.run())
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -24,12 +24,15 @@ from gpu_operator.api.status import (
 )
 from gpu_operator.components import BY_LABEL, COMPONENTS, Component
 from gpu_operator.nodes import (
+    Deploy,
     IsReady,
     NodeInfo,
     cluster_facts,
     dependencies_met,
+    deploy_state,
     desired_labels,
     gpu_nodes,
+    released_labels,
     runs_on,
     takes_operands,
 )
@@ -42,6 +45,7 @@ from gpu_operator.observed import (
     component_of,
     object_key,
 )
+from gpu_operator.psa import NamespaceInfo, NamespaceWrite, namespace_write
 from gpu_operator.render import ClusterFacts, config_maps_read, missing_inputs, render
 
 MAX_PROBLEMS = 5
@@ -77,8 +81,21 @@ class Observed:
     nvidia_driver_crd: bool = False
     config_maps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     """ConfigMap name → keys, in the operand namespace."""
-    service_monitor_crd: bool = True
-    """Whether the Prometheus operator's ServiceMonitor kind exists (ServiceMonitors need it)."""
+    service_monitor_crd: bool = False
+    """Whether the Prometheus operator's ServiceMonitor CRD is installed and established."""
+    operand_namespace: NamespaceInfo | None = None
+    """The operand namespace as watched (None: not seen, e.g. not created yet)."""
+
+
+class Note(str):
+    """A remark about the active policy: appended to its condition message, posted once as an Event."""
+
+    reason: str
+
+    def __new__(cls, message: str, reason: str = "Unsupported") -> Note:
+        note = super().__new__(cls, message)
+        note.reason = reason
+        return note
 
 
 @dataclass(frozen=True)
@@ -101,8 +118,12 @@ class Plan:
     """Nodes whose operator-owned labels must change → the complete set to own."""
     statuses: dict[str, dict[str, Any]]
     """Policy name → the status it should have (the caller writes only what differs)."""
-    notes: list[str]
-    """Warnings about the active policy (unsupported sections, NVIDIADriver CRD)."""
+    notes: list[Note]
+    """Remarks about the active policy (unsupported sections, NVIDIADriver CRD, skipped objects)."""
+    label_releases: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Nodes → shared deploy labels to remove explicitly, with the value each must still have."""
+    namespace_write: NamespaceWrite | None = None
+    """The operand namespace's pod-security labels to change (psa.enabled)."""
 
 
 def content_hash(body: Mapping[str, Any]) -> str:
@@ -156,7 +177,9 @@ def build(observed: Observed, now: str) -> Plan:
     nodes = list(observed.nodes.values())
     if active is None:
         labels = _label_changes(nodes, None, is_ready)
-        return Plan(None, None, [], [], sorted(observed.objects), labels, statuses, [])
+        releases = _releases(observed.nodes, labels)
+        psa = namespace_write(observed.operand_namespace, enabled=False)
+        return Plan(None, None, [], [], sorted(observed.objects), labels, statuses, [], releases, psa)
     try:
         spec = parse_spec(active.spec)
     except PolicyError as exc:
@@ -175,6 +198,16 @@ def build(observed: Observed, now: str) -> Plan:
     missing = {
         c.name: found for c in COMPONENTS if c.enabled(spec) and (found := missing_inputs(c, spec, facts))
     }
+    notes = _notes(spec, observed.nvidia_driver_crd)
+    if (
+        not observed.service_monitor_crd
+        and spec.dcgmExporter.is_enabled()
+        and spec.dcgmExporter.service_monitor_enabled()
+    ):
+        # NVIDIA's rule (object_controls.go:5060): no Prometheus operator, no ServiceMonitor (the
+        # renderer leaves it out), and the exporter is still ready. Created at the next pass once the
+        # CRD is established.
+        notes.append(Note(SERVICE_MONITOR_SKIPPED, "ServiceMonitorSkipped"))
     wanted = {object_key(o) for o in objects}
     # A DaemonSet withheld for a missing input stays as it is (NVIDIA's behaviour): deleting the
     # driver's would unload the driver under running GPU workloads.
@@ -185,13 +218,23 @@ def build(observed: Observed, now: str) -> Plan:
     labels = _label_changes(nodes, spec, is_ready)
     # Status reflects the labels as they will be once this plan is carried out.
     planned = {n.name: _with_labels(n, labels[n.name]) if n.name in labels else n for n in nodes}
-    notes = _notes(spec, observed.nvidia_driver_crd)
     daemonsets: dict[str, list[str]] = {}
     for obj in objects:
         if obj["kind"] == "DaemonSet":
             daemonsets.setdefault(component_of(obj["metadata"]), []).append(obj["metadata"]["name"])
     statuses[active.name] = _status(active, spec, planned, pods, observed, daemonsets, missing, notes, now)
-    return Plan(active, spec, [], objects, deletes, labels, statuses, notes)
+    return Plan(
+        active,
+        spec,
+        [],
+        objects,
+        deletes,
+        labels,
+        statuses,
+        notes,
+        _releases(observed.nodes, labels),
+        namespace_write(observed.operand_namespace, spec.psa.enabled),
+    )
 
 
 _RENDERED: dict[str, list[dict[str, Any]]] = {}
@@ -225,16 +268,32 @@ def _label_changes(
     return changes
 
 
-def _notes(spec: ClusterPolicySpec, nvidia_driver_crd: bool) -> list[str]:
+def _releases(
+    nodes: Mapping[str, NodeInfo], labels: Mapping[str, Mapping[str, str]]
+) -> dict[str, dict[str, str]]:
+    found = {name: released_labels(nodes[name], want) for name, want in labels.items()}
+    return {name: keys for name, keys in found.items() if keys}
+
+
+SERVICE_MONITOR_SKIPPED = (
+    "spec.dcgmExporter.serviceMonitor is enabled, but the Prometheus operator's ServiceMonitor CRD "
+    "(servicemonitors.monitoring.coreos.com) is not installed: no ServiceMonitor was created; it will be "
+    "once the CRD is"
+)
+
+
+def _notes(spec: ClusterPolicySpec, nvidia_driver_crd: bool) -> list[Note]:
     notes = [
-        f"spec.{name} is enabled but not supported by this operator; it is ignored"
+        Note(f"spec.{name} is enabled but not supported by this operator; it is ignored")
         for name in spec.unsupported_enabled()
     ]
-    notes += [f"accepted but not acted on: {field}" for field in spec.ignored_fields()]
+    notes += [Note(f"accepted but not acted on: {field}", "Ignored") for field in spec.ignored_fields()]
     if spec.driver.useNvidiaDriverCRD and not nvidia_driver_crd:
         notes.append(
-            "spec.driver.useNvidiaDriverCRD is set, but no NVIDIADriver CRD is installed; "
-            "the driver is managed from this ClusterPolicy"
+            Note(
+                "spec.driver.useNvidiaDriverCRD is set, but no NVIDIADriver CRD is installed; "
+                "the driver is managed from this ClusterPolicy"
+            )
         )
     return notes
 
@@ -249,8 +308,8 @@ def _component_status(
     if not component.enabled(spec):
         return {"name": component.name, "enabled": False, "state": "disabled"}
     eligible = [n for n in nodes if runs_on(component, n)]
-    labelled = [n for n in eligible if n.labels.get(component.deploy_label) == "true"]
-    waiting = [n for n in eligible if n.labels.get(component.deploy_label) != "true"]
+    labelled = [n for n in eligible if deploy_state(component, n) == Deploy.DEPLOYED]
+    waiting = [n for n in eligible if deploy_state(component, n) != Deploy.DEPLOYED]
     ready = [n for n in labelled if (p := pods.get((component.name, n.name))) is not None and p.ready]
     problems: list[dict[str, str]] = []
     failing = 0
@@ -263,9 +322,7 @@ def _component_status(
         reason = pod.reason if pod is not None else "PodNotCreated"
         problems.append({"node": node.name, "reason": reason, "message": pod.message if pod else ""})
     for node in waiting:
-        deps = dependencies_met(component, spec, node, _readiness(pods))
-        message = f"waiting for {', '.join(deps)}" if deps else "waiting for its deploy label"
-        problems.append({"node": node.name, "reason": "WaitingForDependency", "message": message})
+        problems.append(_waiting_problem(component, spec, node, pods))
     rolled_out = not labelled or (
         all(d is not None and d.rolled_out for d in daemonsets)
         and sum(d.desired for d in daemonsets if d is not None) == len(labelled)
@@ -285,12 +342,34 @@ def _component_status(
     }
 
 
+def _waiting_problem(
+    component: Component, spec: ClusterPolicySpec, node: NodeInfo, pods: Mapping[tuple[str, str], PodInfo]
+) -> dict[str, str]:
+    """Why a component that belongs on `node` has no `true` deploy label there."""
+    key = component.deploy_label
+    value, writer = node.labels.get(key, ""), node.writers.get(key, "another manager")
+    state = deploy_state(component, node)
+    if state == Deploy.PAUSED:
+        # Operand managers pause and restore the label themselves; the component comes back then.
+        return {"node": node.name, "reason": "Paused", "message": f"{value} by {writer}"}
+    if state == Deploy.HELD:
+        message = f"{key}={value!r} set by {writer}: not true, false or a pause; left as it is"
+        return {"node": node.name, "reason": "DeployLabelHeld", "message": message}
+    deps = dependencies_met(component, spec, node, _readiness(pods))
+    message = f"waiting for {', '.join(deps)}" if deps else "waiting for its deploy label"
+    return {"node": node.name, "reason": "WaitingForDependency", "message": message}
+
+
+# Reasons whose message, not the reason itself, goes into the one-line summary.
+_SUMMARY_BY_MESSAGE = ("WaitingForDependency", "Paused")
+
+
 def _summary(desired: int, ready: int, problems: list[dict[str, str]]) -> str:
     if not problems:
         return f"{ready}/{desired} nodes ready; rollout in progress"
     by_reason: dict[str, list[str]] = {}
     for problem in problems:
-        text = problem["reason"] if problem["reason"] != "WaitingForDependency" else problem["message"]
+        text = problem["message"] if problem["reason"] in _SUMMARY_BY_MESSAGE else problem["reason"]
         by_reason.setdefault(text, []).append(problem["node"])
     parts = []
     for text, names in by_reason.items():
@@ -307,7 +386,7 @@ def _status(
     observed: Observed,
     daemonsets: Mapping[str, list[str]],
     missing: Mapping[str, list[str]],
-    notes: list[str],
+    notes: Sequence[str],
     now: str,
 ) -> dict[str, Any]:
     gpus = [n for n in gpu_nodes(nodes.values()) if takes_operands(n)]

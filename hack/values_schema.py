@@ -36,6 +36,10 @@ NOT_TOP_LEVEL = ("operator",)
 _NAME_MAPS = ("properties", "$defs", "patternProperties")
 
 _STRING: Schema = {"type": "string"}
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_NAME: Schema = {"type": "string", "pattern": _DNS_SUBDOMAIN, "maxLength": 253}
+"""An object name the API server requires to be a DNS-1123 subdomain."""
+_NAME_OR_EMPTY: Schema = {"type": "string", "pattern": f"^$|{_DNS_SUBDOMAIN}", "maxLength": 253}
 _STRING_MAP: Schema = {"type": "object", "additionalProperties": {"type": "string"}}
 _OBJECT: Schema = {"type": "object"}
 _LIST_OF_OBJECTS: Schema = {"type": "array", "items": {"type": "object"}}
@@ -78,7 +82,7 @@ def operator_schema() -> Schema:
                     "type": "object",
                     "additionalProperties": False,
                     "required": ["name"],
-                    "properties": {"name": {"type": "string", "minLength": 1}},
+                    "properties": {"name": _NAME},
                 },
             },
             "replicas": {
@@ -94,7 +98,7 @@ def operator_schema() -> Schema:
             "nodeSelector": _STRING_MAP,
             "tolerations": _LIST_OF_OBJECTS,
             "affinity": _OBJECT,
-            "priorityClassName": _STRING,
+            "priorityClassName": _NAME_OR_EMPTY,
             "logFormat": {"enum": ["plain", "full", "json"]},
             "port": {
                 "type": "integer",
@@ -131,7 +135,7 @@ def operator_schema() -> Schema:
             "serviceAccount": _strict(
                 {
                     "create": {"type": "boolean"},
-                    "name": {"type": "string", "description": "Empty means the release's full name."},
+                    "name": {**_NAME_OR_EMPTY, "description": "Empty means the release's full name."},
                 },
                 "The operator's ServiceAccount.",
             ),
@@ -144,11 +148,7 @@ def cluster_policy_schema() -> Schema:
     return _strict(
         {
             "create": {"type": "boolean", "description": "Create the ClusterPolicy from these values."},
-            "name": {
-                "type": "string",
-                "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
-                "maxLength": 253,
-            },
+            "name": _NAME,
             "operator": {
                 "$ref": "#/$defs/OperatorSpec",
                 "description": "The ClusterPolicy's spec.operator (named so because `operator` is taken).",

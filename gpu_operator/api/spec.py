@@ -7,22 +7,31 @@ GFD and MIG manager are on; node-status exporter and the sandbox/vGPU/kata/cc/GD
 
 from __future__ import annotations
 
+import re
 import warnings
-from typing import Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from gpu_operator.api.common import (
+    Annotations,
     ComponentSpec,
     ConfigMapRef,
     ConfigWithDefault,
+    DNSLabel,
     EnvVar,
+    FreeForm,
+    HostDir,
+    HostPath,
     IntOrPercent,
     Labels,
     Model,
+    NameRef,
     OffByDefault,
+    PodSecurityContext,
     ProbeSpec,
     Toleration,
+    crd_schema,
 )
 from gpu_operator.api.upgrade_policy import UpgradePolicySpec
 
@@ -42,20 +51,33 @@ class InitContainerSpec(Model):
     """Pull secret names."""
 
 
+# monitoring.coreos.com/v1 Duration, as the Prometheus operator's CRD checks it.
+_DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+
+
+def _duration(value: str) -> str:
+    if not value or not re.fullmatch(_DURATION, value, re.ASCII):
+        raise ValueError(f"{value!r} is not a Prometheus duration such as '15s' or '1m30s'")
+    return value
+
+
+Duration = Annotated[str, AfterValidator(_duration), crd_schema(pattern=_DURATION, minLength=1)]
+
+
 class ServiceMonitorConfig(Model):
     """A Prometheus-operator ServiceMonitor for the component's metrics Service."""
 
     enabled: bool | None = None
     """Create the ServiceMonitor (default false)."""
-    interval: str | None = None
+    interval: Duration | None = None
     """Scrape interval, e.g. 15s."""
-    scrapeTimeout: str | None = None
+    scrapeTimeout: Duration | None = None
     """Scrape timeout."""
     honorLabels: bool | None = None
     """Keep the scraped labels on conflict."""
     additionalLabels: Labels | None = None
     """Extra labels on the ServiceMonitor (e.g. to match a Prometheus selector)."""
-    relabelings: list[dict[str, Any]] | None = None
+    relabelings: list[FreeForm] | None = Field(default=None, max_length=64)
     """Prometheus relabel configs, passed through unchanged."""
 
 
@@ -72,14 +94,14 @@ class OperatorSpec(Model):
     defaultRuntime: Literal["docker", "crio", "containerd"] | None = None
     """Container runtime of GPU nodes whose kubelet does not report one (each node's runtime is detected
     from status.nodeInfo; default containerd)."""
-    runtimeClass: str = "nvidia"
+    runtimeClass: DNSLabel = "nvidia"
     """Name (and handler) of the RuntimeClass the operands that need the NVIDIA runtime use."""
     initContainer: InitContainerSpec | None = None
     """Deprecated and unused (also by NVIDIA's operator)."""
     labels: Labels | None = None
     """Accepted, not acted on (reported in the status): the operator's own Deployment comes from its Helm
     chart, which sets its labels."""
-    annotations: Labels | None = None
+    annotations: Annotations | None = None
     """Accepted, not acted on (reported in the status): set the operator's annotations in its Helm chart."""
     metrics: OperatorMetrics | None = None
     """Accepted, not acted on (reported in the status when its ServiceMonitor is enabled)."""
@@ -99,18 +121,18 @@ class DaemonsetsSpec(Model):
 
     labels: Labels | None = None
     """Labels added to every operand DaemonSet and its pods."""
-    annotations: Labels | None = None
+    annotations: Annotations | None = None
     """Annotations added to every operand DaemonSet and its pods."""
     tolerations: list[Toleration] | None = None
     """Tolerations of every operand pod; when set they replace the default nvidia.com/gpu toleration."""
-    priorityClassName: str = "system-node-critical"
+    priorityClassName: NameRef = "system-node-critical"
     """PriorityClass of every operand pod."""
     updateStrategy: Literal["RollingUpdate", "OnDelete"] = "RollingUpdate"
     """Update strategy of the operand DaemonSets (the driver keeps OnDelete, see the README)."""
     rollingUpdate: RollingUpdateSpec | None = None
     """Rolling update parameters."""
-    podSecurityContext: dict[str, Any] | None = None
-    """Pod-level security context of every operand pod (core/v1 PodSecurityContext)."""
+    podSecurityContext: PodSecurityContext | None = None
+    """Applied to every operand pod."""
 
 
 class RDMASpec(Model):
@@ -140,16 +162,16 @@ class DriverManagerSpec(Model):
 class RepoConfigSpec(Model):
     """Custom package repositories for the driver container."""
 
-    configMapName: str | None = None
+    configMapName: NameRef | None = None
     """ConfigMap with repository files."""
 
 
 class LicensingConfigSpec(Model):
     """vGPU guest licensing."""
 
-    configMapName: str | None = None
+    configMapName: NameRef | None = None
     """ConfigMap with gridd.conf."""
-    secretName: str | None = None
+    secretName: NameRef | None = None
     """Secret with the client token."""
     nlsEnabled: bool | None = None
     """Use NVIDIA License System."""
@@ -158,7 +180,7 @@ class LicensingConfigSpec(Model):
 class VirtualTopologySpec(Model):
     """Virtual topology daemon configuration."""
 
-    config: str | None = None
+    config: NameRef | None = None
     """ConfigMap name."""
 
 
@@ -196,21 +218,21 @@ class DriverSpec(ComponentSpec):
     """Virtual topology configuration."""
     kernelModuleConfig: ConfigMapRef | None = None
     """ConfigMap with kernel module parameters."""
-    secretEnv: str | None = None
+    secretEnv: NameRef | None = None
     """Secret whose keys become environment variables of the driver container."""
 
 
 class ToolkitSpec(ComponentSpec):
     """The NVIDIA container toolkit, which configures the container runtime."""
 
-    installDir: str = "/usr/local/nvidia"
+    installDir: HostDir = "/usr/local/nvidia"
     """Host directory the toolkit is installed into."""
 
 
 class MPSSpec(Model):
     """CUDA MPS sharing."""
 
-    root: str = "/run/nvidia/mps"
+    root: HostDir = "/run/nvidia/mps"
     """Host directory for MPS pipes and logs."""
 
 
@@ -237,7 +259,7 @@ class HPCJobMappingSpec(Model):
 
     enabled: bool | None = None
     """Enable job mapping."""
-    directory: str | None = None
+    directory: HostDir | None = None
     """Host directory with job mapping files."""
 
 
@@ -262,7 +284,7 @@ class DCGMExporterSpec(ComponentSpec):
     """Add pod UIDs to metrics (needs read access to pods)."""
     podLabelAllowlistRegex: list[str] | None = None
     """Only pod labels matching these regexes are added."""
-    annotations: Labels | None = None
+    annotations: Annotations | None = None
     """Annotations of the exporter pods."""
 
     def service_monitor_enabled(self) -> bool:
@@ -294,7 +316,7 @@ class MIGSpec(Model):
 class MIGManagerConfig(Model):
     """MIG partitioning configurations."""
 
-    name: str | None = None
+    name: NameRef | None = None
     """ConfigMap with mig-parted configurations (default: the operator's default-mig-parted-config)."""
     default: Literal["all-disabled", ""] = "all-disabled"
     """Configuration applied to MIG-capable nodes without an nvidia.com/mig.config label."""
@@ -376,11 +398,11 @@ class CDIConfigSpec(Model):
 class HostPathsSpec(Model):
     """Host paths the operands use."""
 
-    rootFS: str = "/"
+    rootFS: HostPath = "/"
     """Host root filesystem."""
-    driverInstallDir: str = "/run/nvidia/driver"
+    driverInstallDir: HostDir = "/run/nvidia/driver"
     """Where the containerized driver is installed on the host."""
-    kubeletRootDir: str = "/var/lib/kubelet"
+    kubeletRootDir: HostDir = "/var/lib/kubelet"
     """Kubelet root directory (device plugin sockets live below it)."""
 
 
@@ -424,7 +446,7 @@ class VGPUDeviceManagerSpec(OffByDefault):
 class KataManagerSpec(OffByDefault):
     """Kata manager (deprecated upstream; unsupported)."""
 
-    config: dict[str, Any] | None = None
+    config: FreeForm | None = None
     """Kata manager configuration, passed through."""
 
 
@@ -456,8 +478,7 @@ class GDRCopySpec(OffByDefault):
 class ClusterPolicySpec(Model):
     """Desired state of the NVIDIA GPU software stack on every GPU node."""
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "sandboxWorkloads",
+    SANDBOX: ClassVar[tuple[str, ...]] = (
         "vfioManager",
         "vgpuManager",
         "vgpuDeviceManager",
@@ -466,6 +487,9 @@ class ClusterPolicySpec(Model):
         "kataSandboxDevicePlugin",
         "ccManager",
     )
+    """Deployed by NVIDIA only with sandboxWorkloads.enabled (state_manager.go:1030-1046): their own
+    `enabled` means nothing without it (NVIDIA's chart turns several on by default)."""
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("sandboxWorkloads", *SANDBOX)
 
     operator: OperatorSpec = Field(default_factory=OperatorSpec)
     """Operator settings."""
@@ -588,6 +612,8 @@ class ClusterPolicySpec(Model):
         """Names of unsupported sections the user switched on (reported, never silently ignored)."""
         found = []
         for name in self.UNSUPPORTED:
+            if name in self.SANDBOX and not self.sandboxWorkloads.enabled:
+                continue
             section = getattr(self, name)
             if getattr(section, "enabled", False) or (
                 isinstance(section, ComponentSpec) and section.is_enabled()

@@ -295,6 +295,8 @@ BAD_VALUES = [
     (["--set", "daemonsets.updateStrategy=Sometimes"], "/daemonsets/updateStrategy", ""),
     (["--set", "clusterPolicy.operator.foo=1"], "/clusterPolicy/operator", "'foo' not allowed"),
     (["--set", "clusterPolicy.name=Not_A_Name"], "/clusterPolicy/name", ""),
+    (["--set", "operator.serviceAccount.name=Not A Name"], "/operator/serviceAccount/name", ""),
+    (["--set", "operator.priorityClassName=critical!"], "/operator/priorityClassName", ""),
     (["--set", "nfd.enabled=true"], "/nfd/enabled", ""),
     (["--set", "drivers.enabled=false"], "'drivers' not allowed", ""),
     (["--set", "nodeDiscovery=yes"], "/nodeDiscovery", "'auto', 'builtin', 'nfd', 'none'"),
@@ -472,7 +474,10 @@ REQUIRED_EXTRA: Grants = {
     # operator.py ensure_crd (get, server-side apply) and _has_crd (get).
     ("", *CRDS, "clusterpolicies.nvidia.com"): {"get", "patch"},
     ("", *CRDS, "nvidiadrivers.nvidia.com"): {"get"},
-    ("", *CRDS, "servicemonitors.monitoring.coreos.com"): {"get"},
+    # operator.py: the ServiceMonitor CRD's watch (Kopf's scanning and our index), by field selector.
+    ("", *CRDS, "servicemonitors.monitoring.coreos.com"): {"list", "watch"},
+    # operator.py: the operand namespace's watch; reconciler.py _write_namespace (psa.enabled).
+    ("", "", "namespaces", NAMESPACE): {"list", "watch", "patch"},
 }
 
 

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
+
+import pytest
+import yaml
 
 from gpu_operator.components import RUNTIME_LABEL
 from gpu_operator.nodes import GPU_PRESENT, NodeInfo
-from gpu_operator.observed import HASH_ANNOTATION, DaemonSetInfo, ObjectInfo, PodInfo, pod_info
+from gpu_operator.observed import HASH_ANNOTATION, DaemonSetInfo, ObjectInfo, PodInfo, component_of, pod_info
 from gpu_operator.plan import Observed, PolicyRef, active_policy, build, pods_by_node, status_differs
+from gpu_operator.psa import PREVIOUS_ANNOTATION, PSA_LABELS, NamespaceInfo, NamespaceWrite, namespace_info
 from gpu_operator.reconciler import Applied, in_sync
 
 PCI = "feature.node.kubernetes.io/pci-10de.present"
@@ -28,7 +34,7 @@ def observed(*policies: PolicyRef, nodes: list[NodeInfo] | None = None, **kw: An
         objects=kw.get("objects", {}),
         namespace="gpu-operator",
         config_maps=kw.get("config_maps", {}),
-        service_monitor_crd=kw.get("service_monitor_crd", True),
+        service_monitor_crd=kw.get("service_monitor_crd", False),
     )
 
 
@@ -140,8 +146,9 @@ def test_no_gpu_nodes_is_ready_with_nvidia_reason() -> None:
 
 
 def test_unsupported_sections_are_reported_not_fatal() -> None:
-    plan = build(observed(policy(ccManager={"enabled": True}), nodes=[]), NOW)
-    assert plan.notes and "spec.ccManager" in plan.notes[0]
+    sandbox = policy(ccManager={"enabled": True}, sandboxWorkloads={"enabled": True})
+    plan = build(observed(sandbox, nodes=[]), NOW)
+    assert any("spec.ccManager" in note for note in plan.notes)
     assert plan.statuses["cluster-policy"]["state"] == "ready"
     assert any(c["state"] == "unsupported" for c in plan.statuses["cluster-policy"]["components"])
 
@@ -292,3 +299,180 @@ def test_service_monitors_only_where_the_prometheus_crd_is() -> None:
 
     assert monitors(True) == ["nvidia-dcgm-exporter", "nvidia-node-status-exporter"]
     assert monitors(False) == []
+
+
+# --- NVIDIA's chart default: ServiceMonitor without the Prometheus operator, sandbox sections -------
+
+NVIDIA_CHART_DEFAULT = Path(__file__).resolve().parents[1] / "data" / "nvidia" / "chart-default.yaml"
+
+
+def chart_default() -> dict[str, Any]:
+    spec: dict[str, Any] = yaml.safe_load(NVIDIA_CHART_DEFAULT.read_text())["spec"]
+    return spec
+
+
+def ready_everywhere(plan_objects: list[dict[str, Any]], node: str) -> dict[str, Any]:
+    """Pods and DaemonSets as if every component were up on `node`."""
+    found = {
+        o["metadata"]["name"]: component_of(o["metadata"]) for o in plan_objects if o["kind"] == "DaemonSet"
+    }
+    pods = [PodInfo(f"{c}-x", c, node, True, "", "", False, NOW) for c in set(found.values())]
+    daemonsets = {ds: DaemonSetInfo(ds, c, 1, 1, 1, 1, 1, 1, 0, False) for ds, c in found.items()}
+    return {"pods": pods, "daemonsets": daemonsets}
+
+
+def test_chart_default_without_the_prometheus_operator_is_ready_with_a_note() -> None:
+    labels = {
+        PCI: "true",
+        GPU_PRESENT: "true",
+        **{
+            f"nvidia.com/gpu.deploy.{c}": "true"
+            for c in ("driver", "container-toolkit", "operator-validator")
+        },
+        **{
+            f"nvidia.com/gpu.deploy.{c}": "true"
+            for c in ("device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery")
+        },
+    }
+    node = NodeInfo("gpu-0", labels, own_labels=frozenset(labels) - {PCI})
+    first = build(observed(policy(**chart_default()), nodes=[node]), NOW)
+    assert not [o for o in first.objects if o["kind"] == "ServiceMonitor"]
+    plan = build(
+        observed(policy(**chart_default()), nodes=[node], **ready_everywhere(first.objects, "gpu-0")), NOW
+    )
+    status = plan.statuses["cluster-policy"]
+    assert status["state"] == "ready", status
+    ready = condition(status, "Ready")
+    assert "ServiceMonitor CRD (servicemonitors.monitoring.coreos.com) is not installed" in ready["message"]
+    reasons = [n.reason for n in plan.notes]
+    assert "ServiceMonitorSkipped" in reasons and "Unsupported" not in reasons  # no sandbox warnings
+    assert not [c for c in status["components"] if c["state"] == "unsupported"]
+    with_crd = build(
+        Observed(**{**vars(observed(policy(**chart_default()), nodes=[node])), "service_monitor_crd": True}),
+        NOW,
+    )
+    assert [o["metadata"]["name"] for o in with_crd.objects if o["kind"] == "ServiceMonitor"] == [
+        "nvidia-dcgm-exporter"
+    ]
+    assert "ServiceMonitorSkipped" not in [n.reason for n in with_crd.notes]
+
+
+def test_service_monitor_turned_off_is_deleted() -> None:
+    key = ("monitoring.coreos.com/v1", "ServiceMonitor", "gpu-operator", "nvidia-dcgm-exporter")
+    info = ObjectInfo(key, "dcgm-exporter", "h", 1, "1", "uid-cluster-policy")
+    spec: dict[str, Any] = {"dcgmExporter": {"serviceMonitor": {"enabled": False}}}
+    plan = build(
+        Observed(**{**vars(observed(policy(**spec), objects={key: info})), "service_monitor_crd": True}), NOW
+    )
+    assert plan.deletes == [key]
+
+
+def test_sandbox_sections_are_unsupported_only_with_sandbox_workloads() -> None:
+    spec: dict[str, Any] = {
+        "vfioManager": {"enabled": True},
+        "ccManager": {"enabled": True},
+        "gds": {"enabled": True},
+    }
+    assert [n for n in build(observed(policy(**spec), nodes=[]), NOW).notes if "vfioManager" in n] == []
+    sandbox: dict[str, Any] = {**spec, "sandboxWorkloads": {"enabled": True}}
+    notes = build(observed(policy(**sandbox), nodes=[]), NOW).notes
+    assert [n.split(" ")[0] for n in notes] == [
+        "spec.sandboxWorkloads",
+        "spec.vfioManager",
+        "spec.ccManager",
+    ]
+    assert {n.reason for n in notes} == {"Unsupported"}
+
+
+# --- psa.enabled -------------------------------------------------------------------------------------
+
+ENFORCE, AUDIT, WARN = PSA_LABELS
+
+
+def namespace(
+    labels: dict[str, str] | None = None, own: set[str] | None = None, previous: dict[str, str] | None = None
+) -> NamespaceInfo:
+    return NamespaceInfo("gpu-operator", labels or {}, previous or {}, frozenset(own or ()))
+
+
+def psa_plan(enabled: bool | None, ns: NamespaceInfo) -> NamespaceWrite | None:
+    """The planned namespace write for psa.enabled=`enabled` (None: the policy is deleted)."""
+    policies = () if enabled is None else (policy(psa={"enabled": enabled}),)
+    base = observed(*policies, nodes=[])
+    return build(Observed(**{**vars(base), "operand_namespace": ns}), NOW).namespace_write
+
+
+def test_psa_labels_the_namespace_privileged_and_remembers_what_it_replaced() -> None:
+    write = psa_plan(True, namespace({ENFORCE: "baseline", WARN: "privileged", "team": "x"}))
+    assert write is not None
+    assert write.labels == {ENFORCE: "privileged", AUDIT: "privileged", WARN: "privileged"}
+    assert write.annotations == {PREVIOUS_ANNOTATION: json.dumps({ENFORCE: "baseline"})}
+    assert write.restore == {}
+
+
+def test_psa_already_applied_writes_nothing() -> None:
+    labels = dict.fromkeys(PSA_LABELS, "privileged")
+    ns = namespace(labels, own={*PSA_LABELS, PREVIOUS_ANNOTATION}, previous={ENFORCE: "baseline"})
+    assert psa_plan(True, ns) is None
+    assert psa_plan(True, namespace(labels, own=set(PSA_LABELS))) is None
+    assert psa_plan(False, namespace()) is None  # nothing of ours there
+    assert psa_plan(None, namespace(labels)) is None  # privileged, but set by someone else
+
+
+@pytest.mark.parametrize("enabled", [False, None], ids=["turned off", "policy deleted"])
+def test_psa_off_restores_what_it_replaced_and_removes_what_it_added(enabled: bool | None) -> None:
+    labels = dict.fromkeys(PSA_LABELS, "privileged")
+    ns = namespace(labels, own={*PSA_LABELS, PREVIOUS_ANNOTATION}, previous={ENFORCE: "baseline"})
+    assert psa_plan(enabled, ns) == NamespaceWrite({ENFORCE: "baseline"}, {}, {})
+
+
+def test_psa_restores_only_a_level_still_its_own() -> None:
+    labels = {**dict.fromkeys(PSA_LABELS, "privileged"), ENFORCE: "restricted"}  # changed by someone since
+    ns = namespace(labels, own={AUDIT, WARN, PREVIOUS_ANNOTATION}, previous={ENFORCE: "baseline"})
+    assert psa_plan(False, ns) == NamespaceWrite({}, {}, {})
+
+
+def test_invalid_policy_leaves_the_namespace_alone() -> None:
+    ns = namespace(dict.fromkeys(PSA_LABELS, "privileged"), own=set(PSA_LABELS))
+    bad = PolicyRef("cluster-policy", "uid", 1, NOW, {"psa": {"enabled": "yes"}}, {})
+    assert (
+        build(Observed(**{**vars(observed(bad, nodes=[])), "operand_namespace": ns}), NOW).namespace_write
+        is None
+    )
+
+
+def test_namespace_info_reads_ownership_and_previous_levels() -> None:
+    body = {
+        "metadata": {
+            "name": "gpu-operator",
+            "resourceVersion": "7",
+            "labels": {ENFORCE: "privileged", "kubernetes.io/metadata.name": "gpu-operator"},
+            "annotations": {
+                PREVIOUS_ANNOTATION: '{"pod-security.kubernetes.io/enforce": "baseline", "x": "y"}'
+            },
+            "managedFields": [
+                {
+                    "manager": "gpu-operator",
+                    "operation": "Apply",
+                    "fieldsV1": {
+                        "f:metadata": {
+                            "f:labels": {f"f:{ENFORCE}": {}},
+                            "f:annotations": {f"f:{PREVIOUS_ANNOTATION}": {}},
+                        }
+                    },
+                },
+                {
+                    "manager": "kubectl",
+                    "operation": "Update",
+                    "fieldsV1": {"f:metadata": {"f:labels": {"f:x": {}}}},
+                },
+            ],
+        }
+    }
+    info = namespace_info(body)
+    assert info.labels == {ENFORCE: "privileged"}
+    assert info.previous == {ENFORCE: "baseline"}
+    assert info.own == {ENFORCE, PREVIOUS_ANNOTATION}
+    assert info.resource_version == "7"
+    broken = {"metadata": {"name": "n", "annotations": {PREVIOUS_ANNOTATION: "not json"}}}
+    assert namespace_info(broken).previous == {}

@@ -23,6 +23,8 @@ NAME = st.from_regex(r"[a-z]([a-z0-9-]{0,14}[a-z0-9])?", fullmatch=True)
 IMAGE_NAME = st.from_regex(r"[a-z][a-z0-9]{0,7}(-[a-z0-9]{1,6}){0,2}", fullmatch=True)
 ENV_NAME = st.from_regex(r"[A-Z_][A-Z0-9_]{0,15}", fullmatch=True)
 LABEL_KEY = st.from_regex(r"([a-z]{1,8}\.example\.com/)?[a-z]([a-z0-9-]{0,9}[a-z0-9])?", fullmatch=True)
+LABEL_VALUE = st.from_regex(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,20}[A-Za-z0-9])?)?", fullmatch=True)
+CONFIG_KEY = st.from_regex(r"[-._a-zA-Z0-9]{1,20}", fullmatch=True)
 TAG = st.from_regex(r"v?[0-9]{1,3}\.[0-9]{1,3}(-[a-z0-9]{1,8})?", fullmatch=True)
 DIGEST = st.text("0123456789abcdef", min_size=64, max_size=64).map(lambda h: f"sha256:{h}")
 QUANTITY = st.one_of(st.integers(0, 64), st.sampled_from(["100m", "1", "1.5", "512Mi", "2Gi", "1e3"]))
@@ -78,7 +80,7 @@ TOLERATION = st.fixed_dictionaries(
     optional={
         "key": LABEL_KEY,
         "operator": st.sampled_from(["Exists", "Equal"]),
-        "value": TEXT,
+        "value": LABEL_VALUE,
         "effect": st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"]),
         "tolerationSeconds": st.integers(0, 3600),
     },
@@ -87,7 +89,7 @@ TOLERATION = st.fixed_dictionaries(
 DAEMONSETS = st.fixed_dictionaries(
     {},
     optional={
-        "labels": st.dictionaries(LABEL_KEY, TEXT, max_size=3),
+        "labels": st.dictionaries(LABEL_KEY, LABEL_VALUE, max_size=3),
         "annotations": st.dictionaries(LABEL_KEY, TEXT, max_size=3),
         "tolerations": st.lists(TOLERATION, max_size=3),
         "priorityClassName": NAME,
@@ -113,16 +115,16 @@ def policies(draw: st.DrawFn) -> Obj:
         spec["driver"]["upgradePolicy"] = {"autoUpgrade": draw(st.booleans())}
         spec["driver"]["manager"] = {"env": draw(ENV)}
     if "devicePlugin" in spec and draw(st.booleans()):
-        spec["devicePlugin"]["config"] = {"name": draw(TEXT), "default": draw(TEXT)}
+        spec["devicePlugin"]["config"] = {"name": draw(NAME), "default": draw(CONFIG_KEY)}
     if "dcgmExporter" in spec and draw(st.booleans()):
         spec["dcgmExporter"]["serviceMonitor"] = {
             "enabled": draw(st.booleans()),
-            "additionalLabels": draw(st.dictionaries(LABEL_KEY, TEXT, max_size=2)),
+            "additionalLabels": draw(st.dictionaries(LABEL_KEY, LABEL_VALUE, max_size=2)),
         }
         spec["dcgmExporter"]["enablePodLabels"] = draw(st.booleans())
-        spec["dcgmExporter"]["config"] = {"name": draw(TEXT)}
+        spec["dcgmExporter"]["config"] = {"name": draw(NAME)}
     if "migManager" in spec and draw(st.booleans()):
-        spec["migManager"]["config"] = {"name": draw(TEXT)}
+        spec["migManager"]["config"] = {"name": draw(NAME)}
     return spec
 
 
