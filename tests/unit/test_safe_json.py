@@ -93,7 +93,9 @@ class RecordingApi:
     def param_serialize(self, **kwargs: Any) -> tuple[str, str, dict[str, str], Any, None]:
         return kwargs["method"], kwargs["resource_path"], kwargs["header_params"], kwargs["body"], None
 
-    def call_api(self, method: str, url: str, header_params: dict[str, str], body: Any, _request_timeout: Any = None) -> Any:
+    def call_api(
+        self, method: str, url: str, header_params: dict[str, str], body: Any, _request_timeout: Any = None
+    ) -> Any:
         self.sent = (header_params["Content-Type"], body)
         outer = self
 
