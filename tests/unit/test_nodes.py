@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gpu_operator.api import parse_spec
 from gpu_operator.components import RUNTIME_LABEL
 from gpu_operator.nodes import (
@@ -206,3 +208,39 @@ def test_cluster_facts_list_every_kernel_and_runtime_in_nvidias_order() -> None:
     facts = cluster_facts(nodes, "ns", {})
     assert facts.kernels == (("5.15", None), ("6.8", None))
     assert facts.runtimes == ("containerd", "crio", "docker")
+
+
+@pytest.mark.parametrize(
+    ("os_image", "tag"),
+    [
+        ("Ubuntu 22.04.4 LTS", "ubuntu22.04"),
+        ("Ubuntu 24.04 LTS", "ubuntu24.04"),
+        ("Debian GNU/Linux 12 (bookworm)", "debian12"),
+        ("Red Hat Enterprise Linux 9.4 (Plow)", "rhel9"),
+        ("Rocky Linux 8.9 (Green Obsidian)", "rocky8"),
+        ("SUSE Linux Enterprise Server 15 SP5", "sles15.5"),
+        ("Amazon Linux 2023.4.20240319", "amzn2023"),
+        ("Talos (v1.7.0)", None),
+        ("", None),
+    ],
+)
+def test_without_nfd_the_os_comes_from_the_kubelet(os_image: str, tag: str | None) -> None:
+    """The chart's node agent sets only PCI labels: the driver tag still gets the node's OS."""
+    node = {
+        "metadata": {"name": "gpu-0", "labels": {PCI: "true"}},
+        "status": {"nodeInfo": {"osImage": os_image}},
+    }
+    assert cluster_facts([node], "ns", {}).os_tag == tag
+
+
+def test_nfd_labels_win_over_the_kubelets_os_image() -> None:
+    labels = {
+        PCI: "true",
+        "feature.node.kubernetes.io/system-os_release.ID": "ubuntu",
+        "feature.node.kubernetes.io/system-os_release.VERSION_ID": "24.04",
+    }
+    node = {
+        "metadata": {"name": "gpu-0", "labels": labels},
+        "status": {"nodeInfo": {"osImage": "Ubuntu 22.04.4 LTS"}},
+    }
+    assert cluster_facts([node], "ns", {}).os_tag == "ubuntu24.04"
