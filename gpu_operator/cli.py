@@ -252,7 +252,8 @@ def load_config_maps(path: str) -> dict[str, tuple[str, ...]]:
 def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     # Imported here so that `validate` and `crd` work without the renderer's templates.
     from gpu_operator.nodes import cluster_facts
-    from gpu_operator.render import missing_inputs, render, to_yaml
+    from gpu_operator.render import missing_inputs, render
+    from gpu_operator.yaml_text import to_yaml
 
     try:
         policies = load_policies(args.file)

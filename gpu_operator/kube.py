@@ -16,10 +16,10 @@ import urllib3
 from kubernetes import client, config
 
 from gpu_operator import metrics, safe_json
+from gpu_operator.labels import FIELD_MANAGER
 from gpu_operator.observed import ObjectKey
-from gpu_operator.render import tojson
+from gpu_operator.yaml_text import tojson
 
-FIELD_MANAGER = "gpu-operator"
 EVENTS_NAMESPACE = "default"
 LIST_PAGE = 500
 

@@ -11,10 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_operator.components import BY_LABEL
+from gpu_operator.labels import COMPONENT_LABEL
 
-COMPONENT_LABEL = "app.kubernetes.io/component"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "gpu-operator"
 HASH_ANNOTATION = "nvidia.com/gpu-operator.applied-hash"
 
 # Container states that mean "still coming up", as opposed to failing.

@@ -24,10 +24,9 @@ from gpu_operator import metrics, safe_json, server
 from gpu_operator.api import MAX_DEPTH, too_deep
 from gpu_operator.api.crd import crd
 from gpu_operator.kube import ApiError, Kube, load_api_client
+from gpu_operator.labels import FIELD_MANAGER, MANAGED_BY_LABEL
 from gpu_operator.nodes import node_info
 from gpu_operator.observed import (
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
     config_map_keys,
     daemonset_info,
     object_info,
@@ -43,7 +42,7 @@ log = logging.getLogger("gpu_operator")
 # Before any watch starts: no policy content, however deep, can make Kopf's decoding raise.
 safe_json.install()
 
-SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
+SELECTOR = f"{MANAGED_BY_LABEL}={FIELD_MANAGER}"
 RESYNC_SECONDS = 600.0
 """Safety net only: a pass with nothing changed reads caches and writes nothing."""
 MAX_BACKOFF = 60.0
@@ -216,7 +215,7 @@ def _record_managed(body: Mapping[str, Any], deleted: bool) -> bool:
 def _record_config_map(body: Mapping[str, Any], deleted: bool) -> bool:
     """ConfigMaps are watched without the label selector: the driver mounts the files of users'
     ConfigMaps (repoConfig, certConfig, kernelModuleConfig) one by one, so it needs their keys."""
-    ours = (body["metadata"].get("labels") or {}).get(MANAGED_BY_LABEL) == MANAGED_BY
+    ours = (body["metadata"].get("labels") or {}).get(MANAGED_BY_LABEL) == FIELD_MANAGER
     changed = _record_managed(body, deleted or not ours)
     keys = None if deleted else config_map_keys(body)
     return STORE.put("config_maps", body["metadata"]["name"], keys) or changed
@@ -249,7 +248,7 @@ def _watch(group: str, version: str, plural: str, record: Recorder, labels: dict
     kopf.on.event(group, version, plural, id=f"events-{plural}", labels=labels)(event)
 
 
-_OURS = {MANAGED_BY_LABEL: MANAGED_BY}
+_OURS = {MANAGED_BY_LABEL: FIELD_MANAGER}
 _watch("nvidia.com", "v1", "clusterpolicies", _record_policy, None)
 _watch("", "v1", "nodes", _record_node, None)
 _watch("", "v1", "pods", _record_pod, _OURS)

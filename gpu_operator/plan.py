@@ -28,13 +28,13 @@ from gpu_operator.nodes import (
     IsReady,
     NodeInfo,
     cluster_facts,
-    dependencies_met,
     deploy_state,
     desired_labels,
     gpu_nodes,
     released_labels,
     runs_on,
     takes_operands,
+    unmet_dependencies,
 )
 from gpu_operator.observed import (
     HASH_ANNOTATION,
@@ -46,7 +46,7 @@ from gpu_operator.observed import (
     object_key,
 )
 from gpu_operator.psa import NamespaceInfo, NamespaceWrite, namespace_write
-from gpu_operator.render import ClusterFacts, config_maps_read, missing_inputs, render
+from gpu_operator.render import ClusterFacts, missing_inputs, render
 
 MAX_PROBLEMS = 5
 
@@ -188,7 +188,7 @@ def build(observed: Observed, now: str) -> Plan:
 
     facts = cluster_facts(nodes, observed.namespace, observed.environ, spec.operator.defaultRuntime)
     # Only the ConfigMaps the policy names, so that other ConfigMap changes do not re-render.
-    named = {name for c in COMPONENTS for _, name in config_maps_read(c, spec)}
+    named = {name for c in COMPONENTS for _, name in c.config_maps(spec)}
     facts = replace(
         facts,
         config_maps={n: k for n, k in observed.config_maps.items() if n in named},
@@ -355,7 +355,7 @@ def _waiting_problem(
     if state == Deploy.HELD:
         message = f"{key}={value!r} set by {writer}: not true, false or a pause; left as it is"
         return {"node": node.name, "reason": "DeployLabelHeld", "message": message}
-    deps = dependencies_met(component, spec, node, _readiness(pods))
+    deps = unmet_dependencies(component, spec, node, _readiness(pods))
     message = f"waiting for {', '.join(deps)}" if deps else "waiting for its deploy label"
     return {"node": node.name, "reason": "WaitingForDependency", "message": message}
 

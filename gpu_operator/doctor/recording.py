@@ -29,7 +29,8 @@ from gpu_operator.doctor.state import (
     worth_recording,
 )
 from gpu_operator.kube import ApiError, Kube
-from gpu_operator.observed import MANAGED_BY, MANAGED_BY_LABEL, pod_info
+from gpu_operator.labels import FIELD_MANAGER, MANAGED_BY_LABEL
+from gpu_operator.observed import pod_info
 
 DEFAULT_NAMESPACE = "gpu-operator"
 MAX_LOGS = 20
@@ -222,7 +223,7 @@ def record(kube: Kube, namespace: str = "", log_lines: int = LOG_LINES, pod: str
             _slim(d, "DaemonSet")
             for d in _read(
                 "daemonsets",
-                lambda: kube.list("apps/v1", "DaemonSet", namespace, f"{MANAGED_BY_LABEL}={MANAGED_BY}"),
+                lambda: kube.list("apps/v1", "DaemonSet", namespace, f"{MANAGED_BY_LABEL}={FIELD_MANAGER}"),
             )
         ],
         policies=policies,
