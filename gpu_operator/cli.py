@@ -311,9 +311,17 @@ def cmd_crd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gpu_operator.operator import run  # Kopf is imported only when the operator runs
     from gpu_operator.server import ServerError
+    from gpu_operator.settings import Settings
 
+    settings = Settings(
+        namespace=args.namespace,
+        environ=os.environ,
+        listen=args.listen,
+        log_format=args.log_format,
+        verbose=args.verbose,
+    )
     try:
-        run(namespace=args.namespace, log_format=args.log_format, listen=args.listen, verbose=args.verbose)
+        run(settings)
     except ServerError as exc:
         print(f"gpu-operator run: {exc}", file=err)
         return EXIT_INVALID

@@ -29,6 +29,18 @@ def component_of(metadata: Mapping[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
+class PolicyRef:
+    """One ClusterPolicy as the watch last saw it."""
+
+    name: str
+    uid: str
+    generation: int
+    created: str
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class PodInfo:
     name: str
     component: str
