@@ -42,9 +42,20 @@ class Loop:
         self.passes = 0
         self.failures = 0
         self.last_error = ""
+        self.timer: asyncio.TimerHandle | None = None
+        """The pass asked for by the last one (Outcome.wake_at): one at a time, the latest wins."""
 
     def wake(self) -> None:
         self.wakeup.set()
+
+    def wake_at(self, when: float | None) -> None:
+        """A pass at `when` (Unix seconds), without a sleeping handler: a timer on the event loop."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if when is not None:
+            delay = max(0.0, when - time.time())
+            self.timer = asyncio.get_running_loop().call_later(delay, self.wake)
 
     async def run(self, one_pass: Callable[[], Outcome]) -> None:
         """Run `one_pass` whenever woken (at the latest after `resync_seconds`), until cancelled."""
@@ -58,6 +69,7 @@ class Loop:
             try:
                 outcome = await asyncio.to_thread(_timed, one_pass)
                 self.completed.set()
+                self.wake_at(outcome.wake_at)
                 if outcome.stale:
                     # The watch may bring the node's new version without a change a pass would react
                     # to (a status update): look again shortly, without counting a failure.

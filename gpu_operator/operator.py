@@ -23,6 +23,7 @@ from gpu_operator.api.crd import crd
 from gpu_operator.kube import ApiError, Kube, load_api_client
 from gpu_operator.labels import FIELD_MANAGER, MANAGED_BY_LABEL
 from gpu_operator.loop import Loop, health, ready
+from gpu_operator.node_pods import NodePodWatches
 from gpu_operator.plan import SERVICE_MONITOR_CRD, content_hash
 from gpu_operator.reconciler import Reconciler
 from gpu_operator.settings import Settings
@@ -49,6 +50,8 @@ MANAGED = [
     # Served only while the Prometheus operator's CRD exists; Kopf starts the watch when it appears.
     ("monitoring.coreos.com", "v1", "servicemonitors"),
 ]
+REVISIONS = ("apps", "v1", "controllerrevisions")
+"""The driver DaemonSets' ControllerRevisions: an upgrade's target (they carry the pods' labels)."""
 CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
 NAMESPACES = ("", "namespaces")
 
@@ -77,6 +80,7 @@ def watches(store: Store) -> list[tuple[str, str, str, Recorder, dict[str, str] 
         ("nvidia.com", "v1", "clusterpolicies", store.record_policy, None),
         ("", "v1", "nodes", store.record_node, None),
         ("", "v1", "pods", store.record_pod, _OURS),
+        (*REVISIONS, store.record_revision, _OURS),
     ]
     for group, version, plural in MANAGED:
         if (group, version, plural) == CONFIG_MAPS:
@@ -162,6 +166,7 @@ def registry(settings: Settings, store: Store, loop: Loop) -> kopf.OperatorRegis
             if (group, _version, plural) != CONFIG_MAPS:
                 kopf_settings.watching.label_selectors[group, plural] = SELECTOR
         kopf_settings.watching.label_selectors["", "pods"] = SELECTOR
+        kopf_settings.watching.label_selectors[REVISIONS[0], REVISIONS[2]] = SELECTOR
         # Kopf's scanning (its own CRD and namespace watches) stays on, narrowed to the two objects
         # that matter: when the ServiceMonitor CRD appears, Kopf starts serving servicemonitors without
         # a restart; the namespace watch serves both Kopf and psa.enabled. RBAC allows just these names.
@@ -170,13 +175,25 @@ def registry(settings: Settings, store: Store, loop: Loop) -> kopf.OperatorRegis
         kube = Kube(load_api_client())
         await asyncio.to_thread(ensure_crd, kube)
         nvidia_driver = await asyncio.to_thread(_has_crd, kube, "nvidiadrivers.nvidia.com")
-        reconciler = Reconciler(kube, store, settings, nvidia_driver_crd=nvidia_driver)
+        events = asyncio.get_running_loop()
+
+        def wake_from_thread() -> None:
+            events.call_soon_threadsafe(loop.wake)
+
+        pod_watches = NodePodWatches(kube, store, wake_from_thread)
+        memo["pod_watches"] = pod_watches
+        reconciler = Reconciler(
+            kube, store, settings, nvidia_driver_crd=nvidia_driver, pod_watches=pod_watches
+        )
         memo["task"] = asyncio.create_task(loop.run(reconciler.run_once))
 
     async def on_cleanup(memo: kopf.Memo, **_: Any) -> None:
         task = memo.get("task")
         if task is not None:
             task.cancel()
+        pod_watches = memo.get("pod_watches")
+        if pod_watches is not None:
+            pod_watches.stop()
 
     # A registry of our own has none of the default one's login fallbacks: log in as the API client does
     # (in-cluster credentials, else the kubeconfig), the same credentials as kube.load_api_client.

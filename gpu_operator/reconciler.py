@@ -9,13 +9,15 @@ state differs from what the watches show, so a converged cluster costs the API s
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from gpu_operator.kube import ApiError, Kube
 from gpu_operator.nodes import NodeInfo
@@ -31,6 +33,8 @@ from gpu_operator.psa import PRIVILEGED, NamespaceInfo, NamespaceWrite
 from gpu_operator.settings import Settings
 from gpu_operator.status import Signature
 from gpu_operator.store import Store
+from gpu_operator.upgrade import DeletePod, EvictionResult, EvictPod, NodeActions, PatchNode
+from gpu_operator.upgrade.facts import format_time
 
 log = logging.getLogger("gpu_operator")
 
@@ -46,6 +50,12 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class PodWatches(Protocol):
+    """What the reconciler asks of gpu_operator/node_pods.py: watch the pods of exactly these nodes."""
+
+    def follow(self, nodes: Iterable[str]) -> None: ...
+
+
 @dataclass(frozen=True)
 class Outcome:
     plan: Plan
@@ -55,6 +65,9 @@ class Outcome:
     stale: tuple[str, ...] = ()
     """Objects (node/..., namespace/...) that changed between the snapshot and their write: a new
     pass should follow soon."""
+    wake_at: float | None = None
+    """Run a pass at this time (Unix seconds) even if no watch event comes: the driver upgrade's next
+    timeout or eviction retry."""
 
 
 @contextmanager
@@ -93,6 +106,12 @@ class Reconciler:
     applied: dict[ObjectKey, Applied] = field(default_factory=dict)
     reported: dict[str, Signature] = field(default_factory=dict)
     """Policy name → what the Events posted for it have said."""
+    pod_watches: PodWatches | None = None
+    """The pods of the nodes a driver upgrade empties (None: none are watched, as in unit tests that
+    feed the Store themselves)."""
+    evictions: dict[str, EvictionResult] = field(default_factory=dict)
+    """Pod UID → the API server's answer to our last Eviction of it: facts for the next pass."""
+    evictions_lock: threading.Lock = field(default_factory=threading.Lock)
     pool: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -104,9 +123,15 @@ class Reconciler:
 
         Writes run in parallel (a 1000-node rollout is 1000 label patches per stage), except that a
         component's own objects go in order: its ServiceAccount and RBAC before its DaemonSet."""
-        stamp = now()
+        clock = time.time()
+        stamp = format_time(clock)
         observed = self.store.snapshot(self.settings.namespace, self.settings.environ, self.nvidia_driver_crd)
-        plan = build(observed, stamp)
+        with self.evictions_lock:
+            # Answers about pods no longer watched (gone, or their node done) are of no use any more.
+            known = {p.uid for p in observed.upgrade.pods}
+            self.evictions = {uid: e for uid, e in self.evictions.items() if uid in known}
+            observed = replace(observed, upgrade=replace(observed.upgrade, evictions=dict(self.evictions)))
+        plan = build(observed, stamp, clock)
         errors: dict[str, str] = {}
         stale: list[str] = []
         if plan.spec is not None:
@@ -122,9 +147,28 @@ class Reconciler:
         )
         if plan.namespace_write is not None and observed.operand_namespace is not None:
             self._write_namespace(observed.operand_namespace, plan.namespace_write, errors, stale)
+        upgrade = plan.upgrade
+        refused: list[str] = []
+        if upgrade is not None and plan.active is not None:
+            policy = {"name": plan.active.name, "uid": plan.active.uid}
+            # Starts last, and only once the others are written (gpu_operator/upgrade/writes.py).
+            failed: list[str] = []
+            for starts in (False, True):
+                if not failed:
+                    self._in_parallel(
+                        partial(self._upgrade_node, actions, observed.nodes, policy, errors, refused, failed)
+                        for actions in upgrade.actions
+                        if actions.starts == starts
+                    )
+        if self.pod_watches is not None:
+            self.pod_watches.follow(upgrade.pods_needed if upgrade is not None else ())
         conclusion = conclude(plan, observed.policies, errors, self.reported, stamp)
         self._write_statuses(conclusion)
-        return Outcome(conclusion.plan, errors, tuple(sorted(stale)))
+        wake_at = upgrade.wake_at if upgrade is not None else None
+        if refused:
+            # The status written above predates the refusal: say at once what the eviction waits for.
+            wake_at = clock
+        return Outcome(conclusion.plan, errors, tuple(sorted(stale)), wake_at)
 
     def _in_parallel(self, jobs: Iterable[Callable[[], None]]) -> None:
         """Run the jobs on the worker pool; after all have finished, re-raise the first failure."""
@@ -170,6 +214,71 @@ class Reconciler:
             if _unless_changed(f"node/{node.name}", stale, apply) and releases:
                 log.info("node %s: removing shared labels %s", node.name, sorted(releases))
                 self.kube.rewrite_labels("Node", node.name, {k: (v, None) for k, v in releases.items()})
+
+    def _upgrade_node(
+        self,
+        actions: NodeActions,
+        nodes: Mapping[str, NodeInfo],
+        policy: Mapping[str, str],
+        errors: dict[str, str],
+        refused: list[str],
+        failed: list[str],
+    ) -> None:
+        """One node's driver-upgrade writes, in order, stopping at the first that fails (the node goes
+        to `failed`); then its Events. Refused evictions go to `refused`.
+        The node patch's result goes into the Store at once: the next pass must count this node as
+        cordoned and in progress even before the watch brings it."""
+        what = f"node/{actions.node}"
+        for write in actions.writes:
+            if isinstance(write, EvictPod):
+                if not self._evict(write).accepted:
+                    refused.append(write.uid)
+                continue
+            done = False
+            with _recorded(errors, what):
+                if isinstance(write, PatchNode):
+                    log.info("node %s: driver upgrade %s", write.node, write.body())
+                    self.store.record_node(self.kube.patch_node(write.node, write.body()), False)
+                else:
+                    self._delete_pod(write)
+                done = True
+            if not done:
+                failed.append(actions.node)
+                return
+        stamp = now()
+        for event in actions.events:
+            node = nodes.get(event.node) if event.node is not None else None
+            target = {"name": node.name, "uid": node.uid} if node is not None else policy
+            kind = ("v1", "Node") if event.node is not None else ("nvidia.com/v1", "ClusterPolicy")
+            try:
+                self.kube.post_event(target, event.type, event.reason, event.message, stamp, kind=kind)
+            except ApiError as exc:
+                log.warning(
+                    "could not post Event %s on %s: %s", event.reason, event.node or "the policy", exc
+                )
+
+    def _evict(self, write: EvictPod) -> EvictionResult:
+        """Whatever the answer (201, 429 from a PodDisruptionBudget, 404, no answer at all), it is a fact
+        for the next pass, never a failure: the state machine retries, waits or times out."""
+        try:
+            self.kube.evict(write.namespace, write.name, write.body())
+            result = EvictionResult(201, "", time.time())
+            log.info("evicted pod %s/%s (driver upgrade)", write.namespace, write.name)
+        except ApiError as exc:
+            result = EvictionResult(exc.status, str(exc).split(": ", 1)[-1], time.time())
+            log.info("eviction of pod %s/%s refused: %s", write.namespace, write.name, exc)
+        with self.evictions_lock:
+            self.evictions[write.uid] = result
+        return result
+
+    def _delete_pod(self, write: DeletePod) -> None:
+        log.info("deleting pod %s/%s (%s)", write.namespace, write.name, write.why)
+        try:
+            self.kube.delete_pod(write.namespace, write.name, write.body())
+        except ApiError as exc:
+            # Gone already, or the name is another pod's now (UID precondition): nothing to delete.
+            if exc.status not in (404, 409):
+                raise
 
     def _write_namespace(
         self, namespace: NamespaceInfo, write: NamespaceWrite, errors: dict[str, str], stale: list[str]

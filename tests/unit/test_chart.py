@@ -465,10 +465,17 @@ REQUIRED_EXTRA: Grants = {
     ("", "nvidia.com", "clusterpolicies/status", ""): {"patch"},
     # plan.py: controller ownerReference with blockOwnerDeletion (OwnerReferencesPermissionEnforcement).
     ("", "nvidia.com", "clusterpolicies/finalizers", ""): {"update"},
-    # operator.py node_event (watch) and kube.py apply_node_labels (server-side apply on existing nodes).
+    # operator.py node_event (watch), kube.py apply_node_labels (server-side apply on existing nodes)
+    # and patch_node (the driver upgrade's merge patch).
     ("", "", "nodes", ""): {"list", "watch", "patch"},
     # operator.py pod_event and prime: operand pods, for readiness and waiting reasons.
     (NAMESPACE, "", "pods", ""): {"list", "watch"},
+    # operator.py REVISIONS: the driver DaemonSets' ControllerRevisions (the upgrade's target).
+    (NAMESPACE, "apps", "controllerrevisions", ""): {"list", "watch"},
+    # node_pods.py (list_at and watch of spec.nodeName=<node>, all namespaces) and kube.py delete_pod.
+    ("", "", "pods", ""): {"list", "watch", "delete"},
+    # kube.py evict.
+    ("", "", "pods/eviction", ""): {"create"},
     # kube.py post_event: Events about the cluster-scoped ClusterPolicy live in `default`.
     ("default", "", "events", ""): {"create"},
     # operator.py ensure_crd (get, server-side apply) and _has_crd (get).
