@@ -52,7 +52,7 @@ from gpu_operator.status import (
 )
 from gpu_operator.upgrade import Facts, UpgradePlan
 from gpu_operator.upgrade.facts import parse_time
-from gpu_operator.upgrades import plan_driver_upgrade, with_upgrade_status
+from gpu_operator.upgrades import driver_rolling, plan_driver_upgrade, with_upgrade_status
 
 __all__ = ["Observed", "Plan", "PolicyRef", "build", "conclude", "pods_by_node", "status_differs"]
 
@@ -222,6 +222,7 @@ def build(observed: Observed, now: str, clock: float | None = None) -> Plan:
         policy_status(active, spec, planned, pods, observed.namespace, daemonsets, missing, notes, now),
         spec,
         upgrade,
+        driver_rolling(objects, observed.upgrade),
     )
     return Plan(
         active,

@@ -247,9 +247,10 @@ class Reconciler:
                 return
         stamp = now()
         for event in actions.events:
-            node = nodes.get(event.node) if event.node is not None else None
-            target = {"name": node.name, "uid": node.uid} if node is not None else policy
-            kind = ("v1", "Node") if event.node is not None else ("nvidia.com/v1", "ClusterPolicy")
+            target, kind = policy, ("nvidia.com/v1", "ClusterPolicy")
+            if event.node is not None:
+                node = nodes.get(event.node)
+                target, kind = {"name": event.node, "uid": node.uid if node else ""}, ("v1", "Node")
             try:
                 self.kube.post_event(target, event.type, event.reason, event.message, stamp, kind=kind)
             except ApiError as exc:

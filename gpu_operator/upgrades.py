@@ -18,7 +18,7 @@ from gpu_operator.components import BY_NAME
 from gpu_operator.nodes import NodeInfo, gpu_nodes, runs_on
 from gpu_operator.observed import component_of
 from gpu_operator.upgrade import Facts, UpgradeNode, UpgradePlan, plan_upgrade
-from gpu_operator.upgrade.facts import image_tag
+from gpu_operator.upgrade.facts import config_digest, image_tag
 
 VALIDATOR = BY_NAME["operator-validator"]
 
@@ -40,14 +40,31 @@ def upgrade_nodes(nodes: Iterable[NodeInfo], spec: ClusterPolicySpec) -> list[Up
     ]
 
 
+def _driver_daemonsets(objects: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [o for o in objects if o["kind"] == "DaemonSet" and component_of(o["metadata"]) == "driver"]
+
+
 def target_version(objects: Iterable[Mapping[str, Any]]) -> str:
     """The driver image tags the rendered driver DaemonSets carry (one per kernel when precompiled)."""
     tags = set()
-    for obj in objects:
-        if obj["kind"] == "DaemonSet" and component_of(obj["metadata"]) == "driver":
-            containers = obj["spec"]["template"]["spec"]["containers"]
-            tags.add(image_tag(str(containers[0].get("image") or "")))
+    for obj in _driver_daemonsets(objects):
+        containers = obj["spec"]["template"]["spec"]["containers"]
+        tags.add(image_tag(str(containers[0].get("image") or "")))
     return ", ".join(sorted(t for t in tags if t))
+
+
+def driver_rolling(objects: Iterable[Mapping[str, Any]], facts: Facts) -> bool:
+    """Whether a driver DaemonSet's newest ControllerRevision is not yet the desired template (its
+    driver version or DRIVER_CONFIG_DIGEST differ): between our apply and the DaemonSet controller's
+    new revision every pod still matches the previous one, and no node is up to date with the new
+    driver. A change of neither (a restart-only change) is not told apart, for that moment."""
+    known = {d.name: (d.version, d.config_digest) for d in facts.driver_daemonsets}
+    for obj in _driver_daemonsets(objects):
+        pod = obj["spec"]["template"]["spec"]
+        wanted = (image_tag(str(pod["containers"][0].get("image") or "")), config_digest(pod))
+        if known.get(obj["metadata"]["name"]) != wanted:
+            return True
+    return False
 
 
 def plan_driver_upgrade(
@@ -67,9 +84,20 @@ def plan_driver_upgrade(
 
 
 def with_upgrade_status(
-    status: ClusterPolicyStatus, spec: ClusterPolicySpec, upgrade: UpgradePlan
+    status: ClusterPolicyStatus, spec: ClusterPolicySpec, upgrade: UpgradePlan, rolling: bool
 ) -> ClusterPolicyStatus:
     """`status.driverUpgrade` while the operator runs the driver; null (removed by the merge patch)
-    once it does not."""
-    found = DriverUpgradeStatus.model_validate(upgrade.status) if spec.driver.is_enabled() else None
+    once it does not. While the driver DaemonSet is `rolling` to a new template, no node can be up to
+    date with it yet, whatever the previous revision says."""
+    if not spec.driver.is_enabled():
+        return status.model_copy(update={"driverUpgrade": None})
+    found = DriverUpgradeStatus.model_validate(upgrade.status)
+    if rolling:
+        summary = (
+            f"{WAITING_FOR_REVISION} ({found.targetVersion})" if found.targetVersion else WAITING_FOR_REVISION
+        )
+        found = found.model_copy(update={"summary": summary})
     return status.model_copy(update={"driverUpgrade": found})
+
+
+WAITING_FOR_REVISION = "waiting for the driver DaemonSet's new revision"

@@ -71,7 +71,7 @@ def upgrade_node(body: Mapping[str, Any], validator_expected: bool = True) -> Up
     )
 
 
-def _config_digest(pod_spec: Mapping[str, Any]) -> str:
+def config_digest(pod_spec: Mapping[str, Any]) -> str:
     """DRIVER_CONFIG_DIGEST of a pod spec: init containers first, then containers (NVIDIA's order,
     internal/config/driver_config_digest.go DriverConfigDigestFromPodSpec)."""
     for key in ("initContainers", "containers"):
@@ -117,7 +117,7 @@ def controller_revision(body: Mapping[str, Any]) -> Revision | None:
             (metadata.get("labels") or {}).get(REVISION_LABEL)
             or str(metadata.get("name", "")).removeprefix(f"{owner.get('name', '')}-")
         ),
-        config_digest=_config_digest(template),
+        config_digest=config_digest(template),
         version=image_tag(str(containers[0].get("image") or "")),
     )
 
@@ -190,7 +190,7 @@ def driver_pod(body: Mapping[str, Any]) -> DriverPod | None:
         node=info.node,
         daemonset_uid=owner.get("uid", "") if owner.get("kind") == "DaemonSet" else "",
         revision=(metadata.get("labels") or {}).get(REVISION_LABEL, ""),
-        config_digest=_config_digest(body.get("spec") or {}),
+        config_digest=config_digest(body.get("spec") or {}),
         ready=info.ready,
         terminating=info.terminating,
         restarts=max((int(s.get("restartCount") or 0) for s in statuses if not s.get("ready")), default=0),

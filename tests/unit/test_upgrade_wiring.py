@@ -304,6 +304,28 @@ def test_every_pass_plans_the_upgrade_and_writes_its_status() -> None:
     assert status_body(off.statuses["p"])["driverUpgrade"] is None
 
 
+def test_no_node_is_up_to_date_while_the_driver_daemonset_rolls_to_a_new_template() -> None:
+    """Between our apply of a new driver DaemonSet and the DaemonSet controller's new revision, every
+    pod still matches the previous revision: the status must not call that up to date."""
+    nodes = {"gpu-0": node_body("gpu-0", 10)}
+    rec, _ = world(nodes, [pod_body("drv-0", "gpu-0", "nvidia-driver", revision_hash="h2")])
+
+    def summary() -> str:
+        plan = build(rec.store.snapshot("gpu-operator", {}, False), stamp(NOW), NOW)
+        return str(status_body(plan.statuses["p"])["driverUpgrade"]["summary"])
+
+    # The newest revision (h2) is driver:v2, not what the policy renders.
+    assert summary().startswith("waiting for the driver DaemonSet's new revision (595.91.07")
+    plan = build(rec.store.snapshot("gpu-operator", {}, False), stamp(NOW), NOW)
+    (desired,) = [o for o in plan.objects if o["metadata"]["name"] == "nvidia-driver-daemonset"]
+    newest = revision(3)
+    newest["data"]["spec"]["template"] = {**copy.deepcopy(desired["spec"]["template"]), "$patch": "replace"}
+    rec.store.record_revision(newest, False)
+    assert summary() == "0/1 upgraded"  # h3 now: gpu-0 is behind, its upgrade starts
+    rec.store.record_pod(pod_body("drv-0", "gpu-0", "nvidia-driver", revision_hash="h3"), False)
+    assert summary() == "up to date"
+
+
 # --- the reconciler -------------------------------------------------------------------------------
 
 
