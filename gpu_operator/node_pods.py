@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 from gpu_operator.kube import ApiError, Kube
@@ -38,6 +39,8 @@ class _NodeWatch:
         self.store = store
         self.wake = wake
         self.stopped = threading.Event()
+        self.listed = threading.Event()
+        """Set once the node's pods are in the Store."""
         self.lock = threading.Lock()
         """Held while the Store is written, so that nothing lands after `stop` forgot the node."""
         self.thread = threading.Thread(target=self._run, name=f"gpu-operator-pods-{node}", daemon=True)
@@ -64,6 +67,7 @@ class _NodeWatch:
                     items, version = self.kube.list_at("v1", "Pod", field_selector=selector)
                     # Always a wake-up: a pass waits for this list ("listing the pods on the node").
                     self._record(self.store.list_node_pods, items, always=True)
+                    self.listed.set()
                     backoff = 1.0
                     while version and not self.stopped.is_set():
                         version = self._watch(selector, version)
@@ -109,6 +113,17 @@ class NodePodWatches:
             watch = _NodeWatch(node, self.kube.fork(), self.store, self.wake)
             self.watches[node] = watch
             watch.thread.start()
+
+    def wait_listed(self, nodes: Iterable[str], timeout: float) -> bool:
+        """Follow `nodes` too, and wait (at most `timeout` seconds in all) until the pods of those whose
+        watch this call starts are listed; whether any of them is. A watch already running and still
+        not listed is failing (it backs off): a pass does not wait for it again."""
+        wanted = set(nodes)
+        starting = sorted(wanted - self.watches.keys())
+        self.follow(wanted | self.watches.keys())
+        deadline = time.monotonic() + timeout
+        listed = [self.watches[n].listed.wait(max(0.0, deadline - time.monotonic())) for n in starting]
+        return any(listed)
 
     def stop(self) -> None:
         self.follow(())

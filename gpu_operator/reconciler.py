@@ -28,7 +28,7 @@ from gpu_operator.observed import (
     object_info,
     object_key,
 )
-from gpu_operator.plan import Applied, Conclusion, Plan, build, conclude, in_sync
+from gpu_operator.plan import Applied, Conclusion, Observed, Plan, build, conclude, in_sync
 from gpu_operator.psa import PRIVILEGED, NamespaceInfo, NamespaceWrite
 from gpu_operator.settings import Settings
 from gpu_operator.status import Signature
@@ -51,9 +51,16 @@ def now() -> str:
 
 
 class PodWatches(Protocol):
-    """What the reconciler asks of gpu_operator/node_pods.py: watch the pods of exactly these nodes."""
+    """What the reconciler asks of gpu_operator/node_pods.py: watch the pods of exactly these nodes,
+    and wait (bounded) for the first listing of nodes newly watched."""
 
     def follow(self, nodes: Iterable[str]) -> None: ...
+
+    def wait_listed(self, nodes: Iterable[str], timeout: float) -> bool: ...
+
+
+LISTING_SECONDS = 5.0
+"""How long a pass waits for the pods of nodes whose upgrade it starts, before it plans again."""
 
 
 @dataclass(frozen=True)
@@ -125,13 +132,21 @@ class Reconciler:
         component's own objects go in order: its ServiceAccount and RBAC before its DaemonSet."""
         clock = time.time()
         stamp = format_time(clock)
-        observed = self.store.snapshot(self.settings.namespace, self.settings.environ, self.nvidia_driver_crd)
-        with self.evictions_lock:
-            # Answers about pods no longer watched (gone, or their node done) are of no use any more.
-            known = {p.uid for p in observed.upgrade.pods}
-            self.evictions = {uid: e for uid, e in self.evictions.items() if uid in known}
-            observed = replace(observed, upgrade=replace(observed.upgrade, evictions=dict(self.evictions)))
-        plan = build(observed, stamp, clock)
+        observed, plan = self._plan(stamp, clock)
+        known = observed.upgrade.pods_known
+        needed = plan.upgrade.pods_needed if plan.upgrade is not None else frozenset()
+        unlisted = needed - known if known is not None else frozenset()
+        if (
+            unlisted
+            and self.pod_watches is not None
+            and self.pod_watches.wait_listed(unlisted, LISTING_SECONDS)
+        ):
+            # Nodes about to start their upgrade (or met mid-way after a restart): with their pods
+            # listed, this pass takes them as far as they go (cordon, evictions, driver restart) instead
+            # of cordoning them and waiting for a pass of their own.
+            clock = time.time()
+            stamp = format_time(clock)
+            observed, plan = self._plan(stamp, clock)
         errors: dict[str, str] = {}
         stale: list[str] = []
         if plan.spec is not None:
@@ -169,6 +184,15 @@ class Reconciler:
             # The status written above predates the refusal: say at once what the eviction waits for.
             wake_at = clock
         return Outcome(conclusion.plan, errors, tuple(sorted(stale)), wake_at)
+
+    def _plan(self, stamp: str, clock: float) -> tuple[Observed, Plan]:
+        observed = self.store.snapshot(self.settings.namespace, self.settings.environ, self.nvidia_driver_crd)
+        with self.evictions_lock:
+            # Answers about pods no longer watched (gone, or their node done) are of no use any more.
+            known = {p.uid for p in observed.upgrade.pods}
+            self.evictions = {uid: e for uid, e in self.evictions.items() if uid in known}
+            observed = replace(observed, upgrade=replace(observed.upgrade, evictions=dict(self.evictions)))
+        return observed, build(observed, stamp, clock)
 
     def _in_parallel(self, jobs: Iterable[Callable[[], None]]) -> None:
         """Run the jobs on the worker pool; after all have finished, re-raise the first failure."""

@@ -8,7 +8,7 @@ The `record_*` methods turn a watched body into its slim record and say whether 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,7 +202,7 @@ class Store:
 
     # --- the pods of nodes being emptied (gpu_operator/node_pods.py) ------------------------------
 
-    def list_node_pods(self, node: str, bodies: list[Body]) -> bool:
+    def list_node_pods(self, node: str, bodies: Iterable[Body]) -> bool:
         pods = {p.uid: p for p in map(workload_pod, bodies) if p is not None and p.node == node}
         with self.lock:
             before = self.node_pods.get(node)

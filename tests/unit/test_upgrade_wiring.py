@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from typing import Any, cast
@@ -209,11 +210,22 @@ class UpgradeKube(FakeKube):
 
 
 class Follow:
-    def __init__(self) -> None:
+    """The pod watches: what the pods of a node are once listed (`listing`; nodes not in it are never
+    listed in time)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
         self.nodes: list[frozenset[str]] = []
+        self.listing: dict[str, list[dict[str, Any]]] = {}
 
     def follow(self, nodes: Any) -> None:
         self.nodes.append(frozenset(nodes))
+
+    def wait_listed(self, nodes: Any, timeout: float) -> bool:
+        listed = [node for node in nodes if node in self.listing]
+        for node in listed:
+            self.store.list_node_pods(node, self.listing[node])
+        return bool(listed)
 
 
 def world(
@@ -230,7 +242,7 @@ def world(
         store.record_revision(revision(number), False)
     for body in pods:
         store.record_pod(body, False)
-    follow = Follow()
+    follow = Follow(store)
     return Reconciler(cast(Kube, None), store, Settings(), pod_watches=follow), follow
 
 
@@ -359,6 +371,20 @@ def test_a_start_is_written_after_the_node_that_frees_its_slot() -> None:
     # Node Events are about the Node (its UID), the resumption-free pass posts none on the policy.
     kinds = {(kind, name, uid) for kind, name, uid, _ in kube.targets}
     assert ("Node", "gpu-0", "uid-gpu-0") in kinds and ("Node", "gpu-1", "uid-gpu-1") in kinds
+
+
+def test_a_starting_node_goes_as_far_as_it_can_once_its_pods_are_listed() -> None:
+    nodes, pods = finishing_and_pending()
+    kube = UpgradeKube(nodes)
+    rec, follow = world(nodes, pods)
+    follow.listing["gpu-1"] = [pod_body("train", "gpu-1", gpu=True)]
+    with_kube(rec, kube).run_once()
+    # One pass: cordoned and at pod-deletion-required in one patch, then its GPU pod evicted.
+    assert kube.calls[-2:] == [("patch", "gpu-1"), ("evict", "train")]
+    node = kube.nodes["gpu-1"]
+    assert (
+        node["spec"]["unschedulable"] and node["metadata"]["labels"][STATE_LABEL] == "pod-deletion-required"
+    )
 
 
 def test_no_start_when_the_finishing_node_could_not_be_written() -> None:
@@ -512,6 +538,13 @@ def test_pod_watches_follow_exactly_the_nodes_asked_for(monkeypatch: pytest.Monk
     watches.follow({"gpu-0", "gpu-1"})
     watches.follow({"gpu-1", "gpu-2"})
     assert sorted(watches.watches) == ["gpu-1", "gpu-2"] and started == ["gpu-0", "gpu-1", "gpu-2"]
+    # Waiting for a listing follows the node too; a node not listed in time is a False, not a hang.
+    assert watches.wait_listed({"gpu-0"}, timeout=5)
+    assert sorted(watches.watches) == ["gpu-0", "gpu-1", "gpu-2"]
+    assert not watches.wait_listed({"gpu-3"}, timeout=0.01)
+    # A watch that is running and not listed yet (failing) is not waited for again.
+    watches.watches["gpu-3"].listed.wait = _never_called  # type: ignore[method-assign]
+    assert not watches.wait_listed({"gpu-3"}, timeout=5)
     watches.stop()
     assert watches.watches == {}
 
@@ -531,5 +564,12 @@ def _fake_init(started: list[str]) -> Any:
         self.node = node
         self.thread = Thread()
         self.stop = lambda: None
+        self.listed = threading.Event()
+        if node != "gpu-3":
+            self.listed.set()
 
     return init
+
+
+def _never_called(timeout: float | None = None) -> bool:
+    raise AssertionError("waited for a watch that was already running")
