@@ -955,3 +955,18 @@ def test_validator_image_containers_run_as_root() -> None:
         for ctr in pod.get("initContainers", []) + pod["containers"]:
             if ctr["image"] == validator_image:
                 assert ctr["securityContext"]["runAsUser"] == 0, ctr["name"]
+
+
+def test_mig_strategy_wins_over_gfd_env_but_not_over_the_device_plugins() -> None:
+    """NVIDIA applies mig.strategy after gfd.env (object_controls.go:969-970), before devicePlugin.env."""
+    user = [
+        {"name": "MIG_STRATEGY", "value": "none"},
+        {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "none"},
+    ]
+    ds = daemonsets(
+        render_spec({"mig": {"strategy": "mixed"}, "gfd": {"env": user}, "devicePlugin": {"env": user}})
+    )
+    gfd = env_of(container(ds["gpu-feature-discovery"], "gpu-feature-discovery"))
+    plugin = env_of(container(ds["nvidia-device-plugin-daemonset"], "nvidia-device-plugin"))
+    assert (gfd["MIG_STRATEGY"], gfd["NVIDIA_MIG_MONITOR_DEVICES"]) == ("mixed", "all")
+    assert (plugin["MIG_STRATEGY"], plugin["NVIDIA_MIG_MONITOR_DEVICES"]) == ("none", "none")
