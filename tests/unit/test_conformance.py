@@ -147,9 +147,14 @@ def _source(volume: Mapping[str, Any] | None) -> Any:
     return {key: value for key, value in volume.items() if key != "name"}
 
 
+BOTH_VALUE_AND_VALUE_FROM = "value and valueFrom: the API server refuses the pod template"
+
+
 def _env_value(entry: Mapping[str, Any]) -> Any:
     if "valueFrom" not in entry:
         return entry.get("value", "")
+    if entry.get("value"):
+        return BOTH_VALUE_AND_VALUE_FROM
     source = dict(entry["valueFrom"])
     if "fieldRef" in source:
         return {"fieldRef": source["fieldRef"]["fieldPath"]}
