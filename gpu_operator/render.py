@@ -7,8 +7,9 @@ goes through `tojson`, which emits a JSON scalar, list or mapping (YAML is a sup
 value can never turn into YAML structure, however many quotes, newlines or `---` it holds.
 
 Python computes only what would be awkward or repeated in Jinja: resolved images, the update
-strategy, merged environment lists, probe timings. Labels that every object carries are added here
-after parsing, so no template can forget them.
+strategy, the DaemonSet variants (gpu_operator/template_functions.py holds what the templates call).
+Labels that every object carries are added here after parsing, so no template can forget them. The
+text side (tojson, the YAML that `render` prints) is gpu_operator/yaml_text.py.
 """
 
 from __future__ import annotations
@@ -24,11 +25,10 @@ from typing import Any
 
 import jinja2
 import yaml
-from pydantic import BaseModel
 
 from gpu_operator import images
-from gpu_operator.api.common import ComponentSpec, EnvVar, ProbeSpec
-from gpu_operator.api.spec import ClusterPolicySpec, DCGMExporterSpec
+from gpu_operator.api.common import ComponentSpec
+from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.components import (
     BY_NAME,
     COMPONENTS,
@@ -43,18 +43,24 @@ from gpu_operator.components import (
     Image,
 )
 from gpu_operator.images import KERNEL_LABEL
+from gpu_operator.labels import COMPONENT_LABEL, FIELD_MANAGER, MANAGED_BY_LABEL, PART_OF_LABEL
 from gpu_operator.runtime_config import runtime_setup
+from gpu_operator.template_functions import (
+    OPENSHIFT_SCC_RULE,
+    env_values,
+    exporter_pod_metadata,
+    exporter_reads_api,
+    field_env,
+    merge,
+    merge_env,
+    mig_env,
+    probe,
+    pull_secrets,
+    user_labels,
+)
+from gpu_operator.yaml_text import tojson
 
-__all__ = ["ClusterFacts", "RenderError", "render", "render_component", "to_yaml"]
-
-MANAGED_BY = "app.kubernetes.io/managed-by"
-COMPONENT = "app.kubernetes.io/component"
-PART_OF = "app.kubernetes.io/part-of"
-OPERATOR_NAME = "gpu-operator"
-
-# Labels the operator owns on every object; user labels (`daemonsets.labels`) never override them, nor
-# `app`, which is the DaemonSet selector and cannot change once the DaemonSet exists.
-RESERVED_LABELS = frozenset({"app", MANAGED_BY, COMPONENT, PART_OF})
+__all__ = ["ClusterFacts", "RenderError", "render", "render_component"]
 
 CLUSTER_SCOPED_KINDS = frozenset({"ClusterRole", "ClusterRoleBinding", "RuntimeClass"})
 
@@ -146,114 +152,6 @@ class RenderError(RuntimeError):
     """A template produced something that is not a Kubernetes object: always a bug in the template."""
 
 
-# --- JSON that is also safe YAML -----------------------------------------------------------------
-
-# json.dumps(ensure_ascii=False) leaves characters that YAML reads differently inside a double-quoted
-# scalar: C1 controls and DEL are not printable for YAML, NEL/LS/PS are line breaks (and get folded),
-# and `ensure_ascii=True` would not help because PyYAML does not join `\ud83d\ude00` surrogate pairs.
-# So: keep printable characters raw, escape the rest as \uXXXX (all of them are in the BMP).
-_NOT_YAML_SAFE = re.compile(
-    "[^\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]"
-)
-
-
-def _model_default(value: object) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json", exclude_none=True)
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def tojson(value: Any) -> str:
-    """A JSON text (one line) that YAML parses back to exactly `value`; pydantic models are dumped."""
-    text = json.dumps(value, ensure_ascii=False, default=_model_default)
-    return _NOT_YAML_SAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
-
-
-# --- helpers the templates call --------------------------------------------------------------------
-
-
-def merge_env(
-    defaults: Iterable[Mapping[str, Any]], *overrides: Iterable[EnvVar | Mapping[str, Any]] | None
-) -> list[dict[str, Any]]:
-    """Defaults first, then each override list; a later entry replaces an earlier one of the same name
-    in place, so every name appears once and the container's order stays recognisable."""
-    merged: dict[str, dict[str, Any]] = {}
-    for entry in defaults:
-        merged[entry["name"]] = dict(entry)
-    for override in overrides:
-        for var in override or ():
-            entry = dict(var) if isinstance(var, Mapping) else {"name": var.name, "value": var.value}
-            merged[entry["name"]] = entry
-    return list(merged.values())
-
-
-def mig_env(strategy: str) -> list[dict[str, str]]:
-    """MIG_STRATEGY, and the MIG monitor capability where MIG devices are exposed (NVIDIA's
-    applyMIGConfiguration): the legacy runtime hook grants it only with this variable."""
-    env = [{"name": "MIG_STRATEGY", "value": strategy}]
-    if strategy != "none":
-        env.append({"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"})
-    return env
-
-
-def exporter_pod_metadata(spec: DCGMExporterSpec) -> bool:
-    """dcgm-exporter labels metrics with pod labels or UIDs, so it watches pods (NVIDIA's rbacGates)."""
-    user = env_values(spec.env)
-    by_env = any(
-        user.get(name, "").lower() == "true"
-        for name in ("DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS", "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID")
-    )
-    return bool(spec.enablePodLabels or spec.enablePodUID or by_env)
-
-
-def exporter_reads_api(spec: DCGMExporterSpec) -> bool:
-    """Whether dcgm-exporter talks to the API server (pod metadata, or its config from a ConfigMap);
-    otherwise its pods get no ServiceAccount token, as NVIDIA's."""
-    config_map = env_values(spec.env).get("DCGM_EXPORTER_CONFIGMAP_DATA", "")
-    return exporter_pod_metadata(spec) or config_map not in ("", "none")
-
-
-def env_values(env: Iterable[EnvVar] | None) -> dict[str, str]:
-    """A user env list as a mapping (the last of a name wins, as in the container)."""
-    return {var.name: var.value for var in env or ()}
-
-
-def field_env(name: str, path: str) -> dict[str, Any]:
-    """An env entry read from the pod's own fields (downward API)."""
-    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
-
-
-def probe(
-    handler: Mapping[str, Any], defaults: Mapping[str, int], override: ProbeSpec | None
-) -> dict[str, Any]:
-    """A probe: the handler, the default timings, and whichever timings the user set."""
-    timings = dict(defaults)
-    if override is not None:
-        timings.update(override.model_dump(exclude_none=True))
-    return {**handler, **timings}
-
-
-def user_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
-    """`daemonsets.labels` without the keys the operator owns."""
-    return {k: v for k, v in (labels or {}).items() if k not in RESERVED_LABELS}
-
-
-def merge(*mappings: Mapping[str, Any] | None) -> dict[str, Any]:
-    """One mapping from several; later keys win, None counts as empty."""
-    result: dict[str, Any] = {}
-    for mapping in mappings:
-        result.update(mapping or {})
-    return result
-
-
-def pull_secrets(*specs: ComponentSpec) -> list[dict[str, str]]:
-    """`imagePullSecrets` entries of the given specs, each name once, in order."""
-    names: dict[str, None] = {}
-    for spec in specs:
-        names.update(dict.fromkeys(spec.imagePullSecrets or ()))
-    return [{"name": name} for name in names]
-
-
 # --- values computed per render --------------------------------------------------------------------
 
 # Package-manager directories of the driver container, by OS (NVIDIA's RepoConfigPathMap and
@@ -319,12 +217,9 @@ def subscription_mounts(policy: ClusterPolicySpec, variant: Variant) -> list[tup
 
 
 def _update_strategy(component: Component, policy: ClusterPolicySpec) -> dict[str, Any]:
-    """NVIDIA's rule (applyUpdateStrategyConfig, controllers/object_controls.go:3876-3905): the driver
-    is always OnDelete, because replacing a driver pod unloads the kernel module under running GPU
-    workloads; its pods are replaced by the upgrade controller or by hand. Every other operand follows
-    `daemonsets.updateStrategy`."""
+    """`daemonsets.updateStrategy`, except for components that are always OnDelete (the driver)."""
     daemonsets = policy.daemonsets
-    if component.name == "driver" or daemonsets.updateStrategy == "OnDelete":
+    if component.always_on_delete or daemonsets.updateStrategy == "OnDelete":
         return {"type": "OnDelete"}
     max_unavailable: int | str = DEFAULT_MAX_UNAVAILABLE
     if daemonsets.rollingUpdate is not None and daemonsets.rollingUpdate.maxUnavailable is not None:
@@ -352,36 +247,12 @@ def _image_of(triple: Any, default: Image, env_var: str, facts: ClusterFacts, os
     return images.resolve(spec, default, env_var, facts.environ, os=os)
 
 
-def config_maps_read(component: Component, policy: ClusterPolicySpec) -> list[tuple[str, str]]:
-    """(field, ConfigMap name) of the user ConfigMaps a component mounts file by file, so it needs their
-    keys: the driver's kernel module parameters, and for drivers built on the node the package
-    repositories and CA certificates (NVIDIA's transformDriverContainer)."""
-    if component.section != "driver":
-        return []
-    driver = policy.driver
-    found = [
-        (
-            "spec.driver.kernelModuleConfig.name",
-            driver.kernelModuleConfig.name if driver.kernelModuleConfig else None,
-        )
-    ]
-    if not driver.usePrecompiled:
-        found.append(
-            (
-                "spec.driver.repoConfig.configMapName",
-                driver.repoConfig.configMapName if driver.repoConfig else None,
-            )
-        )
-        found.append(("spec.driver.certConfig.name", driver.certConfig.name if driver.certConfig else None))
-    return [(path, name) for path, name in found if name]
-
-
 def missing_inputs(component: Component, policy: ClusterPolicySpec, facts: ClusterFacts) -> list[str]:
     """Why a component's DaemonSets cannot be rendered now: a ConfigMap it needs is not there. NVIDIA then
     leaves the DaemonSet as it is and reports the state not ready; so do we (see plan.py)."""
     return [
         f"{path}: ConfigMap {name!r} not found in namespace {facts.namespace!r}"
-        for path, name in config_maps_read(component, policy)
+        for path, name in component.config_maps(policy)
         if name not in facts.config_maps
     ]
 
@@ -404,9 +275,7 @@ def _context(
     validator = BY_NAME["operator-validator"]
     device_plugin = BY_NAME["device-plugin"]
     repo_config_dir, cert_config_dir = _os_dirs(variant.os_tag)
-    # Every operand but the driver runs validator-image init containers, so it needs the validator's
-    # pull secrets as well as its own.
-    secrets = pull_secrets(spec) if component.name == "driver" else pull_secrets(spec, policy.validator)
+    secrets = pull_secrets(spec, policy.validator) if component.validator_init else pull_secrets(spec)
     os = variant.os_tag if component.os_specific_tag else None
     return {
         "component": component,
@@ -490,15 +359,6 @@ def environment() -> jinja2.Environment:
     return env
 
 
-OPENSHIFT_SCC_RULE = {
-    "apiGroups": ["security.openshift.io"],
-    "resources": ["securitycontextconstraints"],
-    "verbs": ["use"],
-    "resourceNames": ["privileged"],
-}
-"""Every operand Role of NVIDIA's grants this: OpenShift admits privileged pods only with it; elsewhere it
-names a resource that does not exist and grants nothing."""
-
 PREREQUISITES = "pre-requisites"
 """Template folder (and component label) of the shared objects every operand needs (RuntimeClass)."""
 
@@ -538,7 +398,7 @@ def _parse(name: str, text: str) -> list[dict[str, Any]]:
 
 
 def _standard_labels(label: str) -> dict[str, str]:
-    return {MANAGED_BY: OPERATOR_NAME, COMPONENT: label, PART_OF: OPERATOR_NAME}
+    return {MANAGED_BY_LABEL: FIELD_MANAGER, COMPONENT_LABEL: label, PART_OF_LABEL: FIELD_MANAGER}
 
 
 def _finish_metadata(obj: dict[str, Any], standard: dict[str, str], namespace: str) -> dict[str, Any]:
@@ -681,55 +541,3 @@ def render(policy: ClusterPolicySpec, facts: ClusterFacts) -> list[dict[str, Any
         if component.enabled(policy):
             objects.extend(render_component(component, policy, facts))
     return objects
-
-
-# --- output ---------------------------------------------------------------------------------------
-
-
-class _Dumper(yaml.SafeDumper):
-    """Block style with sequences indented under their key; short lists of plain values (commands,
-    RBAC verbs) on one line; multi-line strings (scripts, config files) as literal blocks."""
-
-    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
-        super().increase_indent(flow, False)
-
-
-# With allow_unicode, PyYAML writes these raw in plain, single-quoted and block scalars, where a
-# reader takes them for line breaks; only a double-quoted scalar escapes them.
-_UNICODE_BREAKS = frozenset("\x85\u2028\u2029\ufeff")
-
-
-def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style: str | None = None
-    if not _UNICODE_BREAKS.isdisjoint(value):
-        style = '"'
-    elif "\n" in value:
-        style = "|"
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-def _represent_list(dumper: yaml.SafeDumper, value: list[Any]) -> yaml.SequenceNode:
-    short = (
-        bool(value)
-        and all(isinstance(item, str | int | float | bool) and "\n" not in str(item) for item in value)
-        and sum(len(str(item)) + 4 for item in value) <= _FLOW_WIDTH
-    )
-    return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=short)
-
-
-_FLOW_WIDTH = 72
-_Dumper.add_representer(str, _represent_str)
-_Dumper.add_representer(list, _represent_list)
-
-
-def to_yaml(objects: list[dict[str, Any]]) -> str:
-    """Multi-document YAML, each document starting with `---`, keys in rendered order."""
-    return yaml.dump_all(
-        objects,
-        Dumper=_Dumper,
-        explicit_start=True,
-        sort_keys=False,
-        default_flow_style=False,
-        allow_unicode=True,
-        width=10_000,
-    )

@@ -28,9 +28,8 @@ from gpu_operator.render import (
     render_prerequisites,
     template_dir,
     templates_of,
-    to_yaml,
-    tojson,
 )
+from gpu_operator.yaml_text import to_yaml, tojson
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 POLICIES = sorted((DATA / "policies").glob("*.yaml"))
