@@ -30,8 +30,9 @@ class RejectedWrites(Exception):
 
 
 class Loop:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
+        self.clock = clock
         self.wakeup = asyncio.Event()
         self.listed = asyncio.Event()
         """Set once Kopf has listed every watched kind (see gpu_operator/operator.py)."""
@@ -42,9 +43,25 @@ class Loop:
         self.passes = 0
         self.failures = 0
         self.last_error = ""
+        """The error of the last pass; empty once a pass succeeds."""
+        self.work_since: float | None = None
+        """Since when there is work no finished pass has taken up (a wake-up, or a pass running)."""
+        self.last_finished: float | None = None
+        """When the last pass ended, successful or not."""
 
     def wake(self) -> None:
+        if self.work_since is None:
+            self.work_since = self.clock()
         self.wakeup.set()
+
+    def stuck_for(self) -> float:
+        """How long work has waited without any pass finishing (0 when there is none)."""
+        return 0.0 if self.work_since is None else max(0.0, self.clock() - self.work_since)
+
+    def _finished(self) -> None:
+        self.last_finished = self.clock()
+        # Work that arrived during the pass waits from now on: the pass that ends here did not see it.
+        self.work_since = self.last_finished if self.wakeup.is_set() else None
 
     async def run(self, one_pass: Callable[[], Outcome]) -> None:
         """Run `one_pass` whenever woken (at the latest after `resync_seconds`), until cancelled."""
@@ -54,6 +71,8 @@ class Loop:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wakeup.wait(), timeout=self.settings.resync_seconds)
+            if self.work_since is None:  # the resync: work as much as a wake-up
+                self.work_since = self.clock()
             self.wakeup.clear()
             try:
                 outcome = await asyncio.to_thread(_timed, one_pass)
@@ -78,7 +97,10 @@ class Loop:
                 backoff = min(backoff * 2, self.settings.max_backoff_seconds)
             else:
                 self.passes += 1
+                self.last_error = ""
                 backoff = 1.0
+            finally:
+                self._finished()
 
 
 def _timed(one_pass: Callable[[], Outcome]) -> Outcome:
@@ -97,14 +119,22 @@ def _timed(one_pass: Callable[[], Outcome]) -> Outcome:
 
 
 def health(loop: Loop, store: Store) -> tuple[bool, dict[str, Any]]:
-    """Liveness: the event loop answers. The body is what Kopf's probe endpoint used to show."""
+    """Liveness: the event loop answers, and work never waits longer than `stuck_after_seconds`
+    without a pass finishing. A pass that fails fast because the API server is unreachable finishes
+    too: an API outage alone never fails liveness (restarting would not bring the API server back)."""
     if not loop.started:
         return True, {"reconcile": {"started": False}}
-    return True, {
+    waiting = loop.stuck_for()
+    stuck = waiting > loop.settings.stuck_after_seconds
+    since = None if loop.last_finished is None else round(loop.clock() - loop.last_finished, 1)
+    return not stuck, {
         "reconcile": {
             "passes": loop.passes,
             "failures": loop.failures,
             "lastError": loop.last_error,
+            "secondsSinceLastPass": since,
+            "workWaitingSeconds": round(waiting, 1),
+            "stuck": stuck,
             "nodes": store.size("nodes"),
             "pods": store.size("pods"),
         }

@@ -155,7 +155,13 @@ def registry(settings: Settings, store: Store, loop: Loop) -> kopf.OperatorRegis
         kopf_settings: kopf.OperatorSettings = kwargs["settings"]  # Kopf's own, not ours
         kopf_settings.posting.enabled = False  # we post our own Events, on the ClusterPolicy
         kopf_settings.persistence.diffbase_storage = NoDiffBase()
+        # Every Kopf request has a connect timeout and a total one; a watch ends on the server after
+        # server_timeout, on the client a little later, and after inactivity_timeout without any event
+        # (the API server sends bookmarks every minute): a silent connection is dropped and reopened.
         kopf_settings.watching.server_timeout = settings.watch_server_timeout_seconds
+        kopf_settings.watching.client_timeout = settings.watch_server_timeout_seconds + 30
+        kopf_settings.watching.connect_timeout = settings.api_timeout_seconds[0]
+        kopf_settings.networking.connect_timeout = settings.api_timeout_seconds[0]
         kopf_settings.networking.request_timeout = settings.request_timeout_seconds
         kopf_settings.watching.chunk_size = settings.list_chunk_size
         for group, _version, plural in MANAGED:
@@ -167,7 +173,9 @@ def registry(settings: Settings, store: Store, loop: Loop) -> kopf.OperatorRegis
         # a restart; the namespace watch serves both Kopf and psa.enabled. RBAC allows just these names.
         kopf_settings.watching.field_selectors[CRDS] = f"metadata.name={SERVICE_MONITOR_CRD}"
         kopf_settings.watching.field_selectors[NAMESPACES] = f"metadata.name={settings.namespace}"
-        kube = Kube(load_api_client())
+        # One connection per writer thread, plus the startup reads: no "connection pool is full".
+        api = load_api_client(pool_size=settings.writers + 2)
+        kube = Kube(api, timeout=settings.api_timeout_seconds)
         await asyncio.to_thread(ensure_crd, kube)
         nvidia_driver = await asyncio.to_thread(_has_crd, kube, "nvidiadrivers.nvidia.com")
         reconciler = Reconciler(kube, store, settings, nvidia_driver_crd=nvidia_driver)
