@@ -33,6 +33,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("v1", "Service"): ("services", True),
     ("v1", "Pod"): ("pods", True),
     ("v1", "Event"): ("events", True),
+    ("coordination.k8s.io/v1", "Lease"): ("leases", True),
     ("v1", "ResourceQuota"): ("resourcequotas", True),
     ("v1", "Node"): ("nodes", False),
     ("v1", "Namespace"): ("namespaces", False),

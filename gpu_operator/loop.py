@@ -30,9 +30,16 @@ class RejectedWrites(Exception):
 
 
 class Loop:
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Callable[[], float] = time.monotonic,
+        leading: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.settings = settings
         self.clock = clock
+        self.leading = leading
+        """Whether this replica may reconcile now (holds the leader lease); a standby runs no pass."""
         self.wakeup = asyncio.Event()
         self.listed = asyncio.Event()
         """Set once Kopf has listed every watched kind (see gpu_operator/operator.py)."""
@@ -50,9 +57,13 @@ class Loop:
         """When the last pass ended, successful or not."""
 
     def wake(self) -> None:
-        if self.work_since is None:
+        if self.work_since is None and self.leading():
             self.work_since = self.clock()
         self.wakeup.set()
+
+    def wake_from(self, loop: asyncio.AbstractEventLoop) -> None:
+        """wake(), from another thread (the leader elector's)."""
+        loop.call_soon_threadsafe(self.wake)
 
     def stuck_for(self) -> float:
         """How long work has waited without any pass finishing (0 when there is none)."""
@@ -71,9 +82,12 @@ class Loop:
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wakeup.wait(), timeout=self.settings.resync_seconds)
+            self.wakeup.clear()
+            if not self.leading():
+                self.work_since = None  # a standby has no work; the leader it becomes is woken
+                continue
             if self.work_since is None:  # the resync: work as much as a wake-up
                 self.work_since = self.clock()
-            self.wakeup.clear()
             try:
                 outcome = await asyncio.to_thread(_timed, one_pass)
                 self.completed.set()
@@ -142,7 +156,11 @@ def health(loop: Loop, store: Store) -> tuple[bool, dict[str, Any]]:
 
 
 def ready(loop: Loop) -> tuple[bool, dict[str, Any]]:
-    """Readiness: every watch has listed its kind, and a pass has run to its end since."""
+    """Readiness: every watch has listed its kind, and (leader) a pass has run to its end since. A
+    standby is ready with its caches warm: it is what a rolling update waits for before it stops the
+    leader."""
     listed = loop.listed.is_set()
     completed = loop.completed.is_set()
-    return listed and completed, {"watchesEstablished": listed, "firstPassDone": completed}
+    leading = loop.leading()
+    body = {"watchesEstablished": listed, "firstPassDone": completed, "leader": leading}
+    return listed and (completed or not leading), body

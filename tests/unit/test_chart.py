@@ -146,6 +146,7 @@ def test_default_render_has_the_chart_objects(default_objects: list[Obj]) -> Non
             ("Role", f"{RELEASE}-events"),
             ("RoleBinding", f"{RELEASE}-events"),
             ("Deployment", RELEASE),
+            ("PodDisruptionBudget", RELEASE),
             ("Service", f"{RELEASE}-metrics"),
             ("ClusterRole", f"{RELEASE}-doctor"),
             ("ClusterPolicy", "cluster-policy"),
@@ -333,9 +334,24 @@ def test_operand_sections_are_strict() -> None:
 def test_deployment(default_objects: list[Obj]) -> None:
     deployment = find(default_objects, "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    # Two replicas, one leading by a Lease; a new one is ready before an old one stops.
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = spec["template"]["spec"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"] | {
+        "app.kubernetes.io/component": "gpu-operator"
+    }
+    assert (
+        term["podAffinityTerm"]["labelSelector"]["matchLabels"].items()
+        <= spec["template"]["metadata"]["labels"].items()
+    )
+    budget = find(default_objects, "PodDisruptionBudget")
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": term["podAffinityTerm"]["labelSelector"]}
     assert spec["template"]["metadata"]["labels"]["nvidia.com/gpu-driver-upgrade-drain.skip"] == "true"
     assert pod["serviceAccountName"] == RELEASE
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -346,7 +362,11 @@ def test_deployment(default_objects: list[Obj]) -> None:
         "--namespace=$(OPERATOR_NAMESPACE)",
         "--log-format=json",
         "--listen=0.0.0.0:8080",
+        "--create-crd",
+        f"--lease-name={RELEASE}",
     ]
+    parsed = cli.build_parser({}).parse_args(container["args"])
+    assert parsed.create_crd is True and parsed.leader_election is True and parsed.lease_name == RELEASE
     assert {
         "name": "OPERATOR_NAMESPACE",
         "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
@@ -471,11 +491,12 @@ REQUIRED_EXTRA: Grants = {
     (NAMESPACE, "", "pods", ""): {"list", "watch"},
     # kube.py post_event: Events about the cluster-scoped ClusterPolicy live in `default`.
     ("default", "", "events", ""): {"create"},
-    # operator.py ensure_crd (get, server-side apply) and _has_crd (get).
+    # reconciler.py ensure_crd: get, server-side apply, create when absent (operator.createCRD).
     ("", *CRDS, "clusterpolicies.nvidia.com"): {"get", "patch"},
-    ("", *CRDS, "nvidiadrivers.nvidia.com"): {"get"},
-    # operator.py: the ServiceMonitor CRD's watch (Kopf's scanning and our index), by field selector.
-    ("", *CRDS, "servicemonitors.monitoring.coreos.com"): {"list", "watch"},
+    ("", *CRDS, ""): {"list", "watch", "create"},
+    # leader.py: the release's Lease (read, renewed; created when absent, which needs no name).
+    (NAMESPACE, "coordination.k8s.io", "leases", RELEASE): {"get", "update"},
+    (NAMESPACE, "coordination.k8s.io", "leases", ""): {"create"},
     # operator.py: the operand namespace's watch; reconciler.py _write_namespace (psa.enabled).
     ("", "", "namespaces", NAMESPACE): {"list", "watch", "patch"},
 }
