@@ -33,10 +33,11 @@ lint: venv ## ruff and mypy
 test-unit: venv ## unit tests (no cluster)
 	$(BIN)/pytest -q tests/unit
 
-crd: venv ## regenerate crds/clusterpolicy.yaml and the chart's copy from the models
+crd: venv ## regenerate crds/clusterpolicy.yaml, the chart's copy, values schema and operand RBAC from the code
 	$(BIN)/gpu-operator crd > crds/clusterpolicy.yaml
 	cp crds/clusterpolicy.yaml charts/gpu-operator/crds/clusterpolicy.yaml
 	$(PY) hack/values_schema.py --write
+	$(PY) hack/operand_rbac.py --write
 
 test: lint chart-lint test-unit test-e2e ## every test: lint, types, unit and end to end
 

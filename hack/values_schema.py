@@ -121,6 +121,10 @@ def operator_schema() -> Schema:
                 "The operator's Prometheus metrics.",
             ),
             "verbose": {"type": "boolean", "description": "Debug logging."},
+            "admissionPolicy": {
+                "type": "boolean",
+                "description": "Pin what the operator's token may create or change (admission policy).",
+            },
             "createCRD": {
                 "type": "boolean",
                 "description": "Create the ClusterPolicy CRD when absent (it is kept current either way).",
