@@ -252,7 +252,10 @@ class Kube:
         query = {"container": container, "tailLines": str(lines)}
         if previous:
             query["previous"] = "true"
-        url = path("v1", "Pod", namespace, name, "log")
+        return self.text(path("v1", "Pod", namespace, name, "log"), query)
+
+    def text(self, url: str, query: Mapping[str, str] | None = None) -> str:
+        """A GET whose answer is text (logs, /readyz)."""
         data = self._read(self._call("GET", url, query=query, accept="text/plain"))
         return data.decode(errors="replace")
 
