@@ -75,7 +75,10 @@ def honest_and_converged(admin: Kube) -> None:
         st = ds.get("status") or {}
         desired = st.get("desiredNumberScheduled", 0)
         assert st.get("observedGeneration") == ds["metadata"]["generation"], ds["metadata"]["name"]
-        assert st.get("numberReady", 0) == desired and st.get("updatedNumberScheduled", 0) == desired, (
+        # The driver is OnDelete (its pods are replaced by upgrades, not by a template change).
+        on_delete = ds["spec"]["updateStrategy"]["type"] == "OnDelete"
+        updated = desired if on_delete else st.get("updatedNumberScheduled", 0)
+        assert st.get("numberReady", 0) == desired and updated == desired, (
             f"{ds['metadata']['name']} not rolled out but the status says ready: {st}"
         )
 
@@ -87,8 +90,12 @@ def assert_invariants(
     seconds = timed(lambda: honest_and_converged(admin), BOUND, "converged and honest after the fault")
     after = snapshot(admin)
     assert sorted(after.daemonsets) == sorted(before.daemonsets), "operand DaemonSets added or lost"
+    uids = {name: uid for name, (uid, _) in after.daemonsets.items()}
+    assert uids == {name: uid for name, (uid, _) in before.daemonsets.items()}, (
+        "an operand DaemonSet was replaced"
+    )
     if not changed:
-        assert after.daemonsets == before.daemonsets, "an operand DaemonSet was replaced or rolled"
+        assert after.daemonsets == before.daemonsets, "an operand DaemonSet rolled, the policy did not change"
     assert after.nodes <= (nodes if nodes is not None else before.nodes), "a Node was created"
     return seconds
 
@@ -128,9 +135,11 @@ def converged(cluster: Cluster, admin: Kube, operator: OperatorProcess) -> Itera
 
 
 def edit_policy(admin: Kube) -> None:
-    """A policy change (a new generation): DCGM's exporter off."""
+    """A policy change (a new generation) that every operand DaemonSet follows: a label of ours on
+    them, so each rolls (a new generation) without being replaced."""
     body = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": POLICY}}
-    admin.apply({**body, "spec": {"dcgmExporter": {"enabled": False}}}, manager="chaos-edit")
+    spec = {"daemonsets": {"labels": {"chaos": str(int(time.time()))}}}
+    admin.apply({**body, "spec": spec}, manager="chaos-edit")
 
 
 def restore_nodes(cluster: Cluster, gpu: int = 4) -> None:
@@ -208,7 +217,8 @@ def test_crd_deleted_and_restored(
         except ApiError as exc:
             raise AssertionError(f"no CRD: {exc}") from None
         assert not crd["metadata"].get("deletionTimestamp"), "still being deleted"
-        established = {c["type"]: c["status"] for c in (crd.get("status") or {}).get("conditions", [])}
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        established = {c["type"]: c["status"] for c in conditions}
         assert established.get("Established") == "True"
 
     wait_for(recreated, timeout=BOUND, what="the CRD created again by the operator")
