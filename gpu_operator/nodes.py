@@ -26,7 +26,7 @@ from typing import Any
 
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.components import BY_NAME, COMPONENTS, MIG_CONFIG_LABEL, RUNTIME_LABEL, Component
-from gpu_operator.images import KERNEL_LABEL, os_tag
+from gpu_operator.images import KERNEL_LABEL, os_name, os_tag
 from gpu_operator.labels import FIELD_MANAGER
 from gpu_operator.render import ClusterFacts, runtimes_in_order
 
@@ -62,6 +62,8 @@ class NodeInfo:
     """The node as last seen: label writes carry it, so a stale view conflicts instead of overwriting."""
     runtime: str | None = None
     """Container runtime the kubelet reports (containerd, crio, docker); None if unknown."""
+    os_image: str = ""
+    """The kubelet's `status.nodeInfo.osImage`: the OS when NFD has not labelled the node."""
 
     @property
     def is_gpu(self) -> bool:
@@ -127,6 +129,7 @@ def node_info(body: Mapping[str, Any]) -> NodeInfo:
     metadata = body.get("metadata") or {}
     status = body.get("status") or {}
     allocatable = status.get("allocatable") or {}
+    node_status = status.get("nodeInfo") or {}
     labels = dict(metadata.get("labels") or {})
     own, shared, writers = _label_owners(metadata.get("managedFields") or (), labels)
     return NodeInfo(
@@ -137,7 +140,8 @@ def node_info(body: Mapping[str, Any]) -> NodeInfo:
         shared_labels=shared,
         writers=writers,
         resource_version=str(metadata.get("resourceVersion") or ""),
-        runtime=_runtime(str((status.get("nodeInfo") or {}).get("containerRuntimeVersion") or "")),
+        runtime=_runtime(str(node_status.get("containerRuntimeVersion") or "")),
+        os_image=str(node_status.get("osImage") or ""),
     )
 
 
@@ -161,11 +165,12 @@ def cluster_facts(
     DaemonSet each). Nodes opted out of operands still count: their labels may change any time."""
     infos = [n if isinstance(n, NodeInfo) else node_info(n) for n in nodes]
     gpus = gpu_nodes(infos)
-    first = gpus[0].labels if gpus else {}
-    kernels = {(n.labels[KERNEL_LABEL], os_tag(n.labels)) for n in gpus if n.labels.get(KERNEL_LABEL)}
+    kernels = {
+        (n.labels[KERNEL_LABEL], os_name(n.labels, n.os_image)) for n in gpus if n.labels.get(KERNEL_LABEL)
+    }
     return ClusterFacts(
         namespace=namespace,
-        os_tag=os_tag(first),
+        os_tag=os_tag(gpus[0].labels, gpus[0].os_image) if gpus else None,
         kernels=tuple(sorted(kernels, key=lambda k: (k[0], k[1] or ""))),
         runtimes=runtimes_in_order({node_runtime(n, default_runtime) for n in gpus}),
         environ=dict(environ),
