@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
+from gpu_operator.api.crd import crd
 from gpu_operator.kube import ApiError, Kube
 from gpu_operator.nodes import NodeInfo
 from gpu_operator.observed import (
@@ -26,13 +27,44 @@ from gpu_operator.observed import (
     object_info,
     object_key,
 )
-from gpu_operator.plan import Applied, Conclusion, Plan, build, conclude, in_sync
+from gpu_operator.plan import POLICY_CRD, Applied, Conclusion, Plan, build, conclude, content_hash, in_sync
 from gpu_operator.psa import PRIVILEGED, NamespaceInfo, NamespaceWrite
 from gpu_operator.settings import Settings
 from gpu_operator.status import Signature
 from gpu_operator.store import Store
 
 log = logging.getLogger("gpu_operator")
+
+
+CRD_HASH_ANNOTATION = "nvidia.com/gpu-operator.crd-hash"
+
+
+def ensure_crd(kube: Kube, create: bool) -> bool:
+    """Server-side apply our own CRD when the cluster's differs, so a `helm upgrade` (Helm never
+    upgrades CRDs) or a new image never runs against a stale schema that prunes new fields; create it
+    when it is absent only with `create` (the chart's operator.createCRD). True when it is current."""
+    body = crd()
+    body["metadata"].setdefault("annotations", {})[CRD_HASH_ANNOTATION] = content_hash(body)
+    try:
+        current = kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", body["metadata"]["name"])
+    except ApiError as exc:
+        if exc.status != 404:
+            log.warning("cannot read the ClusterPolicy CRD (%s); leaving it as it is", exc)
+            return False
+        if not create:
+            log.warning("the ClusterPolicy CRD is not installed; waiting for it (operator.createCRD is off)")
+            return False
+        current = {}
+    annotations = (current.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(CRD_HASH_ANNOTATION) == body["metadata"]["annotations"][CRD_HASH_ANNOTATION]:
+        return True
+    try:
+        kube.apply(body)
+    except ApiError as exc:
+        log.warning("cannot apply the ClusterPolicy CRD (%s); it may be stale", exc)
+        return False
+    log.info("%s the ClusterPolicy CRD", "updated" if current else "created")
+    return True
 
 
 def _by_component(objects: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -89,7 +121,9 @@ class Reconciler:
     kube: Kube
     store: Store
     settings: Settings
-    nvidia_driver_crd: bool = False
+    crd_current: bool = False
+    """Whether the ClusterPolicy CRD was found at our schema (checked again when its watch says it
+    went)."""
     applied: dict[ObjectKey, Applied] = field(default_factory=dict)
     reported: dict[str, Signature] = field(default_factory=dict)
     """Policy name → what the Events posted for it have said."""
@@ -104,8 +138,12 @@ class Reconciler:
 
         Writes run in parallel (a 1000-node rollout is 1000 label patches per stage), except that a
         component's own objects go in order: its ServiceAccount and RBAC before its DaemonSet."""
+        if not self.crd_current or self.store.get("crds", POLICY_CRD) is False:
+            self.crd_current = ensure_crd(self.kube, self.settings.create_crd)
+            if self.crd_current:
+                self.store.put("crds", POLICY_CRD, True)
         stamp = now()
-        observed = self.store.snapshot(self.settings.namespace, self.settings.environ, self.nvidia_driver_crd)
+        observed = self.store.snapshot(self.settings.namespace, self.settings.environ)
         plan = build(observed, stamp)
         errors: dict[str, str] = {}
         stale: list[str] = []
