@@ -10,8 +10,8 @@ helpers all use it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("v1", "Service"): ("services", True),
     ("v1", "Pod"): ("pods", True),
     ("v1", "Event"): ("events", True),
+    ("coordination.k8s.io/v1", "Lease"): ("leases", True),
     ("v1", "ResourceQuota"): ("resourcequotas", True),
     ("v1", "Node"): ("nodes", False),
     ("v1", "Namespace"): ("namespaces", False),
@@ -106,16 +107,37 @@ def load_api_client(
     return api
 
 
+Timeout = tuple[float, float]
+"""(connect, read) seconds; read is the longest wait for the next bytes of an answer."""
+DEFAULT_TIMEOUT: Timeout = (5.0, 30.0)
+
+
+class NotLeader(ApiError):
+    """A write refused before it was sent: this replica does not hold the leader lease."""
+
+    def __init__(self) -> None:
+        super().__init__(0, "NotLeader", "this replica does not hold the leader lease; it writes nothing")
+
+
+def _always() -> bool:
+    return True
+
+
 @dataclass
 class Kube:
     api: client.ApiClient
+    timeout: Timeout = DEFAULT_TIMEOUT
+    """Every call's connect and read timeout, so that no call waits forever on a silent connection."""
+    may_write: Callable[[], bool] = _always
+    """Asked before every write; False refuses it with NotLeader (a standby replica writes nothing)."""
 
     def fork(self) -> Kube:
         """A client with the same credentials and a connection pool of its own (for a long watch in a
-        thread of its own, which would otherwise hold one of the writers' connections)."""
+        thread of its own, which would otherwise hold one of the writers' connections); the same
+        timeouts, and writes gated on the same leader lease."""
         api = client.ApiClient(self.api.configuration)
         api.user_agent = self.api.user_agent
-        return Kube(api)
+        return replace(self, api=api)
 
     def _call(
         self,
@@ -126,10 +148,12 @@ class Kube:
         content_type: str = "application/json",
         kind: str = "",
         accept: str = "application/json",
-        timeout: float | tuple[float, float] | None = None,
+        timeout: float | Timeout | None = None,
     ) -> Any:
         """The raw response, its body not read yet; ApiError for anything but a 2xx status.
         Writes (anything but GET) count in the metrics by `kind`."""
+        if method != "GET" and not self.may_write():
+            raise NotLeader()
         method_, full_url, headers, payload, _ = self.api.param_serialize(
             method=method,
             resource_path=url,
@@ -141,7 +165,11 @@ class Kube:
         status = 0
         try:
             response = self.api.call_api(
-                method_, full_url, header_params=headers, body=payload, _request_timeout=timeout
+                method_,
+                full_url,
+                header_params=headers,
+                body=payload,
+                _request_timeout=timeout or self.timeout,
             )
             status = response.status
         except urllib3.exceptions.HTTPError as exc:
@@ -192,7 +220,9 @@ class Kube:
         """The events of a watch of the collection at `url`, until the server ends it after
         `timeout_seconds`. A connection that goes quiet for longer raises ApiError(0, ...)."""
         params = {**query, "watch": "true", "timeoutSeconds": str(timeout_seconds)}
-        response = self._call("GET", url, query=params, timeout=(10, timeout_seconds + 30))
+        # The server ends the watch after timeout_seconds; a read timeout above that catches a connection
+        # that went silent (a black hole), which no server-side timeout can.
+        response = self._call("GET", url, query=params, timeout=(self.timeout[0], timeout_seconds + 30))
         try:
             buffer = b""
             for chunk in response.response.stream(amt=None, decode_content=False):
@@ -243,7 +273,10 @@ class Kube:
         query = {"container": container, "tailLines": str(lines)}
         if previous:
             query["previous"] = "true"
-        url = path("v1", "Pod", namespace, name, "log")
+        return self.text(path("v1", "Pod", namespace, name, "log"), query)
+
+    def text(self, url: str, query: Mapping[str, str] | None = None) -> str:
+        """A GET whose answer is text (logs, /readyz)."""
         data = self._read(self._call("GET", url, query=query, accept="text/plain"))
         return data.decode(errors="replace")
 

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Protocol
 
+from gpu_operator.api.crd import crd
 from gpu_operator.kube import ApiError, Kube
 from gpu_operator.nodes import NodeInfo
 from gpu_operator.observed import (
@@ -28,7 +29,17 @@ from gpu_operator.observed import (
     object_info,
     object_key,
 )
-from gpu_operator.plan import Applied, Conclusion, Observed, Plan, build, conclude, in_sync
+from gpu_operator.plan import (
+    POLICY_CRD,
+    Applied,
+    Conclusion,
+    Observed,
+    Plan,
+    build,
+    conclude,
+    content_hash,
+    in_sync,
+)
 from gpu_operator.psa import PRIVILEGED, NamespaceInfo, NamespaceWrite
 from gpu_operator.settings import Settings
 from gpu_operator.status import Signature
@@ -37,6 +48,37 @@ from gpu_operator.upgrade import DeletePod, EvictionResult, EvictPod, NodeAction
 from gpu_operator.upgrade.facts import format_time
 
 log = logging.getLogger("gpu_operator")
+
+
+CRD_HASH_ANNOTATION = "nvidia.com/gpu-operator.crd-hash"
+
+
+def ensure_crd(kube: Kube, create: bool) -> bool:
+    """Server-side apply our own CRD when the cluster's differs, so a `helm upgrade` (Helm never
+    upgrades CRDs) or a new image never runs against a stale schema that prunes new fields; create it
+    when it is absent only with `create` (the chart's operator.createCRD). True when it is current."""
+    body = crd()
+    body["metadata"].setdefault("annotations", {})[CRD_HASH_ANNOTATION] = content_hash(body)
+    try:
+        current = kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", body["metadata"]["name"])
+    except ApiError as exc:
+        if exc.status != 404:
+            log.warning("cannot read the ClusterPolicy CRD (%s); leaving it as it is", exc)
+            return False
+        if not create:
+            log.warning("the ClusterPolicy CRD is not installed; waiting for it (operator.createCRD is off)")
+            return False
+        current = {}
+    annotations = (current.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(CRD_HASH_ANNOTATION) == body["metadata"]["annotations"][CRD_HASH_ANNOTATION]:
+        return True
+    try:
+        kube.apply(body)
+    except ApiError as exc:
+        log.warning("cannot apply the ClusterPolicy CRD (%s); it may be stale", exc)
+        return False
+    log.info("%s the ClusterPolicy CRD", "updated" if current else "created")
+    return True
 
 
 def _by_component(objects: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -109,7 +151,9 @@ class Reconciler:
     kube: Kube
     store: Store
     settings: Settings
-    nvidia_driver_crd: bool = False
+    crd_current: bool = False
+    """Whether the ClusterPolicy CRD was found at our schema (checked again when its watch says it
+    went)."""
     applied: dict[ObjectKey, Applied] = field(default_factory=dict)
     reported: dict[str, Signature] = field(default_factory=dict)
     """Policy name → what the Events posted for it have said."""
@@ -130,6 +174,10 @@ class Reconciler:
 
         Writes run in parallel (a 1000-node rollout is 1000 label patches per stage), except that a
         component's own objects go in order: its ServiceAccount and RBAC before its DaemonSet."""
+        if not self.crd_current or self.store.get("crds", POLICY_CRD) is False:
+            self.crd_current = ensure_crd(self.kube, self.settings.create_crd)
+            if self.crd_current:
+                self.store.put("crds", POLICY_CRD, True)
         clock = time.time()
         stamp = format_time(clock)
         observed, plan = self._plan(stamp, clock)
@@ -186,7 +234,7 @@ class Reconciler:
         return Outcome(conclusion.plan, errors, tuple(sorted(stale)), wake_at)
 
     def _plan(self, stamp: str, clock: float) -> tuple[Observed, Plan]:
-        observed = self.store.snapshot(self.settings.namespace, self.settings.environ, self.nvidia_driver_crd)
+        observed = self.store.snapshot(self.settings.namespace, self.settings.environ)
         with self.evictions_lock:
             # Answers about pods no longer watched (gone, or their node done) are of no use any more.
             known = {p.uid for p in observed.upgrade.pods}

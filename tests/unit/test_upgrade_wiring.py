@@ -258,7 +258,7 @@ def test_store_keeps_the_driver_revision_pods_and_upgrade_annotations_only() -> 
     nodes = {"gpu-0": node_body("gpu-0", 10)}
     rec, _ = world(nodes, [pod_body("drv-0", "gpu-0", "nvidia-driver", revision_hash="h1")])
     rec.store.record_revision({**revision(7), "metadata": {**revision(7)["metadata"], "labels": OURS}}, False)
-    facts = rec.store.snapshot("gpu-operator", {}, False).upgrade
+    facts = rec.store.snapshot("gpu-operator", {}).upgrade
     (daemonset,) = facts.driver_daemonsets
     assert (daemonset.revision, daemonset.version) == ("h2", "v2")  # the newest revision of the driver's
     (driver,) = facts.driver_pods
@@ -283,12 +283,12 @@ def test_node_pods_are_known_from_their_listing_until_forgotten() -> None:
     train = pod_body("train", "gpu-0", gpu=True)
     assert not store.record_node_pod("gpu-0", train, False)  # not listed: an event alone says nothing
     assert store.list_node_pods("gpu-0", [train, pod_body("elsewhere", "gpu-1")])
-    facts = store.snapshot("gpu-operator", {}, False).upgrade
+    facts = store.snapshot("gpu-operator", {}).upgrade
     assert facts.pods_known == frozenset({"gpu-0"}) and [p.name for p in facts.pods] == ["train"]
     assert store.record_node_pod("gpu-0", train, True)
-    assert store.snapshot("gpu-operator", {}, False).upgrade.pods == ()
+    assert store.snapshot("gpu-operator", {}).upgrade.pods == ()
     store.forget_node_pods("gpu-0")
-    assert store.snapshot("gpu-operator", {}, False).upgrade.pods_known == frozenset()
+    assert store.snapshot("gpu-operator", {}).upgrade.pods_known == frozenset()
 
 
 # --- the planner ----------------------------------------------------------------------------------
@@ -298,7 +298,7 @@ def test_every_pass_plans_the_upgrade_and_writes_its_status() -> None:
     nodes = {"gpu-0": node_body("gpu-0", 10), "gpu-1": node_body("gpu-1", 11)}
     pods = [pod_body(f"drv-{i}", f"gpu-{i}", "nvidia-driver", revision_hash="h1") for i in (0, 1)]
     rec, _ = world(nodes, pods)
-    plan = build(rec.store.snapshot("gpu-operator", {}, False), stamp(NOW), NOW)
+    plan = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW)
     assert plan.upgrade is not None
     first = plan.upgrade.actions[0]
     assert first.node == "gpu-0" and first.starts
@@ -312,7 +312,7 @@ def test_every_pass_plans_the_upgrade_and_writes_its_status() -> None:
         "p",
         PolicyRef("p", "uid-p", 2, "2026-01-01T00:00:00Z", {"driver": {"enabled": False}}, {}),
     )
-    off = build(rec.store.snapshot("gpu-operator", {}, False), stamp(NOW), NOW)
+    off = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW)
     assert status_body(off.statuses["p"])["driverUpgrade"] is None
 
 
@@ -323,12 +323,12 @@ def test_no_node_is_up_to_date_while_the_driver_daemonset_rolls_to_a_new_templat
     rec, _ = world(nodes, [pod_body("drv-0", "gpu-0", "nvidia-driver", revision_hash="h2")])
 
     def summary() -> str:
-        plan = build(rec.store.snapshot("gpu-operator", {}, False), stamp(NOW), NOW)
+        plan = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW)
         return str(status_body(plan.statuses["p"])["driverUpgrade"]["summary"])
 
     # The newest revision (h2) is driver:v2, not what the policy renders.
     assert summary().startswith("waiting for the driver DaemonSet's new revision (595.91.07")
-    plan = build(rec.store.snapshot("gpu-operator", {}, False), stamp(NOW), NOW)
+    plan = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW)
     (desired,) = [o for o in plan.objects if o["metadata"]["name"] == "nvidia-driver-daemonset"]
     newest = revision(3)
     newest["data"]["spec"]["template"] = {**copy.deepcopy(desired["spec"]["template"]), "$patch": "replace"}
@@ -447,7 +447,7 @@ def gauge(name: str) -> float | None:
 def test_upgrade_gauges_exist_only_while_known() -> None:
     nodes, pods = finishing_and_pending()
     rec, _ = world(nodes, pods)
-    plan = build(rec.store.snapshot("gpu-operator", {}, False), stamp(NOW), NOW)
+    plan = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW)
     metrics.observe_pass(plan, {}, 2, 0.1)
     assert gauge("gpu_operator_driver_auto_upgrade_enabled") == 1
     # As the pass leaves the nodes: gpu-0 done, gpu-1 started in the slot gpu-0 gave back.
@@ -457,11 +457,11 @@ def test_upgrade_gauges_exist_only_while_known() -> None:
     assert gauge("gpu_operator_nodes_upgrades_available") == 1
     off = {"driver": {"upgradePolicy": {"autoUpgrade": False}}}
     rec.store.put("policies", "p", PolicyRef("p", "uid-p", 2, "2026-01-01T00:00:00Z", off, {}))
-    metrics.observe_pass(build(rec.store.snapshot("gpu-operator", {}, False), stamp(NOW), NOW), {}, 2, 0.1)
+    metrics.observe_pass(build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW), {}, 2, 0.1)
     assert gauge("gpu_operator_driver_auto_upgrade_enabled") == 0
     assert gauge("gpu_operator_nodes_upgrades_done") is None
     rec.store.put("policies", "p", None)
-    metrics.observe_pass(build(rec.store.snapshot("gpu-operator", {}, False), stamp(NOW), NOW), {}, 2, 0.1)
+    metrics.observe_pass(build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW), {}, 2, 0.1)
     assert gauge("gpu_operator_driver_auto_upgrade_enabled") is None
 
 
@@ -519,7 +519,7 @@ def test_a_node_watch_lists_then_follows_its_pods() -> None:
     seen: list[list[str]] = []
 
     def end() -> None:
-        seen.append(sorted(p.name for p in store.snapshot("gpu-operator", {}, False).upgrade.pods))
+        seen.append(sorted(p.name for p in store.snapshot("gpu-operator", {}).upgrade.pods))
         watch.stop()
 
     kube = WatchKube([train], events, end)
@@ -528,7 +528,7 @@ def test_a_node_watch_lists_then_follows_its_pods() -> None:
     assert seen == [["new"]]  # listed train, then new came and train went
     assert kube.queries[0]["resourceVersion"] == "100"
     assert len(wakes) == 3  # the listing, and each change
-    assert store.snapshot("gpu-operator", {}, False).upgrade.pods_known == frozenset()  # stopped: forgotten
+    assert store.snapshot("gpu-operator", {}).upgrade.pods_known == frozenset()  # stopped: forgotten
 
 
 def test_pod_watches_follow_exactly_the_nodes_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -573,3 +573,14 @@ def _fake_init(started: list[str]) -> Any:
 
 def _never_called(timeout: float | None = None) -> bool:
     raise AssertionError("waited for a watch that was already running")
+
+
+def test_a_forked_client_keeps_the_timeouts_and_the_leader_gate() -> None:
+    from kubernetes import client
+
+    def gate() -> bool:
+        return False
+
+    kube = Kube(client.ApiClient(client.Configuration()), timeout=(1.0, 2.0), may_write=gate)
+    forked = kube.fork()
+    assert forked.api is not kube.api and forked.timeout == (1.0, 2.0) and forked.may_write is gate
