@@ -584,3 +584,23 @@ def test_a_forked_client_keeps_the_timeouts_and_the_leader_gate() -> None:
     kube = Kube(client.ApiClient(client.Configuration()), timeout=(1.0, 2.0), may_write=gate)
     forked = kube.fork()
     assert forked.api is not kube.api and forked.timeout == (1.0, 2.0) and forked.may_write is gate
+
+
+def test_a_relisting_forgets_the_upgrade_facts_that_vanished() -> None:
+    from gpu_operator.operator import watches
+
+    store = Store()
+    store.record_managed(driver_daemonset(), False)
+    store.record_revision(revision(1), False)
+    store.record_pod(pod_body("driver-a", "gpu-0", "nvidia-driver", revision_hash="h1"), False)
+    store.record_pod(pod_body("validator-a", "gpu-0", "operator-validator"), False)
+    retain = {w.plural: w.retain for w in watches(store)}
+    facts = store.snapshot("gpu-operator", {}).upgrade
+    assert facts.driver_daemonsets and facts.driver_pods and facts.validator_pods
+    # Deleted while no watch was open: a fresh listing without them forgets them as upgrade facts too.
+    assert retain["pods"]({("gpu-operator", "validator-a")})
+    assert retain["daemonsets"](set())
+    assert retain["controllerrevisions"](set())
+    facts = store.snapshot("gpu-operator", {}).upgrade
+    assert facts.driver_daemonsets == () and facts.driver_pods == () and len(facts.validator_pods) == 1
+    assert store.size("revisions") == 0
