@@ -89,6 +89,9 @@ def load_api_client(
     $KUBECONFIG or ~/.kube/config. `pool_size`: connections kept per host, at least the number of
     threads that use the client at once. Raises config.ConfigException (or OSError) when none works."""
     configuration = client.Configuration()
+    # No retries inside urllib3: its default (3) turns one silent connection into four read timeouts
+    # (2 minutes) before a caller hears of it; every caller has its own retry with back-off.
+    configuration.retries = 0
     if pool_size is not None:
         configuration.connection_pool_maxsize = pool_size
     try:
