@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +134,14 @@ class Kube:
     may_write: Callable[[], bool] = _always
     """Asked before every write; False refuses it with NotLeader (a standby replica writes nothing)."""
 
+    def fork(self) -> Kube:
+        """A client with the same credentials and a connection pool of its own (for a long watch in a
+        thread of its own, which would otherwise hold one of the writers' connections); the same
+        timeouts, and writes gated on the same leader lease."""
+        api = client.ApiClient(self.api.configuration)
+        api.user_agent = self.api.user_agent
+        return replace(self, api=api)
+
     def _call(
         self,
         method: str,
@@ -234,21 +242,34 @@ class Kube:
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
         return self.request("GET", path(api_version, kind, namespace, name))
 
-    def list(
-        self, api_version: str, kind: str, namespace: str = "", label_selector: str = ""
-    ) -> list[dict[str, Any]]:
-        """Every object of a kind (all namespaces when `namespace` is empty), fetched in pages."""
+    def list_at(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str = "",
+        label_selector: str = "",
+        field_selector: str = "",
+    ) -> tuple[list[dict[str, Any]], str]:
+        """`list` (narrowed by a field selector too), and the resourceVersion to watch from."""
         items: list[dict[str, Any]] = []
         query = {"limit": str(LIST_PAGE)}
         if label_selector:
             query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
         while True:
             page = self.request("GET", path(api_version, kind, namespace), query=query)
             items.extend(page.get("items") or [])
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return items
-            query["continue"] = token
+            metadata = page.get("metadata") or {}
+            if not metadata.get("continue"):
+                return items, str(metadata.get("resourceVersion") or "")
+            query["continue"] = metadata["continue"]
+
+    def list(
+        self, api_version: str, kind: str, namespace: str = "", label_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        """Every object of a kind (all namespaces when `namespace` is empty), fetched in pages."""
+        return self.list_at(api_version, kind, namespace, label_selector)[0]
 
     def pod_log(self, namespace: str, name: str, container: str, lines: int, previous: bool = False) -> str:
         """The last `lines` lines of a container's log (of its previous run when `previous`)."""
@@ -337,6 +358,26 @@ class Kube:
             if exc.status not in (404, 422):
                 raise
 
+    def patch_node(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of a Node (never creates one: a node that is gone is a 404)."""
+        return self.request(
+            "PATCH",
+            path("v1", "Node", name=name),
+            body=dict(body),
+            query={"fieldManager": FIELD_MANAGER},
+            content_type="application/merge-patch+json",
+            kind="Node",
+        )
+
+    def evict(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
+        """POST an Eviction: the API server deletes the pod unless a PodDisruptionBudget forbids it
+        (429), which is an ApiError like any refusal."""
+        self.request("POST", path("v1", "Pod", namespace, name, "eviction"), body=dict(body), kind="Eviction")
+
+    def delete_pod(self, namespace: str, name: str, options: Mapping[str, Any]) -> None:
+        """DELETE a pod with DeleteOptions (a UID precondition: 409 when the name is another pod's now)."""
+        self.request("DELETE", path("v1", "Pod", namespace, name), body=dict(options), kind="Pod")
+
     def patch_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         return self.request(
             "PATCH",
@@ -346,17 +387,26 @@ class Kube:
             kind="ClusterPolicy",
         )
 
-    def post_event(self, policy: Mapping[str, str], type_: str, reason: str, message: str, now: str) -> None:
-        """An Event on the (cluster-scoped) ClusterPolicy, where `kubectl describe clusterpolicy` finds it.
-        The API server requires Events about cluster-scoped objects to live in `default`."""
+    def post_event(
+        self,
+        policy: Mapping[str, str],
+        type_: str,
+        reason: str,
+        message: str,
+        now: str,
+        kind: tuple[str, str] = ("nvidia.com/v1", "ClusterPolicy"),
+    ) -> None:
+        """An Event on the (cluster-scoped) ClusterPolicy, or on another cluster-scoped object of `kind`
+        (a Node), where `kubectl describe` finds it. The API server requires Events about cluster-scoped
+        objects to live in `default`."""
         namespace = EVENTS_NAMESPACE
         body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": f"{policy['name']}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
             "involvedObject": {
-                "apiVersion": "nvidia.com/v1",
-                "kind": "ClusterPolicy",
+                "apiVersion": kind[0],
+                "kind": kind[1],
                 "name": policy["name"],
                 "uid": policy["uid"],
             },

@@ -55,11 +55,22 @@ class Loop:
         """Since when there is work no finished pass has taken up (a wake-up, or a pass running)."""
         self.last_finished: float | None = None
         """When the last pass ended, successful or not."""
+        self.timer: asyncio.TimerHandle | None = None
+        """The pass asked for by the last one (Outcome.wake_at): one at a time, the latest wins."""
 
     def wake(self) -> None:
         if self.work_since is None and self.leading():
             self.work_since = self.clock()
         self.wakeup.set()
+
+    def wake_at(self, when: float | None) -> None:
+        """A pass at `when` (Unix seconds), without a sleeping handler: a timer on the event loop."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if when is not None:
+            delay = max(0.0, when - time.time())
+            self.timer = asyncio.get_running_loop().call_later(delay, self.wake)
 
     def wake_from(self, loop: asyncio.AbstractEventLoop) -> None:
         """wake(), from another thread (the leader elector's)."""
@@ -91,6 +102,7 @@ class Loop:
             try:
                 outcome = await asyncio.to_thread(_timed, one_pass)
                 self.completed.set()
+                self.wake_at(outcome.wake_at)
                 if outcome.stale:
                     # The watch may bring the node's new version without a change a pass would react
                     # to (a status update): look again shortly, without counting a failure.

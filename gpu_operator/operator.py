@@ -24,6 +24,7 @@ from gpu_operator.kube import RESOURCES, Kube, load_api_client
 from gpu_operator.labels import FIELD_MANAGER, MANAGED_BY_LABEL
 from gpu_operator.leader import Elector, Leadership
 from gpu_operator.loop import Loop, health, ready
+from gpu_operator.node_pods import NodePodWatches
 from gpu_operator.observed import ObjectKey
 from gpu_operator.reconciler import Reconciler
 from gpu_operator.settings import Settings
@@ -50,6 +51,8 @@ MANAGED = [
     # Served only while the Prometheus operator's CRD exists; Kopf starts the watch when it appears.
     ("monitoring.coreos.com", "v1", "servicemonitors"),
 ]
+REVISIONS = ("apps", "v1", "controllerrevisions")
+"""The driver DaemonSets' ControllerRevisions: an upgrade's target (they carry the pods' labels)."""
 _KINDS = {plural: kind for (_, kind), (plural, _namespaced) in RESOURCES.items()}
 CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
 NAMESPACES = ("", "namespaces")
@@ -96,9 +99,21 @@ def watches(store: Store) -> list[Watch]:
         def retain(present: set[tuple[str, str]]) -> bool:
             keys = {(api_version, kind, namespace, name) for namespace, name in present}
             mine = partial(_of_kind, api_version, kind)
-            return store.retain("objects", keys, mine) | store.retain("daemonsets", keys, mine)
+            forgot = store.retain("objects", keys, mine) | store.retain("daemonsets", keys, mine)
+            if kind == "DaemonSet":
+                forgot |= store.retain_driver_daemonsets({name for _, name in present})
+            return forgot
 
         return retain
+
+    def pods(present: set[tuple[str, str]]) -> bool:
+        keys = {f"{ns}/{name}" for ns, name in present}
+        # The driver's and the validator's pods are kept twice: as operands and as upgrade facts.
+        return (
+            store.retain("pods", keys)
+            | store.retain("driver_pods", keys)
+            | store.retain("validator_pods", keys)
+        )
 
     def config_maps(present: set[tuple[str, str]]) -> bool:
         return objects("v1", "ConfigMap")(present) | names("config_maps")(present)
@@ -111,9 +126,10 @@ def watches(store: Store) -> list[Watch]:
             "v1",
             "pods",
             store.record_pod,
-            lambda present: store.retain("pods", {f"{ns}/{name}" for ns, name in present}),
+            pods,
             _OURS,
         ),
+        Watch(*REVISIONS, store.record_revision, names("revisions"), _OURS),
     ]
     for group, version, plural in MANAGED:
         api_version = f"{group}/{version}" if group else version
@@ -203,9 +219,12 @@ def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadershi
         # the leader lease first.
         api = load_api_client(pool_size=settings.writers + 1)
         kube = Kube(api, timeout=settings.api_timeout_seconds, may_write=leadership.leading)
-        reconciler = Reconciler(kube, store, settings)
+        event_loop = asyncio.get_running_loop()
+        # The pods of nodes a driver upgrade empties: watches of their own, started by the passes.
+        pod_watches = NodePodWatches(kube, store, partial(loop.wake_from, event_loop))
+        memo["pod_watches"] = pod_watches
+        reconciler = Reconciler(kube, store, settings, pod_watches=pod_watches)
         if settings.leader_election:
-            event_loop = asyncio.get_running_loop()
 
             def on_change(leading: bool) -> None:
                 if leading:
@@ -227,6 +246,9 @@ def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadershi
         task = memo.get("task")
         if task is not None:
             task.cancel()
+        pod_watches = memo.get("pod_watches")
+        if pod_watches is not None:
+            pod_watches.stop()
         if leadership.elector is not None:
             # Hand the lease back: a standby takes over within one retry period, not a lease duration.
             await asyncio.to_thread(leadership.elector.stop)

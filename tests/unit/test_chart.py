@@ -494,10 +494,17 @@ REQUIRED_EXTRA: Grants = {
     ("", "nvidia.com", "clusterpolicies/status", ""): {"patch"},
     # plan.py: controller ownerReference with blockOwnerDeletion (OwnerReferencesPermissionEnforcement).
     ("", "nvidia.com", "clusterpolicies/finalizers", ""): {"update"},
-    # operator.py node_event (watch) and kube.py apply_node_labels (server-side apply on existing nodes).
+    # operator.py node_event (watch), kube.py apply_node_labels (server-side apply on existing nodes)
+    # and patch_node (the driver upgrade's merge patch).
     ("", "", "nodes", ""): {"list", "watch", "patch"},
     # operator.py pod_event and prime: operand pods, for readiness and waiting reasons.
     (NAMESPACE, "", "pods", ""): {"list", "watch"},
+    # operator.py REVISIONS: the driver DaemonSets' ControllerRevisions (the upgrade's target).
+    (NAMESPACE, "apps", "controllerrevisions", ""): {"list", "watch"},
+    # node_pods.py (list_at and watch of spec.nodeName=<node>, all namespaces) and kube.py delete_pod.
+    ("", "", "pods", ""): {"list", "watch", "delete"},
+    # kube.py evict.
+    ("", "", "pods/eviction", ""): {"create"},
     # kube.py post_event: Events about the cluster-scoped ClusterPolicy live in `default`.
     ("default", "", "events", ""): {"create"},
     # reconciler.py ensure_crd: get, server-side apply, create when absent (operator.createCRD).
@@ -748,7 +755,10 @@ def test_admission_policy_pins_the_operators_writes(default_objects: list[Obj]) 
     matched = {r for rule in spec["matchConstraints"]["resourceRules"] for r in rule["resources"]}
     # Every kind the operator may create without a name in RBAC is pinned here.
     creatable = {r for (_, _, r, n), verbs in granted(default_objects).items() if "create" in verbs and not n}
-    assert creatable - matched == {
+    # pods/eviction (the driver upgrade): an Eviction deletes a pod as `delete pods`, which the
+    # operator holds anyway (workload pods, names unknown in advance), does, but only where
+    # PodDisruptionBudgets allow it: it grants nothing more.
+    assert creatable - matched - {"pods/eviction"} == {
         "serviceaccounts",
         "configmaps",
         "services",
