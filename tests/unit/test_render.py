@@ -409,7 +409,7 @@ def test_the_driver_is_always_on_delete() -> None:
     assert strategies(off)["nvidia-driver-daemonset"] == {"type": "OnDelete"}
 
 
-@pytest.mark.parametrize(("given", "expected"), [("3", 3), (0, 0), ("25%", "25%")])
+@pytest.mark.parametrize(("given", "expected"), [("3", 3), (1, 1), ("25%", "25%")])
 def test_max_unavailable_is_an_int_or_a_percentage(given: int | str, expected: int | str) -> None:
     # Kubernetes rejects a bare number as a string ("1"); NVIDIA's field is a string.
     result = strategies({"daemonsets": {"rollingUpdate": {"maxUnavailable": given}}})
