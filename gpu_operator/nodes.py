@@ -60,6 +60,8 @@ class NodeInfo:
     """Deploy label → the manager that set it, for values other than "" and "true" (pauses, opt-outs)."""
     resource_version: str = field(default="", compare=False)
     """The node as last seen: label writes carry it, so a stale view conflicts instead of overwriting."""
+    uid: str = ""
+    """Label writes carry it too, so that a write never re-creates a Node deleted meanwhile."""
     runtime: str | None = None
     """Container runtime the kubelet reports (containerd, crio, docker); None if unknown."""
     os_image: str = ""
@@ -140,6 +142,7 @@ def node_info(body: Mapping[str, Any]) -> NodeInfo:
         shared_labels=shared,
         writers=writers,
         resource_version=str(metadata.get("resourceVersion") or ""),
+        uid=str(metadata.get("uid") or ""),
         runtime=_runtime(str(node_status.get("containerRuntimeVersion") or "")),
         os_image=str(node_status.get("osImage") or ""),
     )

@@ -478,6 +478,9 @@ REQUIRED_EXTRA: Grants = {
     ("", *CRDS, "servicemonitors.monitoring.coreos.com"): {"list", "watch"},
     # operator.py: the operand namespace's watch; reconciler.py _write_namespace (psa.enabled).
     ("", "", "namespaces", NAMESPACE): {"list", "watch", "patch"},
+    # reconciler.py _ask: the Secrets and PriorityClasses new pods name must exist (metadata only).
+    (NAMESPACE, "", "secrets", ""): {"get"},
+    ("", "scheduling.k8s.io", "priorityclasses", ""): {"get"},
 }
 
 
@@ -493,8 +496,9 @@ def required_grants() -> Grants:
     for obj in operand_objects():
         plural, namespaced = RESOURCES[(obj["apiVersion"], obj["kind"])]
         scope = NAMESPACE if namespaced else ""
-        # kube.py apply (server-side apply creates when missing) and delete (disabled components).
-        add(scope, group_of(obj["apiVersion"]), plural, {"create", "patch", "delete"})
+        # kube.py apply (server-side apply creates when missing) and delete (disabled components);
+        # reconciler.py _ask: an object missing from the caches may be someone else's (get).
+        add(scope, group_of(obj["apiVersion"]), plural, {"get", "create", "patch", "delete"})
         if obj["kind"] in ("ClusterRole", "Role"):
             # Creating a role with permissions the operator lacks, and binding it.
             add(scope, "rbac.authorization.k8s.io", plural, {"bind", "escalate"}, obj["metadata"]["name"])

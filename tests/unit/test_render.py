@@ -559,7 +559,7 @@ def test_driver_waits_for_the_config_maps_it_mounts() -> None:
     objects = render(spec, FACTS)
     assert "nvidia-driver-daemonset" not in daemonsets(objects)
     find(objects, "ServiceAccount", "nvidia-driver")
-    assert missing_inputs(BY_NAME["driver"], spec, FACTS) == [
+    assert list(map(str, missing_inputs(BY_NAME["driver"], spec, FACTS))) == [
         "spec.driver.certConfig.name: ConfigMap 'missing-ca' not found in namespace 'gpu-operator'"
     ]
 
