@@ -17,9 +17,10 @@ KERNEL_LABEL = "feature.node.kubernetes.io/kernel-version.full"
 _MAJOR_ONLY = {"rhel", "rocky", "ol", "centos", "almalinux"}
 
 
-def os_tag(labels: Mapping[str, str], os_image: str = "") -> str | None:
-    """`ubuntu22.04`, `rhel9`, ... from a node's NFD labels, else from the kubelet's `osImage`
-    (`status.nodeInfo.osImage`, e.g. "Ubuntu 22.04.4 LTS"); None when neither says."""
+def os_name(labels: Mapping[str, str], os_image: str = "") -> str | None:
+    """`ubuntu22.04`, `rhel9.4`, ...: os-release's ID and VERSION_ID as they are, from a node's NFD
+    labels, else from the kubelet's `osImage` (`status.nodeInfo.osImage`, e.g. "Ubuntu 22.04.4 LTS");
+    None when neither says. NVIDIA names a precompiled driver's DaemonSet after it (getKernelVersionsMap)."""
     os_id = labels.get(OS_ID_LABEL)
     version = labels.get(OS_VERSION_LABEL)
     if not os_id or not version:
@@ -27,9 +28,22 @@ def os_tag(labels: Mapping[str, str], os_image: str = "") -> str | None:
         if found is None:
             return None
         os_id, version = found
-    if os_id in _MAJOR_ONLY:
-        version = version.split(".")[0]
     return f"{os_id}{version}"
+
+
+def tag_of(name: str) -> str:
+    """A driver image's OS suffix for an os_name: RHEL-like distributions tag with the major version
+    only (`rhel9.4` → `rhel9`, NVIDIA's getGPUNodeOSInfo), the others with the whole version."""
+    match = re.fullmatch(r"(.*?)(\d[\w.]*)", name)
+    if match and match.group(1) in _MAJOR_ONLY:
+        return match.group(1) + match.group(2).split(".")[0]
+    return name
+
+
+def os_tag(labels: Mapping[str, str], os_image: str = "") -> str | None:
+    """`ubuntu22.04`, `rhel9`, ...: the driver image's OS suffix for a node (os_name, then tag_of)."""
+    name = os_name(labels, os_image)
+    return None if name is None else tag_of(name)
 
 
 # The kubelet's osImage is /etc/os-release's PRETTY_NAME; these are the ones NVIDIA ships driver

@@ -26,7 +26,7 @@ from typing import Any
 
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.components import BY_NAME, COMPONENTS, MIG_CONFIG_LABEL, RUNTIME_LABEL, Component
-from gpu_operator.images import KERNEL_LABEL, os_tag
+from gpu_operator.images import KERNEL_LABEL, os_name, os_tag
 from gpu_operator.labels import FIELD_MANAGER
 from gpu_operator.render import ClusterFacts, runtimes_in_order
 
@@ -169,7 +169,7 @@ def cluster_facts(
     infos = [n if isinstance(n, NodeInfo) else node_info(n) for n in nodes]
     gpus = gpu_nodes(infos)
     kernels = {
-        (n.labels[KERNEL_LABEL], os_tag(n.labels, n.os_image)) for n in gpus if n.labels.get(KERNEL_LABEL)
+        (n.labels[KERNEL_LABEL], os_name(n.labels, n.os_image)) for n in gpus if n.labels.get(KERNEL_LABEL)
     }
     return ClusterFacts(
         namespace=namespace,

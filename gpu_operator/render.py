@@ -87,8 +87,9 @@ class ClusterFacts:
     os_tag: str | None = None
     """e.g. "ubuntu22.04" (from the first GPU node's NFD labels); None = no suffix."""
     kernels: tuple[tuple[str, str | None], ...] = ()
-    """(kernel, OS tag) of the GPU nodes, e.g. ("5.15.0-105-generic", "ubuntu22.04"): one precompiled
-    driver DaemonSet each."""
+    """(kernel, OS name) of the GPU nodes, e.g. ("5.14.0-427.el9.x86_64", "rhel9.4"): one precompiled
+    driver DaemonSet each, named after both (NVIDIA's kernelVersionMap); its image tag ends in the OS
+    tag (images.tag_of: "rhel9")."""
     runtimes: tuple[str, ...] = ()
     """Container runtimes of the GPU nodes, in RUNTIME_ORDER: one toolkit DaemonSet each. Empty when no
     GPU node is known (then `operator.defaultRuntime`, else containerd)."""
@@ -139,7 +140,7 @@ def variants(component: Component, policy: ClusterPolicySpec, facts: ClusterFact
             Variant(
                 "-".join(part for part in (component.daemonset, _sanitized_kernel(kernel), os) if part),
                 runtimes[0],
-                os,
+                images.tag_of(os) if os else None,
                 kernel,
                 node_selector={KERNEL_LABEL: kernel},
             )
@@ -176,9 +177,44 @@ _OS_FAMILIES = {
 }
 
 
+def _os_id(os_tag: str | None) -> str:
+    return re.sub(r"[0-9.]+$", "", os_tag or "")
+
+
 def _os_dirs(os_tag: str | None) -> tuple[str, str]:
-    os_id = re.sub(r"[0-9.]+$", "", os_tag or "")
-    return _OS_FAMILIES.get(os_id, _APT)
+    return _OS_FAMILIES.get(_os_id(os_tag), _APT)
+
+
+# Host files that entitle a driver container to its distribution's package repositories (it installs
+# the kernel headers from them), as mount path → (host path, hostPath type): NVIDIA's
+# SubscriptionPathMap (controllers/object_controls.go:254-330).
+_RHEL_SUBSCRIPTION = {
+    "/run/secrets/etc-pki-entitlement": ("/etc/pki/entitlement", "Directory"),
+    "/run/secrets/redhat.repo": ("/etc/yum.repos.d/redhat.repo", "File"),
+    "/run/secrets/rhsm": ("/etc/rhsm", "Directory"),
+}
+_SUSE_SUBSCRIPTION = {
+    "/etc/SUSEConnect": ("/etc/SUSEConnect", "FileOrCreate"),
+    "/etc/zypp/credentials.d": ("/etc/zypp/credentials.d", "Directory"),
+}
+
+
+def subscription_mounts(policy: ClusterPolicySpec, variant: Variant) -> list[tuple[str, str, str]]:
+    """(mount path, host path, type) of the subscription files the driver container gets, sorted by
+    mount path (NVIDIA's rule, object_controls.go:3744-3777): on SLES and SL Micro always; on RHEL
+    unless the runtime is CRI-O (which injects them itself, containers-common's mounts.conf) or a
+    repoConfig replaces Red Hat's repositories; never for precompiled drivers, which install nothing."""
+    if policy.driver.usePrecompiled:
+        return []
+    os_id = _os_id(variant.os_tag)
+    repo_config = policy.driver.repoConfig and policy.driver.repoConfig.configMapName
+    if os_id == "rhel" and variant.runtime != "crio" and not repo_config:
+        paths = _RHEL_SUBSCRIPTION
+    elif os_id in ("sles", "sl-micro"):
+        paths = _SUSE_SUBSCRIPTION
+    else:
+        return []
+    return [(mount, *paths[mount]) for mount in sorted(paths)]
 
 
 def _update_strategy(component: Component, policy: ClusterPolicySpec) -> dict[str, Any]:
@@ -272,6 +308,10 @@ def _context(
         "runtime_class": runtime_class(policy, facts),
         "repo_config_dir": repo_config_dir,
         "cert_config_dir": cert_config_dir,
+        "subscription_mounts": subscription_mounts(policy, variant),
+        # SUSE's precompiled driver images load the host's own modules (object_controls.go:3680-3699).
+        "host_lib_modules": bool(policy.driver.usePrecompiled)
+        and _os_id(variant.os_tag) in ("sles", "sl-micro"),
         "device_plugin_image": images.resolve(
             policy.devicePlugin, device_plugin.default_image, device_plugin.image_env, facts.environ
         ),

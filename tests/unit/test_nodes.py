@@ -6,6 +6,7 @@ import pytest
 
 from gpu_operator.api import parse_spec
 from gpu_operator.components import RUNTIME_LABEL
+from gpu_operator.images import tag_of
 from gpu_operator.nodes import (
     DEPLOY_OPERANDS,
     GPU_PRESENT,
@@ -186,8 +187,8 @@ def test_cluster_facts_from_first_gpu_node() -> None:
         },
     ]
     facts = cluster_facts(nodes, "ns", {})
-    assert facts.os_tag == "rhel9"
-    assert facts.kernels == (("5.14.0-427.el9.x86_64", "rhel9"),)
+    assert facts.os_tag == "rhel9"  # the driver image's tag: RHEL's major version only
+    assert facts.kernels == (("5.14.0-427.el9.x86_64", "rhel9.4"),)  # a precompiled DaemonSet's name
     assert facts.runtimes == ("containerd",)  # not reported: NVIDIA's default
     assert facts.namespace == "ns"
 
@@ -244,3 +245,19 @@ def test_nfd_labels_win_over_the_kubelets_os_image() -> None:
         "status": {"nodeInfo": {"osImage": "Ubuntu 22.04.4 LTS"}},
     }
     assert cluster_facts([node], "ns", {}).os_tag == "ubuntu24.04"
+
+
+@pytest.mark.parametrize(
+    ("name", "tag"),
+    [
+        ("rhel9.4", "rhel9"),
+        ("rocky8.10", "rocky8"),
+        ("ol9.3", "ol9"),
+        ("ubuntu22.04", "ubuntu22.04"),
+        ("sles15.6", "sles15.6"),
+        ("sl-micro6.0", "sl-micro6.0"),
+    ],
+)
+def test_driver_image_tag_of_an_os_name(name: str, tag: str) -> None:
+    """A precompiled driver's DaemonSet carries the OS name, its image NVIDIA's tag."""
+    assert tag_of(name) == tag
