@@ -205,30 +205,29 @@ class Reconciler:
         present: dict[tuple[str, str], bool] = {}
         failed: dict[str, Failure] = {}
 
-        def lookup(key: ObjectKey) -> None:
-            api_version, kind, namespace, name = key
+        def fetch(api_version: str, kind: str, name: str, namespace: str) -> tuple[bool, Any]:
+            """(answered, the metadata or None when there is no such object)."""
             try:
-                body = self.kube.metadata(api_version, kind, name, namespace)
+                return True, self.kube.metadata(api_version, kind, name, namespace)
             except ApiError as exc:
                 if exc.status != 403:
                     failed[f"looking up {kind} {name}"] = _failure(exc)
                 else:
                     log.warning("cannot check whether %s %s exists: %s", kind, name, exc)
-                return
-            found[key] = None if body is None else object_info(body, key)
+                return False, None
+
+        def lookup(key: ObjectKey) -> None:
+            api_version, kind, namespace, name = key
+            answered, body = fetch(api_version, kind, name, namespace)
+            if answered:
+                found[key] = None if body is None else object_info(body, key)
 
         def check(ref: Reference) -> None:
             api_version, _ = LOOKED_UP_KINDS[ref.kind]
             namespace = self.settings.namespace if ref.kind == "Secret" else ""
-            try:
-                present[ref.kind, ref.name] = (
-                    self.kube.metadata(api_version, ref.kind, ref.name, namespace) is not None
-                )
-            except ApiError as exc:
-                if exc.status != 403:
-                    failed[f"looking up {ref.kind} {ref.name}"] = _failure(exc)
-                else:
-                    log.warning("cannot check whether %s %s exists: %s", ref.kind, ref.name, exc)
+            answered, body = fetch(api_version, ref.kind, ref.name, namespace)
+            if answered:
+                present[ref.kind, ref.name] = body is not None
 
         self._in_parallel(
             [*(partial(lookup, key) for key in asks.lookups), *(partial(check, r) for r in asks.references)]
