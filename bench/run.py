@@ -586,7 +586,9 @@ class SizeBench:
             resting = audit.in_window(requests, settled, rest_end)
             result["rest_s"] = self.s.rest_s
             result["rest_requests_by_kind"] = audit.by_verb_resource(resting)
-            result["rest_writes"] = [audit.describe(r, settled) for r in audit.writes(resting)]
+            result["rest_writes"] = [audit.describe(r, settled) for r in audit.writes_at_rest(resting)]
+            renewals = len(audit.writes(resting)) - len(audit.writes_at_rest(resting))
+            result["lease_renewals_per_min"] = audit.per_minute(renewals, self.s.rest_s)
             result["rest_reads"] = [
                 f"{r.verb} {r.resource} {r.name} x{r.count}"
                 + (f" every {r.mean_interval_s:.0f}s" if r.mean_interval_s else "")

@@ -10,7 +10,7 @@ helpers all use it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("v1", "Service"): ("services", True),
     ("v1", "Pod"): ("pods", True),
     ("v1", "Event"): ("events", True),
+    ("coordination.k8s.io/v1", "Lease"): ("leases", True),
     ("v1", "ResourceQuota"): ("resourcequotas", True),
     ("v1", "Node"): ("nodes", False),
     ("v1", "Namespace"): ("namespaces", False),
@@ -135,6 +136,9 @@ def load_api_client(
     $KUBECONFIG or ~/.kube/config. `pool_size`: connections kept per host, at least the number of
     threads that use the client at once. Raises config.ConfigException (or OSError) when none works."""
     configuration = client.Configuration()
+    # No retries inside urllib3: its default (3) turns one silent connection into four read timeouts
+    # (2 minutes) before a caller hears of it; every caller has its own retry with back-off.
+    configuration.retries = 0
     if pool_size is not None:
         configuration.connection_pool_maxsize = pool_size
     try:
@@ -153,9 +157,29 @@ def load_api_client(
     return api
 
 
+Timeout = tuple[float, float]
+"""(connect, read) seconds; read is the longest wait for the next bytes of an answer."""
+DEFAULT_TIMEOUT: Timeout = (5.0, 30.0)
+
+
+class NotLeader(ApiError):
+    """A write refused before it was sent: this replica does not hold the leader lease."""
+
+    def __init__(self) -> None:
+        super().__init__(0, "NotLeader", "this replica does not hold the leader lease; it writes nothing")
+
+
+def _always() -> bool:
+    return True
+
+
 @dataclass
 class Kube:
     api: client.ApiClient
+    timeout: Timeout = DEFAULT_TIMEOUT
+    """Every call's connect and read timeout, so that no call waits forever on a silent connection."""
+    may_write: Callable[[], bool] = _always
+    """Asked before every write; False refuses it with NotLeader (a standby replica writes nothing)."""
 
     def _call(
         self,
@@ -166,10 +190,12 @@ class Kube:
         content_type: str = "application/json",
         kind: str = "",
         accept: str = "application/json",
-        timeout: float | tuple[float, float] | None = None,
+        timeout: float | Timeout | None = None,
     ) -> Any:
         """The raw response, its body not read yet; ApiError for anything but a 2xx status.
         Writes (anything but GET) count in the metrics by `kind`."""
+        if method != "GET" and not self.may_write():
+            raise NotLeader()
         method_, full_url, headers, payload, _ = self.api.param_serialize(
             method=method,
             resource_path=url,
@@ -181,7 +207,11 @@ class Kube:
         status = 0
         try:
             response = self.api.call_api(
-                method_, full_url, header_params=headers, body=payload, _request_timeout=timeout
+                method_,
+                full_url,
+                header_params=headers,
+                body=payload,
+                _request_timeout=timeout or self.timeout,
             )
             status = response.status
         except urllib3.exceptions.HTTPError as exc:
@@ -239,7 +269,9 @@ class Kube:
         """The events of a watch of the collection at `url`, until the server ends it after
         `timeout_seconds`. A connection that goes quiet for longer raises ApiError(0, ...)."""
         params = {**query, "watch": "true", "timeoutSeconds": str(timeout_seconds)}
-        response = self._call("GET", url, query=params, timeout=(10, timeout_seconds + 30))
+        # The server ends the watch after timeout_seconds; a read timeout above that catches a connection
+        # that went silent (a black hole), which no server-side timeout can.
+        response = self._call("GET", url, query=params, timeout=(self.timeout[0], timeout_seconds + 30))
         try:
             buffer = b""
             for chunk in response.response.stream(amt=None, decode_content=False):
@@ -286,7 +318,10 @@ class Kube:
         query = {"container": container, "tailLines": str(lines)}
         if previous:
             query["previous"] = "true"
-        url = path("v1", "Pod", namespace, name, "log")
+        return self.text(path("v1", "Pod", namespace, name, "log"), query)
+
+    def text(self, url: str, query: Mapping[str, str] | None = None) -> str:
+        """A GET whose answer is text (logs, /readyz)."""
         data = self._read(self._call("GET", url, query=query, accept="text/plain"))
         return data.decode(errors="replace")
 

@@ -115,6 +115,11 @@ COMPONENT_READY = Gauge(
     registry=REGISTRY,
 )
 
+LEADER = Gauge(
+    "gpu_operator_leader",
+    "1 while this replica holds the leader lease (it reconciles and writes), else 0 (standby)",
+    registry=REGISTRY,
+)
 API_WRITES = Counter(
     "gpu_operator_api_writes_total",
     "Writes to the API server by verb (apply, patch, create, delete), kind and HTTP status "

@@ -57,7 +57,9 @@ from gpu_operator.vetting import Context, Problems
 
 __all__ = ["Observed", "Plan", "PolicyRef", "build", "conclude", "pods_by_node", "status_differs"]
 
+POLICY_CRD = f"clusterpolicies.{GROUP}"
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
+NVIDIA_DRIVER_CRD = f"nvidiadrivers.{GROUP}"
 """The Prometheus operator's CRD: ServiceMonitors are rendered only while it is established."""
 
 

@@ -19,7 +19,8 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, TypeVar
 
-from gpu_operator.kube import ApiError, Kube, gone_or_changed, preconditioned
+from gpu_operator.api.crd import crd
+from gpu_operator.kube import ApiError, Kube, NotLeader, gone_or_changed, preconditioned
 from gpu_operator.nodes import NodeInfo
 from gpu_operator.observed import (
     HASH_ANNOTATION,
@@ -30,6 +31,7 @@ from gpu_operator.observed import (
     object_key,
 )
 from gpu_operator.plan import (
+    POLICY_CRD,
     Applied,
     Conclusion,
     Good,
@@ -37,6 +39,7 @@ from gpu_operator.plan import (
     Plan,
     build,
     conclude,
+    content_hash,
     to_write,
     vetting_context,
 )
@@ -58,6 +61,37 @@ from gpu_operator.vetting import (
 
 log = logging.getLogger("gpu_operator")
 T = TypeVar("T")
+
+
+CRD_HASH_ANNOTATION = "nvidia.com/gpu-operator.crd-hash"
+
+
+def ensure_crd(kube: Kube, create: bool) -> bool:
+    """Server-side apply our own CRD when the cluster's differs, so a `helm upgrade` (Helm never
+    upgrades CRDs) or a new image never runs against a stale schema that prunes new fields; create it
+    when it is absent only with `create` (the chart's operator.createCRD). True when it is current."""
+    body = crd()
+    body["metadata"].setdefault("annotations", {})[CRD_HASH_ANNOTATION] = content_hash(body)
+    try:
+        current = kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", body["metadata"]["name"])
+    except ApiError as exc:
+        if exc.status != 404:
+            log.warning("cannot read the ClusterPolicy CRD (%s); leaving it as it is", exc)
+            return False
+        if not create:
+            log.warning("the ClusterPolicy CRD is not installed; waiting for it (operator.createCRD is off)")
+            return False
+        current = {}
+    annotations = (current.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(CRD_HASH_ANNOTATION) == body["metadata"]["annotations"][CRD_HASH_ANNOTATION]:
+        return True
+    try:
+        kube.apply(body)
+    except ApiError as exc:
+        log.warning("cannot apply the ClusterPolicy CRD (%s); it may be stale", exc)
+        return False
+    log.info("%s the ClusterPolicy CRD", "updated" if current else "created")
+    return True
 
 
 def _by_component(objects: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -90,9 +124,11 @@ def _failure(exc: ApiError) -> Failure:
 def _recorded(errors: dict[str, str], what: str) -> Iterator[None]:
     """Run one write; whatever the API server answers (a refusal, a 5xx, no answer at all), the failure
     is recorded and the pass goes on with every other object, node and status: the loop retries the
-    pass with backoff."""
+    pass with backoff. Except NotLeader: a replica that lost the lease stops writing at once."""
     try:
         yield
+    except NotLeader:
+        raise
     except ApiError as exc:
         log.warning("%s: %s", what, exc)
         errors.setdefault(what, str(exc))
@@ -118,7 +154,9 @@ class Reconciler:
     kube: Kube
     store: Store
     settings: Settings
-    nvidia_driver_crd: bool = False
+    crd_current: bool = False
+    """Whether the ClusterPolicy CRD was found at our schema (checked again when its watch says it
+    went)."""
     applied: dict[ObjectKey, Applied] = field(default_factory=dict)
     reported: dict[str, Signature] = field(default_factory=dict)
     """Policy name → what the Events posted for it have said."""
@@ -136,8 +174,12 @@ class Reconciler:
 
         Writes run in parallel (a 1000-node rollout is 1000 label patches per stage), except that a
         component's own objects go in order: its ServiceAccount and RBAC before its DaemonSet."""
+        if not self.crd_current or self.store.get("crds", POLICY_CRD) is False:
+            self.crd_current = ensure_crd(self.kube, self.settings.create_crd)
+            if self.crd_current:
+                self.store.put("crds", POLICY_CRD, True)
         stamp = now()
-        observed = self.store.snapshot(self.settings.namespace, self.settings.environ, self.nvidia_driver_crd)
+        observed = self.store.snapshot(self.settings.namespace, self.settings.environ)
         plan, verdict = self._prove(observed, stamp)
         errors: dict[str, str] = {}
         stale: list[str] = []
@@ -237,6 +279,8 @@ class Reconciler:
     def _dry_run(self, body: dict[str, Any]) -> tuple[ObjectKey, Failure | None]:
         try:
             self.kube.apply(body, dry_run=True)
+        except NotLeader:
+            raise
         except ApiError as exc:
             return object_key(body), _failure(exc)
         return object_key(body), None

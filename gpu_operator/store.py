@@ -8,7 +8,7 @@ The `record_*` methods turn a watched body into its slim record and say whether 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,10 +28,11 @@ from gpu_operator.observed import (
     object_key,
     pod_info,
 )
-from gpu_operator.plan import SERVICE_MONITOR_CRD, Observed
+from gpu_operator.plan import NVIDIA_DRIVER_CRD, POLICY_CRD, SERVICE_MONITOR_CRD, Observed
 from gpu_operator.psa import NamespaceInfo, namespace_info
 
 Body = Mapping[str, Any]
+WATCHED_CRDS = frozenset({POLICY_CRD, SERVICE_MONITOR_CRD, NVIDIA_DRIVER_CRD})
 
 
 def policy_ref(body: Body) -> PolicyRef:
@@ -82,6 +83,16 @@ class Store:
         before = self._swap(table, key, value)
         return before is not None if value is None else bool(before != value)
 
+    def retain(self, table: str, present: set[Any], applies: Callable[[Any], bool] = lambda _: True) -> bool:
+        """Forget the entries (those `applies` to) that a fresh listing no longer has: deletions that
+        happened while no watch was open. True when any was forgotten."""
+        with self.lock:
+            entries: dict[Any, Any] = getattr(self, table)
+            gone = [key for key in entries if applies(key) and key not in present]
+            for key in gone:
+                del entries[key]
+        return bool(gone)
+
     def get(self, table: str, key: Any) -> Any:
         with self.lock:
             return getattr(self, table).get(key)
@@ -90,7 +101,7 @@ class Store:
         with self.lock:
             return len(getattr(self, table))
 
-    def snapshot(self, namespace: str, environ: Mapping[str, str], nvidia_driver_crd: bool) -> Observed:
+    def snapshot(self, namespace: str, environ: Mapping[str, str]) -> Observed:
         with self.lock:
             return Observed(
                 policies=tuple(self.policies.values()),
@@ -101,7 +112,7 @@ class Store:
                 config_maps=dict(self.config_maps),
                 namespace=namespace,
                 environ=dict(environ),
-                nvidia_driver_crd=nvidia_driver_crd,
+                nvidia_driver_crd=self.crds.get(NVIDIA_DRIVER_CRD, False),
                 service_monitor_crd=self.crds.get(SERVICE_MONITOR_CRD, False),
                 operand_namespace=self.namespaces.get(namespace),
             )
@@ -144,9 +155,25 @@ class Store:
         return self.put("config_maps", body["metadata"]["name"], keys) or changed
 
     def record_crd(self, body: Body, deleted: bool) -> bool:
+        """Only the CRDs decisions read: the ClusterPolicy CRD (gone means every ClusterPolicy is gone,
+        and the reconciler may create it again), the Prometheus operator's and NVIDIADriver."""
+        name = body["metadata"]["name"]
+        if name not in WATCHED_CRDS:
+            return False
         conditions = (body.get("status") or {}).get("conditions") or []
         established = any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
-        return self.put("crds", body["metadata"]["name"], None if deleted else established)
+        changed = self.put("crds", name, False if deleted else established)
+        if deleted and name == POLICY_CRD:
+            changed |= self.retain("policies", set())
+        return changed
+
+    def crds_listed(self, present: set[str]) -> bool:
+        """A complete listing of CRDs: those decisions read that it lacks are gone."""
+        changed = False
+        for name in WATCHED_CRDS - present:
+            if self.get("crds", name) is not False:
+                changed |= self.record_crd({"metadata": {"name": name}}, deleted=True)
+        return changed
 
     def record_namespace(self, body: Body, deleted: bool) -> bool:
         return self.put("namespaces", body["metadata"]["name"], None if deleted else namespace_info(body))

@@ -9,7 +9,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, cast
 
-from gpu_operator.kube import ApiError, Kube
+import pytest
+
+from gpu_operator.kube import ApiError, Kube, NotLeader
 from gpu_operator.nodes import NodeInfo
 from gpu_operator.observed import ADOPT_ANNOTATION, ObjectKey, object_key
 from gpu_operator.plan import PolicyRef
@@ -80,6 +82,9 @@ class FakeKube:
         }
         return {**body, "metadata": metadata}
 
+    def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
+        raise ApiError(404, "NotFound", f"{kind} {name}")
+
     def apply_node_labels(
         self, node: str, labels: Mapping[str, str], uid: str, resource_version: str = ""
     ) -> dict[str, Any]:
@@ -111,7 +116,8 @@ def reconciler(fake: FakeKube, spec: dict[str, Any] | None = None) -> Reconciler
     store = Store()
     store.put("policies", "p", PolicyRef("p", "uid-p", 1, "2026-01-01T00:00:00Z", spec or {}, {}))
     store.put("nodes", "gpu-0", gpu_node())
-    return Reconciler(cast(Kube, fake), store, Settings())
+    # The ClusterPolicy CRD is current (reconciler.ensure_crd has its own tests).
+    return Reconciler(cast(Kube, fake), store, Settings(), crd_current=True)
 
 
 def settle(rec: Reconciler, fake: FakeKube) -> None:
@@ -260,6 +266,14 @@ def test_a_failed_write_does_not_stop_the_rest_and_nothing_is_deleted() -> None:
     status = fake.statuses[-1]
     assert error_of(status)["reason"] == "ReconcileFailed" and status["observedGeneration"] == 2
     assert status["state"] == "notReady"
+
+
+def test_a_replica_that_lost_the_lease_stops_the_pass_at_once() -> None:
+    """NotLeader is no failure to record and report: a standby writes nothing, not even a status."""
+    fake = FakeKube(reject_writes={PLUGIN: NotLeader()})
+    with pytest.raises(NotLeader):
+        reconciler(fake).run_once()
+    assert fake.statuses == [] and fake.labels == {}
 
 
 def test_old_objects_go_only_once_their_replacements_are_written() -> None:
