@@ -518,4 +518,7 @@ def test_no_writes_at_rest(cluster: Cluster, clean: OperatorProcess) -> None:
         time.sleep(5)
     assert not requests_at_rest()
     writes = writes_by(cluster, user, start)
-    assert len(writes) <= 60 / 2 + 2, f"the Lease is renewed once per retry period: {len(writes)} renewals"
+    elapsed = time.time() - start  # the window plus the reading of the audit log, which takes a while
+    assert len(writes) <= elapsed / 2 + 2, (
+        f"the Lease is renewed once per retry period: {len(writes)} renewals"
+    )
