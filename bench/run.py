@@ -61,6 +61,8 @@ from gpu_operator.kube import ApiError
 from gpu_operator.nodes import GPU_PRESENT, MIG_CONFIG, desired_labels, node_info
 
 POLICY = ROOT / "examples" / "clusterpolicy.yaml"
+POLICY_CONFIG_MAPS = ROOT / "examples" / "clusterpolicy-configmaps.yaml"
+"""The ConfigMaps the policy names (the operator refuses a policy whose references are missing)."""
 POLICIES = "/apis/nvidia.com/v1/clusterpolicies"
 NODES = "/api/v1/nodes"
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
@@ -260,6 +262,7 @@ class SizeBench:
                 self.api, self.kubeconfig, self.work / "operator-kubeconfig"
             )
             excluded = ()
+        self.kc("apply", "--server-side", "-f", str(POLICY_CONFIG_MAPS))
         self.audit = audit.AuditReader(self.cluster.audit_log, self.user, excluded)
         self.pod_audit = audit.AuditReader(
             self.cluster.audit_log, None, keep=lambda r: r.namespace == NAMESPACE, marker='"resource":"pods"'

@@ -143,7 +143,9 @@ class Agent:
             self._say(logging.INFO, f"labels in place: {sorted(wanted) or 'none'}")
             return
         # force=False: a label someone set since the watch last told us is a 409, never overwritten.
-        updated = self.kube.apply_node_labels(self.node_name, wanted, manager=FIELD_MANAGER, force=False)
+        updated = self.kube.apply_node_labels(
+            self.node_name, wanted, str(metadata.get("uid") or ""), manager=FIELD_MANAGER, force=False
+        )
         self.writes += 1
         with self._lock:  # the node as written, until the watch brings its own copy
             self._node = updated

@@ -73,6 +73,21 @@ def driver_config_maps(policy: ClusterPolicySpec) -> list[tuple[str, str]]:
     return [(path, name) for path, name in found if name]
 
 
+def device_plugin_config_keys(policy: ClusterPolicySpec) -> list[tuple[str, str, str | None]]:
+    """What config-manager needs of devicePlugin.config's ConfigMap (device-plugin v0.20.0
+    cmd/config-manager/main.go:342-365): at least one entry, and the `default` one when it is named."""
+    config = policy.devicePlugin.config
+    if config is None or not config.name:
+        return []
+    if config.default:
+        return [("spec.devicePlugin.config.default", config.name, config.default)]
+    return [("spec.devicePlugin.config.name", config.name, None)]
+
+
+def no_config_keys(policy: ClusterPolicySpec) -> list[tuple[str, str, str | None]]:
+    return []
+
+
 def mig_default_layout(policy: ClusterPolicySpec) -> dict[str, str]:
     """NVIDIA's rule: MIG-capable nodes without a MIG layout get the default one, for mig-manager to
     apply; only the `all-disabled` default is written by the operator."""
@@ -127,6 +142,9 @@ class Component:
     """(policy field, name) of the user ConfigMaps it mounts key by key (see missing_inputs)."""
     node_labels: Callable[[ClusterPolicySpec], dict[str, str]] = no_node_labels
     """Labels the operator sets on the nodes it runs on (node_filter), unless someone else owns them."""
+    config_keys: Callable[[ClusterPolicySpec], list[tuple[str, str, str | None]]] = no_config_keys
+    """(policy field, ConfigMap, key) its pods need beyond what their volumes say: a key its image looks
+    up (None: any key at all). Checked before its DaemonSet is written (gpu_operator/vetting.py)."""
 
     @property
     def deploy_label(self) -> str:
@@ -192,6 +210,7 @@ COMPONENTS: tuple[Component, ...] = (
         "DEVICE_PLUGIN_IMAGE",
         _DEVICE_PLUGIN,
         depends_on=("container-toolkit",),
+        config_keys=device_plugin_config_keys,
     ),
     Component(
         "mps-control-daemon",
@@ -202,6 +221,7 @@ COMPONENTS: tuple[Component, ...] = (
         depends_on=("container-toolkit",),
         node_filter=mps_capable,
         deploys_with="device-plugin",
+        config_keys=device_plugin_config_keys,
     ),
     Component(
         "dcgm",
@@ -226,6 +246,7 @@ COMPONENTS: tuple[Component, ...] = (
         "GFD_IMAGE",
         _DEVICE_PLUGIN,
         depends_on=("container-toolkit",),
+        config_keys=device_plugin_config_keys,
     ),
     Component(
         "mig-manager",

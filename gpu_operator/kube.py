@@ -30,6 +30,7 @@ LIST_PAGE = 500
 RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("v1", "ServiceAccount"): ("serviceaccounts", True),
     ("v1", "ConfigMap"): ("configmaps", True),
+    ("v1", "Secret"): ("secrets", True),
     ("v1", "Service"): ("services", True),
     ("v1", "Pod"): ("pods", True),
     ("v1", "Event"): ("events", True),
@@ -43,6 +44,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): ("clusterroles", False),
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): ("clusterrolebindings", False),
     ("node.k8s.io/v1", "RuntimeClass"): ("runtimeclasses", False),
+    ("scheduling.k8s.io/v1", "PriorityClass"): ("priorityclasses", False),
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ("servicemonitors", True),
     ("nvidia.com/v1", "ClusterPolicy"): ("clusterpolicies", False),
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): ("customresourcedefinitions", False),
@@ -56,12 +58,30 @@ def _verb(method: str, content_type: str) -> str:
 
 
 class ApiError(Exception):
-    """A failed API call, with the server's status code and message."""
+    """A failed API call, with the server's status code, message and, for a refused object, the fields
+    it names (`details.causes` of the Status: (field path, message) pairs)."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+    def __init__(
+        self, status: int, reason: str, message: str, causes: tuple[tuple[str, str], ...] = ()
+    ) -> None:
         self.status = status
         self.reason = reason
+        self.message = message
+        self.causes = causes
         super().__init__(f"{status} {reason}: {message}")
+
+
+def _causes(details: Any) -> tuple[tuple[str, str], ...]:
+    causes = (details or {}).get("causes") if isinstance(details, dict) else None
+    if not isinstance(causes, list):
+        return ()
+    return tuple(
+        (str(c.get("field") or ""), str(c.get("message") or "")) for c in causes if isinstance(c, dict)
+    )
+
+
+PARTIAL_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
+"""Accept header for an object's metadata alone: a Secret looked up this way never sends its data."""
 
 
 def path(api_version: str, kind: str, namespace: str = "", name: str = "", subresource: str = "") -> str:
@@ -76,6 +96,33 @@ def path(api_version: str, kind: str, namespace: str = "", name: str = "", subre
     if subresource:
         result += f"/{subresource}"
     return result
+
+
+def preconditioned(
+    api_version: str,
+    kind: str,
+    name: str,
+    labels: Mapping[str, str],
+    uid: str,
+    resource_version: str = "",
+    annotations: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """An apply body for metadata of an existing cluster-scoped object, which can never create it."""
+    if not uid:
+        raise ValueError(f"{kind} {name}: a metadata write needs the object's uid (it must never create it)")
+    metadata: dict[str, Any] = {"name": name, "uid": uid, "labels": dict(labels)}
+    if annotations is not None:
+        metadata["annotations"] = dict(annotations)
+    if resource_version:
+        metadata["resourceVersion"] = resource_version
+    return {"apiVersion": api_version, "kind": kind, "metadata": metadata}
+
+
+def gone_or_changed(exc: ApiError) -> bool:
+    """Whether a preconditioned write failed only because its object is not as last seen: changed
+    since (409), deleted (409 "uid mismatch ... no existing object"), or deleted and created anew
+    under the same name (422 on the immutable metadata.uid). The next pass decides again."""
+    return exc.status == 409 or (exc.status == 422 and "metadata.uid" in exc.message)
 
 
 def load_api_client(
@@ -179,13 +226,20 @@ class Kube:
             # Connection refused, TLS failure, timeout: reported like an API error, retried the same way.
             raise ApiError(0, "ConnectionError", str(exc)) from None
         finally:
-            if method != "GET":
+            if (query or {}).get("dryRun"):
+                metrics.observe_dry_run(kind, status)
+            elif method != "GET":
                 metrics.observe_write(_verb(method, content_type), kind, status)
         if not 200 <= response.status < 300:
             data = response.read()  # type: ignore[no-untyped-call]
             try:
                 details = safe_json.loads(data)
-                raise ApiError(response.status, details.get("reason", ""), details.get("message", ""))
+                raise ApiError(
+                    response.status,
+                    details.get("reason", ""),
+                    details.get("message", ""),
+                    _causes(details.get("details")),
+                )
             except (ValueError, AttributeError):
                 raise ApiError(response.status, "", data.decode(errors="replace")[:300]) from None
         return response
@@ -242,6 +296,15 @@ class Kube:
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
         return self.request("GET", path(api_version, kind, namespace, name))
 
+    def metadata(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any] | None:
+        """An object's metadata alone (`{"metadata": ...}`), None when there is no such object."""
+        try:
+            return self.request("GET", path(api_version, kind, namespace, name), accept=PARTIAL_METADATA)
+        except ApiError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
     def list_at(
         self,
         api_version: str,
@@ -284,21 +347,29 @@ class Kube:
         return data.decode(errors="replace")
 
     def apply(
-        self, body: Mapping[str, Any], manager: str = FIELD_MANAGER, force: bool = True
+        self,
+        body: Mapping[str, Any],
+        manager: str = FIELD_MANAGER,
+        force: bool = True,
+        dry_run: bool = False,
     ) -> dict[str, Any]:
         """Server-side apply, by default under the operator's field manager taking over conflicting
         fields (drift repair); with force=False a field another manager set to another value is a
-        409 Conflict instead."""
+        409 Conflict instead. With `dry_run` the API server checks everything it would check (schema,
+        validation, admission) and answers with the object it would store, but stores nothing."""
         metadata = body["metadata"]
         url = path(body["apiVersion"], body["kind"], metadata.get("namespace", ""), metadata["name"])
         # The body is YAML to the API server. The client's json.dumps would escape an emoji as a UTF-16
         # surrogate pair, which YAML refuses ("invalid Unicode character escape code"): send the
         # renderer's YAML-safe JSON instead, which keeps every such character as UTF-8.
+        query = {"fieldManager": manager, "force": str(force).lower()}
+        if dry_run:
+            query["dryRun"] = "All"
         return self.request(
             "PATCH",
             url,
             body=tojson(body).encode(),
-            query={"fieldManager": manager, "force": str(force).lower()},
+            query=query,
             content_type="application/apply-patch+yaml",
             kind=body["kind"],
         )
@@ -320,17 +391,17 @@ class Kube:
         self,
         node: str,
         labels: Mapping[str, str],
+        uid: str,
         resource_version: str = "",
         manager: str = FIELD_MANAGER,
         force: bool = True,
     ) -> dict[str, Any]:
         """Own exactly `labels` on the node: labels the manager owned and leaves out are removed, others
-        untouched. With `resource_version`, the write fails with 409 if the node changed since (and
-        never creates a Node that is gone)."""
-        metadata: dict[str, Any] = {"name": node, "labels": dict(labels)}
-        if resource_version:
-            metadata["resourceVersion"] = resource_version
-        return self.apply({"apiVersion": "v1", "kind": "Node", "metadata": metadata}, manager, force)
+        untouched. The node's `uid` is a precondition: server-side apply creates an object that does
+        not exist, whatever `resourceVersion` says, but not one whose uid it is told (409 "uid
+        mismatch"), so a write never brings back a Node deleted meanwhile; see `gone_or_changed`. With
+        `resource_version` the write also fails with 409 if the node changed since."""
+        return self.apply(preconditioned("v1", "Node", node, labels, uid, resource_version), manager, force)
 
     def rewrite_labels(self, kind: str, name: str, changes: Mapping[str, tuple[str, str | None]]) -> None:
         """Change labels of a cluster-scoped core object (Node, Namespace) whoever owns them: label →

@@ -4,7 +4,8 @@ NVIDIA's names and meanings where NVIDIA has the metric (controllers/operator_me
 dashboards and the `GPUOperatorReconciliationFailed` alert (`gpu_operator_reconciliation_status
 != 1`) work unchanged; the rest is ours, under the same `gpu_operator_` prefix. The reconcile loop
 calls `observe_pass` / `observe_aborted_pass` once per pass, kube.py calls `observe_write` per API
-write, the watch handlers call `observe_watch_event`; the HTTP server serves `REGISTRY`.
+write and `observe_dry_run` per dry run, the watch handlers call `observe_watch_event`; the HTTP
+server serves `REGISTRY`.
 
 NVIDIA's driver-upgrade gauges (`gpu_operator_driver_auto_upgrade_enabled`,
 `gpu_operator_nodes_upgrades_*`) are created once a pass knows their value and removed when it no
@@ -128,6 +129,13 @@ API_WRITES = Counter(
     ["verb", "kind", "code"],
     registry=REGISTRY,
 )
+API_DRY_RUNS = Counter(
+    "gpu_operator_api_dry_runs_total",
+    "Server-side dry runs (dryRun=All) of objects about to be written, by kind and HTTP status: a change "
+    "is proven before anything of it is written, so these come only with changes, never at rest",
+    ["kind", "code"],
+    registry=REGISTRY,
+)
 WATCH_EVENTS = Counter(
     "gpu_operator_watch_events_total",
     "Watch events received, by kind and type (LISTED: an object of an initial or repeated listing)",
@@ -224,6 +232,10 @@ def _set_components(components: list[ComponentStatus]) -> None:
 
 def observe_write(verb: str, kind: str, status: int) -> None:
     API_WRITES.labels(verb, kind, str(status) if status else "<error>").inc()
+
+
+def observe_dry_run(kind: str, status: int) -> None:
+    API_DRY_RUNS.labels(kind, str(status) if status else "<error>").inc()
 
 
 def observe_watch_event(kind: str, event_type: str | None) -> None:

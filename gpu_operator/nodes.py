@@ -62,6 +62,9 @@ class NodeInfo:
     """Deploy label → the manager that set it, for values other than "" and "true" (pauses, opt-outs)."""
     resource_version: str = field(default="", compare=False)
     """The node as last seen: label writes carry it, so a stale view conflicts instead of overwriting."""
+    uid: str = ""
+    """Label writes carry it too, so that a write never re-creates a Node deleted meanwhile; Events
+    about the node name it."""
     runtime: str | None = None
     """Container runtime the kubelet reports (containerd, crio, docker); None if unknown."""
     os_image: str = ""
@@ -72,8 +75,6 @@ class NodeInfo:
     unschedulable: bool = False
     ready: bool = True
     """The NodeReady condition (True when the node reports none)."""
-    uid: str = field(default="", compare=False)
-    """For Events about the node."""
 
     @property
     def is_gpu(self) -> bool:
@@ -150,6 +151,7 @@ def node_info(body: Mapping[str, Any]) -> NodeInfo:
         shared_labels=shared,
         writers=writers,
         resource_version=str(metadata.get("resourceVersion") or ""),
+        uid=str(metadata.get("uid") or ""),
         runtime=_runtime(str(node_status.get("containerRuntimeVersion") or "")),
         os_image=str(node_status.get("osImage") or ""),
         upgrade_annotations={
@@ -157,7 +159,6 @@ def node_info(body: Mapping[str, Any]) -> NodeInfo:
         },
         unschedulable=bool((body.get("spec") or {}).get("unschedulable")),
         ready=node_ready(body),
-        uid=str(metadata.get("uid") or ""),
     )
 
 

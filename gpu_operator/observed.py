@@ -6,12 +6,12 @@ with nine operands (9000 pods) stays small, and decisions never depend on fields
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from gpu_operator.components import BY_LABEL
-from gpu_operator.labels import COMPONENT_LABEL
+from gpu_operator.labels import COMPONENT_LABEL, FIELD_MANAGER
 
 HASH_ANNOTATION = "nvidia.com/gpu-operator.applied-hash"
 
@@ -177,7 +177,7 @@ def object_key(body: Mapping[str, Any]) -> ObjectKey:
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """What drift detection needs of any managed object."""
+    """What drift detection and the ownership rule need of an object with one of our names or labels."""
 
     key: ObjectKey
     component: str
@@ -185,19 +185,58 @@ class ObjectInfo:
     generation: int
     resource_version: str
     owner_uid: str
+    """The uid of its controller, when that is a ClusterPolicy ('' otherwise)."""
+    managers: tuple[str, ...] = ()
+    """The field managers that wrote it (metadata.managedFields), sorted."""
+    adopt: bool = False
+    """Its owner handed it over to the operator (ADOPT_ANNOTATION)."""
 
 
-def object_info(body: Mapping[str, Any]) -> ObjectInfo:
+ADOPT_ANNOTATION = "nvidia.com/gpu-operator.adopt"
+"""Set to "true" on an object that has an operand's name to let the operator take it over (an object of
+another tool, or of NVIDIA's operator under another ClusterPolicy); without it such an object is
+reported as a conflict and left alone."""
+
+
+def object_info(body: Mapping[str, Any], key: ObjectKey | None = None) -> ObjectInfo:
+    """The slim record of an object; `key` when the body does not say (a metadata-only lookup)."""
     metadata = body.get("metadata") or {}
-    owners = [o for o in metadata.get("ownerReferences") or [] if o.get("controller")]
+    owners = [
+        o
+        for o in metadata.get("ownerReferences") or []
+        if o.get("controller") and o.get("kind") == "ClusterPolicy" and _is_policy_group(o.get("apiVersion"))
+    ]
+    annotations = metadata.get("annotations") or {}
     return ObjectInfo(
-        key=object_key(body),
+        key=key or object_key(body),
         component=component_of(metadata),
-        applied_hash=(metadata.get("annotations") or {}).get(HASH_ANNOTATION, ""),
+        applied_hash=annotations.get(HASH_ANNOTATION, ""),
         generation=int(metadata.get("generation") or 0),
         resource_version=str(metadata.get("resourceVersion") or ""),
         owner_uid=owners[0].get("uid", "") if owners else "",
+        managers=tuple(sorted({str(m.get("manager") or "") for m in metadata.get("managedFields") or []})),
+        adopt=annotations.get(ADOPT_ANNOTATION) == "true",
     )
+
+
+def _is_policy_group(api_version: Any) -> bool:
+    return str(api_version or "").startswith("nvidia.com/")
+
+
+def created_by_us(info: ObjectInfo, active_uid: str | None, policy_uids: Collection[str]) -> bool:
+    """Whether the operator created this object and may delete it: it is controlled by the active
+    ClusterPolicy (or by one that no longer exists: left over from a deleted policy, which the garbage
+    collector removes as well) and written by the operator's field manager. Our labels alone prove
+    nothing: anyone can set them."""
+    if not info.owner_uid or FIELD_MANAGER not in info.managers:
+        return False
+    return info.owner_uid == active_uid or info.owner_uid not in policy_uids
+
+
+def may_rewrite(info: ObjectInfo, active_uid: str | None, policy_uids: Collection[str]) -> bool:
+    """Whether the operator may apply its content over this existing object: it created it, or the
+    object's owner handed it over (ADOPT_ANNOTATION)."""
+    return info.adopt or created_by_us(info, active_uid, policy_uids)
 
 
 def config_map_keys(body: Mapping[str, Any]) -> tuple[str, ...]:

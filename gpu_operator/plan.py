@@ -14,7 +14,7 @@ from typing import Any
 
 from gpu_operator.api import GROUP, KIND, VERSION, FieldError, PolicyError, parse_spec
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.api.status import ClusterPolicyStatus
+from gpu_operator.api.status import REASON_CONFLICT, REASON_RECONCILE_FAILED, ClusterPolicyStatus
 from gpu_operator.components import COMPONENTS
 from gpu_operator.nodes import (
     IsReady,
@@ -32,6 +32,8 @@ from gpu_operator.observed import (
     PodInfo,
     PolicyRef,
     component_of,
+    config_map_keys,
+    created_by_us,
     object_key,
 )
 from gpu_operator.psa import NamespaceInfo, NamespaceWrite, namespace_write
@@ -48,11 +50,13 @@ from gpu_operator.status import (
     readiness,
     status_body,
     status_differs,
-    with_apply_errors,
+    with_errors,
+    with_problems,
 )
 from gpu_operator.upgrade import Facts, UpgradePlan
 from gpu_operator.upgrade.facts import parse_time
 from gpu_operator.upgrades import driver_rolling, plan_driver_upgrade, with_upgrade_status
+from gpu_operator.vetting import Context, Problems
 
 __all__ = ["Observed", "Plan", "PolicyRef", "build", "conclude", "pods_by_node", "status_differs"]
 
@@ -111,6 +115,13 @@ class Plan:
     """Nodes detected as GPU nodes (the metrics' gpu_operator_gpu_nodes_total)."""
     upgrade: UpgradePlan | None = None
     """The driver upgrade's writes, Events, status and wake-up (None: no valid active policy)."""
+    problems: Problems | None = None
+    """Why the active policy's current generation is not written (None: nothing stops it)."""
+    running: int | None = None
+    """The generation whose objects and labels this plan keeps: the current one, the last one written
+    when the current cannot be, None when neither is known (then the plan writes nothing)."""
+    missing_inputs: tuple[FieldError, ...] = ()
+    """Inputs a component lacks (its DaemonSet is withheld): they refuse any change."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +131,39 @@ class Applied:
     hash: str
     generation: int
     resource_version: str
+
+
+def to_write(
+    plan: Plan, objects: Mapping[ObjectKey, ObjectInfo], applied: Mapping[ObjectKey, Applied]
+) -> list[dict[str, Any]]:
+    """The plan's objects that need an apply (see in_sync): the change of this pass."""
+    return [
+        o
+        for o in plan.objects
+        if not in_sync(
+            o["metadata"]["annotations"][HASH_ANNOTATION], objects.get(key := object_key(o)), applied.get(key)
+        )
+    ]
+
+
+def vetting_context(plan: Plan, observed: Observed) -> Context | None:
+    """What judging this plan's change needs of it (None: the plan writes nothing)."""
+    if plan.active is None or plan.spec is None:
+        return None
+    return Context(
+        policy=plan.active.name,
+        policy_uid=plan.active.uid,
+        policy_uids=frozenset(p.uid for p in observed.policies),
+        spec=plan.spec,
+        namespace=observed.namespace,
+        cached=observed.objects,
+        # The plan's own ConfigMaps (the operands' scripts) are written with the change or there already.
+        config_maps={
+            **observed.config_maps,
+            **{o["metadata"]["name"]: config_map_keys(o) for o in plan.objects if o["kind"] == "ConfigMap"},
+        },
+        missing_inputs=plan.missing_inputs,
+    )
 
 
 def in_sync(desired_hash: str, observed: ObjectInfo | None, applied: Applied | None) -> bool:
@@ -157,9 +201,28 @@ def _owned(obj: dict[str, Any], policy: PolicyRef) -> dict[str, Any]:
     return obj
 
 
-def build(observed: Observed, now: str, clock: float | None = None) -> Plan:
-    """`now` is the status timestamp; `clock` the same moment in Unix seconds (the driver upgrade's
-    timeouts), by default `now`'s."""
+@dataclass(frozen=True)
+class Good:
+    """The last generation of the active policy whose change was proven and fully written: what the
+    operands run. A generation that cannot be written leaves the cluster on it (objects and node
+    labels, so that a GPU node joining meanwhile still gets the running stack)."""
+
+    uid: str
+    generation: int
+    spec: Mapping[str, Any]
+
+
+def build(
+    observed: Observed,
+    now: str,
+    good: Good | None = None,
+    problems: Problems | None = None,
+    clock: float | None = None,
+) -> Plan:
+    """The plan of a pass. `problems`: why the active policy's current generation cannot be written
+    (found by proving its change, gpu_operator/vetting.py); then, as for a spec the models refuse,
+    the plan runs `good` (the last generation written) if there is one, else changes nothing.
+    `clock`: `now` in Unix seconds (the driver upgrade's timeouts), by default `now`'s."""
     policies = observed.policies
     active = active_policy(policies)
     statuses: dict[str, ClusterPolicyStatus] = {}
@@ -174,30 +237,54 @@ def build(observed: Observed, now: str, clock: float | None = None) -> Plan:
         labels = _label_changes(nodes, None, is_ready)
         releases = _releases(observed.nodes, labels)
         psa = namespace_write(observed.operand_namespace, enabled=False)
-        return Plan(None, None, [], [], sorted(observed.objects), labels, statuses, [], releases, psa, count)
+        uids = {p.uid for p in policies}
+        deletes = sorted(k for k, info in observed.objects.items() if created_by_us(info, None, uids))
+        return Plan(None, None, [], [], deletes, labels, statuses, [], releases, psa, count)
     try:
-        spec = parse_spec(active.spec)
+        current: ClusterPolicySpec | None = parse_spec(active.spec)
     except PolicyError as exc:
-        statuses[active.name] = invalid_status(active, exc.errors, observed.namespace, now)
-        return Plan(active, None, exc.errors, [], [], {}, statuses, [], gpu_nodes=count)
+        current, problems = None, Problems(invalid=tuple(exc.errors))
+    # The spec that runs (None: leave everything as it is), its source and generation.
+    running: int | None = active.generation
+    source, spec = active.spec, current
+    if problems:
+        if good is not None and good.uid == active.uid and good.spec != active.spec:
+            running, source, spec = good.generation, good.spec, parse_spec(good.spec)
+        else:
+            running, spec = None, None
+    shown = spec or current
+    if shown is None:
+        statuses[active.name] = invalid_status(active, problems or Problems(), observed.namespace, now)
+        return Plan(
+            active,
+            None,
+            list(problems.invalid if problems else ()),
+            [],
+            [],
+            {},
+            statuses,
+            [],
+            gpu_nodes=count,
+            problems=problems,
+        )
 
-    facts = cluster_facts(nodes, observed.namespace, observed.environ, spec.operator.defaultRuntime)
+    facts = cluster_facts(nodes, observed.namespace, observed.environ, shown.operator.defaultRuntime)
     # Only the ConfigMaps the policy names, so that other ConfigMap changes do not re-render.
-    named = {name for c in COMPONENTS for _, name in c.config_maps(spec)}
+    named = {name for c in COMPONENTS for _, name in c.config_maps(shown)}
     facts = replace(
         facts,
         config_maps={n: k for n, k in observed.config_maps.items() if n in named},
         service_monitor_crd=observed.service_monitor_crd,
     )
-    objects = _rendered(active, spec, facts)
+    objects = _rendered(replace(active, spec=source), shown, facts)
     missing = {
-        c.name: found for c in COMPONENTS if c.enabled(spec) and (found := missing_inputs(c, spec, facts))
+        c.name: found for c in COMPONENTS if c.enabled(shown) and (found := missing_inputs(c, shown, facts))
     }
-    notes = _notes(spec, observed.nvidia_driver_crd)
+    notes = _notes(shown, observed.nvidia_driver_crd)
     if (
         not observed.service_monitor_crd
-        and spec.dcgmExporter.is_enabled()
-        and spec.dcgmExporter.service_monitor_enabled()
+        and shown.dcgmExporter.is_enabled()
+        and shown.dcgmExporter.service_monitor_enabled()
     ):
         # NVIDIA's rule (object_controls.go:5060): no Prometheus operator, no ServiceMonitor (the
         # renderer leaves it out), and the exporter is still ready. Created at the next pass once the
@@ -209,8 +296,14 @@ def build(observed: Observed, now: str, clock: float | None = None) -> Plan:
     kept = {
         key for key, info in observed.objects.items() if key[1] == "DaemonSet" and info.component in missing
     }
-    deletes = sorted(key for key in observed.objects if key not in wanted and key not in kept)
-    labels = _label_changes(nodes, spec, is_ready)
+    # Only what the operator created goes, never an object because it carries our labels.
+    uids = {p.uid for p in policies}
+    deletes = sorted(
+        key
+        for key, info in observed.objects.items()
+        if key not in wanted and key not in kept and created_by_us(info, active.uid, uids)
+    )
+    labels = _label_changes(nodes, shown, is_ready)
     # Status reflects the labels as they will be once this plan is carried out.
     planned = {n.name: _with_labels(n, labels[n.name]) if n.name in labels else n for n in nodes}
     daemonsets: dict[str, list[DaemonSetInfo | None]] = {}
@@ -218,14 +311,32 @@ def build(observed: Observed, now: str, clock: float | None = None) -> Plan:
         if obj["kind"] == "DaemonSet":
             daemonset = observed.daemonsets.get(obj["metadata"]["name"])
             daemonsets.setdefault(component_of(obj["metadata"]), []).append(daemonset)
-    seconds = clock if clock is not None else parse_time(now) or 0.0
-    upgrade = plan_driver_upgrade(spec, nodes, observed.upgrade, objects, seconds)
-    statuses[active.name] = with_upgrade_status(
-        policy_status(active, spec, planned, pods, observed.namespace, daemonsets, missing, notes, now),
-        spec,
-        upgrade,
-        driver_rolling(objects, observed.upgrade),
-    )
+    status = policy_status(active, shown, planned, pods, observed.namespace, daemonsets, missing, notes, now)
+    upgrade = None
+    if spec is not None:
+        # The upgrade follows the generation that runs (the last one written when the current cannot be).
+        seconds = clock if clock is not None else parse_time(now) or 0.0
+        upgrade = plan_driver_upgrade(spec, nodes, observed.upgrade, objects, seconds)
+        status = with_upgrade_status(status, spec, upgrade, driver_rolling(objects, observed.upgrade))
+    if problems:
+        status = with_problems(active, status, problems, running, now)
+    statuses[active.name] = status
+    inputs = tuple(e for found in missing.values() for e in found)
+    if spec is None:
+        # Nothing known to run but the cluster as it is: leave objects, labels and namespace alone.
+        return Plan(
+            active,
+            shown,
+            [],
+            [],
+            [],
+            {},
+            statuses,
+            notes,
+            gpu_nodes=count,
+            problems=problems,
+            missing_inputs=inputs,
+        )
     return Plan(
         active,
         spec,
@@ -238,7 +349,10 @@ def build(observed: Observed, now: str, clock: float | None = None) -> Plan:
         _releases(observed.nodes, labels),
         namespace_write(observed.operand_namespace, spec.psa.enabled),
         count,
-        upgrade,
+        upgrade=upgrade,
+        problems=problems,
+        running=running,
+        missing_inputs=inputs,
     )
 
 
@@ -323,13 +437,20 @@ def conclude(
     errors: Mapping[str, str],
     reported: Mapping[str, Signature],
     now: str,
+    conflicts: Mapping[str, str] | None = None,
 ) -> Conclusion:
     """The statuses, status writes and Events of a pass, from its plan and the facts its writes
     returned: `errors` (component or object → the API server's message) are what could not be
-    written; `reported` what the Events of earlier passes said, by policy."""
+    written, `conflicts` (component → message) the objects of our names that are someone else's;
+    `reported` what the Events of earlier passes said, by policy."""
     statuses = dict(plan.statuses)
-    if errors and plan.active is not None and plan.active.name in statuses:
-        statuses[plan.active.name] = with_apply_errors(plan.active, statuses[plan.active.name], errors, now)
+    if plan.active is not None and plan.active.name in statuses:
+        final = statuses[plan.active.name]
+        if conflicts:
+            final = with_errors(plan.active, final, conflicts, REASON_CONFLICT, "conflict", now)
+        if errors:
+            final = with_errors(plan.active, final, errors, REASON_RECONCILE_FAILED, "apply failed", now)
+        statuses[plan.active.name] = final
     writes: dict[str, dict[str, Any]] = {}
     events: dict[str, list[Event]] = {}
     signatures: dict[str, Signature] = {}

@@ -35,6 +35,8 @@ class NamespaceInfo:
     own: frozenset[str]
     """Label and annotation keys the operator's server-side apply owns."""
     resource_version: str = field(default="", compare=False)
+    uid: str = ""
+    """Writes carry it, so that none can create the namespace if it was deleted meanwhile."""
 
 
 def namespace_info(body: Mapping[str, Any]) -> NamespaceInfo:
@@ -52,6 +54,7 @@ def namespace_info(body: Mapping[str, Any]) -> NamespaceInfo:
         previous={k: str(v) for k, v in previous.items() if k in PSA_LABELS},
         own=_owned(metadata.get("managedFields") or ()),
         resource_version=str(metadata.get("resourceVersion") or ""),
+        uid=str(metadata.get("uid") or ""),
     )
 
 

@@ -1,9 +1,11 @@
 """Carries out a plan: the watch caches in, API writes out, and only the writes that change something.
 
 Only I/O: `Reconciler.run_once` takes a snapshot of the Store (filled by the watch handlers), lets the
-pure core decide (plan.build), carries out the writes, hands what they returned back to the pure side
-(plan.conclude: the final status and the Events) and writes that. Writes happen only when the desired
-state differs from what the watches show, so a converged cluster costs the API server nothing.
+pure core decide (plan.build), asks the API server what the pure side needs to prove the change
+(gpu_operator/vetting.py: lookups and dry runs), carries out the writes of a proven change, hands
+what they returned back to the pure side (plan.conclude: the final status and the Events) and
+writes that. Writes, and the questions before them, happen only when the desired state differs
+from what the watches show, so a converged cluster costs the API server nothing.
 """
 
 from __future__ import annotations
@@ -17,13 +19,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from gpu_operator.api.crd import crd
-from gpu_operator.kube import ApiError, Kube
+from gpu_operator.kube import ApiError, Kube, NotLeader, gone_or_changed, preconditioned
 from gpu_operator.nodes import NodeInfo
 from gpu_operator.observed import (
     HASH_ANNOTATION,
+    ObjectInfo,
     ObjectKey,
     component_of,
     object_info,
@@ -33,12 +36,14 @@ from gpu_operator.plan import (
     POLICY_CRD,
     Applied,
     Conclusion,
+    Good,
     Observed,
     Plan,
     build,
     conclude,
     content_hash,
-    in_sync,
+    to_write,
+    vetting_context,
 )
 from gpu_operator.psa import PRIVILEGED, NamespaceInfo, NamespaceWrite
 from gpu_operator.settings import Settings
@@ -46,8 +51,20 @@ from gpu_operator.status import Signature
 from gpu_operator.store import Store
 from gpu_operator.upgrade import DeletePod, EvictionResult, EvictPod, NodeActions, PatchNode
 from gpu_operator.upgrade.facts import format_time
+from gpu_operator.vetting import (
+    LOOKED_UP_KINDS,
+    Answers,
+    Failure,
+    Problems,
+    Reference,
+    Requests,
+    Verdict,
+    judge,
+    requests,
+)
 
 log = logging.getLogger("gpu_operator")
+T = TypeVar("T")
 
 
 CRD_HASH_ANNOTATION = "nvidia.com/gpu-operator.crd-hash"
@@ -110,7 +127,7 @@ class Outcome:
     plan: Plan
     """The pass's plan, with the final statuses."""
     errors: Mapping[str, str]
-    """What could not be written (component or object → the API server's message)."""
+    """What could not be written, and why (component, object or generation → message): retried."""
     stale: tuple[str, ...] = ()
     """Objects (node/..., namespace/...) that changed between the snapshot and their write: a new
     pass should follow soon."""
@@ -119,26 +136,32 @@ class Outcome:
     timeout or eviction retry."""
 
 
+def _failure(exc: ApiError) -> Failure:
+    return Failure(exc.status, exc.reason, exc.message, exc.causes)
+
+
 @contextmanager
 def _recorded(errors: dict[str, str], what: str) -> Iterator[None]:
-    """Run one write; a rejected write (4xx) is recorded, a transient failure aborts the pass."""
+    """Run one write; whatever the API server answers (a refusal, a 5xx, no answer at all), the failure
+    is recorded and the pass goes on with every other object, node and status: the loop retries the
+    pass with backoff. Except NotLeader: a replica that lost the lease stops writing at once."""
     try:
         yield
+    except NotLeader:
+        raise
     except ApiError as exc:
-        if exc.status >= 500 or exc.status in (0, 429):  # 0: no response at all
-            raise
         log.warning("%s: %s", what, exc)
         errors.setdefault(what, str(exc))
 
 
 def _unless_changed(what: str, stale: list[str], write: Callable[[], object]) -> bool:
-    """Run a write that carries the resourceVersion the plan saw. A conflict (409) means the object
-    changed since (a manager's pause, an admin's label): the write is left to the next pass, which is
-    asked for. True when the write went through."""
+    """Run a write that carries the uid and resourceVersion the plan saw. An object changed since (a
+    manager's pause, an admin's label), deleted or replaced (see kube.gone_or_changed) means the write
+    is left to the next pass, which is asked for. True when the write went through."""
     try:
         write()
     except ApiError as exc:
-        if exc.status != 409:
+        if not gone_or_changed(exc):
             raise
         log.info("%s changed since this pass read it; the next pass decides again", what)
         stale.append(what)
@@ -163,14 +186,17 @@ class Reconciler:
     evictions: dict[str, EvictionResult] = field(default_factory=dict)
     """Pod UID → the API server's answer to our last Eviction of it: facts for the next pass."""
     evictions_lock: threading.Lock = field(default_factory=threading.Lock)
+    good: Good | None = None
+    """The last generation of the active policy written in full (see plan.Good)."""
     pool: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
         self.pool = ThreadPoolExecutor(self.settings.writers, "gpu-operator-write")
 
     def run_once(self) -> Outcome:
-        """One pass. API errors on single objects do not stop the pass: every other object, node
-        and status is still handled, and the errors go into the status and the returned Outcome.
+        """One pass. A change is proven before any of it is written (gpu_operator/vetting.py); API
+        errors on single objects do not stop the pass: every other object, node and status is still
+        handled, and the errors go into the status and the returned Outcome.
 
         Writes run in parallel (a 1000-node rollout is 1000 label patches per stage), except that a
         component's own objects go in order: its ServiceAccount and RBAC before its DaemonSet."""
@@ -180,7 +206,7 @@ class Reconciler:
                 self.store.put("crds", POLICY_CRD, True)
         clock = time.time()
         stamp = format_time(clock)
-        observed, plan = self._plan(stamp, clock)
+        observed, plan, verdict = self._plan(stamp, clock)
         known = observed.upgrade.pods_known
         needed = plan.upgrade.pods_needed if plan.upgrade is not None else frozenset()
         unlisted = needed - known if known is not None else frozenset()
@@ -194,14 +220,14 @@ class Reconciler:
             # of cordoning them and waiting for a pass of their own.
             clock = time.time()
             stamp = format_time(clock)
-            observed, plan = self._plan(stamp, clock)
+            observed, plan, verdict = self._plan(stamp, clock)
         errors: dict[str, str] = {}
         stale: list[str] = []
-        if plan.spec is not None:
-            self._in_parallel(
-                partial(self._apply_objects, bodies, errors) for bodies in _by_component(plan.objects)
-            )
-        self._in_parallel(partial(self._delete, key, errors) for key in plan.deletes)
+        self._in_parallel(
+            partial(self._apply_objects, bodies, errors) for bodies in _by_component(list(verdict.writes))
+        )
+        if not errors:  # never delete what runs before its replacement is in place
+            self._in_parallel(partial(self._delete, key, errors) for key in verdict.deletes)
         self._in_parallel(
             partial(
                 self._label, observed.nodes[node], labels, plan.label_releases.get(node, {}), errors, stale
@@ -225,36 +251,123 @@ class Reconciler:
                     )
         if self.pod_watches is not None:
             self.pod_watches.follow(upgrade.pods_needed if upgrade is not None else ())
-        conclusion = conclude(plan, observed.policies, errors, self.reported, stamp)
+        conclusion = conclude(plan, observed.policies, errors, self.reported, stamp, verdict.conflicts)
+        active = plan.active
+        if active is not None and plan.spec is not None and not plan.problems and not errors:
+            self.good = Good(active.uid, active.generation, active.spec)
         self._write_statuses(conclusion)
         wake_at = upgrade.wake_at if upgrade is not None else None
         if refused:
             # The status written above predates the refusal: say at once what the eviction waits for.
             wake_at = clock
-        return Outcome(conclusion.plan, errors, tuple(sorted(stale)), wake_at)
+        unsettled = {**verdict.conflicts, **errors}
+        if plan.problems and active is not None:
+            unsettled[f"generation {active.generation}"] = "; ".join(plan.problems.lines())
+        return Outcome(conclusion.plan, unsettled, tuple(sorted(stale)), wake_at)
 
-    def _plan(self, stamp: str, clock: float) -> tuple[Observed, Plan]:
+    def _plan(self, stamp: str, clock: float) -> tuple[Observed, Plan, Verdict]:
         observed = self.store.snapshot(self.settings.namespace, self.settings.environ)
         with self.evictions_lock:
             # Answers about pods no longer watched (gone, or their node done) are of no use any more.
             known = {p.uid for p in observed.upgrade.pods}
             self.evictions = {uid: e for uid, e in self.evictions.items() if uid in known}
             observed = replace(observed, upgrade=replace(observed.upgrade, evictions=dict(self.evictions)))
-        return observed, build(observed, stamp, clock)
+        return (observed, *self._prove(observed, stamp, clock))
+
+    def _prove(self, observed: Observed, stamp: str, clock: float) -> tuple[Plan, Verdict]:
+        """The plan to carry out and its proven change. A generation that cannot be written leaves
+        the cluster on the last one written (self.good); when that cannot take the cluster's new facts
+        either, or none is known (after a restart), nothing changes."""
+        plan = build(observed, stamp, self.good, clock=clock)
+        verdict = self._vet(plan, observed)
+        if verdict.proven:
+            return plan, verdict
+        if plan.problems is None:  # the current generation itself: fall back to the last one written
+            plan = build(observed, stamp, self.good, verdict.problems, clock)
+            verdict = self._vet(plan, observed)
+            if verdict.proven:
+                return plan, verdict
+        problems = (plan.problems or Problems()) + verdict.problems
+        return build(observed, stamp, None, problems, clock), Verdict(conflicts=verdict.conflicts)
+
+    def _vet(self, plan: Plan, observed: Observed) -> Verdict:
+        """Ask the API server what the plan's change needs asked (nothing when nothing is to be
+        written), and judge it."""
+        context = vetting_context(plan, observed)
+        if context is None:
+            return Verdict(deletes=tuple(plan.deletes))
+        writes = to_write(plan, observed.objects, self.applied)
+        if not writes:
+            return judge(context, writes, plan.deletes, Answers(dry_run={}))
+        answers = self._ask(requests(writes, observed.objects, context.spec))
+        verdict = judge(context, writes, plan.deletes, answers)
+        if not verdict.proven:
+            return verdict
+        dry_runs = self._gather(partial(self._dry_run, body) for body in verdict.dry_run)
+        answers = replace(answers, dry_run=dict(dry_runs))
+        return judge(context, writes, plan.deletes, answers)
+
+    def _ask(self, asks: Requests) -> Answers:
+        """Look up, metadata only, the objects and references the judge asked about. A lookup this
+        ServiceAccount may not make (403, e.g. an older chart) counts as not there (objects) or not
+        checked (references)."""
+        found: dict[ObjectKey, ObjectInfo | None] = {}
+        present: dict[tuple[str, str], bool] = {}
+        failed: dict[str, Failure] = {}
+
+        def fetch(api_version: str, kind: str, name: str, namespace: str) -> tuple[bool, Any]:
+            """(answered, the metadata or None when there is no such object)."""
+            try:
+                return True, self.kube.metadata(api_version, kind, name, namespace)
+            except ApiError as exc:
+                if exc.status != 403:
+                    failed[f"looking up {kind} {name}"] = _failure(exc)
+                else:
+                    log.warning("cannot check whether %s %s exists: %s", kind, name, exc)
+                return False, None
+
+        def lookup(key: ObjectKey) -> None:
+            api_version, kind, namespace, name = key
+            answered, body = fetch(api_version, kind, name, namespace)
+            if answered:
+                found[key] = None if body is None else object_info(body, key)
+
+        def check(ref: Reference) -> None:
+            api_version, _ = LOOKED_UP_KINDS[ref.kind]
+            namespace = self.settings.namespace if ref.kind == "Secret" else ""
+            answered, body = fetch(api_version, ref.kind, ref.name, namespace)
+            if answered:
+                present[ref.kind, ref.name] = body is not None
+
+        self._in_parallel(
+            [*(partial(lookup, key) for key in asks.lookups), *(partial(check, r) for r in asks.references)]
+        )
+        return Answers(found=found, present=present, failed=failed)
+
+    def _dry_run(self, body: dict[str, Any]) -> tuple[ObjectKey, Failure | None]:
+        try:
+            self.kube.apply(body, dry_run=True)
+        except NotLeader:
+            raise
+        except ApiError as exc:
+            return object_key(body), _failure(exc)
+        return object_key(body), None
 
     def _in_parallel(self, jobs: Iterable[Callable[[], None]]) -> None:
         """Run the jobs on the worker pool; after all have finished, re-raise the first failure."""
+        self._gather(jobs)
+
+    def _gather(self, jobs: Iterable[Callable[[], T]]) -> list[T]:
+        """Run the jobs on the worker pool; their results, in order (the first failure re-raised once
+        all have finished)."""
         futures = [self.pool.submit(job) for job in jobs]
         wait(futures)
-        for future in futures:
-            future.result()
+        return [future.result() for future in futures]
 
     def _apply_objects(self, bodies: list[dict[str, Any]], errors: dict[str, str]) -> None:
         for body in bodies:
             key = object_key(body)
             desired_hash = body["metadata"]["annotations"][HASH_ANNOTATION]
-            if in_sync(desired_hash, self.store.get("objects", key), self.applied.get(key)):
-                continue
             component = component_of(body["metadata"]) or key[1]
             with _recorded(errors, component):
                 result = self.kube.apply(body)
@@ -282,7 +395,8 @@ class Reconciler:
         with _recorded(errors, f"node/{node.name}"):
             # On the node as the plan saw it: if k8s-driver-manager or mig-manager changed a label since,
             # the write conflicts (409) rather than undo their pause, and the next pass decides again.
-            apply = partial(self.kube.apply_node_labels, node.name, labels, node.resource_version)
+            # Its uid too: a node deleted meanwhile is never created again by the write.
+            apply = partial(self.kube.apply_node_labels, node.name, labels, node.uid, node.resource_version)
             if _unless_changed(f"node/{node.name}", stale, apply) and releases:
                 log.info("node %s: removing shared labels %s", node.name, sorted(releases))
                 self.kube.rewrite_labels("Node", node.name, {k: (v, None) for k, v in releases.items()})
@@ -359,17 +473,14 @@ class Reconciler:
         log.info("namespace %s: pod-security labels %s", namespace.name, write.labels or "released")
         what = f"namespace/{namespace.name}"
         with _recorded(errors, what):
-            metadata = {
-                "name": namespace.name,
-                "resourceVersion": namespace.resource_version,
-                "labels": write.labels,
-                "annotations": write.annotations,
-            }
+            version = namespace.resource_version
             if write.restore:
                 restore = {key: (PRIVILEGED, value) for key, value in write.restore.items()}
                 self.kube.rewrite_labels("Namespace", namespace.name, restore)
-                del metadata["resourceVersion"]  # the restore moved it on
-            body = {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
+                version = ""  # the restore moved it on; the uid still keeps the write from creating it
+            body = preconditioned(
+                "v1", "Namespace", namespace.name, write.labels, namespace.uid, version, write.annotations
+            )
             _unless_changed(what, stale, partial(self.kube.apply, body))
 
     def _write_statuses(self, conclusion: Conclusion) -> None:

@@ -27,6 +27,7 @@ import jinja2
 import yaml
 
 from gpu_operator import images
+from gpu_operator.api import FieldError
 from gpu_operator.api.common import ComponentSpec
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.components import (
@@ -247,11 +248,11 @@ def _image_of(triple: Any, default: Image, env_var: str, facts: ClusterFacts, os
     return images.resolve(spec, default, env_var, facts.environ, os=os)
 
 
-def missing_inputs(component: Component, policy: ClusterPolicySpec, facts: ClusterFacts) -> list[str]:
+def missing_inputs(component: Component, policy: ClusterPolicySpec, facts: ClusterFacts) -> list[FieldError]:
     """Why a component's DaemonSets cannot be rendered now: a ConfigMap it needs is not there. NVIDIA then
     leaves the DaemonSet as it is and reports the state not ready; so do we (see plan.py)."""
     return [
-        f"{path}: ConfigMap {name!r} not found in namespace {facts.namespace!r}"
+        FieldError(path, f"ConfigMap {name!r} not found in namespace {facts.namespace!r}")
         for path, name in component.config_maps(policy)
         if name not in facts.config_maps
     ]

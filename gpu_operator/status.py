@@ -16,10 +16,12 @@ from typing import Any
 from gpu_operator.api import FieldError
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.api.status import (
+    REASON_CONFLICT,
     REASON_IGNORED,
     REASON_INVALID_SPEC,
     REASON_NO_GPU_NODES,
     REASON_OPERAND_NOT_READY,
+    REASON_PREREQUISITE_NOT_MET,
     REASON_RECONCILE_FAILED,
     REASON_RECONCILED,
     ClusterPolicyStatus,
@@ -39,6 +41,7 @@ from gpu_operator.nodes import (
     unmet_dependencies,
 )
 from gpu_operator.observed import DaemonSetInfo, PodInfo, PolicyRef
+from gpu_operator.vetting import Problems
 
 MAX_PROBLEMS = 5
 
@@ -190,7 +193,7 @@ def policy_status(
     pods: Mapping[tuple[str, str], PodInfo],
     namespace: str,
     daemonsets: Mapping[str, list[DaemonSetInfo | None]],
-    missing: Mapping[str, list[str]],
+    missing: Mapping[str, list[FieldError]],
     notes: Sequence[str],
     now: str,
 ) -> ClusterPolicyStatus:
@@ -200,7 +203,7 @@ def policy_status(
     gpus = [n for n in gpu_nodes(nodes.values()) if takes_operands(n)]
     components = [_component_status(c, spec, gpus, pods, daemonsets.get(c.name, [])) for c in COMPONENTS]
     components = [
-        c.model_copy(update={"state": "notReady", "reason": "; ".join(missing[c.name])})
+        c.model_copy(update={"state": "notReady", "reason": "; ".join(map(str, missing[c.name]))})
         if c.name in missing
         else c
         for c in components
@@ -271,16 +274,42 @@ def _conditions(policy: PolicyRef, pairs: Pairs, now: str) -> list[Condition]:
     return conditions
 
 
-def invalid_status(
-    policy: PolicyRef, errors: list[FieldError], namespace: str, now: str
-) -> ClusterPolicyStatus:
-    """An invalid spec: Error=InvalidSpec naming every field; the rest of the status stays as it was."""
-    message = "invalid ClusterPolicy, nothing was changed: " + "; ".join(str(e) for e in errors)
+def _problem_reason(problems: Problems) -> str:
+    if problems.invalid:
+        return REASON_INVALID_SPEC
+    return REASON_PREREQUISITE_NOT_MET if problems.missing else REASON_RECONCILE_FAILED
+
+
+def _not_applied(policy: PolicyRef, problems: Problems, running: int | None) -> str:
+    kept = f"the operands keep running generation {running}" if running is not None else "nothing was changed"
+    return f"generation {policy.generation} is not applied, {kept}: " + "; ".join(problems.lines())
+
+
+def invalid_status(policy: PolicyRef, problems: Problems, namespace: str, now: str) -> ClusterPolicyStatus:
+    """A generation that cannot be applied while nothing is known to run: Error names every field;
+    the rest of the status stays as it was (a merge patch of these fields only)."""
+    reason = _problem_reason(problems)
     return ClusterPolicyStatus(
         state="notReady",
         namespace=namespace,
         observedGeneration=policy.generation,
-        conditions=_conditions(policy, _error(REASON_INVALID_SPEC, message), now),
+        conditions=_conditions(policy, _error(reason, _not_applied(policy, problems, None)), now),
+    )
+
+
+def with_problems(
+    policy: PolicyRef, status: ClusterPolicyStatus, problems: Problems, running: int | None, now: str
+) -> ClusterPolicyStatus:
+    """The status of a generation that is not applied: the components as they run (generation
+    `running`, None: as they are), Error with what stopped the new one: InvalidSpec (the models or the
+    API server refuse a field), PrerequisiteNotMet (what it names is not there), ReconcileFailed (the
+    API server failed while the change was being proven; retried)."""
+    message = _not_applied(policy, problems, running)
+    return status.model_copy(
+        update={
+            "state": "notReady",
+            "conditions": _conditions(policy, _error(_problem_reason(problems), message), now),
+        }
     )
 
 
@@ -296,25 +325,41 @@ def ignored_status(policy: PolicyRef, active: PolicyRef, namespace: str, now: st
     )
 
 
-def with_apply_errors(
-    policy: PolicyRef, status: ClusterPolicyStatus, errors: Mapping[str, str], now: str
+_RANKED = (REASON_INVALID_SPEC, REASON_PREREQUISITE_NOT_MET, REASON_RECONCILE_FAILED, REASON_CONFLICT)
+"""Error reasons of problems, the one to fix first first: when several are found, Error gives the
+first one's reason and every message."""
+
+
+def with_errors(
+    policy: PolicyRef,
+    status: ClusterPolicyStatus,
+    errors: Mapping[str, str],
+    reason: str,
+    label: str,
+    now: str,
 ) -> ClusterPolicyStatus:
-    """The status when some objects could not be written: those components are not ready, and Error
-    says why (NVIDIA's ReconcileFailed), with the API server's own message. Errors are keyed by
-    component name or by the `app.kubernetes.io/component` label of the object that failed."""
+    """The status when some components could not be written: objects the API server refused or failed
+    on (ReconcileFailed, NVIDIA's reason, with the server's own message), or objects of our names that
+    are someone else's (ObjectConflict). Those components are not ready, with `label` and the message;
+    the others keep their status. Errors are keyed by component name or by the
+    `app.kubernetes.io/component` label of the object."""
     by_component = {(BY_LABEL[k].name if k in BY_LABEL else k): text for k, text in errors.items()}
     components = [
-        c.model_copy(update={"state": "notReady", "reason": f"apply failed: {by_component[c.name]}"})
+        c.model_copy(update={"state": "notReady", "reason": f"{label}: {by_component[c.name]}"})
         if c.name in by_component
         else c
         for c in status.components
     ]
-    message = "failed to reconcile: " + "; ".join(f"{name}: {text}" for name, text in errors.items())
+    message = f"{label}: " + "; ".join(f"{name}: {text}" for name, text in errors.items())
+    error = next((c for c in status.conditions if c.type == "Error" and c.status == "True"), None)
+    if error is not None and error.reason in _RANKED:
+        reason = min(reason, error.reason, key=_RANKED.index)
+        message = f"{error.message}; {message}"
     return status.model_copy(
         update={
             "state": "notReady",
             "components": components,
-            "conditions": _conditions(policy, _error(REASON_RECONCILE_FAILED, message), now),
+            "conditions": _conditions(policy, _error(reason, message), now),
         }
     )
 

@@ -55,7 +55,8 @@ KUBECONFIG=$OPERATOR_KUBECONFIG setsid .venv/bin/gpu-operator run --namespace "$
 echo $! > "$PIDFILE"
 
 name=$(.venv/bin/python -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["metadata"]["name"])' "$POLICY")
-echo "demo: applying $POLICY (ClusterPolicy $name)"
+echo "demo: applying $POLICY (ClusterPolicy $name) and the ConfigMaps it names"
+"$KUBECTL" apply --server-side -f examples/clusterpolicy-configmaps.yaml >/dev/null
 "$KUBECTL" apply --server-side -f "$POLICY" >/dev/null
 start=$(date +%s)
 until [[ $("$KUBECTL" get clusterpolicy "$name" -o jsonpath='{.status.state}') == ready ]]; do

@@ -9,6 +9,7 @@ what `kubectl explain` shows.
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -264,6 +265,25 @@ class EnvVar(Model):
     """Variable value, always a plain string."""
 
 
+_BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
+_DECIMAL = {"n": "1e-9", "u": "1e-6", "m": "1e-3", "": "1", "k": "1e3", "M": "1e6", "G": "1e9", "T": "1e12"}
+_DECIMAL |= {"P": "1e15", "E": "1e18"}
+
+
+def quantity_value(value: int | str) -> Decimal:
+    """The amount a Kubernetes quantity stands for ('500m' is 0.5, '1Gi' 1073741824, '1e3' 1000)."""
+    text = str(value).lstrip("+")
+    number = re.match(r"[0-9]*\.?[0-9]*", text)
+    digits = number.group(0) if number else ""
+    suffix = text[len(digits) :]
+    amount = Decimal(digits or "0")
+    if suffix in _BINARY:
+        return amount * _BINARY[suffix]
+    if suffix in _DECIMAL:
+        return amount * Decimal(_DECIMAL[suffix])
+    return amount * Decimal(10) ** int(suffix[1:])  # e3, E-2
+
+
 class ResourceRequirements(Model):
     """CPU, memory and other resource requests and limits of the operand's containers."""
 
@@ -272,9 +292,49 @@ class ResourceRequirements(Model):
     requests: dict[str, Quantity] | None = None
     """Minimum amount of each resource the scheduler reserves."""
 
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> ResourceRequirements:
+        # The API server refuses a request above its limit (core validation of the pod template).
+        for name, request in (self.requests or {}).items():
+            limit = (self.limits or {}).get(name)
+            if limit is not None and quantity_value(request) > quantity_value(limit):
+                raise ValueError(f"requests.{name} ({request}) is more than limits.{name} ({limit})")
+        return self
+
 
 class Toleration(Model):
     """A pod toleration (core/v1 Toleration)."""
+
+    # `_as_the_api_server` below, as admission rules (null-valued fields count as absent in has()).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": (
+                        "(has(self.key) && self.key != '')"
+                        " || (has(self.operator) && self.operator == 'Exists')"
+                    ),
+                    "message": "operator must be Exists when key is empty (a toleration of every taint)",
+                    "fieldPath": ".operator",
+                },
+                {
+                    "rule": (
+                        "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')"
+                    ),
+                    "message": "tolerationSeconds is only allowed with effect NoExecute",
+                    "fieldPath": ".effect",
+                },
+                {
+                    "rule": (
+                        "!has(self.operator) || self.operator != 'Exists'"
+                        " || !has(self.value) || self.value == ''"
+                    ),
+                    "message": "value must be empty when operator is Exists",
+                    "fieldPath": ".value",
+                },
+            ]
+        }
+    )
 
     key: LabelKey | None = None
     """Taint key the toleration applies to; empty with operator Exists means every taint."""
@@ -286,6 +346,17 @@ class Toleration(Model):
     """Taint effect to match; empty matches all effects."""
     tolerationSeconds: Int64 | None = None
     """How long a NoExecute taint is tolerated before eviction."""
+
+    @model_validator(mode="after")
+    def _as_the_api_server(self) -> Toleration:
+        # core/v1 ValidateTolerations: the API server refuses the pod template otherwise.
+        if not self.key and self.operator != "Exists":
+            raise ValueError("operator must be Exists when key is empty (a toleration of every taint)")
+        if self.tolerationSeconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds is only allowed with effect NoExecute")
+        if self.operator == "Exists" and self.value:
+            raise ValueError("value must be empty when operator is Exists")
+        return self
 
 
 # Pod security context (core/v1), typed as the API server types it: a wrong type here would fail every

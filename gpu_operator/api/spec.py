@@ -109,10 +109,33 @@ class OperatorSpec(Model):
     """OpenShift Driver Toolkit: accepted, not acted on (reported; OpenShift is not supported)."""
 
 
+_ZERO = re.compile(r"^0+%?$")
+_NOT_ZERO = "must be at least 1 (or 1%): a DaemonSet cannot update with no pod unavailable"
+
+
+def _not_zero(value: int | str | None) -> int | str | None:
+    # The API server refuses a DaemonSet that may have no pod unavailable and none surge (maxSurge 0).
+    if value is not None and _ZERO.fullmatch(str(value)):
+        raise ValueError(_NOT_ZERO)
+    return value
+
+
 class RollingUpdateSpec(Model):
     """Rolling update parameters of the operand DaemonSets."""
 
-    maxUnavailable: IntOrPercent | None = None
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.maxUnavailable) || !string(self.maxUnavailable).matches('^0+%?$')",
+                    "message": _NOT_ZERO,
+                    "fieldPath": ".maxUnavailable",
+                }
+            ]
+        }
+    )
+
+    maxUnavailable: Annotated[IntOrPercent | None, AfterValidator(_not_zero)] = None
     """Nodes that may lack a ready pod during an update: a count or a percentage like '25%' (default 1)."""
 
 

@@ -18,6 +18,8 @@ REASON_NO_GPU_NODES = "NoGPUNodes"
 REASON_OPERAND_NOT_READY = "OperandNotReady"
 REASON_RECONCILE_FAILED = "ReconcileFailed"
 REASON_INVALID_SPEC = "InvalidSpec"
+REASON_PREREQUISITE_NOT_MET = "PrerequisiteNotMet"
+REASON_CONFLICT = "ObjectConflict"
 REASON_IGNORED = "NotActivePolicy"
 
 

@@ -5,6 +5,7 @@ looser CRD let it in, content nested thousands of levels deep, and Unicode that 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from .test_operator import (  # noqa: F401  (fixtures)
     daemonsets,
     get_policy,
     operator,
+    operator_labels,
     policy_from,
     wait_state,
 )
@@ -36,43 +38,69 @@ CRD_NAME = "clusterpolicies.nvidia.com"
 SPEC_SCHEMA = "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties"
 
 
-def running_operands(cluster: Cluster) -> dict[str, tuple[str, int]]:
-    """DaemonSet uid and generation per component, and the RuntimeClass the workloads use."""
-    found = {name: (ds.metadata.uid, ds.metadata.generation) for name, ds in daemonsets(cluster).items()}
-    runtime_class: Any = client.NodeV1Api(cluster.api).read_runtime_class("nvidia")
-    found["RuntimeClass/nvidia"] = (runtime_class.metadata.uid, 0)
+def running_operands(cluster: Cluster) -> dict[str, Any]:
+    """What a refused policy must leave exactly as it was: each operand DaemonSet (uid, generation),
+    every RuntimeClass and the node set (none created, changed or deleted) and the operator's node
+    labels."""
+    found: dict[str, Any] = {
+        name: (ds.metadata.uid, ds.metadata.generation) for name, ds in daemonsets(cluster).items()
+    }
+    for runtime_class in client.NodeV1Api(cluster.api).list_runtime_class().items:
+        found[f"RuntimeClass/{runtime_class.metadata.name}"] = (
+            runtime_class.metadata.uid,
+            runtime_class.metadata.resource_version,
+        )
+    for node in client.CoreV1Api(cluster.api).list_node().items:
+        labels = node.metadata.labels or {}
+        found[f"Node/{node.metadata.name}"] = (
+            node.metadata.uid,
+            {k: labels[k] for k in operator_labels(labels)},
+        )
     return found
+
+
+def loosen(cluster: Cluster, fields: list[str]) -> None:
+    """The ClusterPolicy CRD as an older version had it: no checks on these spec fields (dotted paths
+    below spec). The current CRD goes back with install_crds (and the looser_crd fixture)."""
+    patch = []
+    for dotted in fields:
+        path = SPEC_SCHEMA + "".join(f"/{step}/properties" for step in dotted.split(".")[:-1])
+        leaf = dotted.split(".")[-1]
+        patch.append(
+            {"op": "replace", "path": f"{path}/{leaf}", "value": {"x-kubernetes-int-or-string": True}}
+        )
+    client.ApiextensionsV1Api(cluster.api).patch_custom_resource_definition(CRD_NAME, patch)
 
 
 @pytest.fixture
 def looser_crd(cluster: Cluster) -> Iterator[None]:
-    """The ClusterPolicy CRD as an older version had it: no checks on runtimeClass and runAsUser (the
-    test puts the current one back itself; this is the safety net)."""
-    loosen = [
-        {
-            "op": "replace",
-            "path": f"{SPEC_SCHEMA}/operator/properties/runtimeClass",
-            "value": {"type": "string"},
-        },
-        {
-            "op": "replace",
-            "path": f"{SPEC_SCHEMA}/daemonsets/properties/podSecurityContext/properties/runAsUser",
-            "value": {"x-kubernetes-int-or-string": True},
-        },
-    ]
-    client.ApiextensionsV1Api(cluster.api).patch_custom_resource_definition(CRD_NAME, loosen)
+    """Puts the current CRD back after a test that loosened it (the test does so itself too; this is
+    the safety net)."""
     try:
         yield
     finally:
         install_crds(cluster, CRD_FILE)
 
 
+# (spec, policy field, words of the reason): each refused by the CRD at once, and, behind a CRD that
+# lets it through, by the operator, which then changes nothing.
 BAD = [
     ({"operator": {"runtimeClass": "Not A Valid Name"}}, "spec.operator.runtimeClass", "DNS-1123 label"),
     (
         {"daemonsets": {"podSecurityContext": {"runAsUser": "root"}}},
         "spec.daemonsets.podSecurityContext.runAsUser",
         "integer",
+    ),
+    (
+        {"driver": {"livenessProbe": {"initialDelaySeconds": 4294967301}}},
+        "spec.driver.livenessProbe.initialDelaySeconds",
+        "less than or equal to 2147483647",
+    ),
+    ({"hostPaths": {"rootFS": "host/root"}}, "spec.hostPaths.rootFS", "not an absolute path"),
+    (
+        {"hostPaths": {"driverInstallDir": "/"}},
+        "spec.hostPaths.driverInstallDir",
+        "the host's root directory",
     ),
 ]
 
@@ -81,26 +109,27 @@ BAD = [
 def test_invalid_values_are_refused_and_running_operands_untouched(
     cluster: Cluster,
     clean: OperatorProcess,
+    looser_crd: None,
     spec: dict[str, Any],
     field: str,
     reason: str,
-    request: pytest.FixtureRequest,
 ) -> None:
     body = policy_from("empty")
     apply_policy(cluster, body)
     wait_state(cluster, "cluster-policy", "ready")
     before = running_operands(cluster)
     # The CRD refuses it at once, naming the field.
-    with pytest.raises(RuntimeError, match=field.replace(".", r"\.")):
+    with pytest.raises(RuntimeError, match=re.escape(field)):
         apply_policy(cluster, {**body, "spec": spec})
     # A CRD that let it through (an older version): the operator refuses it and changes nothing.
-    request.getfixturevalue("looser_crd")
+    loosen(cluster, [field.removeprefix("spec.")])
     apply_policy(cluster, {**body, "spec": spec})
     policy = wait_state(cluster, "cluster-policy", "notReady")
     error = condition(policy, "Error")
     assert error["reason"] == "InvalidSpec" and field in error["message"] and reason in error["message"], (
         error
     )
+    assert "operands keep running generation" in error["message"], error
     assert running_operands(cluster) == before, "an invalid policy changed running operands"
     apply_policy(cluster, {**body, "spec": {}})
     wait_state(cluster, "cluster-policy", "ready")

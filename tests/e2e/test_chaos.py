@@ -40,7 +40,7 @@ from .chaos import (
 )
 from .kube_helpers import Cluster, wait_for
 from .operator_process import OPERATOR, ROOT, OperatorProcess, chart_operator
-from .test_operator import NS, apply_policy, assert_cleaned_up, policy_from
+from .test_operator import NS, apply_policy, apply_seed_config_maps, assert_cleaned_up, policy_from
 
 POLICY = "cluster-policy"
 BOUND = 180.0
@@ -113,6 +113,7 @@ def operator(
     cluster: Cluster, admin: Kube, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     with chart_operator(cluster, tmp_path_factory.mktemp("chaos"), NS) as process:
+        apply_seed_config_maps(cluster)  # what the seed sample names, there before it is applied
         yield process
 
 

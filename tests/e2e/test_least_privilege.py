@@ -35,6 +35,8 @@ def converged(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
     with chart_operator(cluster, folder, NS, "--set", runtime_class) as operator:
         admin = Kube(cluster.api)
         token = Kube(load_api_client(folder / "kubeconfig"))
+        for body in REFERENCES:
+            admin.apply(body, manager="e2e-user")
         apply_policy(cluster, policy_from("everything", "cluster-policy"))
         try:
             wait_for(
@@ -44,7 +46,41 @@ def converged(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
         finally:
             admin.request("DELETE", path("nvidia.com/v1", "ClusterPolicy", name="cluster-policy"))
             wait_for(lambda: assert_cleaned_up(cluster), timeout=180, what="cleanup")
+            for body in REFERENCES:
+                metadata = body["metadata"]
+                admin.request(
+                    "DELETE",
+                    path(body["apiVersion"], body["kind"], metadata.get("namespace", ""), metadata["name"]),
+                )
             operator.assert_clean_log()
+
+
+def _user_object(api_version: str, kind: str, name: str, **content: Any) -> dict[str, Any]:
+    namespace = {} if kind == "PriorityClass" else {"namespace": NS}
+    return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name, **namespace}, **content}
+
+
+REFERENCES = [
+    *(
+        _user_object("v1", "ConfigMap", name, data={key: "x"})
+        for name, key in (
+            ("apt-mirror", "mirror.list"),
+            ("corp-ca", "ca.crt"),
+            ("kernel-module-params", "nvidia.conf"),
+            ("time-slicing", "any"),
+            ("custom-metrics", "dcgm-metrics.csv"),
+            ("custom-mig-parted-config", "config.yaml"),
+            ("gpu-clients", "clients.yaml"),
+        )
+    ),
+    *(
+        _user_object("v1", "Secret", name, stringData={"token": "x"})
+        for name in ("registry-creds", "validator-creds", "nls-token", "driver-secrets")
+    ),
+    _user_object("scheduling.k8s.io/v1", "PriorityClass", "gpu-critical", value=1000),
+]
+"""What everything.yaml names and the operator does not create (it proves a change before writing it,
+so the policy is not applied before these are there): the user's ConfigMaps, Secrets, PriorityClass."""
 
 
 GENERATED = Path(__file__).resolve().parents[2] / "charts" / "gpu-operator" / "files" / "operand-rbac.yaml"

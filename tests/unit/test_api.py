@@ -170,6 +170,10 @@ def test_int_or_percent_agrees_with_crd(value: int | str) -> None:
         by_crd = value >= node["minimum"]
     else:
         by_crd = re.fullmatch(node["pattern"], value) is not None
+    # The admission rule of rollingUpdate: never zero (a DaemonSet could not roll).
+    rule = crd_node("daemonsets.rollingUpdate")["x-kubernetes-validations"][0]["rule"]
+    assert "'^0+%?$'" in rule
+    by_crd = by_crd and not re.fullmatch(r"0+%?", str(value))
     assert accepts({"daemonsets": {"rollingUpdate": {"maxUnavailable": value}}}) == by_crd
 
 
@@ -313,7 +317,7 @@ LIMITS = [
         "percentage",
     ),
     (
-        {"daemonsets": {"tolerations": [{"tolerationSeconds": 2**63}]}},
+        {"daemonsets": {"tolerations": [{"key": "k", "effect": "NoExecute", "tolerationSeconds": 2**63}]}},
         "spec.daemonsets.tolerations[0].tolerationSeconds",
         "",
     ),
@@ -386,7 +390,12 @@ def test_limits_name_the_field(spec: dict[str, Any], path: str, fragment: str) -
         {"operator": {"runtimeClass": "nvidia-cdi"}},
         {"daemonsets": {"priorityClassName": "no-such-priority-class"}},
         {"daemonsets": {"podSecurityContext": {"runAsUser": 0, "runAsNonRoot": False, "fsGroup": 2**31 - 1}}},
-        {"daemonsets": {"labels": {"team": ""}, "tolerations": [{"tolerationSeconds": 2**63 - 1}]}},
+        {
+            "daemonsets": {
+                "labels": {"team": ""},
+                "tolerations": [{"key": "k", "effect": "NoExecute", "tolerationSeconds": 2**63 - 1}],
+            }
+        },
         {"hostPaths": {"rootFS": "/", "driverInstallDir": "/opt/nvidia/driver/", "kubeletRootDir": "/k"}},
         {"daemonsets": {"rollingUpdate": {"maxUnavailable": 2**31 - 1}}},
         {"daemonsets": {"rollingUpdate": {"maxUnavailable": "999999999"}}},

@@ -515,6 +515,9 @@ REQUIRED_EXTRA: Grants = {
     (NAMESPACE, "coordination.k8s.io", "leases", ""): {"create"},
     # operator.py: the operand namespace's watch; reconciler.py _write_namespace (psa.enabled).
     ("", "", "namespaces", NAMESPACE): {"list", "watch", "patch"},
+    # reconciler.py _ask: the Secrets and PriorityClasses new pods name must exist (metadata only).
+    (NAMESPACE, "", "secrets", ""): {"get"},
+    ("", "scheduling.k8s.io", "priorityclasses", ""): {"get"},
 }
 
 
@@ -536,13 +539,14 @@ def required_grants() -> Grants:
         plural, namespaced = RESOURCES[(obj["apiVersion"], obj["kind"])]
         scope = NAMESPACE if namespaced else ""
         group, name = group_of(obj["apiVersion"]), obj["metadata"]["name"]
-        # kube.py apply (server-side apply creates when missing) and delete (disabled components).
+        # kube.py apply (server-side apply creates when missing) and delete (disabled components);
+        # reconciler.py _ask: an object missing from the caches may be someone else's (get).
         if obj["kind"] in BY_NAME_ONLY:
-            # Changed and deleted by name only; created under the chart's admission policy.
+            # Looked up, changed and deleted by name only; created under the chart's admission policy.
             add(scope, group, plural, {"create"})
-            add(scope, group, plural, {"patch", "delete"}, name)
+            add(scope, group, plural, {"get", "patch", "delete"}, name)
         else:
-            add(scope, group, plural, {"create", "patch", "delete"})
+            add(scope, group, plural, {"get", "create", "patch", "delete"})
         if obj["kind"] in ("ClusterRole", "Role"):
             # Creating a role with permissions the operator lacks, and binding it.
             add(scope, "rbac.authorization.k8s.io", plural, {"bind", "escalate"}, name)

@@ -198,7 +198,12 @@ class FakeNodeApi:
             }
             for manager in managers
         ]
-        metadata = {"name": self.name, "labels": dict(self.labels), "annotations": self.annotations}
+        metadata = {
+            "name": self.name,
+            "uid": f"uid-{self.name}",
+            "labels": dict(self.labels),
+            "annotations": self.annotations,
+        }
         return {"metadata": {**metadata, "managedFields": managed}}
 
     def set_by_nfd(self, key: str, value: str) -> None:
@@ -206,9 +211,10 @@ class FakeNodeApi:
         self.owners[key] = {"nfd-master"}
 
     def apply_node_labels(
-        self, node: str, labels: dict[str, str], manager: str, force: bool
+        self, node: str, labels: dict[str, str], uid: str, manager: str, force: bool
     ) -> dict[str, Any]:
-        assert node == self.name and manager == FIELD_MANAGER and not force
+        # The uid is the precondition that keeps the write from creating a Node deleted meanwhile.
+        assert node == self.name and uid == f"uid-{self.name}" and manager == FIELD_MANAGER and not force
         for key, value in labels.items():
             if key in self.labels and self.labels[key] != value and self.owners[key] - {manager}:
                 raise ApiError(409, "Conflict", f"conflict with nfd-master: .metadata.labels.{key}")

@@ -28,6 +28,8 @@ from gpu_operator.status import status_body
 
 PCI = "feature.node.kubernetes.io/pci-10de.present"
 NOW = "2026-11-29T12:00:00Z"
+OURS = ("gpu-operator", "kube-controller-manager")
+"""The field managers of an object the operator created (and a controller updated the status of)."""
 
 
 def policy(name: str = "cluster-policy", created: str = "2026-01-01T00:00:00Z", **spec: Any) -> PolicyRef:
@@ -87,7 +89,7 @@ def test_objects_are_owned_hashed_and_in_dependency_order() -> None:
 
 def test_disabled_component_objects_are_deleted() -> None:
     stale = ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-dcgm")
-    info = ObjectInfo(stale, "dcgm", "h", 1, "1", "uid-cluster-policy")
+    info = ObjectInfo(stale, "dcgm", "h", 1, "1", "uid-cluster-policy", OURS)
     plan = build(observed(policy(dcgm={"enabled": False}), objects={stale: info}), NOW)
     assert plan.deletes == [stale]
     assert not any(o["metadata"]["name"] == "nvidia-dcgm" and o["kind"] == "DaemonSet" for o in plan.objects)
@@ -95,7 +97,7 @@ def test_disabled_component_objects_are_deleted() -> None:
 
 def test_invalid_spec_changes_nothing_and_names_the_field() -> None:
     stale = ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-driver-daemonset")
-    info = ObjectInfo(stale, "driver", "h", 1, "1", "uid-cluster-policy")
+    info = ObjectInfo(stale, "driver", "h", 1, "1", "uid-cluster-policy", OURS)
     node = NodeInfo("gpu-0", {PCI: "true", GPU_PRESENT: "true"}, own_labels=frozenset({GPU_PRESENT}))
     bad = policy(driver={"upgradePolicy": {"maxUnavailable": "lots"}})
     plan = build(observed(bad, nodes=[node], objects={stale: info}), NOW)
@@ -110,7 +112,11 @@ def test_no_policy_removes_operator_labels_and_objects() -> None:
         "gpu-0", {PCI: "true", GPU_PRESENT: "true", "team": "a"}, own_labels=frozenset({GPU_PRESENT})
     )
     key = ("v1", "ConfigMap", "gpu-operator", "x")
-    plan = build(observed(nodes=[node], objects={key: ObjectInfo(key, "driver", "h", 0, "1", "")}), NOW)
+    # Left by a ClusterPolicy that is gone; a user's object with our labels is not ours to delete.
+    left = ObjectInfo(key, "driver", "h", 0, "1", "uid-deleted-policy", OURS)
+    users = ("v1", "ConfigMap", "gpu-operator", "users")
+    theirs = ObjectInfo(users, "driver", "", 0, "1", "", ("kubectl-create",))
+    plan = build(observed(nodes=[node], objects={key: left, users: theirs}), NOW)
     assert plan.node_labels == {"gpu-0": {}}
     assert plan.deletes == [key]
 
@@ -234,7 +240,7 @@ def test_in_sync_detects_edits_and_deletes() -> None:
 def test_a_missing_config_map_keeps_the_running_driver_and_says_why() -> None:
     """As NVIDIA: the driver DaemonSet is neither applied nor deleted until its ConfigMap is there."""
     driver = ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-driver-daemonset")
-    objects = {driver: ObjectInfo(driver, "driver", "h", 1, "1", "uid-cluster-policy")}
+    objects = {driver: ObjectInfo(driver, "driver", "h", 1, "1", "uid-cluster-policy", OURS)}
     wanting = policy(driver={"certConfig": {"name": "corp-ca"}})
     plan = build(observed(wanting, objects=objects), NOW)
     assert driver not in plan.deletes
@@ -376,7 +382,7 @@ def test_chart_default_without_the_prometheus_operator_is_ready_with_a_note() ->
 
 def test_service_monitor_turned_off_is_deleted() -> None:
     key = ("monitoring.coreos.com/v1", "ServiceMonitor", "gpu-operator", "nvidia-dcgm-exporter")
-    info = ObjectInfo(key, "dcgm-exporter", "h", 1, "1", "uid-cluster-policy")
+    info = ObjectInfo(key, "dcgm-exporter", "h", 1, "1", "uid-cluster-policy", OURS)
     spec: dict[str, Any] = {"dcgmExporter": {"serviceMonitor": {"enabled": False}}}
     plan = build(
         Observed(**{**vars(observed(policy(**spec), objects={key: info})), "service_monitor_crd": True}), NOW

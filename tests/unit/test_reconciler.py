@@ -1,6 +1,8 @@
-"""The reconciler's glue, against a fake API (the real one is covered end to end): only differing
-objects are written, rejected writes land in the status, transient failures abort the pass, and
-Events are posted on transitions only."""
+"""The reconciler's glue, against a fake API (the real one is covered end to end): a change is proven
+(lookups, dry runs) before anything of it is written, only differing objects are written, refusals
+and failures land in the status without stopping the rest of the pass, nothing is deleted before its
+replacement is in place, objects of our names that are someone else's are left alone, and Events are
+posted on transitions only."""
 
 from __future__ import annotations
 
@@ -9,9 +11,9 @@ from typing import Any, cast
 
 import pytest
 
-from gpu_operator.kube import ApiError, Kube
+from gpu_operator.kube import ApiError, Kube, NotLeader
 from gpu_operator.nodes import NodeInfo
-from gpu_operator.observed import ObjectKey, object_key
+from gpu_operator.observed import ADOPT_ANNOTATION, ObjectKey, object_key
 from gpu_operator.plan import PolicyRef
 from gpu_operator.psa import PREVIOUS_ANNOTATION, PSA_LABELS, NamespaceInfo
 from gpu_operator.reconciler import Reconciler
@@ -19,45 +21,77 @@ from gpu_operator.settings import Settings
 from gpu_operator.store import Store
 
 PCI = "feature.node.kubernetes.io/pci-10de.present"
+PLUGIN = "nvidia-device-plugin-daemonset"
+RUNTIME_CLASS = ("node.k8s.io/v1", "RuntimeClass", "", "nvidia")
 
 
 class FakeKube:
-    """Records writes; answers an apply like the API server would (generation, resourceVersion)."""
+    """Records writes and questions; answers like the API server would (generation, resourceVersion,
+    managedFields), for objects it knows (`existing`, metadata of objects not in the caches)."""
 
-    def __init__(self, reject: Mapping[str, ApiError] | None = None) -> None:
+    def __init__(
+        self,
+        reject: Mapping[str, ApiError] | None = None,
+        reject_writes: Mapping[str, ApiError] | None = None,
+    ) -> None:
         self.reject = dict(reject or {})
+        """Object or node name → the answer to any apply of it (dry run or not)."""
+        self.reject_writes = dict(reject_writes or {})
+        """Object name → the answer to a real apply only (the dry run passed)."""
         self.applied: list[ObjectKey] = []
+        self.dry_runs: list[ObjectKey] = []
+        self.lookups: list[tuple[str, str]] = []
+        self.existing: dict[ObjectKey, dict[str, Any]] = {}
+        self.secrets: set[str] = set()
+        self.priority_classes = {"system-node-critical"}
         self.labels: dict[str, dict[str, str]] = {}
         self.statuses: list[dict[str, Any]] = []
         self.events: list[tuple[str, str]] = []
         self.deleted: list[ObjectKey] = []
-        self.versions: dict[str, str] = {}
+        self.versions: dict[str, tuple[str, str]] = {}
         self.bodies: list[dict[str, Any]] = []
         self.rewritten: dict[tuple[str, str], dict[str, tuple[str, str | None]]] = {}
         self.version = 0
 
-    def apply(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        if body["metadata"]["name"] in self.reject:
-            raise self.reject[body["metadata"]["name"]]
+    def metadata(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any] | None:
+        self.lookups.append((kind, name))
+        if kind == "Secret":
+            return {"metadata": {"name": name}} if name in self.secrets else None
+        if kind == "PriorityClass":
+            return {"metadata": {"name": name}} if name in self.priority_classes else None
+        found = self.existing.get((api_version, kind, namespace, name))
+        return None if found is None else {"metadata": found}
+
+    def apply(self, body: Mapping[str, Any], dry_run: bool = False) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        if name in self.reject:
+            raise self.reject[name]
+        if dry_run:
+            self.dry_runs.append(object_key(body))
+            return dict(body)
+        if name in self.reject_writes:
+            raise self.reject_writes[name]
         self.applied.append(object_key(body))
         self.bodies.append(dict(body))
         self.version += 1
-        result = {
-            **body,
-            "metadata": {**body["metadata"], "generation": 1, "resourceVersion": str(self.version)},
+        metadata = {
+            **body["metadata"],
+            "generation": 1,
+            "resourceVersion": str(self.version),
+            "managedFields": [{"manager": "gpu-operator", "operation": "Apply"}],
         }
-        return result
+        return {**body, "metadata": metadata}
 
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
         raise ApiError(404, "NotFound", f"{kind} {name}")
 
     def apply_node_labels(
-        self, node: str, labels: Mapping[str, str], resource_version: str = ""
+        self, node: str, labels: Mapping[str, str], uid: str, resource_version: str = ""
     ) -> dict[str, Any]:
         if node in self.reject:
             raise self.reject[node]
         self.labels[node] = dict(labels)
-        self.versions[node] = resource_version
+        self.versions[node] = (uid, resource_version)
         return {}
 
     def rewrite_labels(self, kind: str, name: str, changes: Mapping[str, tuple[str, str | None]]) -> None:
@@ -74,11 +108,16 @@ class FakeKube:
         self.events.append((type_, reason))
 
 
+def gpu_node(name: str = "gpu-0", **labels: str) -> NodeInfo:
+    return NodeInfo(name, {PCI: "true", **labels}, uid=f"uid-{name}", resource_version="1")
+
+
 def reconciler(fake: FakeKube, spec: dict[str, Any] | None = None) -> Reconciler:
     store = Store()
     store.put("policies", "p", PolicyRef("p", "uid-p", 1, "2026-01-01T00:00:00Z", spec or {}, {}))
-    store.put("nodes", "gpu-0", NodeInfo("gpu-0", {PCI: "true"}))
-    return Reconciler(cast(Kube, fake), store, Settings())
+    store.put("nodes", "gpu-0", gpu_node())
+    # The ClusterPolicy CRD is current (reconciler.ensure_crd has its own tests).
+    return Reconciler(cast(Kube, fake), store, Settings(), crd_current=True)
 
 
 def settle(rec: Reconciler, fake: FakeKube) -> None:
@@ -86,41 +125,258 @@ def settle(rec: Reconciler, fake: FakeKube) -> None:
     (applied objects are recorded from the apply responses already)."""
     policy = rec.store.get("policies", "p")
     rec.store.put(
-        "policies", "p", PolicyRef(policy.name, policy.uid, 1, policy.created, policy.spec, fake.statuses[-1])
+        "policies",
+        "p",
+        PolicyRef(
+            policy.name,
+            policy.uid,
+            policy.generation,
+            policy.created,
+            policy.spec,
+            fake.statuses[-1] if fake.statuses else {},
+        ),
     )
     for node, labels in fake.labels.items():
-        rec.store.put("nodes", node, NodeInfo(node, {PCI: "true", **labels}, 0, frozenset(labels)))
+        rec.store.put(
+            "nodes", node, NodeInfo(node, {PCI: "true", **labels}, 0, frozenset(labels), uid=f"uid-{node}")
+        )
 
 
-def test_second_pass_writes_nothing() -> None:
+def edit(rec: Reconciler, spec: dict[str, Any]) -> None:
+    policy = rec.store.get("policies", "p")
+    rec.store.put(
+        "policies",
+        "p",
+        PolicyRef(policy.name, policy.uid, policy.generation + 1, policy.created, spec, policy.status),
+    )
+
+
+def error_of(status: dict[str, Any]) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == "Error")
+
+
+def component(status: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(c for c in status["components"] if c["name"] == name)
+
+
+def refusal(field: str, message: str) -> ApiError:
+    return ApiError(422, "Invalid", f"DaemonSet.apps is invalid: {field}: {message}", ((field, message),))
+
+
+def test_a_change_is_proven_then_written_and_a_second_pass_asks_nothing() -> None:
     fake = FakeKube()
     rec = reconciler(fake)
     rec.run_once()
     assert fake.applied and fake.labels and fake.statuses
+    # Every object was dry-run before the first real write, and looked up (not in the caches).
+    assert sorted(fake.dry_runs) == sorted(fake.applied)
+    assert ("RuntimeClass", "nvidia") in fake.lookups and (
+        "PriorityClass",
+        "system-node-critical",
+    ) in fake.lookups
     settle(rec, fake)
-    before = (len(fake.applied), len(fake.statuses), dict(fake.labels), len(fake.events))
+    before = (len(fake.applied), len(fake.dry_runs), len(fake.lookups), len(fake.statuses), len(fake.events))
+    outcome = rec.run_once()
+    assert not outcome.errors
+    assert (
+        len(fake.applied),
+        len(fake.dry_runs),
+        len(fake.lookups),
+        len(fake.statuses),
+        len(fake.events),
+    ) == before
+
+
+def test_a_refused_dry_run_writes_nothing_and_names_the_policy_field() -> None:
+    # Valid for the models; refused by the cluster (an admission policy, say) as the server names it.
+    path = "spec.template.spec.containers[0].resources.requests"
+    fake = FakeKube(reject={PLUGIN: refusal(path, 'Invalid value: "2": must be less than or equal to 1')})
+    spec = {"devicePlugin": {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "3"}}}}
+    outcome = reconciler(fake, spec).run_once()
+    assert fake.applied == [] and fake.deleted == []  # all or nothing
+    assert fake.labels == {}  # nothing known to run (a fresh start): no labels either
+    error = error_of(fake.statuses[-1])
+    assert error["reason"] == "InvalidSpec", error
+    assert "spec.devicePlugin.resources.requests: Invalid value" in error["message"], error
+    assert "must be less than or equal to 1" in error["message"]
+    assert outcome.errors  # retried with backoff
+
+
+def test_a_refused_generation_keeps_the_last_one_running_and_new_nodes_still_get_labels() -> None:
+    fake = FakeKube()
+    rec = reconciler(fake)
     rec.run_once()
-    assert (len(fake.applied), len(fake.statuses), dict(fake.labels), len(fake.events)) == before
-
-
-def test_rejected_write_is_reported_and_the_rest_proceeds() -> None:
-    fake = FakeKube(reject={"nvidia-driver-daemonset": ApiError(422, "Invalid", "spec.template: bad")})
-    outcome = reconciler(fake).run_once()
-    assert "driver" in outcome.errors  # the component of the object (its label is nvidia-driver)
-    driver = next(c for c in fake.statuses[-1]["components"] if c["name"] == "driver")
-    assert driver["state"] == "notReady" and "spec.template: bad" in driver["reason"]
-    assert any(key[3] == "nvidia-container-toolkit" for key in fake.applied)  # later objects still written
+    settle(rec, fake)
+    written = len(fake.applied)
+    fake.reject[PLUGIN] = refusal("spec.template.spec.priorityClassName", "Invalid value")
+    edit(rec, {"devicePlugin": {"env": [{"name": "A", "value": "b"}]}})
+    rec.store.put("nodes", "gpu-1", gpu_node("gpu-1"))  # joins while the new generation is refused
+    rec.run_once()
+    assert len(fake.applied) == written  # the running generation's objects untouched
+    assert "nvidia.com/gpu.present" in fake.labels["gpu-1"]
+    assert fake.labels["gpu-1"].get("nvidia.com/gpu.deploy.driver") == "true"
     status = fake.statuses[-1]
-    error = next(c for c in status["conditions"] if c["type"] == "Error")
-    assert error["reason"] == "ReconcileFailed" and "spec.template: bad" in error["message"]
-    driver = next(c for c in status["components"] if c["name"] == "driver")
-    assert driver["reason"].startswith("apply failed")
+    assert status["observedGeneration"] == 2 and status["state"] == "notReady"
+    error = error_of(status)
+    assert error["reason"] == "InvalidSpec" and "keep running generation 1" in error["message"], error
+    # The next valid edit converges.
+    del fake.reject[PLUGIN]
+    edit(rec, {})
+    outcome = rec.run_once()
+    assert not outcome.errors and len(fake.applied) == written  # generation 3 is generation 1's content
 
 
-def test_transient_failure_aborts_the_pass() -> None:
-    fake = FakeKube(reject={"nvidia-driver-daemonset": ApiError(503, "ServiceUnavailable", "etcd")})
-    with pytest.raises(ApiError):
+def test_a_typed_patch_500_is_a_refusal_and_does_not_stop_the_pass() -> None:
+    message = (
+        "failed to create typed patch object (gpu-operator/x; apps/v1, Kind=DaemonSet): "
+        ".spec.template.spec.securityContext.runAsUser: expected numeric (int or float), got string"
+    )
+    fake = FakeKube(reject={PLUGIN: ApiError(500, "", message)})
+    rec = reconciler(fake, {"daemonsets": {"podSecurityContext": {"runAsUser": 0}}})
+    rec.store.put("nodes", "gpu-0", gpu_node())
+    rec.run_once()
+    error = error_of(fake.statuses[-1])
+    assert error["reason"] == "InvalidSpec", error
+    assert "spec.daemonsets.podSecurityContext.runAsUser: expected numeric" in error["message"], error
+
+
+def test_an_api_failure_while_proving_writes_nothing_and_retries() -> None:
+    fake = FakeKube(reject={PLUGIN: ApiError(503, "ServiceUnavailable", "etcd leader changed")})
+    outcome = reconciler(fake).run_once()
+    assert fake.applied == []
+    error = error_of(fake.statuses[-1])
+    assert error["reason"] == "ReconcileFailed" and "etcd leader changed" in error["message"]
+    assert outcome.errors
+
+
+def test_a_failed_write_does_not_stop_the_rest_and_nothing_is_deleted() -> None:
+    fake = FakeKube()
+    rec = reconciler(fake)
+    rec.run_once()
+    settle(rec, fake)
+    # runtimeClass renamed: the new RuntimeClass fails to be written after a good dry run.
+    fake.reject_writes["nvidia-two"] = ApiError(503, "ServiceUnavailable", "etcd")
+    edit(rec, {"operator": {"runtimeClass": "nvidia-two"}})
+    rec.store.put("nodes", "gpu-1", gpu_node("gpu-1"))
+    outcome = rec.run_once()
+    assert "pre-requisites" in outcome.errors
+    assert fake.deleted == []  # the RuntimeClass the running pods use stays
+    assert any(key[3] == "nvidia-container-toolkit-daemonset" for key in fake.applied[-20:])
+    assert "gpu-1" in fake.labels  # node labels still written
+    status = fake.statuses[-1]
+    assert error_of(status)["reason"] == "ReconcileFailed" and status["observedGeneration"] == 2
+    assert status["state"] == "notReady"
+
+
+def test_a_replica_that_lost_the_lease_stops_the_pass_at_once() -> None:
+    """NotLeader is no failure to record and report: a standby writes nothing, not even a status."""
+    fake = FakeKube(reject_writes={PLUGIN: NotLeader()})
+    with pytest.raises(NotLeader):
         reconciler(fake).run_once()
+    assert fake.statuses == [] and fake.labels == {}
+
+
+def test_old_objects_go_only_once_their_replacements_are_written() -> None:
+    fake = FakeKube()
+    rec = reconciler(fake)
+    rec.run_once()
+    settle(rec, fake)
+    edit(rec, {"operator": {"runtimeClass": "nvidia-two"}})
+    rec.run_once()
+    assert fake.deleted == [RUNTIME_CLASS]
+    assert ("node.k8s.io/v1", "RuntimeClass", "", "nvidia-two") in fake.applied
+
+
+def test_missing_references_refuse_the_change_naming_the_field() -> None:
+    fake = FakeKube()
+    spec = {
+        "daemonsets": {"priorityClassName": "no-such-priority-class"},
+        "devicePlugin": {"imagePullSecrets": ["registry-key"], "config": {"name": "plugin-config"}},
+    }
+    outcome = reconciler(fake, spec).run_once()
+    assert fake.applied == [] and fake.dry_runs == []  # refused before any dry run
+    error = error_of(fake.statuses[-1])
+    assert error["reason"] == "PrerequisiteNotMet", error
+    message = error["message"]
+    assert "spec.daemonsets.priorityClassName: PriorityClass 'no-such-priority-class' not found" in message
+    assert "spec.devicePlugin.imagePullSecrets[0]: Secret 'registry-key' not found" in message
+    assert "spec.devicePlugin.config.name: ConfigMap 'plugin-config' not found" in message
+    assert outcome.errors
+
+
+def test_the_device_plugin_config_needs_its_default_key() -> None:
+    fake = FakeKube()
+    rec = reconciler(fake, {"devicePlugin": {"config": {"name": "plugin-config", "default": "any"}}})
+    rec.store.put("config_maps", "plugin-config", ("a100", "h100"))
+    rec.run_once()
+    assert fake.applied == []
+    error = error_of(fake.statuses[-1])
+    assert "spec.devicePlugin.config.default: ConfigMap 'plugin-config' has no key 'any'" in error["message"]
+    rec.store.put("config_maps", "plugin-config", ("a100", "any"))
+    assert not rec.run_once().errors and fake.applied
+
+
+def test_an_object_of_our_name_that_is_someone_elses_is_a_conflict_the_rest_converges() -> None:
+    fake = FakeKube()
+    key = ("rbac.authorization.k8s.io/v1", "ClusterRole", "", "nvidia-driver")
+    fake.existing[key] = {"name": "nvidia-driver", "managedFields": [{"manager": "kubectl-create"}]}
+    outcome = reconciler(fake).run_once()
+    assert not any(k[3] == "nvidia-driver" or k[3] == "nvidia-driver-daemonset" for k in fake.applied)
+    assert any(k[3] == PLUGIN for k in fake.applied)  # other components converge
+    status = fake.statuses[-1]
+    driver = component(status, "driver")
+    assert driver["state"] == "notReady" and "ClusterRole nvidia-driver exists" in driver["reason"]
+    assert ADOPT_ANNOTATION in driver["reason"] and "kubectl-create" in driver["reason"]
+    assert error_of(status)["reason"] == "ObjectConflict"
+    assert "driver" in outcome.errors
+
+
+def test_an_object_handed_over_or_controlled_by_the_policy_is_taken_over() -> None:
+    fake = FakeKube()
+    handed = ("rbac.authorization.k8s.io/v1", "ClusterRole", "", "nvidia-driver")
+    fake.existing[handed] = {"name": "nvidia-driver", "annotations": {ADOPT_ANNOTATION: "true"}}
+    # NVIDIA's operator's object under the same ClusterPolicy: controlled by it, its field manager.
+    nvidias = ("v1", "ServiceAccount", "gpu-operator", "nvidia-device-plugin")
+    fake.existing[nvidias] = {
+        "name": "nvidia-device-plugin",
+        "ownerReferences": [
+            {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "uid": "uid-p", "controller": True}
+        ],
+        "managedFields": [{"manager": "gpu-operator", "operation": "Update"}],
+    }
+    outcome = reconciler(fake).run_once()
+    assert handed in fake.applied and nvidias in fake.applied
+    assert not outcome.errors
+
+
+def test_a_label_write_on_a_node_gone_meanwhile_is_stale_not_an_error() -> None:
+    fake = FakeKube(
+        reject={"gpu-0": ApiError(409, "Conflict", "uid mismatch: the provided object specified uid x")}
+    )
+    outcome = reconciler(fake).run_once()
+    assert outcome.stale == ("node/gpu-0",) and "node/gpu-0" not in outcome.errors
+    fake = FakeKube(
+        reject={
+            "gpu-0": ApiError(422, "Invalid", 'Node "gpu-0" is invalid: metadata.uid: field is immutable')
+        }
+    )
+    assert reconciler(fake).run_once().stale == ("node/gpu-0",)
+
+
+def test_label_writes_carry_the_planned_node_uid_and_version_and_a_conflict_retries() -> None:
+    fake = FakeKube()
+    rec = reconciler(fake)
+    rec.store.put("nodes", "gpu-0", NodeInfo("gpu-0", {PCI: "true"}, uid="u0", resource_version="41"))
+    # A newer resourceVersion alone replaces the entry (so the next write carries it) but is no change.
+    assert not rec.store.put(
+        "nodes", "gpu-0", NodeInfo("gpu-0", {PCI: "true"}, uid="u0", resource_version="42")
+    )
+    rec.run_once()
+    assert fake.versions == {"gpu-0": ("u0", "42")}
+    conflict = FakeKube(reject={"gpu-0": ApiError(409, "Conflict", "the object has been modified")})
+    outcome = reconciler(conflict).run_once()
+    # Not an error of the policy: the loop runs another pass on a fresh view.
+    assert outcome.stale == ("node/gpu-0",) and not outcome.errors
 
 
 def test_events_on_transitions_only() -> None:
@@ -153,21 +409,7 @@ def test_objects_are_recorded_from_apply_responses() -> None:
     rec.run_once()
     key = next(k for k in fake.applied if k[1] == "DaemonSet")
     info = rec.store.get("objects", key)
-    assert info.generation == 1 and info.resource_version
-
-
-def test_label_writes_carry_the_planned_node_version_and_a_conflict_retries() -> None:
-    fake = FakeKube()
-    rec = reconciler(fake)
-    rec.store.put("nodes", "gpu-0", NodeInfo("gpu-0", {PCI: "true"}, resource_version="41"))
-    # A newer resourceVersion alone replaces the entry (so the next write carries it) but is no change.
-    assert not rec.store.put("nodes", "gpu-0", NodeInfo("gpu-0", {PCI: "true"}, resource_version="42"))
-    rec.run_once()
-    assert fake.versions == {"gpu-0": "42"}
-    conflict = FakeKube(reject={"gpu-0": ApiError(409, "Conflict", "the object has been modified")})
-    outcome = reconciler(conflict).run_once()
-    # Not an error of the policy: the loop runs another pass on a fresh view.
-    assert outcome.stale == ("node/gpu-0",) and not outcome.errors
+    assert info.generation == 1 and info.resource_version and "gpu-operator" in info.managers
 
 
 def test_shared_labels_leaving_the_set_are_removed_explicitly() -> None:
@@ -176,25 +418,27 @@ def test_shared_labels_leaving_the_set_are_removed_explicitly() -> None:
     key = "nvidia.com/gpu.deploy.dcgm"
     # dcgm was ours and k8s-driver-manager's (it restored it after a driver upgrade); now it is disabled.
     rec.store.put(
-        "nodes", "gpu-0", NodeInfo("gpu-0", {PCI: "true", key: "true"}, 0, frozenset({key}), frozenset({key}))
+        "nodes",
+        "gpu-0",
+        NodeInfo("gpu-0", {PCI: "true", key: "true"}, 0, frozenset({key}), frozenset({key}), uid="u0"),
     )
     rec.run_once()
     assert key not in fake.labels["gpu-0"]
     assert fake.rewritten == {("Node", "gpu-0"): {key: ("true", None)}}
 
 
-def test_psa_namespace_write_restores_then_applies() -> None:
+def test_psa_namespace_write_restores_then_applies_never_creating_it() -> None:
     enforce, audit, warn = PSA_LABELS
     fake = FakeKube()
     rec = reconciler(fake, {"psa": {"enabled": True}})
     rec.store.put(
         "namespaces",
         "gpu-operator",
-        NamespaceInfo("gpu-operator", {enforce: "baseline"}, {}, frozenset(), "5"),
+        NamespaceInfo("gpu-operator", {enforce: "baseline"}, {}, frozenset(), "5", "uid-ns"),
     )
     rec.run_once()
     (namespace,) = [b for b in fake.bodies if b["kind"] == "Namespace"]
-    assert namespace["metadata"]["resourceVersion"] == "5"
+    assert namespace["metadata"]["resourceVersion"] == "5" and namespace["metadata"]["uid"] == "uid-ns"
     assert namespace["metadata"]["labels"] == dict.fromkeys(PSA_LABELS, "privileged")
     assert namespace["metadata"]["annotations"] == {
         PREVIOUS_ANNOTATION: '{"pod-security.kubernetes.io/enforce": "baseline"}'
@@ -207,9 +451,10 @@ def test_psa_namespace_write_restores_then_applies() -> None:
         {enforce: "baseline"},
         frozenset({enforce, audit, warn, PREVIOUS_ANNOTATION}),
         "6",
+        "uid-ns",
     )
     rec.store.put("namespaces", "gpu-operator", owned)
     rec.run_once()
     assert fake.rewritten == {("Namespace", "gpu-operator"): {enforce: ("privileged", "baseline")}}
     (namespace,) = [b for b in fake.bodies if b["kind"] == "Namespace"]
-    assert namespace["metadata"] == {"name": "gpu-operator", "labels": {}, "annotations": {}}
+    assert namespace["metadata"] == {"name": "gpu-operator", "uid": "uid-ns", "labels": {}, "annotations": {}}

@@ -477,7 +477,7 @@ def test_the_driver_is_always_on_delete() -> None:
     assert strategies(off)["nvidia-driver-daemonset"] == {"type": "OnDelete"}
 
 
-@pytest.mark.parametrize(("given", "expected"), [("3", 3), (0, 0), ("25%", "25%")])
+@pytest.mark.parametrize(("given", "expected"), [("3", 3), (1, 1), ("25%", "25%")])
 def test_max_unavailable_is_an_int_or_a_percentage(given: int | str, expected: int | str) -> None:
     # Kubernetes rejects a bare number as a string ("1"); NVIDIA's field is a string.
     result = strategies({"daemonsets": {"rollingUpdate": {"maxUnavailable": given}}})
@@ -627,7 +627,7 @@ def test_driver_waits_for_the_config_maps_it_mounts() -> None:
     objects = render(spec, FACTS)
     assert "nvidia-driver-daemonset" not in daemonsets(objects)
     find(objects, "ServiceAccount", "nvidia-driver")
-    assert missing_inputs(BY_NAME["driver"], spec, FACTS) == [
+    assert list(map(str, missing_inputs(BY_NAME["driver"], spec, FACTS))) == [
         "spec.driver.certConfig.name: ConfigMap 'missing-ca' not found in namespace 'gpu-operator'"
     ]
 

@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_operator.api import parse_spec
+from gpu_operator.api.common import quantity_value
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.components import COMPONENTS, Component
 from gpu_operator.render import PREREQUISITES, ClusterFacts, render, variants
@@ -30,7 +31,8 @@ CONFIG_KEY = st.from_regex(r"[-._a-zA-Z0-9]{1,20}", fullmatch=True)
 TAG = st.from_regex(r"v?[0-9]{1,3}\.[0-9]{1,3}(-[a-z0-9]{1,8})?", fullmatch=True)
 DIGEST = st.text("0123456789abcdef", min_size=64, max_size=64).map(lambda h: f"sha256:{h}")
 QUANTITY = st.one_of(st.integers(0, 64), st.sampled_from(["100m", "1", "1.5", "512Mi", "2Gi", "1e3"]))
-INT_OR_PERCENT = st.one_of(st.integers(0, 10), st.integers(0, 100).map(lambda n: f"{n}%"))
+# Never 0: a DaemonSet cannot roll with no pod unavailable (the models refuse it, as the API server).
+INT_OR_PERCENT = st.one_of(st.integers(1, 10), st.integers(1, 100).map(lambda n: f"{n}%"))
 
 SECTIONS = {c.section for c in COMPONENTS}
 LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -48,6 +50,17 @@ def image_fields(draw: st.DrawFn) -> Obj:
     if kind == "name-tag":
         return {"image": f"nvidia/{draw(IMAGE_NAME)}", "version": draw(TAG)}
     return {}
+
+
+def within_limits(resources: Obj) -> Obj:
+    """No request above its limit (the API server refuses it; so do the models)."""
+    limits = resources.get("limits") or {}
+    requests = resources.get("requests") or {}
+    for name in [
+        n for n in requests if n in limits and quantity_value(requests[n]) > quantity_value(limits[n])
+    ]:
+        requests[name] = limits[name]
+    return resources
 
 
 ENV = st.lists(st.fixed_dictionaries({"name": ENV_NAME, "value": TEXT}), max_size=4)
@@ -69,12 +82,23 @@ def component_section(draw: st.DrawFn) -> Obj:
                 "limits": st.dictionaries(st.sampled_from(["cpu", "memory"]), QUANTITY),
                 "requests": st.dictionaries(st.sampled_from(["cpu", "memory"]), QUANTITY),
             },
-        ),
+        ).map(within_limits),
     }
     for key, strategy in optional.items():
         if draw(st.booleans()):
             section[key] = draw(strategy)
     return section
+
+
+def toleration_as_the_api_server_takes_it(toleration: Obj) -> Obj:
+    """core/v1's rules: no key means Exists, Exists means no value, seconds only with NoExecute."""
+    if not toleration.get("key"):
+        toleration["operator"] = "Exists"
+    if toleration.get("operator") == "Exists":
+        toleration.pop("value", None)
+    if "tolerationSeconds" in toleration:
+        toleration["effect"] = "NoExecute"
+    return toleration
 
 
 TOLERATION = st.fixed_dictionaries(
@@ -86,7 +110,7 @@ TOLERATION = st.fixed_dictionaries(
         "effect": st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"]),
         "tolerationSeconds": st.integers(0, 3600),
     },
-)
+).map(toleration_as_the_api_server_takes_it)
 
 DAEMONSETS = st.fixed_dictionaries(
     {},

@@ -74,6 +74,17 @@ def driver_daemonset() -> dict[str, Any]:
             "namespace": "gpu-operator",
             "uid": "ds",
             "labels": labels,
+            # Created by the operator for policy p, so that it may rewrite it.
+            "ownerReferences": [
+                {
+                    "apiVersion": "nvidia.com/v1",
+                    "kind": "ClusterPolicy",
+                    "name": "p",
+                    "uid": "uid-p",
+                    "controller": True,
+                }
+            ],
+            "managedFields": [{"manager": "gpu-operator", "operation": "Apply"}],
         },
         "spec": {
             "template": {"spec": {"containers": [{"name": "nvidia-driver-ctr", "image": "driver:stale"}]}}
@@ -298,7 +309,7 @@ def test_every_pass_plans_the_upgrade_and_writes_its_status() -> None:
     nodes = {"gpu-0": node_body("gpu-0", 10), "gpu-1": node_body("gpu-1", 11)}
     pods = [pod_body(f"drv-{i}", f"gpu-{i}", "nvidia-driver", revision_hash="h1") for i in (0, 1)]
     rec, _ = world(nodes, pods)
-    plan = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW)
+    plan = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), clock=NOW)
     assert plan.upgrade is not None
     first = plan.upgrade.actions[0]
     assert first.node == "gpu-0" and first.starts
@@ -312,7 +323,7 @@ def test_every_pass_plans_the_upgrade_and_writes_its_status() -> None:
         "p",
         PolicyRef("p", "uid-p", 2, "2026-01-01T00:00:00Z", {"driver": {"enabled": False}}, {}),
     )
-    off = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW)
+    off = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), clock=NOW)
     assert status_body(off.statuses["p"])["driverUpgrade"] is None
 
 
@@ -323,12 +334,12 @@ def test_no_node_is_up_to_date_while_the_driver_daemonset_rolls_to_a_new_templat
     rec, _ = world(nodes, [pod_body("drv-0", "gpu-0", "nvidia-driver", revision_hash="h2")])
 
     def summary() -> str:
-        plan = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW)
+        plan = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), clock=NOW)
         return str(status_body(plan.statuses["p"])["driverUpgrade"]["summary"])
 
     # The newest revision (h2) is driver:v2, not what the policy renders.
     assert summary().startswith("waiting for the driver DaemonSet's new revision (595.91.07")
-    plan = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW)
+    plan = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), clock=NOW)
     (desired,) = [o for o in plan.objects if o["metadata"]["name"] == "nvidia-driver-daemonset"]
     newest = revision(3)
     newest["data"]["spec"]["template"] = {**copy.deepcopy(desired["spec"]["template"]), "$patch": "replace"}
@@ -447,7 +458,7 @@ def gauge(name: str) -> float | None:
 def test_upgrade_gauges_exist_only_while_known() -> None:
     nodes, pods = finishing_and_pending()
     rec, _ = world(nodes, pods)
-    plan = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW)
+    plan = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), clock=NOW)
     metrics.observe_pass(plan, {}, 2, 0.1)
     assert gauge("gpu_operator_driver_auto_upgrade_enabled") == 1
     # As the pass leaves the nodes: gpu-0 done, gpu-1 started in the slot gpu-0 gave back.
@@ -457,11 +468,11 @@ def test_upgrade_gauges_exist_only_while_known() -> None:
     assert gauge("gpu_operator_nodes_upgrades_available") == 1
     off = {"driver": {"upgradePolicy": {"autoUpgrade": False}}}
     rec.store.put("policies", "p", PolicyRef("p", "uid-p", 2, "2026-01-01T00:00:00Z", off, {}))
-    metrics.observe_pass(build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW), {}, 2, 0.1)
+    metrics.observe_pass(build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), clock=NOW), {}, 2, 0.1)
     assert gauge("gpu_operator_driver_auto_upgrade_enabled") == 0
     assert gauge("gpu_operator_nodes_upgrades_done") is None
     rec.store.put("policies", "p", None)
-    metrics.observe_pass(build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW), {}, 2, 0.1)
+    metrics.observe_pass(build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), clock=NOW), {}, 2, 0.1)
     assert gauge("gpu_operator_driver_auto_upgrade_enabled") is None
 
 
