@@ -184,7 +184,10 @@ def setup(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
         pod = wait_for(agent_pod, timeout=60, what=f"the agent's DaemonSet pod on {NODE}")
         operator = OperatorProcess(
-            sa_kubeconfig(cluster, NS, FULLNAME, folder / "operator"), NS, folder / "operator.log"
+            sa_kubeconfig(cluster, NS, FULLNAME, folder / "operator"),
+            NS,
+            folder / "operator.log",
+            args=("--lease-name", FULLNAME),  # the Lease the chart's RBAC names: the release's fullname
         )
         found = Setup(
             operator=operator.start(),

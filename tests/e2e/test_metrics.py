@@ -85,7 +85,11 @@ def test_probes_and_metrics_through_a_rollout(
         assert status == 200, body
         return dict(json.loads(body))
 
-    assert wait_for(ready, timeout=60, what="/readyz") == {"watchesEstablished": True, "firstPassDone": True}
+    assert wait_for(ready, timeout=60, what="/readyz") == {
+        "watchesEstablished": True,
+        "firstPassDone": True,
+        "leader": True,
+    }
     status, body = get(operator.url() + "/healthz")
     assert status == 200 and json.loads(body)["reconcile"]["nodes"] == 5, body
     idle = scrape(operator)
