@@ -49,6 +49,8 @@ STAGE_PLURAL = "stages"
 FAILURE_LABEL = "gpu-operator.sim/failure"
 FAILURE_COMPONENT_LABEL = "gpu-operator.sim/component"
 FAILURE_NODE_LABEL = "gpu-operator.sim/node"
+FAILURE_CONTAINER_ANNOTATION = "gpu-operator.sim/container"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 # Any weight > 0 beats pod-ready (weight 0): kwok never picks a weight-0 stage over a weighted one.
 FAILURE_WEIGHT = 1000
 CRASH_RESTART_COUNT = 3
@@ -390,6 +392,10 @@ def failure_stage(
         event = {"type": "Warning", "reason": "Failed", "message": "Error: ImagePullBackOff"}
     expressions: list[dict[str, Any]] = [
         {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
+        # Operand pods are run by the emulators (hack/emulators), which read this Stage themselves
+        # and make the pod's containers fail for real (restarts with back-off, a pull that never
+        # succeeds); kwok gives the failure state to every other pod.
+        {"key": f'.metadata.labels["{MANAGED_BY_LABEL}"]', "operator": "NotIn", "values": ["gpu-operator"]},
         # Only pods that kwok has not started yet, and never twice (the result stays Pending for
         # ImagePullBackOff, so also skip pods that already carry a waiting reason).
         {"key": ".status.phase", "operator": "In", "values": ["Pending"]},
@@ -405,6 +411,7 @@ def failure_stage(
         "metadata": {
             "name": failure_stage_name(component, node, reason),
             "labels": {**_failure_labels(component, node), "gpu-operator.sim/reason": reason},
+            "annotations": {FAILURE_CONTAINER_ANNOTATION: container or ""},
         },
         "spec": {
             "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
