@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
+from . import driver, toolkit, validator
 from .process import PROGRAMS
 
-MODULES: tuple[object, ...] = ()
+MODULES = (driver, toolkit, validator)
 NAMES: tuple[str, ...] = tuple(sorted(PROGRAMS))

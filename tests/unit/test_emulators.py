@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
 
-from emulators import gpus, images, podspec, profile, shell
+from emulators import driver, gpus, images, podspec, profile, shell
 from emulators.kubelet import ContainerState, render_status
 from emulators.node import MigGpu, NodeState, Symlink
 from emulators.vfs import ContainerFS
@@ -264,3 +264,27 @@ def test_node_state_survives_a_restart_through_its_annotations() -> None:
         assert restarted.annotation_patch() == {}
 
     asyncio.run(run())
+
+
+# --- image protocols -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("value", "paused", "restored"),
+    [
+        ("true", "paused-for-driver-upgrade", "true"),
+        ("", "", ""),
+        ("false", "false", "false"),
+        ("paused-for-driver-upgrade", "paused-for-driver-upgrade", "true"),
+        ("custom", "custom_paused-for-driver-upgrade", "custom"),
+    ],
+)
+def test_driver_manager_label_protocol(value: str, paused: str, restored: str) -> None:
+    assert driver.maybe_set_paused(value) == paused
+    assert driver.maybe_set_true(paused) == restored
+
+
+def test_driver_version_from_the_image_tag() -> None:
+    assert gpus.driver_version("nvcr.io/nvidia/driver:595.91.07-ubuntu22.04") == "595.91.07"
+    assert gpus.driver_version("nvcr.io/nvidia/driver:535-5.4.0-ubuntu22.04").startswith("535.")
+    assert gpus.cuda_version("535.274.02") == (12, 2)
