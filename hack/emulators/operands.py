@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from . import driver, toolkit, validator
+from . import dcgm, device_plugin, driver, gfd, toolkit, validator
 from .process import PROGRAMS
 
-MODULES = (driver, toolkit, validator)
+MODULES = (driver, toolkit, validator, device_plugin, gfd, dcgm)
 NAMES: tuple[str, ...] = tuple(sorted(PROGRAMS))

@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
 
-from emulators import driver, gpus, images, podspec, profile, shell
+from emulators import device_plugin, driver, gfd, gpus, images, podspec, profile, shell
 from emulators.kubelet import ContainerState, render_status
 from emulators.node import MigGpu, NodeState, Symlink
 from emulators.vfs import ContainerFS
@@ -282,6 +282,80 @@ def test_node_state_survives_a_restart_through_its_annotations() -> None:
 def test_driver_manager_label_protocol(value: str, paused: str, restored: str) -> None:
     assert driver.maybe_set_paused(value) == paused
     assert driver.maybe_set_true(paused) == restored
+
+
+def h100_node(layout: list[MigGpu] | None = None) -> NodeState:
+    node = NodeState("n", lambda n: None)
+    node.observe(
+        {
+            "metadata": {
+                "name": "n",
+                "annotations": {gpus.COUNT_ANNOTATION: "2", gpus.MODEL_ANNOTATION: "H100-80GB-HBM3"},
+            }
+        }
+    )
+    node.driver = "595.91.07"
+    if layout is not None:
+        node.mig = layout
+    return node
+
+
+def test_device_plugin_resources_per_strategy_and_time_slicing() -> None:
+    sliced = {"sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
+    assert device_plugin.advertised(h100_node(), "single", {}) == {"nvidia.com/gpu": 2}
+    assert device_plugin.advertised(h100_node(), "none", sliced) == {"nvidia.com/gpu": 8}
+    renamed = {"sharing": {"timeSlicing": {**sliced["sharing"]["timeSlicing"], "renameByDefault": True}}}
+    assert device_plugin.advertised(h100_node(), "none", renamed) == {"nvidia.com/gpu.shared": 8}
+    mixed = h100_node([MigGpu(True, ["1g.10gb"] * 7), MigGpu()])
+    assert device_plugin.advertised(mixed, "mixed", {}) == {"nvidia.com/mig-1g.10gb": 7, "nvidia.com/gpu": 1}
+    with pytest.raises(device_plugin.InvalidMig):
+        device_plugin.advertised(mixed, "single", {})
+    all_mig = h100_node([MigGpu(True, ["1g.10gb"] * 7), MigGpu(True, ["1g.10gb"] * 7)])
+    assert device_plugin.advertised(all_mig, "single", {}) == {"nvidia.com/gpu": 14}
+
+
+@pytest.mark.parametrize(
+    ("label", "default", "fallbacks", "files", "chosen"),
+    [
+        ("a100", "", ["named"], ["a100", "default"], "a100"),
+        ("", "default", [], ["default", "x"], "default"),
+        ("", "", ["named", "single"], ["default", "x"], "default"),
+        ("", "", ["named", "single"], ["only"], "only"),
+        ("", "", ["empty"], ["a", "b"], ""),
+    ],
+)
+def test_config_manager_selection(
+    label: str, default: str, fallbacks: list[str], files: list[str], chosen: str
+) -> None:
+    assert device_plugin.choose_config(label, default, fallbacks, files) == chosen
+
+
+def test_config_manager_without_default_or_fallback_fails_as_the_binary_does() -> None:
+    with pytest.raises(ValueError, match="all fallbacks failed"):
+        device_plugin.choose_config("", "", ["named", "single"], ["a", "b"])
+
+
+def test_gfd_labels_of_an_h100_node() -> None:
+    labels = gfd.labels_for(h100_node(), "single", {}, "DGX H100")
+    assert labels["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
+    assert labels["nvidia.com/gpu.memory"] == "81559"
+    assert labels["nvidia.com/gpu.family"] == "hopper"
+    assert labels["nvidia.com/gpu.count"] == "2"
+    assert labels["nvidia.com/mig.capable"] == "true"
+    assert labels["nvidia.com/mig.strategy"] == "single"
+    assert labels["nvidia.com/cuda.driver.major"] == "595"
+    assert labels["nvidia.com/cuda.runtime.major"] == "13"
+    assert labels["nvidia.com/gpu.machine"] == "DGX-H100"
+    mig = gfd.labels_for(h100_node([MigGpu(True, ["1g.10gb"] * 7)] * 2), "single", {}, "DGX H100")
+    assert mig["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-MIG-1g.10gb"
+    assert mig["nvidia.com/gpu.count"] == "14" and mig["nvidia.com/gpu.memory"] == "9856"
+    sliced = {"sharing": {"timeSlicing": {"resources": [{"name": "nvidia.com/gpu", "replicas": 4}]}}}
+    shared = gfd.labels_for(h100_node(), "none", sliced, "")
+    assert shared["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3-SHARED"
+    assert (
+        shared["nvidia.com/gpu.replicas"] == "4"
+        and shared["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
+    )
 
 
 def test_driver_version_from_the_image_tag() -> None:
