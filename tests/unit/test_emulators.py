@@ -12,7 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
 
-from emulators import device_plugin, driver, gfd, gpus, images, podspec, profile, shell
+from emulators import device_plugin, driver, gfd, gpus, images, mig_manager, podspec, profile, shell
 from emulators.kubelet import ContainerState, render_status
 from emulators.node import MigGpu, NodeState, Symlink
 from emulators.vfs import ContainerFS
@@ -356,6 +356,25 @@ def test_gfd_labels_of_an_h100_node() -> None:
         shared["nvidia.com/gpu.replicas"] == "4"
         and shared["nvidia.com/gpu.sharing-strategy"] == "time-slicing"
     )
+
+
+def test_mig_layouts() -> None:
+    model = gpus.MODELS["H100-80GB-HBM3"]
+    config = mig_manager.generated_config(model)
+    assert {"all-disabled", "all-enabled", "all-balanced", "all-1g.10gb", "all-7g.80gb"} <= set(
+        config["mig-configs"]
+    )
+    layout = mig_manager.desired_layout(config, "all-1g.10gb", model, 2, [])
+    assert [g.devices for g in layout] == [["1g.10gb"] * 7] * 2 and all(g.enabled for g in layout)
+    balanced = mig_manager.desired_layout(config, "all-balanced", model, 1, [])
+    assert sorted(balanced[0].devices) == ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]
+    with pytest.raises(mig_manager.Failed, match="not found"):
+        mig_manager.desired_layout(config, "all-1g.18gb", model, 2, [])
+    # A device-filter for other GPUs leaves these as they are (ours' A100-only layouts on an L4).
+    filtered = {
+        "mig-configs": {"x": [{"devices": "all", "device-filter": ["0x20B010DE"], "mig-enabled": True}]}
+    }
+    assert not any(g.enabled for g in mig_manager.desired_layout(filtered, "x", model, 2, []))
 
 
 def test_driver_version_from_the_image_tag() -> None:
