@@ -130,7 +130,7 @@ def run(command: list[str], *, input: str | None = None, log_file: Path | None =
 
 
 def install_chart(helm: Path, kubeconfig: Path, log_file: Path) -> None:
-    """The chart's ServiceAccount and RBAC only (the operator runs here, not in a Deployment)."""
+    """The chart's ServiceAccount and RBAC (the operator runs here, not in a Deployment), no node agent."""
     run(
         [
             str(helm),
@@ -148,6 +148,10 @@ def install_chart(helm: Path, kubeconfig: Path, log_file: Path) -> None:
             "operator.replicas=0",
             "--set",
             "clusterPolicy.create=false",
+            # The simulated nodes carry NFD's labels already; a node agent pod per node (simulated, so
+            # idle) would only add scheduler and kwok load to what is timed.
+            "--set",
+            "nodeDiscovery=none",
         ],
         log_file=log_file,
     )

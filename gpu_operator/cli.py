@@ -1,4 +1,4 @@
-"""`gpu-operator run | render | validate | crd`.
+"""`gpu-operator run | render | validate | crd | discover | doctor`.
 
 Data goes to stdout, diagnostics to stderr, one line each, prefixed with the file they concern. Exit
 status: 0 fine (warnings allowed), 2 bad input (unreadable file, invalid YAML, invalid policy) or bad
@@ -6,16 +6,17 @@ usage, 1 an unexpected failure while rendering. No input, however broken, produc
 `validate` and `render` are what people run in CI on hand-written YAML.
 
 `validate`, `render` and `crd` never import Kopf or the Kubernetes client; `run` imports the operator
-lazily.
+lazily, `discover` (the node agent, gpu_operator/agent.py) the Kubernetes client.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -32,7 +33,9 @@ EXIT_FAILED = 1
 EXIT_INVALID = 2
 
 DEFAULT_NAMESPACE = "gpu-operator"
-DEFAULT_LIVENESS = "http://0.0.0.0:8080/healthz"
+DEFAULT_RESCAN_SECONDS = 60.0
+"""How often the discovery agent reads sysfs again (gpu_operator/agent.py says why a minute)."""
+DEFAULT_LISTEN = "0.0.0.0:8080"
 
 
 class InputError(Exception):
@@ -182,6 +185,7 @@ def warnings_for(policy: Policy) -> list[str]:
         f"warning: spec.{name} is enabled, but this operator does not deploy it; it is ignored"
         for name in policy.spec.unsupported_enabled()
     )
+    lines.extend(f"warning: accepted but not acted on: {field}" for field in policy.spec.ignored_fields())
     return lines
 
 
@@ -223,10 +227,32 @@ def load_nodes(path: str) -> list[dict[str, Any]]:
     return nodes
 
 
+def load_config_maps(path: str) -> dict[str, tuple[str, ...]]:
+    """ConfigMap name → keys, from `kubectl get configmaps -o yaml` (or ConfigMap documents)."""
+    from gpu_operator.observed import config_map_keys
+
+    found: dict[str, tuple[str, ...]] = {}
+    problems: list[str] = []
+    for index, doc in enumerate(load_documents(read_text(path)), start=1):
+        metadata = doc.get("metadata") if isinstance(doc, Mapping) else None
+        if (
+            not isinstance(doc, Mapping)
+            or doc.get("kind") != "ConfigMap"
+            or not isinstance(metadata, Mapping)
+        ):
+            what = doc.get("kind") if isinstance(doc, Mapping) else type(doc).__name__
+            problems.append(f"item {index}: a {what}, not a ConfigMap")
+        else:
+            found[str(metadata.get("name"))] = config_map_keys(doc)
+    if problems:
+        raise InputError(problems)
+    return found
+
+
 def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     # Imported here so that `validate` and `crd` work without the renderer's templates.
     from gpu_operator.nodes import cluster_facts
-    from gpu_operator.render import render, to_yaml
+    from gpu_operator.render import missing_inputs, render, to_yaml
 
     try:
         policies = load_policies(args.file)
@@ -236,17 +262,33 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if len(policies) != 1:
         _report(args.file, [f"render takes one {KIND}, this file has {len(policies)}"], err)
         return EXIT_INVALID
-    nodes: list[dict[str, Any]] = []
-    if args.nodes:
-        try:
-            nodes = load_nodes(args.nodes)
-        except InputError as exc:
-            _report(args.nodes, exc.lines, err)
-            return EXIT_INVALID
+    current = ""
+    try:
+        current = args.nodes or ""
+        nodes = load_nodes(args.nodes) if args.nodes else []
+        current = args.config_maps or ""
+        config_maps = load_config_maps(args.config_maps) if args.config_maps else {}
+    except InputError as exc:
+        _report(current, exc.lines, err)
+        return EXIT_INVALID
     policy = policies[0]
     _report(args.file, warnings_for(policy), err)
     try:
-        facts = cluster_facts(nodes, args.namespace, os.environ)
+        facts = replace(
+            cluster_facts(nodes, args.namespace, os.environ, policy.spec.operator.defaultRuntime),
+            service_monitor_crd=args.service_monitor_crd,
+            config_maps=config_maps,
+        )
+        for component in COMPONENTS:
+            if component.enabled(policy.spec):
+                _report(
+                    args.file,
+                    [
+                        f"warning: {m}; {component.daemonset} is left out"
+                        for m in missing_inputs(component, policy.spec, facts)
+                    ],
+                    err,
+                )
         text = to_yaml(render(policy.spec, facts))
     except PolicyError as exc:
         _report(args.file, [str(e) for e in exc.errors], err)
@@ -267,12 +309,109 @@ def cmd_crd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gpu_operator.operator import run  # Kopf is imported only when the operator runs
+    from gpu_operator.server import ServerError
 
-    run(namespace=args.namespace, log_format=args.log_format, liveness=args.liveness, verbose=args.verbose)
+    try:
+        run(namespace=args.namespace, log_format=args.log_format, listen=args.listen, verbose=args.verbose)
+    except ServerError as exc:
+        print(f"gpu-operator run: {exc}", file=err)
+        return EXIT_INVALID
     return EXIT_OK
 
 
+def cmd_discover(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from gpu_operator.discovery import ScanError, gpus, pci_labels, read_devices
+
+    if args.dry_run:
+        try:
+            devices = read_devices(Path(args.sysfs))
+        except ScanError as exc:
+            print(f"discover: {exc}", file=err)
+            return EXIT_INVALID
+        for device in gpus(devices):
+            print(f"# {device.describe()}", file=out)
+        for key, value in pci_labels(devices).items():
+            print(f"{key}={value}", file=out)
+        return EXIT_OK
+    if not args.node_name:
+        print("discover: no node name: give --node-name or set NODE_NAME (the chart sets it)", file=err)
+        return EXIT_INVALID
+    from kubernetes.config import ConfigException
+
+    from gpu_operator.agent import Agent, run
+    from gpu_operator.kube import Kube, load_api_client
+
+    try:
+        api = load_api_client()
+    except ConfigException as exc:
+        print(f"discover: no credentials (in-cluster or kubeconfig): {exc}", file=err)
+        return EXIT_INVALID
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(message)s",
+        stream=err,
+    )
+    run(Agent(Kube(api), args.node_name, Path(args.sysfs), args.mode, args.rescan_seconds))
+    return EXIT_OK
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 86400, not {text}")
+    return value
+
+
+def cmd_doctor(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from gpu_operator.doctor import EXIT_BAD_INPUT, DoctorError, run
+    from gpu_operator.doctor.state import Scope
+
+    try:
+        return run(
+            kubeconfig=args.kubeconfig,
+            context=args.context,
+            namespace=args.namespace,
+            scope=Scope(node=args.node or "", pod=args.pod or ""),
+            output=args.output,
+            log_lines=args.log_lines,
+            state_file=args.from_state,
+            save=args.save_state,
+            out=out,
+        )
+    except DoctorError as exc:
+        one_line = " ".join(str(exc).split())  # YAML and API messages span lines; the promise is one
+        print(f"gpu-operator doctor: {one_line}", file=err)
+        return EXIT_BAD_INPUT
+
+
 # --- the parser -----------------------------------------------------------------------------------
+
+
+def _pod_ref(value: str) -> str:
+    namespace, _, name = value.partition("/")
+    if not namespace or not name or "/" in name:
+        raise argparse.ArgumentTypeError(f"{value!r} is not NAMESPACE/NAME")
+    return value
+
+
+def _non_negative(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number >= 0")
+    return int(value)
+
+
+def _listen_address(value: str) -> str:
+    from gpu_operator.server import parse_address
+
+    if value:
+        try:
+            parse_address(value)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
@@ -293,10 +432,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "--log-format", choices=("plain", "full", "json"), default="plain", help="log format (default plain)"
     )
     run.add_argument(
-        "--liveness",
-        default=environ.get("GPU_OPERATOR_LIVENESS", DEFAULT_LIVENESS),
-        metavar="URL",
-        help="liveness endpoint (env GPU_OPERATOR_LIVENESS; default %(default)s; empty disables it)",
+        "--listen",
+        default=environ.get("GPU_OPERATOR_LISTEN", DEFAULT_LISTEN),
+        type=_listen_address,
+        metavar="HOST:PORT",
+        help="HTTP address of /metrics, /healthz and /readyz (env GPU_OPERATOR_LISTEN; default "
+        "%(default)s; port 0 picks a free one; empty disables the server)",
     )
     run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     run.set_defaults(handler=cmd_run)
@@ -311,7 +452,18 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     render.add_argument(
         "--nodes",
         metavar="NODES.yaml",
-        help="nodes (kubectl get nodes -o yaml) that decide the driver image's OS suffix",
+        help="nodes (kubectl get nodes -o yaml): their OS, kernels and runtimes shape the DaemonSets",
+    )
+    render.add_argument(
+        "--config-maps",
+        metavar="CONFIGMAPS.yaml",
+        help="ConfigMaps the policy names (kubectl get configmaps -o yaml), whose files the driver mounts",
+    )
+    render.add_argument(
+        "--no-servicemonitor-crd",
+        dest="service_monitor_crd",
+        action="store_false",
+        help="render for a cluster without the Prometheus operator's ServiceMonitor CRD",
     )
     render.set_defaults(handler=cmd_render)
 
@@ -321,6 +473,66 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
     crd = commands.add_parser("crd", help="print the ClusterPolicy CustomResourceDefinition")
     crd.set_defaults(handler=cmd_crd)
+
+    discover = commands.add_parser(
+        "discover", help="node agent: keep NFD's NVIDIA PCI labels on this node (when NFD is not installed)"
+    )
+    discover.add_argument(
+        "--node-name",
+        default=environ.get("NODE_NAME", ""),
+        help="the node this runs on (env NODE_NAME; the chart sets it from spec.nodeName)",
+    )
+    discover.add_argument("--sysfs", default="/sys", help="where the host's sysfs is (default %(default)s)")
+    discover.add_argument(
+        "--mode",
+        choices=("auto", "builtin"),
+        default="auto",
+        help="auto (default): stay idle while Node Feature Discovery is installed; builtin: always label",
+    )
+    discover.add_argument(
+        "--rescan-seconds",
+        type=_seconds,
+        default=DEFAULT_RESCAN_SECONDS,
+        metavar="N",
+        help="how often sysfs is read again (default %(default).0f)",
+    )
+    discover.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the GPUs and the labels they give, talk to no API server",
+    )
+    discover.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    discover.set_defaults(handler=cmd_discover)
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="find what keeps GPU pods from running, and what to run next (read only)",
+        description="Walks the GPU troubleshooting checklist over the cluster (or one node or pod) with "
+        "your kubeconfig, read only. Exit 0: nothing wrong, 1: problems found, 2: bad input or no access.",
+    )
+    where = doctor.add_mutually_exclusive_group()
+    where.add_argument("--node", metavar="NAME", help="only what concerns this node")
+    where.add_argument("--pod", metavar="NAMESPACE/NAME", type=_pod_ref, help="only what concerns this pod")
+    doctor.add_argument("-o", "--output", choices=("table", "json"), default="table", help="default table")
+    doctor.add_argument("--kubeconfig", help="kubeconfig file (default $KUBECONFIG or ~/.kube/config)")
+    doctor.add_argument("--context", help="kubeconfig context (default the current one)")
+    doctor.add_argument(
+        "--namespace",
+        default="",
+        help="namespace of the operands (default: the ClusterPolicy's status.namespace, else gpu-operator)",
+    )
+    doctor.add_argument(
+        "--log-lines",
+        type=_non_negative,
+        default=10,
+        metavar="N",
+        help="log lines to read of each failing operand container (default %(default)s; 0: read no logs)",
+    )
+    doctor.add_argument("--save-state", metavar="FILE", help="also write what was read, as JSON")
+    doctor.add_argument(
+        "--from-state", metavar="FILE", help="diagnose a state saved by --save-state instead of the cluster"
+    )
+    doctor.set_defaults(handler=cmd_doctor)
     return parser
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Literal
 
 from gpu_operator.api.common import ComponentSpec
 from gpu_operator.api.spec import ClusterPolicySpec
@@ -15,12 +16,20 @@ from gpu_operator.api.spec import ClusterPolicySpec
 NodeLabels = Mapping[str, str]
 
 MIG_CAPABLE_LABEL = "nvidia.com/mig.capable"
+MPS_CAPABLE_LABEL = "nvidia.com/mps.capable"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 VGPU_HOST_LABEL = "nvidia.com/vgpu.host-driver-version"
+RUNTIME_LABEL = "nvidia.com/gpu-operator.runtime"
+"""The node's container runtime as the operator detected it; each toolkit DaemonSet selects one value."""
 
 
 def any_gpu_node(labels: NodeLabels) -> bool:
     return True
+
+
+def mps_capable(labels: NodeLabels) -> bool:
+    """GFD labels nodes whose device-plugin config shares GPUs through MPS."""
+    return labels.get(MPS_CAPABLE_LABEL) == "true"
 
 
 def mig_capable(labels: NodeLabels) -> bool:
@@ -59,10 +68,21 @@ class Component:
     node_filter: Callable[[NodeLabels], bool] = field(default=any_gpu_node)
     os_specific_tag: bool = False
     """The image tag gets the node OS suffix (`-ubuntu22.04`), as NVIDIA's driver images do."""
+    label: str = ""
+    """Value of `app.kubernetes.io/component` on its objects and pods, when not the name: NVIDIA's
+    validator finds the driver DaemonSet by `nvidia-driver` (cmd/nvidia-validator/main.go:723)."""
+    deploys_with: str = ""
+    """Shares this component's deploy label (NVIDIA's MPS control daemon runs where the plugin does)."""
+    split: Literal["", "runtime", "kernel"] = ""
+    """One DaemonSet per container runtime of the GPU nodes, or per kernel (precompiled drivers only)."""
 
     @property
     def deploy_label(self) -> str:
-        return f"nvidia.com/gpu.deploy.{self.name}"
+        return f"nvidia.com/gpu.deploy.{self.deploys_with or self.name}"
+
+    @property
+    def component_label(self) -> str:
+        return self.label or self.name
 
     def spec(self, policy: ClusterPolicySpec) -> ComponentSpec:
         section = getattr(policy, self.section)
@@ -75,7 +95,10 @@ class Component:
 
 _NVCR = "nvcr.io/nvidia"
 _CLOUD_NATIVE = "nvcr.io/nvidia/cloud-native"
-_VALIDATOR = Image(_CLOUD_NATIVE, "gpu-operator-validator", "v26.7.0")
+# Defaults of NVIDIA's v26.7.0 chart (deployments/gpu-operator/values.yaml). The validator ships in
+# the operator image since v25.10.0, tagged with the release (the chart's appVersion, which the
+# release workflow sets: .github/workflows/release-rc-assets.yaml:274).
+_VALIDATOR = Image(_NVCR, "gpu-operator", "v26.7.0")
 _DEVICE_PLUGIN = Image(_NVCR, "k8s-device-plugin", "v0.20.0")
 
 COMPONENTS: tuple[Component, ...] = (
@@ -86,6 +109,8 @@ COMPONENTS: tuple[Component, ...] = (
         "DRIVER_IMAGE",
         Image(_NVCR, "driver", "595.91.07"),
         os_specific_tag=True,
+        label="nvidia-driver",
+        split="kernel",
     ),
     Component(
         "container-toolkit",
@@ -94,6 +119,7 @@ COMPONENTS: tuple[Component, ...] = (
         "CONTAINER_TOOLKIT_IMAGE",
         Image(f"{_NVCR}/k8s", "container-toolkit", "v1.20.0"),
         depends_on=("driver",),
+        split="runtime",
     ),
     Component(
         "operator-validator",
@@ -112,11 +138,21 @@ COMPONENTS: tuple[Component, ...] = (
         depends_on=("container-toolkit",),
     ),
     Component(
+        "mps-control-daemon",
+        "devicePlugin",
+        "nvidia-device-plugin-mps-control-daemon",
+        "DEVICE_PLUGIN_IMAGE",
+        _DEVICE_PLUGIN,
+        depends_on=("container-toolkit",),
+        node_filter=mps_capable,
+        deploys_with="device-plugin",
+    ),
+    Component(
         "dcgm",
         "dcgm",
         "nvidia-dcgm",
         "DCGM_IMAGE",
-        Image(_CLOUD_NATIVE, "dcgm", "4.4.1-1-ubuntu22.04"),
+        Image(_CLOUD_NATIVE, "dcgm", "4.6.0-1-ubuntu24.04"),
         depends_on=("container-toolkit",),
     ),
     Component(
@@ -124,7 +160,7 @@ COMPONENTS: tuple[Component, ...] = (
         "dcgmExporter",
         "nvidia-dcgm-exporter",
         "DCGM_EXPORTER_IMAGE",
-        Image(f"{_NVCR}/k8s", "dcgm-exporter", "4.4.1-4.6.0-ubuntu22.04"),
+        Image(f"{_NVCR}/k8s", "dcgm-exporter", "4.6.0-4.8.3-distroless"),
         depends_on=("container-toolkit", "dcgm"),
     ),
     Component(
@@ -155,9 +191,15 @@ COMPONENTS: tuple[Component, ...] = (
 )
 
 BY_NAME: dict[str, Component] = {c.name: c for c in COMPONENTS}
+BY_LABEL: dict[str, Component] = {c.component_label: c for c in COMPONENTS}
 
+# Images of containers that run inside another component's pods (the driver's).
 DRIVER_MANAGER = Image(_CLOUD_NATIVE, "k8s-driver-manager", "v0.12.0")
 DRIVER_MANAGER_ENV = "DRIVER_MANAGER_IMAGE"
+GDS = Image(_CLOUD_NATIVE, "nvidia-fs", "2.29.4")
+GDS_ENV = "GDS_IMAGE"
+GDRCOPY = Image(_CLOUD_NATIVE, "gdrdrv", "v2.6")
+GDRCOPY_ENV = "GDRCOPY_IMAGE"
 
 
 def effective_dependencies(component: Component, policy: ClusterPolicySpec) -> tuple[str, ...]:

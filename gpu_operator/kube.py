@@ -7,19 +7,21 @@ and out. Sync on purpose: it runs in a worker thread, never on Kopf's event loop
 
 from __future__ import annotations
 
-import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import urllib3
 from kubernetes import client, config
 
+from gpu_operator import metrics, safe_json
 from gpu_operator.observed import ObjectKey
+from gpu_operator.render import tojson
 
 FIELD_MANAGER = "gpu-operator"
 EVENTS_NAMESPACE = "default"
+LIST_PAGE = 500
 
 # (apiVersion, kind) → (plural, namespaced)
 RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
@@ -28,6 +30,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("v1", "Service"): ("services", True),
     ("v1", "Pod"): ("pods", True),
     ("v1", "Event"): ("events", True),
+    ("v1", "ResourceQuota"): ("resourcequotas", True),
     ("v1", "Node"): ("nodes", False),
     ("v1", "Namespace"): ("namespaces", False),
     ("apps/v1", "DaemonSet"): ("daemonsets", True),
@@ -42,6 +45,12 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
 }
 
 
+def _verb(method: str, content_type: str) -> str:
+    if method == "PATCH":
+        return "apply" if content_type == "application/apply-patch+yaml" else "patch"
+    return {"POST": "create", "PUT": "update", "DELETE": "delete"}.get(method, method.lower())
+
+
 class ApiError(Exception):
     """A failed API call, with the server's status code and message."""
 
@@ -52,9 +61,10 @@ class ApiError(Exception):
 
 
 def path(api_version: str, kind: str, namespace: str = "", name: str = "", subresource: str = "") -> str:
+    """The URL path; a namespaced kind without a namespace is its list across all namespaces."""
     plural, namespaced = RESOURCES[(api_version, kind)]
     prefix = "/api/v1" if api_version == "v1" else f"/apis/{api_version}"
-    if namespaced:
+    if namespaced and namespace:
         prefix += f"/namespaces/{namespace}"
     result = f"{prefix}/{plural}"
     if name:
@@ -77,6 +87,55 @@ def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
 class Kube:
     api: client.ApiClient
 
+    def _call(
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+        kind: str = "",
+        accept: str = "application/json",
+        timeout: float | tuple[float, float] | None = None,
+    ) -> Any:
+        """The raw response, its body not read yet; ApiError for anything but a 2xx status.
+        Writes (anything but GET) count in the metrics by `kind`."""
+        method_, full_url, headers, payload, _ = self.api.param_serialize(
+            method=method,
+            resource_path=url,
+            query_params=list((query or {}).items()),
+            header_params={"Content-Type": content_type, "Accept": accept},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        status = 0
+        try:
+            response = self.api.call_api(
+                method_, full_url, header_params=headers, body=payload, _request_timeout=timeout
+            )
+            status = response.status
+        except urllib3.exceptions.HTTPError as exc:
+            # Connection refused, TLS failure, timeout: reported like an API error, retried the same way.
+            raise ApiError(0, "ConnectionError", str(exc)) from None
+        finally:
+            if method != "GET":
+                metrics.observe_write(_verb(method, content_type), kind, status)
+        if not 200 <= response.status < 300:
+            data = response.read()  # type: ignore[no-untyped-call]
+            try:
+                details = safe_json.loads(data)
+                raise ApiError(response.status, details.get("reason", ""), details.get("message", ""))
+            except (ValueError, AttributeError):
+                raise ApiError(response.status, "", data.decode(errors="replace")[:300]) from None
+        return response
+
+    def _read(self, response: Any) -> bytes:
+        try:
+            data: bytes = response.read()
+        except urllib3.exceptions.HTTPError as exc:
+            raise ApiError(0, "ConnectionError", str(exc)) from None
+        return data
+
     def request(
         self,
         method: str,
@@ -84,59 +143,137 @@ class Kube:
         body: Any = None,
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
+        kind: str = "",
     ) -> dict[str, Any]:
-        method_, full_url, headers, payload, _ = self.api.param_serialize(
-            method=method,
-            resource_path=url,
-            query_params=list((query or {}).items()),
-            header_params={"Content-Type": content_type, "Accept": "application/json"},
-            body=body,
-            auth_settings=["BearerToken"],
+        """One API call; the JSON response."""
+        data = self._read(self._call(method, url, body, query, content_type, kind))
+        # A ClusterPolicy's status patch returns the whole object, whatever its spec holds.
+        return safe_json.loads(data) if data else {}
+
+    def watch(
+        self, api_version: str, kind: str, query: Mapping[str, str], timeout_seconds: int
+    ) -> Iterator[dict[str, Any]]:
+        """The events of a watch (`{"type": ..., "object": ...}`), until the server ends it after
+        `timeout_seconds`. A connection that goes quiet for longer raises ApiError(0, ...)."""
+        params = {**query, "watch": "true", "timeoutSeconds": str(timeout_seconds)}
+        response = self._call(
+            "GET", path(api_version, kind), query=params, timeout=(10, timeout_seconds + 30)
         )
         try:
-            response = self.api.call_api(method_, full_url, header_params=headers, body=payload)
-        except urllib3.exceptions.HTTPError as exc:
-            # Connection refused, TLS failure, timeout: reported like an API error, retried the same way.
+            buffer = b""
+            for chunk in response.response.stream(amt=None, decode_content=False):
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield safe_json.loads(line)
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
             raise ApiError(0, "ConnectionError", str(exc)) from None
-        data = response.read()  # type: ignore[no-untyped-call]
-        if not 200 <= response.status < 300:
-            try:
-                details = json.loads(data)
-                raise ApiError(response.status, details.get("reason", ""), details.get("message", ""))
-            except (ValueError, AttributeError):
-                raise ApiError(response.status, "", data.decode(errors="replace")[:300]) from None
-        return json.loads(data) if data else {}
+        finally:
+            response.response.release_conn()
 
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
         return self.request("GET", path(api_version, kind, namespace, name))
 
-    def apply(self, body: Mapping[str, Any]) -> dict[str, Any]:
-        """Server-side apply under our field manager, taking over conflicting fields (drift repair)."""
+    def list(
+        self, api_version: str, kind: str, namespace: str = "", label_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        """Every object of a kind (all namespaces when `namespace` is empty), fetched in pages."""
+        items: list[dict[str, Any]] = []
+        query = {"limit": str(LIST_PAGE)}
+        if label_selector:
+            query["labelSelector"] = label_selector
+        while True:
+            page = self.request("GET", path(api_version, kind, namespace), query=query)
+            items.extend(page.get("items") or [])
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return items
+            query["continue"] = token
+
+    def pod_log(self, namespace: str, name: str, container: str, lines: int, previous: bool = False) -> str:
+        """The last `lines` lines of a container's log (of its previous run when `previous`)."""
+        query = {"container": container, "tailLines": str(lines)}
+        if previous:
+            query["previous"] = "true"
+        url = path("v1", "Pod", namespace, name, "log")
+        data = self._read(self._call("GET", url, query=query, accept="text/plain"))
+        return data.decode(errors="replace")
+
+    def apply(
+        self, body: Mapping[str, Any], manager: str = FIELD_MANAGER, force: bool = True
+    ) -> dict[str, Any]:
+        """Server-side apply, by default under the operator's field manager taking over conflicting
+        fields (drift repair); with force=False a field another manager set to another value is a
+        409 Conflict instead."""
         metadata = body["metadata"]
         url = path(body["apiVersion"], body["kind"], metadata.get("namespace", ""), metadata["name"])
+        # The body is YAML to the API server. The client's json.dumps would escape an emoji as a UTF-16
+        # surrogate pair, which YAML refuses ("invalid Unicode character escape code"): send the
+        # renderer's YAML-safe JSON instead, which keeps every such character as UTF-8.
         return self.request(
             "PATCH",
             url,
-            body=body,
-            query={"fieldManager": FIELD_MANAGER, "force": "true"},
+            body=tojson(body).encode(),
+            query={"fieldManager": manager, "force": str(force).lower()},
             content_type="application/apply-patch+yaml",
+            kind=body["kind"],
         )
 
     def delete(self, key: ObjectKey) -> None:
         api_version, kind, namespace, name = key
         try:
             self.request(
-                "DELETE", path(api_version, kind, namespace, name), body={"propagationPolicy": "Background"}
+                "DELETE",
+                path(api_version, kind, namespace, name),
+                body={"propagationPolicy": "Background"},
+                kind=kind,
             )
         except ApiError as exc:
             if exc.status != 404:
                 raise
 
-    def apply_node_labels(self, node: str, labels: Mapping[str, str]) -> dict[str, Any]:
-        """Own exactly `labels` on the node: labels we owned and leave out are removed, others untouched."""
-        return self.apply(
-            {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": dict(labels)}}
-        )
+    def apply_node_labels(
+        self,
+        node: str,
+        labels: Mapping[str, str],
+        resource_version: str = "",
+        manager: str = FIELD_MANAGER,
+        force: bool = True,
+    ) -> dict[str, Any]:
+        """Own exactly `labels` on the node: labels the manager owned and leaves out are removed, others
+        untouched. With `resource_version`, the write fails with 409 if the node changed since (and
+        never creates a Node that is gone)."""
+        metadata: dict[str, Any] = {"name": node, "labels": dict(labels)}
+        if resource_version:
+            metadata["resourceVersion"] = resource_version
+        return self.apply({"apiVersion": "v1", "kind": "Node", "metadata": metadata}, manager, force)
+
+    def rewrite_labels(self, kind: str, name: str, changes: Mapping[str, tuple[str, str | None]]) -> None:
+        """Change labels of a cluster-scoped core object (Node, Namespace) whoever owns them: label →
+        (the value it must still have, its new value or None to remove it). One JSON patch, test before
+        each change, so all or nothing; a label changed meanwhile (422) or an object gone (404) leaves
+        nothing to do (the watch brings the new state)."""
+        operations: list[dict[str, str]] = []
+        for key, (expected, new) in changes.items():
+            pointer = "/metadata/labels/" + key.replace("~", "~0").replace("/", "~1")
+            operations.append({"op": "test", "path": pointer, "value": expected})
+            operations.append(
+                {"op": "remove", "path": pointer}
+                if new is None
+                else {"op": "replace", "path": pointer, "value": new}
+            )
+        try:
+            self.request(
+                "PATCH",
+                path("v1", kind, name=name),
+                body=operations,
+                query={"fieldManager": FIELD_MANAGER},
+                content_type="application/json-patch+json",
+            )
+        except ApiError as exc:
+            if exc.status not in (404, 422):
+                raise
 
     def patch_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         return self.request(
@@ -144,6 +281,7 @@ class Kube:
             path("nvidia.com/v1", "ClusterPolicy", name=name, subresource="status"),
             body={"status": dict(status)},
             content_type="application/merge-patch+json",
+            kind="ClusterPolicy",
         )
 
     def post_event(self, policy: Mapping[str, str], type_: str, reason: str, message: str, now: str) -> None:
@@ -169,4 +307,4 @@ class Kube:
             "source": {"component": FIELD_MANAGER},
             "reportingComponent": FIELD_MANAGER,
         }
-        self.request("POST", path("v1", "Event", namespace), body=body)
+        self.request("POST", path("v1", "Event", namespace), body=body, kind="Event")

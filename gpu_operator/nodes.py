@@ -1,24 +1,40 @@
 """GPU-node detection and the node labels the operator owns (pure functions, no I/O).
 
 The operator writes node labels with server-side apply under its own field manager, so
-`managedFields` tells which labels are its own: those are the only ones it ever changes or removes.
-A value another tool or a person set (`false`, `paused-for-driver-upgrade`, ...) is never touched.
+`managedFields` tells which labels are its own. Deploy labels follow the protocol NVIDIA's operand
+managers speak (k8s-driver-manager v0.12.0 `cmd/driver-manager/main.go`, mig-manager v0.15.0
+`pkg/mig/reconfigure/reconfigure.go`), who rewrite them with strategic-merge or merge patches:
+
+* absent or `""`: not decided yet. k8s-driver-manager writes `""` for every operand label that was
+  absent when it reschedules a fresh node (`maybeSetTrue("")`, main.go:1075). The operator sets `true`
+  once the component's dependencies are ready on the node, taking the label over.
+* `true`: deployed, whoever wrote it. After a pause the manager writes `true` back and owns it; the
+  operator applies the same value too (shared ownership), so that it stays the operator's label.
+* containing `paused-for-` (`paused-for-driver-upgrade`, `paused-for-mig-change`): a manager stopped
+  the component on this node for a while. Never overwritten; reported, with who paused it.
+* `pre-installed` on the driver label: k8s-driver-manager found a driver on the host
+  (`disableContainerizedDriver`, main.go:549). The driver counts as satisfied for its dependents.
+* `false`: opted out (NVIDIA's meaning). Any other value is someone else's and is left alone, reported.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.components import BY_NAME, COMPONENTS, Component, mig_capable
+from gpu_operator.components import BY_NAME, COMPONENTS, RUNTIME_LABEL, Component, mig_capable
 from gpu_operator.images import KERNEL_LABEL, os_tag
-from gpu_operator.render import ClusterFacts
+from gpu_operator.render import ClusterFacts, runtimes_in_order
 
 FIELD_MANAGER = "gpu-operator"
 GPU_PRESENT = "nvidia.com/gpu.present"
+DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
 DEPLOY_OPERANDS = "nvidia.com/gpu.deploy.operands"
+PAUSED_MARK = "paused-for-"
+PRE_INSTALLED = "pre-installed"
 MIG_CONFIG = "nvidia.com/mig.config"
 GPU_RESOURCE = "nvidia.com/gpu"
 NFD_PREFIX = "feature.node.kubernetes.io/"
@@ -38,6 +54,14 @@ class NodeInfo:
     gpu_allocatable: int = 0
     own_labels: frozenset[str] = frozenset()
     """Label keys the operator's field manager owns (set by server-side apply)."""
+    shared_labels: frozenset[str] = frozenset()
+    """Those of `own_labels` another manager owns too (it wrote the same value)."""
+    writers: Mapping[str, str] = field(default_factory=dict)
+    """Deploy label → the manager that set it, for values other than "" and "true" (pauses, opt-outs)."""
+    resource_version: str = field(default="", compare=False)
+    """The node as last seen: label writes carry it, so a stale view conflicts instead of overwriting."""
+    runtime: str | None = None
+    """Container runtime the kubelet reports (containerd, crio, docker); None if unknown."""
 
     @property
     def is_gpu(self) -> bool:
@@ -53,14 +77,38 @@ class NodeInfo:
         return any(key.startswith(NFD_PREFIX) for key in self.labels)
 
 
-def _owned_label_keys(managed_fields: Iterable[Mapping[str, Any]]) -> frozenset[str]:
+def owned_label_keys(
+    managed_fields: Iterable[Mapping[str, Any]], manager: str = FIELD_MANAGER
+) -> frozenset[str]:
+    """The label keys `manager` owns by server-side apply, from a node's `metadata.managedFields`."""
     keys: set[str] = set()
     for entry in managed_fields:
-        if entry.get("manager") != FIELD_MANAGER or entry.get("operation") != "Apply":
+        if entry.get("manager") != manager or entry.get("operation") != "Apply":
             continue
         labels = (entry.get("fieldsV1") or {}).get("f:metadata", {}).get("f:labels", {})
         keys.update(key.removeprefix("f:") for key in labels if key.startswith("f:"))
     return frozenset(keys)
+
+
+def _label_owners(
+    managed_fields: Iterable[Mapping[str, Any]], labels: Mapping[str, str]
+) -> tuple[frozenset[str], frozenset[str], dict[str, str]]:
+    """(keys we own, of those the ones someone else owns too, unusual deploy labels → their manager)."""
+    ours: set[str] = set()
+    others: dict[str, str] = {}
+    for entry in managed_fields:
+        fields = (entry.get("fieldsV1") or {}).get("f:metadata", {}).get("f:labels", {})
+        keys = [key.removeprefix("f:") for key in fields if key.startswith("f:")]
+        if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply":
+            ours.update(keys)
+        else:
+            others.update(dict.fromkeys(keys, str(entry.get("manager") or "an unnamed manager")))
+    writers = {
+        key: manager
+        for key, manager in others.items()
+        if key.startswith(DEPLOY_PREFIX) and labels.get(key) not in (None, "", "true")
+    }
+    return frozenset(ours), frozenset(ours & others.keys()), writers
 
 
 def _quantity_int(value: Any) -> int:
@@ -70,14 +118,30 @@ def _quantity_int(value: Any) -> int:
         return 0
 
 
+# `status.nodeInfo.containerRuntimeVersion` is `<runtime>://<version>` (NVIDIA's getRuntimeString,
+# controllers/state_manager.go:562-577).
+_RUNTIME_PREFIXES = (("containerd", "containerd"), ("cri-o", "crio"), ("docker", "docker"))
+
+
+def _runtime(version: str) -> str | None:
+    return next((name for prefix, name in _RUNTIME_PREFIXES if version.startswith(prefix)), None)
+
+
 def node_info(body: Mapping[str, Any]) -> NodeInfo:
     metadata = body.get("metadata") or {}
-    allocatable = (body.get("status") or {}).get("allocatable") or {}
+    status = body.get("status") or {}
+    allocatable = status.get("allocatable") or {}
+    labels = dict(metadata.get("labels") or {})
+    own, shared, writers = _label_owners(metadata.get("managedFields") or (), labels)
     return NodeInfo(
         name=metadata["name"],
-        labels=dict(metadata.get("labels") or {}),
+        labels=labels,
         gpu_allocatable=_quantity_int(allocatable.get(GPU_RESOURCE, 0)),
-        own_labels=_owned_label_keys(metadata.get("managedFields") or ()),
+        own_labels=own,
+        shared_labels=shared,
+        writers=writers,
+        resource_version=str(metadata.get("resourceVersion") or ""),
+        runtime=_runtime(str((status.get("nodeInfo") or {}).get("containerRuntimeVersion") or "")),
     )
 
 
@@ -85,31 +149,77 @@ def gpu_nodes(nodes: Iterable[NodeInfo]) -> list[NodeInfo]:
     return sorted((n for n in nodes if n.is_gpu), key=lambda n: n.name)
 
 
+def node_runtime(node: NodeInfo, default_runtime: str | None) -> str:
+    """The runtime the kubelet reports, else `operator.defaultRuntime`, else containerd (NVIDIA's default)."""
+    return node.runtime or default_runtime or "containerd"
+
+
 def cluster_facts(
-    nodes: Iterable[Mapping[str, Any]] | Iterable[NodeInfo], namespace: str, environ: Mapping[str, str]
+    nodes: Iterable[Mapping[str, Any]] | Iterable[NodeInfo],
+    namespace: str,
+    environ: Mapping[str, str],
+    default_runtime: str | None = None,
 ) -> ClusterFacts:
-    """Rendering facts from the nodes: like NVIDIA, the OS and kernel of the first GPU node."""
+    """Rendering facts from the GPU nodes: the OS of the first one (the driver image's suffix, as NVIDIA
+    does), the kernels (one precompiled driver DaemonSet each) and the container runtimes (one toolkit
+    DaemonSet each). Nodes opted out of operands still count: their labels may change any time."""
     infos = [n if isinstance(n, NodeInfo) else node_info(n) for n in nodes]
     gpus = gpu_nodes(infos)
     first = gpus[0].labels if gpus else {}
+    kernels = {(n.labels[KERNEL_LABEL], os_tag(n.labels)) for n in gpus if n.labels.get(KERNEL_LABEL)}
     return ClusterFacts(
-        namespace=namespace, os_tag=os_tag(first), kernel=first.get(KERNEL_LABEL), environ=dict(environ)
+        namespace=namespace,
+        os_tag=os_tag(first),
+        kernels=tuple(sorted(kernels, key=lambda k: (k[0], k[1] or ""))),
+        runtimes=runtimes_in_order({node_runtime(n, default_runtime) for n in gpus}),
+        environ=dict(environ),
     )
+
+
+def runtime_labels(node: NodeInfo, policy: ClusterPolicySpec) -> dict[str, str]:
+    """The runtime label the toolkit DaemonSets select on; part of desired_labels, so it is written in
+    the same apply as the deploy labels."""
+    if not BY_NAME["container-toolkit"].enabled(policy) or _foreign(node, RUNTIME_LABEL):
+        return {}
+    return {RUNTIME_LABEL: node_runtime(node, policy.operator.defaultRuntime)}
 
 
 def takes_operands(node: NodeInfo) -> bool:
     return node.is_gpu and node.labels.get(DEPLOY_OPERANDS) != "false"
 
 
-def runs_on(component: Component, node: NodeInfo) -> bool:
-    """Whether an (enabled) component belongs on this node, before dependency gating.
+class Deploy(Enum):
+    """What a component's deploy label on a node says (see the module docstring)."""
 
-    A deploy label another tool or a person set to anything but "true" opts the node out.
-    """
+    UNDECIDED = "undecided"
+    DEPLOYED = "deployed"
+    PAUSED = "paused"
+    HOST = "host"
+    OPTED_OUT = "opted out"
+    HELD = "held"
+
+
+def deploy_state(component: Component, node: NodeInfo) -> Deploy:
+    value = node.labels.get(component.deploy_label)
+    if not value:
+        return Deploy.UNDECIDED
+    if value == "true":
+        return Deploy.DEPLOYED
+    if value == "false":
+        return Deploy.OPTED_OUT
+    if PAUSED_MARK in value:
+        return Deploy.PAUSED
+    if value == PRE_INSTALLED and component.name == "driver":
+        return Deploy.HOST
+    return Deploy.HELD
+
+
+def runs_on(component: Component, node: NodeInfo) -> bool:
+    """Whether an (enabled) component belongs on this node, before dependency gating: not opted out,
+    and not a driver found pre-installed on the host. A paused component still belongs there."""
     if not takes_operands(node) or not component.node_filter(node.labels):
         return False
-    value = node.labels.get(component.deploy_label)
-    return value is None or value == "true" or component.deploy_label in node.own_labels
+    return deploy_state(component, node) not in (Deploy.OPTED_OUT, Deploy.HOST)
 
 
 IsReady = Callable[[str, str], bool]
@@ -139,8 +249,9 @@ def desired_labels(node: NodeInfo, policy: ClusterPolicySpec | None, is_ready: I
     """The complete set of labels the operator wants to own on `node` (server-side apply removes the rest).
 
     Deploy labels are added once a component's dependencies are ready on the node and then kept
-    (a restarting driver pod does not tear down the stack above it). With no active policy the set is
-    empty, which removes every label the operator added.
+    (a restarting driver pod does not tear down the stack above it); `true` written by an operand
+    manager is kept the same way. With no active policy the set is empty, which removes every label
+    the operator added (see `released_labels` for the ones it shares).
     """
     if policy is None or not node.is_gpu:
         return {}
@@ -149,13 +260,15 @@ def desired_labels(node: NodeInfo, policy: ClusterPolicySpec | None, is_ready: I
         labels[GPU_PRESENT] = "true"
     if not takes_operands(node):
         return labels
+    labels.update(runtime_labels(node, policy))
     for component in COMPONENTS:
-        key = component.deploy_label
-        if not component.enabled(policy) or not runs_on(component, node) or _foreign(node, key):
+        if not component.enabled(policy) or not runs_on(component, node):
             continue
-        already = key in node.own_labels and node.labels.get(key) == "true"
-        if already or not dependencies_met(component, policy, node, is_ready):
-            labels[key] = "true"
+        state = deploy_state(component, node)
+        if state == Deploy.DEPLOYED or (
+            state == Deploy.UNDECIDED and not dependencies_met(component, policy, node, is_ready)
+        ):
+            labels[component.deploy_label] = "true"
     # NVIDIA's rule: MIG-capable nodes without a MIG layout get the default one, for mig-manager to apply.
     mig_default = policy.migManager.config.default if policy.migManager.config else "all-disabled"
     if (
@@ -166,6 +279,17 @@ def desired_labels(node: NodeInfo, policy: ClusterPolicySpec | None, is_ready: I
     ):
         labels[MIG_CONFIG] = "all-disabled"
     return labels
+
+
+def released_labels(node: NodeInfo, wanted: Mapping[str, str]) -> dict[str, str]:
+    """Deploy labels the operator stops owning that another manager co-owns (a `true` restored by
+    k8s-driver-manager or mig-manager): leaving them out of the apply would leave them on the node, so
+    they are removed explicitly, each only if it still has this value."""
+    return {
+        key: node.labels[key]
+        for key in sorted(node.shared_labels - wanted.keys())
+        if key.startswith(DEPLOY_PREFIX) and node.labels.get(key) == "true"
+    }
 
 
 def _foreign(node: NodeInfo, key: str) -> bool:

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_operator.components import BY_LABEL
+
 COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "gpu-operator"
@@ -19,6 +21,13 @@ HASH_ANNOTATION = "nvidia.com/gpu-operator.applied-hash"
 STARTING_REASONS = frozenset(
     {"", "ContainerCreating", "PodInitializing", "Pending", "Running", "Terminating"}
 )
+
+
+def component_of(metadata: Mapping[str, Any]) -> str:
+    """The component an object belongs to, from its `app.kubernetes.io/component` label."""
+    value = str((metadata.get("labels") or {}).get(COMPONENT_LABEL) or "")
+    known = BY_LABEL.get(value)
+    return known.name if known is not None else value
 
 
 @dataclass(frozen=True)
@@ -38,7 +47,8 @@ class PodInfo:
         return not self.ready and self.reason not in STARTING_REASONS
 
 
-def _waiting(statuses: list[Mapping[str, Any]]) -> tuple[str, str] | None:
+def waiting_reason(statuses: list[Mapping[str, Any]]) -> tuple[str, str] | None:
+    """(reason, message) of the first container waiting or terminated (not Completed), if any."""
     for status in statuses:
         state = status.get("state") or {}
         for key in ("waiting", "terminated"):
@@ -53,7 +63,7 @@ def _waiting(statuses: list[Mapping[str, Any]]) -> tuple[str, str] | None:
 def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
     """Readiness and the most telling reason of one operand pod; None for pods not bound to a component."""
     metadata = body.get("metadata") or {}
-    component = (metadata.get("labels") or {}).get(COMPONENT_LABEL)
+    component = component_of(metadata)
     spec = body.get("spec") or {}
     status = body.get("status") or {}
     node = spec.get("nodeName") or _affinity_node(spec)
@@ -67,7 +77,7 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
         reason = "Terminating"
     elif not ready:
         scheduled = conditions.get("PodScheduled") or {}
-        found = _waiting(status.get("initContainerStatuses") or []) or _waiting(
+        found = waiting_reason(status.get("initContainerStatuses") or []) or waiting_reason(
             status.get("containerStatuses") or []
         )
         if scheduled.get("status") == "False":
@@ -134,7 +144,7 @@ def daemonset_info(body: Mapping[str, Any]) -> DaemonSetInfo:
     strategy = ((body.get("spec") or {}).get("updateStrategy") or {}).get("type")
     return DaemonSetInfo(
         name=metadata.get("name", ""),
-        component=(metadata.get("labels") or {}).get(COMPONENT_LABEL, ""),
+        component=component_of(metadata),
         generation=int(metadata.get("generation") or 0),
         observed_generation=int(status.get("observedGeneration") or 0),
         desired=int(status.get("desiredNumberScheduled") or 0),
@@ -172,9 +182,14 @@ def object_info(body: Mapping[str, Any]) -> ObjectInfo:
     owners = [o for o in metadata.get("ownerReferences") or [] if o.get("controller")]
     return ObjectInfo(
         key=object_key(body),
-        component=(metadata.get("labels") or {}).get(COMPONENT_LABEL, ""),
+        component=component_of(metadata),
         applied_hash=(metadata.get("annotations") or {}).get(HASH_ANNOTATION, ""),
         generation=int(metadata.get("generation") or 0),
         resource_version=str(metadata.get("resourceVersion") or ""),
         owner_uid=owners[0].get("uid", "") if owners else "",
     )
+
+
+def config_map_keys(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """The file names a ConfigMap holds (text and binary)."""
+    return tuple(sorted({*(body.get("data") or {}), *(body.get("binaryData") or {})}))

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from gpu_operator.api import GROUP, KIND, VERSION, FieldError, PolicyError, parse_spec
@@ -22,14 +22,17 @@ from gpu_operator.api.status import (
     REASON_RECONCILE_FAILED,
     REASON_RECONCILED,
 )
-from gpu_operator.components import COMPONENTS, Component
+from gpu_operator.components import BY_LABEL, COMPONENTS, Component
 from gpu_operator.nodes import (
+    Deploy,
     IsReady,
     NodeInfo,
     cluster_facts,
     dependencies_met,
+    deploy_state,
     desired_labels,
     gpu_nodes,
+    released_labels,
     runs_on,
     takes_operands,
 )
@@ -39,9 +42,11 @@ from gpu_operator.observed import (
     ObjectInfo,
     ObjectKey,
     PodInfo,
+    component_of,
     object_key,
 )
-from gpu_operator.render import ClusterFacts, render
+from gpu_operator.psa import NamespaceInfo, NamespaceWrite, namespace_write
+from gpu_operator.render import ClusterFacts, config_maps_read, missing_inputs, render
 
 MAX_PROBLEMS = 5
 
@@ -69,11 +74,28 @@ class Observed:
     nodes: Mapping[str, NodeInfo]
     pods: Iterable[PodInfo]
     daemonsets: Mapping[str, DaemonSetInfo]
-    """By component name."""
+    """By DaemonSet name (a component may have several: one per runtime, one per kernel)."""
     objects: Mapping[ObjectKey, ObjectInfo]
     namespace: str
     environ: Mapping[str, str] = field(default_factory=dict)
     nvidia_driver_crd: bool = False
+    config_maps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """ConfigMap name → keys, in the operand namespace."""
+    service_monitor_crd: bool = False
+    """Whether the Prometheus operator's ServiceMonitor CRD is installed and established."""
+    operand_namespace: NamespaceInfo | None = None
+    """The operand namespace as watched (None: not seen, e.g. not created yet)."""
+
+
+class Note(str):
+    """A remark about the active policy: appended to its condition message, posted once as an Event."""
+
+    reason: str
+
+    def __new__(cls, message: str, reason: str = "Unsupported") -> Note:
+        note = super().__new__(cls, message)
+        note.reason = reason
+        return note
 
 
 @dataclass(frozen=True)
@@ -96,8 +118,12 @@ class Plan:
     """Nodes whose operator-owned labels must change → the complete set to own."""
     statuses: dict[str, dict[str, Any]]
     """Policy name → the status it should have (the caller writes only what differs)."""
-    notes: list[str]
-    """Warnings about the active policy (unsupported sections, NVIDIADriver CRD)."""
+    notes: list[Note]
+    """Remarks about the active policy (unsupported sections, NVIDIADriver CRD, skipped objects)."""
+    label_releases: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Nodes → shared deploy labels to remove explicitly, with the value each must still have."""
+    namespace_write: NamespaceWrite | None = None
+    """The operand namespace's pod-security labels to change (psa.enabled)."""
 
 
 def content_hash(body: Mapping[str, Any]) -> str:
@@ -151,23 +177,64 @@ def build(observed: Observed, now: str) -> Plan:
     nodes = list(observed.nodes.values())
     if active is None:
         labels = _label_changes(nodes, None, is_ready)
-        return Plan(None, None, [], [], sorted(observed.objects), labels, statuses, [])
+        releases = _releases(observed.nodes, labels)
+        psa = namespace_write(observed.operand_namespace, enabled=False)
+        return Plan(None, None, [], [], sorted(observed.objects), labels, statuses, [], releases, psa)
     try:
         spec = parse_spec(active.spec)
     except PolicyError as exc:
         statuses[active.name] = _invalid_status(active, exc.errors, observed.namespace, now)
         return Plan(active, None, exc.errors, [], [], {}, statuses, [])
 
-    facts: ClusterFacts = cluster_facts(nodes, observed.namespace, observed.environ)
+    facts = cluster_facts(nodes, observed.namespace, observed.environ, spec.operator.defaultRuntime)
+    # Only the ConfigMaps the policy names, so that other ConfigMap changes do not re-render.
+    named = {name for c in COMPONENTS for _, name in config_maps_read(c, spec)}
+    facts = replace(
+        facts,
+        config_maps={n: k for n, k in observed.config_maps.items() if n in named},
+        service_monitor_crd=observed.service_monitor_crd,
+    )
     objects = _rendered(active, spec, facts)
+    missing = {
+        c.name: found for c in COMPONENTS if c.enabled(spec) and (found := missing_inputs(c, spec, facts))
+    }
+    notes = _notes(spec, observed.nvidia_driver_crd)
+    if (
+        not observed.service_monitor_crd
+        and spec.dcgmExporter.is_enabled()
+        and spec.dcgmExporter.service_monitor_enabled()
+    ):
+        # NVIDIA's rule (object_controls.go:5060): no Prometheus operator, no ServiceMonitor (the
+        # renderer leaves it out), and the exporter is still ready. Created at the next pass once the
+        # CRD is established.
+        notes.append(Note(SERVICE_MONITOR_SKIPPED, "ServiceMonitorSkipped"))
     wanted = {object_key(o) for o in objects}
-    deletes = sorted(key for key in observed.objects if key not in wanted)
+    # A DaemonSet withheld for a missing input stays as it is (NVIDIA's behaviour): deleting the
+    # driver's would unload the driver under running GPU workloads.
+    kept = {
+        key for key, info in observed.objects.items() if key[1] == "DaemonSet" and info.component in missing
+    }
+    deletes = sorted(key for key in observed.objects if key not in wanted and key not in kept)
     labels = _label_changes(nodes, spec, is_ready)
     # Status reflects the labels as they will be once this plan is carried out.
     planned = {n.name: _with_labels(n, labels[n.name]) if n.name in labels else n for n in nodes}
-    notes = _notes(spec, observed.nvidia_driver_crd)
-    statuses[active.name] = _status(active, spec, planned, pods, observed, notes, now)
-    return Plan(active, spec, [], objects, deletes, labels, statuses, notes)
+    daemonsets: dict[str, list[str]] = {}
+    for obj in objects:
+        if obj["kind"] == "DaemonSet":
+            daemonsets.setdefault(component_of(obj["metadata"]), []).append(obj["metadata"]["name"])
+    statuses[active.name] = _status(active, spec, planned, pods, observed, daemonsets, missing, notes, now)
+    return Plan(
+        active,
+        spec,
+        [],
+        objects,
+        deletes,
+        labels,
+        statuses,
+        notes,
+        _releases(observed.nodes, labels),
+        namespace_write(observed.operand_namespace, spec.psa.enabled),
+    )
 
 
 _RENDERED: dict[str, list[dict[str, Any]]] = {}
@@ -176,19 +243,7 @@ _RENDERED: dict[str, list[dict[str, Any]]] = {}
 def _rendered(policy: PolicyRef, spec: ClusterPolicySpec, facts: ClusterFacts) -> list[dict[str, Any]]:
     """The owned, hashed objects; rendered again only when the policy or the facts change (most passes
     are caused by pod and node events and change neither). Callers must not mutate the result."""
-    key = json.dumps(
-        [
-            policy.name,
-            policy.uid,
-            policy.spec,
-            facts.namespace,
-            facts.os_tag,
-            facts.kernel,
-            facts.runtime,
-            sorted(facts.environ.items()),
-        ],
-        sort_keys=True,
-    )
+    key = json.dumps([policy.name, policy.uid, policy.spec, asdict(facts)], sort_keys=True)
     if key not in _RENDERED:
         _RENDERED.clear()
         _RENDERED[key] = [_owned(obj, policy) for obj in render(spec, facts)]
@@ -198,7 +253,7 @@ def _rendered(policy: PolicyRef, spec: ClusterPolicySpec, facts: ClusterFacts) -
 def _with_labels(node: NodeInfo, owned: Mapping[str, str]) -> NodeInfo:
     labels = {k: v for k, v in node.labels.items() if k not in node.own_labels}
     labels.update(owned)
-    return NodeInfo(node.name, labels, node.gpu_allocatable, frozenset(owned))
+    return replace(node, labels=labels, own_labels=frozenset(owned))
 
 
 def _label_changes(
@@ -213,15 +268,32 @@ def _label_changes(
     return changes
 
 
-def _notes(spec: ClusterPolicySpec, nvidia_driver_crd: bool) -> list[str]:
+def _releases(
+    nodes: Mapping[str, NodeInfo], labels: Mapping[str, Mapping[str, str]]
+) -> dict[str, dict[str, str]]:
+    found = {name: released_labels(nodes[name], want) for name, want in labels.items()}
+    return {name: keys for name, keys in found.items() if keys}
+
+
+SERVICE_MONITOR_SKIPPED = (
+    "spec.dcgmExporter.serviceMonitor is enabled, but the Prometheus operator's ServiceMonitor CRD "
+    "(servicemonitors.monitoring.coreos.com) is not installed: no ServiceMonitor was created; it will be "
+    "once the CRD is"
+)
+
+
+def _notes(spec: ClusterPolicySpec, nvidia_driver_crd: bool) -> list[Note]:
     notes = [
-        f"spec.{name} is enabled but not supported by this operator; it is ignored"
+        Note(f"spec.{name} is enabled but not supported by this operator; it is ignored")
         for name in spec.unsupported_enabled()
     ]
+    notes += [Note(f"accepted but not acted on: {field}", "Ignored") for field in spec.ignored_fields()]
     if spec.driver.useNvidiaDriverCRD and not nvidia_driver_crd:
         notes.append(
-            "spec.driver.useNvidiaDriverCRD is set, but no NVIDIADriver CRD is installed; "
-            "the driver is managed from this ClusterPolicy"
+            Note(
+                "spec.driver.useNvidiaDriverCRD is set, but no NVIDIADriver CRD is installed; "
+                "the driver is managed from this ClusterPolicy"
+            )
         )
     return notes
 
@@ -231,13 +303,13 @@ def _component_status(
     spec: ClusterPolicySpec,
     nodes: list[NodeInfo],
     pods: Mapping[tuple[str, str], PodInfo],
-    daemonset: DaemonSetInfo | None,
+    daemonsets: list[DaemonSetInfo | None],
 ) -> dict[str, Any]:
     if not component.enabled(spec):
         return {"name": component.name, "enabled": False, "state": "disabled"}
     eligible = [n for n in nodes if runs_on(component, n)]
-    labelled = [n for n in eligible if n.labels.get(component.deploy_label) == "true"]
-    waiting = [n for n in eligible if n.labels.get(component.deploy_label) != "true"]
+    labelled = [n for n in eligible if deploy_state(component, n) == Deploy.DEPLOYED]
+    waiting = [n for n in eligible if deploy_state(component, n) != Deploy.DEPLOYED]
     ready = [n for n in labelled if (p := pods.get((component.name, n.name))) is not None and p.ready]
     problems: list[dict[str, str]] = []
     failing = 0
@@ -250,11 +322,10 @@ def _component_status(
         reason = pod.reason if pod is not None else "PodNotCreated"
         problems.append({"node": node.name, "reason": reason, "message": pod.message if pod else ""})
     for node in waiting:
-        deps = dependencies_met(component, spec, node, _readiness(pods))
-        message = f"waiting for {', '.join(deps)}" if deps else "waiting for its deploy label"
-        problems.append({"node": node.name, "reason": "WaitingForDependency", "message": message})
+        problems.append(_waiting_problem(component, spec, node, pods))
     rolled_out = not labelled or (
-        daemonset is not None and daemonset.rolled_out and daemonset.desired == len(labelled)
+        all(d is not None and d.rolled_out for d in daemonsets)
+        and sum(d.desired for d in daemonsets if d is not None) == len(labelled)
     )
     is_ready = rolled_out and not waiting and len(ready) == len(labelled)
     reason = "" if is_ready else _summary(len(eligible), len(ready), problems)
@@ -271,12 +342,34 @@ def _component_status(
     }
 
 
+def _waiting_problem(
+    component: Component, spec: ClusterPolicySpec, node: NodeInfo, pods: Mapping[tuple[str, str], PodInfo]
+) -> dict[str, str]:
+    """Why a component that belongs on `node` has no `true` deploy label there."""
+    key = component.deploy_label
+    value, writer = node.labels.get(key, ""), node.writers.get(key, "another manager")
+    state = deploy_state(component, node)
+    if state == Deploy.PAUSED:
+        # Operand managers pause and restore the label themselves; the component comes back then.
+        return {"node": node.name, "reason": "Paused", "message": f"{value} by {writer}"}
+    if state == Deploy.HELD:
+        message = f"{key}={value!r} set by {writer}: not true, false or a pause; left as it is"
+        return {"node": node.name, "reason": "DeployLabelHeld", "message": message}
+    deps = dependencies_met(component, spec, node, _readiness(pods))
+    message = f"waiting for {', '.join(deps)}" if deps else "waiting for its deploy label"
+    return {"node": node.name, "reason": "WaitingForDependency", "message": message}
+
+
+# Reasons whose message, not the reason itself, goes into the one-line summary.
+_SUMMARY_BY_MESSAGE = ("WaitingForDependency", "Paused")
+
+
 def _summary(desired: int, ready: int, problems: list[dict[str, str]]) -> str:
     if not problems:
         return f"{ready}/{desired} nodes ready; rollout in progress"
     by_reason: dict[str, list[str]] = {}
     for problem in problems:
-        text = problem["reason"] if problem["reason"] != "WaitingForDependency" else problem["message"]
+        text = problem["message"] if problem["reason"] in _SUMMARY_BY_MESSAGE else problem["reason"]
         by_reason.setdefault(text, []).append(problem["node"])
     parts = []
     for text, names in by_reason.items():
@@ -291,11 +384,21 @@ def _status(
     nodes: Mapping[str, NodeInfo],
     pods: Mapping[tuple[str, str], PodInfo],
     observed: Observed,
-    notes: list[str],
+    daemonsets: Mapping[str, list[str]],
+    missing: Mapping[str, list[str]],
+    notes: Sequence[str],
     now: str,
 ) -> dict[str, Any]:
     gpus = [n for n in gpu_nodes(nodes.values()) if takes_operands(n)]
-    components = [_component_status(c, spec, gpus, pods, observed.daemonsets.get(c.name)) for c in COMPONENTS]
+    components = [
+        _component_status(
+            c, spec, gpus, pods, [observed.daemonsets.get(n) for n in daemonsets.get(c.name, [])]
+        )
+        for c in COMPONENTS
+    ]
+    for entry in components:
+        if entry["name"] in missing:
+            entry.update(state="notReady", reason="; ".join(missing[entry["name"]]))
     components += [
         {"name": name, "enabled": True, "state": "unsupported", "reason": "not supported by this operator"}
         for name in spec.unsupported_enabled()
@@ -389,11 +492,13 @@ def with_apply_errors(
     policy: PolicyRef, status: dict[str, Any], errors: Mapping[str, str], now: str
 ) -> dict[str, Any]:
     """The status when some objects could not be written: those components are not ready, and Error
-    says why (NVIDIA's ReconcileFailed), with the API server's own message."""
+    says why (NVIDIA's ReconcileFailed), with the API server's own message. Errors are keyed by
+    component name or by the `app.kubernetes.io/component` label of the object that failed."""
+    by_component = {(BY_LABEL[k].name if k in BY_LABEL else k): text for k, text in errors.items()}
     components = []
     for entry in status.get("components", []):
-        if entry["name"] in errors:
-            entry = {**entry, "state": "notReady", "reason": f"apply failed: {errors[entry['name']]}"}
+        if entry["name"] in by_component:
+            entry = {**entry, "state": "notReady", "reason": f"apply failed: {by_component[entry['name']]}"}
         components.append(entry)
     message = "failed to reconcile: " + "; ".join(f"{name}: {text}" for name, text in errors.items())
     return {

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -19,20 +19,23 @@ from typing import Any
 
 from gpu_operator.api.status import REASON_OPERAND_NOT_READY
 from gpu_operator.kube import ApiError, Kube
-from gpu_operator.nodes import NodeInfo
+from gpu_operator.nodes import NodeInfo, gpu_nodes
 from gpu_operator.observed import (
-    COMPONENT_LABEL,
     HASH_ANNOTATION,
     DaemonSetInfo,
     ObjectInfo,
     ObjectKey,
     PodInfo,
+    component_of,
     object_info,
     object_key,
 )
-from gpu_operator.plan import Observed, Plan, PolicyRef, build, status_differs, with_apply_errors
+from gpu_operator.plan import Note, Observed, Plan, PolicyRef, build, status_differs, with_apply_errors
+from gpu_operator.psa import PRIVILEGED, NamespaceInfo, NamespaceWrite
 
 log = logging.getLogger("gpu_operator")
+
+SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 
 
 @dataclass
@@ -44,18 +47,23 @@ class Store:
     pods: dict[str, PodInfo] = field(default_factory=dict)
     daemonsets: dict[str, DaemonSetInfo] = field(default_factory=dict)
     objects: dict[ObjectKey, ObjectInfo] = field(default_factory=dict)
+    config_maps: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """Every ConfigMap of the operand namespace → its keys (users' ones feed the driver's mounts)."""
+    crds: dict[str, bool] = field(default_factory=dict)
+    """CRD name → established (only the CRDs the operator watches)."""
+    namespaces: dict[str, NamespaceInfo] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def put(self, table: str, key: Any, value: Any) -> bool:
-        """Set or (value None) remove an entry; True when that changed anything."""
+        """Set or (value None) remove an entry; True when that changed anything a decision reads (an
+        entry is replaced even then: fields outside comparison, such as a resourceVersion, stay current)."""
         with self.lock:
             entries: dict[Any, Any] = getattr(self, table)
             if value is None:
                 return entries.pop(key, None) is not None
-            if entries.get(key) == value:
-                return False
+            before = entries.get(key)
             entries[key] = value
-            return True
+            return bool(before != value)
 
     def snapshot(self, namespace: str, environ: Mapping[str, str], nvidia_driver_crd: bool) -> Observed:
         with self.lock:
@@ -63,11 +71,14 @@ class Store:
                 policies=tuple(self.policies.values()),
                 nodes=dict(self.nodes),
                 pods=tuple(self.pods.values()),
-                daemonsets={d.component: d for d in self.daemonsets.values()},
+                daemonsets={d.name: d for d in self.daemonsets.values()},
                 objects=dict(self.objects),
+                config_maps=dict(self.config_maps),
                 namespace=namespace,
                 environ=dict(environ),
                 nvidia_driver_crd=nvidia_driver_crd,
+                service_monitor_crd=self.crds.get(SERVICE_MONITOR_CRD, False),
+                operand_namespace=self.namespaces.get(namespace),
             )
 
 
@@ -102,7 +113,7 @@ WRITERS = 16
 def _by_component(objects: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
     groups: dict[str, list[dict[str, Any]]] = {}
     for body in objects:
-        groups.setdefault(body["metadata"]["labels"].get(COMPONENT_LABEL, ""), []).append(body)
+        groups.setdefault(component_of(body["metadata"]), []).append(body)
     return list(groups.values())
 
 
@@ -115,6 +126,11 @@ class Outcome:
     plan: Plan
     errors: Mapping[str, str]
     """What could not be written (component or object → the API server's message)."""
+    gpu_nodes: int
+    """Nodes detected as GPU nodes in this pass's snapshot."""
+    stale: tuple[str, ...] = ()
+    """Objects (node/..., namespace/...) that changed between the snapshot and their write: a new
+    pass should follow soon."""
 
 
 @contextmanager
@@ -129,6 +145,21 @@ def _recorded(errors: dict[str, str], what: str) -> Iterator[None]:
         errors.setdefault(what, str(exc))
 
 
+def _unless_changed(what: str, stale: list[str], write: Callable[[], object]) -> bool:
+    """Run a write that carries the resourceVersion the plan saw. A conflict (409) means the object
+    changed since (a manager's pause, an admin's label): the write is left to the next pass, which is
+    asked for. True when the write went through."""
+    try:
+        write()
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+        log.info("%s changed since this pass read it; the next pass decides again", what)
+        stale.append(what)
+        return False
+    return True
+
+
 @dataclass
 class Reconciler:
     kube: Kube
@@ -136,7 +167,6 @@ class Reconciler:
     namespace: str
     environ: Mapping[str, str]
     nvidia_driver_crd: bool = False
-    service_monitor_crd: bool = False
     applied: dict[ObjectKey, Applied] = field(default_factory=dict)
     reported: dict[str, tuple[str, ...]] = field(default_factory=dict)
     pool: ThreadPoolExecutor = field(
@@ -151,22 +181,29 @@ class Reconciler:
         Writes run in parallel (a 1000-node rollout is 1000 label patches per stage), except that a
         component's own objects go in order: its ServiceAccount and RBAC before its DaemonSet."""
         stamp = now()
-        plan = build(self.store.snapshot(self.namespace, self.environ, self.nvidia_driver_crd), stamp)
+        observed = self.store.snapshot(self.namespace, self.environ, self.nvidia_driver_crd)
+        plan = build(observed, stamp)
         errors: dict[str, str] = {}
+        stale: list[str] = []
         if plan.spec is not None:
             self._in_parallel(
                 partial(self._apply_objects, bodies, errors) for bodies in _by_component(plan.objects)
             )
         self._in_parallel(partial(self._delete, key, errors) for key in plan.deletes)
         self._in_parallel(
-            partial(self._label, node, labels, errors) for node, labels in plan.node_labels.items()
+            partial(
+                self._label, observed.nodes[node], labels, plan.label_releases.get(node, {}), errors, stale
+            )
+            for node, labels in plan.node_labels.items()
         )
+        if plan.namespace_write is not None and observed.operand_namespace is not None:
+            self._write_namespace(observed.operand_namespace, plan.namespace_write, errors, stale)
         if errors and plan.active is not None and plan.active.name in plan.statuses:
             plan.statuses[plan.active.name] = with_apply_errors(
                 plan.active, plan.statuses[plan.active.name], errors, stamp
             )
         self._write_statuses(plan)
-        return Outcome(plan, errors)
+        return Outcome(plan, errors, len(gpu_nodes(observed.nodes.values())), tuple(sorted(stale)))
 
     def _in_parallel(self, jobs: Iterable[Callable[[], None]]) -> None:
         """Run the jobs on the worker pool; after all have finished, re-raise the first failure."""
@@ -183,12 +220,7 @@ class Reconciler:
                 observed = self.store.objects.get(key)
             if in_sync(desired_hash, observed, self.applied.get(key)):
                 continue
-            component = body["metadata"]["labels"].get(COMPONENT_LABEL, key[1])
-            if key[1] == "ServiceMonitor" and not self.service_monitor_crd:
-                errors.setdefault(
-                    component, "ServiceMonitor needs the monitoring.coreos.com CRD (Prometheus operator)"
-                )
-                continue
+            component = component_of(body["metadata"]) or key[1]
             with _recorded(errors, component):
                 result = self.kube.apply(body)
                 log.info("applied %s %s/%s", key[1], key[2], key[3])
@@ -203,10 +235,41 @@ class Reconciler:
             self.store.put("objects", key, None)
             self.applied.pop(key, None)
 
-    def _label(self, node: str, labels: Mapping[str, str], errors: dict[str, str]) -> None:
-        log.info("node %s: operator labels %s", node, sorted(labels))
-        with _recorded(errors, f"node/{node}"):
-            self.kube.apply_node_labels(node, labels)
+    def _label(
+        self,
+        node: NodeInfo,
+        labels: Mapping[str, str],
+        releases: Mapping[str, str],
+        errors: dict[str, str],
+        stale: list[str],
+    ) -> None:
+        log.info("node %s: operator labels %s", node.name, sorted(labels))
+        with _recorded(errors, f"node/{node.name}"):
+            # On the node as the plan saw it: if k8s-driver-manager or mig-manager changed a label since,
+            # the write conflicts (409) rather than undo their pause, and the next pass decides again.
+            apply = partial(self.kube.apply_node_labels, node.name, labels, node.resource_version)
+            if _unless_changed(f"node/{node.name}", stale, apply) and releases:
+                log.info("node %s: removing shared labels %s", node.name, sorted(releases))
+                self.kube.rewrite_labels("Node", node.name, {k: (v, None) for k, v in releases.items()})
+
+    def _write_namespace(
+        self, namespace: NamespaceInfo, write: NamespaceWrite, errors: dict[str, str], stale: list[str]
+    ) -> None:
+        log.info("namespace %s: pod-security labels %s", namespace.name, write.labels or "released")
+        what = f"namespace/{namespace.name}"
+        with _recorded(errors, what):
+            metadata = {
+                "name": namespace.name,
+                "resourceVersion": namespace.resource_version,
+                "labels": write.labels,
+                "annotations": write.annotations,
+            }
+            if write.restore:
+                restore = {key: (PRIVILEGED, value) for key, value in write.restore.items()}
+                self.kube.rewrite_labels("Namespace", namespace.name, restore)
+                del metadata["resourceVersion"]  # the restore moved it on
+            body = {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
+            _unless_changed(what, stale, partial(self.kube.apply, body))
 
     def _write_statuses(self, plan: Plan) -> None:
         stamp = now()
@@ -233,7 +296,7 @@ class Reconciler:
             log.warning("could not post Event %s on ClusterPolicy %s: %s", reason, ref["name"], exc)
 
     def _post_events(
-        self, policy: PolicyRef, status: Mapping[str, Any], notes: list[str], stamp: str
+        self, policy: PolicyRef, status: Mapping[str, Any], notes: Sequence[Note], stamp: str
     ) -> None:
         error: dict[str, Any] = next((c for c in status.get("conditions", []) if c["type"] == "Error"), {})
         signature = (str(status.get("state")), str(error.get("reason", "")), *notes)
@@ -259,4 +322,4 @@ class Reconciler:
             self._event(ref, "Warning", error["reason"], error.get("message", ""), stamp)
         for note in notes:
             if previous is None or note not in previous:
-                self._event(ref, "Warning", "Unsupported", note, stamp)
+                self._event(ref, "Warning", note.reason, note, stamp)

@@ -13,6 +13,7 @@ after parsing, so no template can forget them.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -27,14 +28,22 @@ from pydantic import BaseModel
 
 from gpu_operator import images
 from gpu_operator.api.common import ComponentSpec, EnvVar, ProbeSpec
-from gpu_operator.api.spec import ClusterPolicySpec, DriverManagerSpec
+from gpu_operator.api.spec import ClusterPolicySpec, DCGMExporterSpec
 from gpu_operator.components import (
     BY_NAME,
     COMPONENTS,
     DRIVER_MANAGER,
     DRIVER_MANAGER_ENV,
+    GDRCOPY,
+    GDRCOPY_ENV,
+    GDS,
+    GDS_ENV,
+    RUNTIME_LABEL,
     Component,
+    Image,
 )
+from gpu_operator.images import KERNEL_LABEL
+from gpu_operator.runtime_config import runtime_setup
 
 __all__ = ["ClusterFacts", "RenderError", "render", "render_component", "to_yaml"]
 
@@ -53,18 +62,83 @@ DEFAULT_PULL_POLICY = "IfNotPresent"
 DEFAULT_MAX_UNAVAILABLE = 1
 
 
+RUNTIME_ORDER = ("containerd", "crio", "docker")
+"""NVIDIA's preference when a cluster mixes runtimes (getRuntime: containerd wins); ours names the
+toolkit DaemonSet of the first runtime present `nvidia-container-toolkit-daemonset`."""
+
+
+def runtimes_in_order(found: Iterable[str]) -> tuple[str, ...]:
+    rank = {name: index for index, name in enumerate(RUNTIME_ORDER)}
+    return tuple(sorted(set(found), key=lambda r: (rank.get(r, len(rank)), r)))
+
+
 @dataclass(frozen=True)
 class ClusterFacts:
-    """What rendering needs to know about the cluster."""
+    """What rendering needs to know about the cluster (gpu_operator.nodes.cluster_facts builds it)."""
 
     namespace: str = "gpu-operator"
     os_tag: str | None = None
     """e.g. "ubuntu22.04" (from the first GPU node's NFD labels); None = no suffix."""
-    kernel: str | None = None
-    """e.g. "5.15.0-105-generic", for usePrecompiled driver tags."""
+    kernels: tuple[tuple[str, str | None], ...] = ()
+    """(kernel, OS tag) of the GPU nodes, e.g. ("5.15.0-105-generic", "ubuntu22.04"): one precompiled
+    driver DaemonSet each."""
+    runtimes: tuple[str, ...] = ()
+    """Container runtimes of the GPU nodes, in RUNTIME_ORDER: one toolkit DaemonSet each. Empty when no
+    GPU node is known (then `operator.defaultRuntime`, else containerd)."""
     environ: Mapping[str, str] = field(default_factory=dict)
     """The operator's environment: image fallbacks like DRIVER_IMAGE."""
-    runtime: str = "containerd"
+    service_monitor_crd: bool = True
+    """Whether the cluster serves the Prometheus operator's ServiceMonitor kind (NVIDIA skips it if not)."""
+    config_maps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Keys of the ConfigMaps in the namespace whose files the driver mounts one by one (repoConfig,
+    certConfig, kernelModuleConfig); a ConfigMap not in here is missing."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One DaemonSet of a component: most have one; the toolkit has one per container runtime, a
+    precompiled driver one per kernel."""
+
+    name: str
+    """DaemonSet name."""
+    runtime: str
+    os_tag: str | None = None
+    kernel: str | None = None
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+
+
+def _sanitized_kernel(kernel: str) -> str:
+    """NVIDIA's getSanitizedKernelVersion: no architecture, `_` as `.`, lower case (a valid name)."""
+    without_arch = re.sub(r"x86_64(?:_64k)?|aarch64(?:_64k)?", "", kernel)
+    return without_arch.replace("_", ".").rstrip(".").lower()
+
+
+def variants(component: Component, policy: ClusterPolicySpec, facts: ClusterFacts) -> list[Variant]:
+    """The DaemonSets of a component for these facts (may be none: precompiled drivers without any
+    known kernel)."""
+    runtimes = facts.runtimes or (policy.operator.defaultRuntime or "containerd",)
+    if component.split == "runtime":
+        return [
+            Variant(
+                component.daemonset if index == 0 else f"{component.daemonset}-{runtime}",
+                runtime,
+                facts.os_tag,
+                node_selector={RUNTIME_LABEL: runtime},
+            )
+            for index, runtime in enumerate(runtimes)
+        ]
+    if component.split == "kernel" and policy.driver.usePrecompiled:
+        return [
+            Variant(
+                "-".join(part for part in (component.daemonset, _sanitized_kernel(kernel), os) if part),
+                runtimes[0],
+                os,
+                kernel,
+                node_selector={KERNEL_LABEL: kernel},
+            )
+            for kernel, os in facts.kernels
+        ]
+    return [Variant(component.daemonset, runtimes[0], facts.os_tag)]
 
 
 class RenderError(RuntimeError):
@@ -98,7 +172,7 @@ def tojson(value: Any) -> str:
 
 
 def merge_env(
-    defaults: Iterable[Mapping[str, Any]], *overrides: Iterable[EnvVar] | None
+    defaults: Iterable[Mapping[str, Any]], *overrides: Iterable[EnvVar | Mapping[str, Any]] | None
 ) -> list[dict[str, Any]]:
     """Defaults first, then each override list; a later entry replaces an earlier one of the same name
     in place, so every name appears once and the container's order stays recognisable."""
@@ -107,8 +181,40 @@ def merge_env(
         merged[entry["name"]] = dict(entry)
     for override in overrides:
         for var in override or ():
-            merged[var.name] = {"name": var.name, "value": var.value}
+            entry = dict(var) if isinstance(var, Mapping) else {"name": var.name, "value": var.value}
+            merged[entry["name"]] = entry
     return list(merged.values())
+
+
+def mig_env(strategy: str) -> list[dict[str, str]]:
+    """MIG_STRATEGY, and the MIG monitor capability where MIG devices are exposed (NVIDIA's
+    applyMIGConfiguration): the legacy runtime hook grants it only with this variable."""
+    env = [{"name": "MIG_STRATEGY", "value": strategy}]
+    if strategy != "none":
+        env.append({"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"})
+    return env
+
+
+def exporter_pod_metadata(spec: DCGMExporterSpec) -> bool:
+    """dcgm-exporter labels metrics with pod labels or UIDs, so it watches pods (NVIDIA's rbacGates)."""
+    user = env_values(spec.env)
+    by_env = any(
+        user.get(name, "").lower() == "true"
+        for name in ("DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS", "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID")
+    )
+    return bool(spec.enablePodLabels or spec.enablePodUID or by_env)
+
+
+def exporter_reads_api(spec: DCGMExporterSpec) -> bool:
+    """Whether dcgm-exporter talks to the API server (pod metadata, or its config from a ConfigMap);
+    otherwise its pods get no ServiceAccount token, as NVIDIA's."""
+    config_map = env_values(spec.env).get("DCGM_EXPORTER_CONFIGMAP_DATA", "")
+    return exporter_pod_metadata(spec) or config_map not in ("", "none")
+
+
+def env_values(env: Iterable[EnvVar] | None) -> dict[str, str]:
+    """A user env list as a mapping (the last of a name wins, as in the container)."""
+    return {var.name: var.value for var in env or ()}
 
 
 def field_env(name: str, path: str) -> dict[str, Any]:
@@ -149,32 +255,8 @@ def pull_secrets(*specs: ComponentSpec) -> list[dict[str, str]]:
 
 # --- values computed per render --------------------------------------------------------------------
 
-# Where each container runtime keeps its config and socket on the host (NVIDIA's toolkit transform).
-_RUNTIMES: dict[str, dict[str, str]] = {
-    "containerd": {
-        "name": "containerd",
-        "config_dir": "/etc/containerd",
-        "config_file": "config.toml",
-        "socket_dir": "/run/containerd",
-        "socket_file": "containerd.sock",
-    },
-    "crio": {
-        "name": "crio",
-        "config_dir": "/etc/crio",
-        "config_file": "crio.conf",
-        "socket_dir": "/var/run/crio",
-        "socket_file": "crio.sock",
-    },
-    "docker": {
-        "name": "docker",
-        "config_dir": "/etc/docker",
-        "config_file": "daemon.json",
-        "socket_dir": "/var/run",
-        "socket_file": "docker.sock",
-    },
-}
-
-# Package-manager directories of the driver container, by OS family (repoConfig / certConfig mounts).
+# Package-manager directories of the driver container, by OS (NVIDIA's RepoConfigPathMap and
+# CertConfigPathMap, controllers/object_controls.go:223-249; other distributions get Debian's).
 _APT = ("/etc/apt/sources.list.d", "/usr/local/share/ca-certificates")
 _YUM = ("/etc/yum.repos.d", "/etc/pki/ca-trust/extracted/pem")
 _ZYPP = ("/etc/zypp/repos.d", "/etc/pki/trust/anchors")
@@ -190,7 +272,7 @@ _OS_FAMILIES = {
     "fedora": _YUM,
     "amzn": _YUM,
     "sles": _ZYPP,
-    "sle": _ZYPP,
+    "sl-micro": _ZYPP,
     "opensuse": _ZYPP,
 }
 
@@ -201,20 +283,12 @@ def _os_dirs(os_tag: str | None) -> tuple[str, str]:
 
 
 def _update_strategy(component: Component, policy: ClusterPolicySpec) -> dict[str, Any]:
-    """NVIDIA's driver DaemonSet is always OnDelete: replacing a driver pod unloads the kernel module
-    under running GPU workloads, so pods are replaced only by the upgrade controller (autoUpgrade) or by
-    hand. We keep that, with one opt-in: a user who explicitly sets `daemonsets.updateStrategy:
-    RollingUpdate` while autoUpgrade is off asks the kubelet to roll drivers node by node itself.
-    Every other operand follows `daemonsets.updateStrategy`."""
+    """NVIDIA's rule (applyUpdateStrategyConfig, controllers/object_controls.go:3876-3905): the driver
+    is always OnDelete, because replacing a driver pod unloads the kernel module under running GPU
+    workloads; its pods are replaced by the upgrade controller or by hand. Every other operand follows
+    `daemonsets.updateStrategy`."""
     daemonsets = policy.daemonsets
-    if component.name == "driver":
-        auto_upgrade = policy.driver.upgradePolicy is not None and policy.driver.upgradePolicy.autoUpgrade
-        explicit = (
-            "updateStrategy" in daemonsets.model_fields_set and daemonsets.updateStrategy == "RollingUpdate"
-        )
-        if auto_upgrade or not explicit:
-            return {"type": "OnDelete"}
-    if daemonsets.updateStrategy == "OnDelete":
+    if component.name == "driver" or daemonsets.updateStrategy == "OnDelete":
         return {"type": "OnDelete"}
     max_unavailable: int | str = DEFAULT_MAX_UNAVAILABLE
     if daemonsets.rollingUpdate is not None and daemonsets.rollingUpdate.maxUnavailable is not None:
@@ -231,49 +305,76 @@ def _tolerations(policy: ClusterPolicySpec) -> list[Any]:
     return [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
 
 
-def _driver_manager_image(manager: DriverManagerSpec | None, environ: Mapping[str, str]) -> str:
-    # DriverManagerSpec carries the image triple but is not a ComponentSpec; resolve() reads only
-    # repository/image/version, so an unvalidated ComponentSpec carrying them is enough.
-    triple = ComponentSpec.model_construct(
-        repository=manager.repository if manager else None,
-        image=manager.image if manager else None,
-        version=manager.version if manager else None,
+def _image_of(triple: Any, default: Image, env_var: str, facts: ClusterFacts, os: str | None = None) -> str:
+    """An image of a spec section that carries the image fields without being a ComponentSpec (the
+    driver manager): resolve() reads only repository/image/version."""
+    spec = ComponentSpec.model_construct(
+        repository=getattr(triple, "repository", None),
+        image=getattr(triple, "image", None),
+        version=getattr(triple, "version", None),
     )
-    return images.resolve(triple, DRIVER_MANAGER, DRIVER_MANAGER_ENV, environ)
+    return images.resolve(spec, default, env_var, facts.environ, os=os)
 
 
-def _driver_manager_env(policy: ClusterPolicySpec) -> list[dict[str, Any]]:
-    """k8s-driver-manager's eviction and drain settings, derived from `driver.upgradePolicy`.
+def config_maps_read(component: Component, policy: ClusterPolicySpec) -> list[tuple[str, str]]:
+    """(field, ConfigMap name) of the user ConfigMaps a component mounts file by file, so it needs their
+    keys: the driver's kernel module parameters, and for drivers built on the node the package
+    repositories and CA certificates (NVIDIA's transformDriverContainer)."""
+    if component.section != "driver":
+        return []
+    driver = policy.driver
+    found = [
+        (
+            "spec.driver.kernelModuleConfig.name",
+            driver.kernelModuleConfig.name if driver.kernelModuleConfig else None,
+        )
+    ]
+    if not driver.usePrecompiled:
+        found.append(
+            (
+                "spec.driver.repoConfig.configMapName",
+                driver.repoConfig.configMapName if driver.repoConfig else None,
+            )
+        )
+        found.append(("spec.driver.certConfig.name", driver.certConfig.name if driver.certConfig else None))
+    return [(path, name) for path, name in found if name]
 
-    With autoUpgrade the upgrade controller evicts and drains node by node, so the node-local manager
-    must not do it too (NVIDIA turns both off); otherwise the manager evicts GPU pods before it unloads
-    the old driver and drains only if `drain.enable` is set."""
-    upgrade = policy.driver.upgradePolicy
-    drain = upgrade.drain if upgrade is not None else None
-    auto = upgrade is not None and upgrade.autoUpgrade
 
-    def flag(value: bool) -> str:
-        return "true" if value else "false"
-
+def missing_inputs(component: Component, policy: ClusterPolicySpec, facts: ClusterFacts) -> list[str]:
+    """Why a component's DaemonSets cannot be rendered now: a ConfigMap it needs is not there. NVIDIA then
+    leaves the DaemonSet as it is and reports the state not ready; so do we (see plan.py)."""
     return [
-        {"name": "ENABLE_GPU_POD_EVICTION", "value": flag(not auto)},
-        {"name": "ENABLE_AUTO_DRAIN", "value": flag(not auto and drain is not None and drain.enable)},
-        {"name": "DRAIN_USE_FORCE", "value": flag(drain is not None and drain.force)},
-        {"name": "DRAIN_POD_SELECTOR_LABEL", "value": (drain.podSelector if drain else None) or ""},
-        {"name": "DRAIN_TIMEOUT_SECONDS", "value": f"{drain.timeoutSeconds if drain else 300}s"},
-        {"name": "DRAIN_DELETE_EMPTYDIR_DATA", "value": flag(drain is not None and drain.deleteEmptyDir)},
+        f"{path}: ConfigMap {name!r} not found in namespace {facts.namespace!r}"
+        for path, name in config_maps_read(component, policy)
+        if name not in facts.config_maps
     ]
 
 
-def _context(component: Component, policy: ClusterPolicySpec, facts: ClusterFacts) -> dict[str, Any]:
+def runtime_class(policy: ClusterPolicySpec, facts: ClusterFacts) -> str | None:
+    """The RuntimeClass GPU operands run with; None where there is no `nvidia` handler: NRI mode (the
+    toolkit configures no runtime) and CRI-O-only clusters without CDI, where the toolkit installs the
+    OCI hook instead (NVIDIA's setRuntimeClassName, controllers/object_controls.go:2747-2753)."""
+    if policy.cdi.nriPluginEnabled:
+        return None
+    if not policy.cdi.enabled and set(facts.runtimes) == {"crio"}:
+        return None
+    return policy.operator.runtimeClass
+
+
+def _context(
+    component: Component, policy: ClusterPolicySpec, facts: ClusterFacts, variant: Variant
+) -> dict[str, Any]:
     spec = component.spec(policy)
     validator = BY_NAME["operator-validator"]
-    repo_config_dir, cert_config_dir = _os_dirs(facts.os_tag)
+    device_plugin = BY_NAME["device-plugin"]
+    repo_config_dir, cert_config_dir = _os_dirs(variant.os_tag)
     # Every operand but the driver runs validator-image init containers, so it needs the validator's
     # pull secrets as well as its own.
     secrets = pull_secrets(spec) if component.name == "driver" else pull_secrets(spec, policy.validator)
+    os = variant.os_tag if component.os_specific_tag else None
     return {
         "component": component,
+        "variant": variant,
         "policy": policy,
         "spec": spec,
         "facts": facts,
@@ -283,8 +384,8 @@ def _context(component: Component, policy: ClusterPolicySpec, facts: ClusterFact
             component.default_image,
             component.image_env,
             facts.environ,
-            os=facts.os_tag if component.os_specific_tag else None,
-            kernel=facts.kernel,
+            os=os,
+            kernel=variant.kernel,
             precompiled=bool(policy.driver.usePrecompiled),
         ),
         "pull_policy": spec.imagePullPolicy or DEFAULT_PULL_POLICY,
@@ -293,13 +394,19 @@ def _context(component: Component, policy: ClusterPolicySpec, facts: ClusterFact
             policy.validator, validator.default_image, validator.image_env, facts.environ
         ),
         "validator_pull_policy": policy.validator.imagePullPolicy or DEFAULT_PULL_POLICY,
-        "driver_manager_image": _driver_manager_image(policy.driver.manager, facts.environ),
-        "driver_manager_env": _driver_manager_env(policy),
+        "driver_manager_image": _image_of(policy.driver.manager, DRIVER_MANAGER, DRIVER_MANAGER_ENV, facts),
+        "gds_image": _image_of(policy.gds, GDS, GDS_ENV, facts, os=variant.os_tag),
+        "gdrcopy_image": _image_of(policy.gdrcopy, GDRCOPY, GDRCOPY_ENV, facts, os=variant.os_tag),
         "update_strategy": _update_strategy(component, policy),
         "tolerations": _tolerations(policy),
-        "runtime": _RUNTIMES.get(facts.runtime, _RUNTIMES["containerd"]),
+        "runtime_class": runtime_class(policy, facts),
         "repo_config_dir": repo_config_dir,
         "cert_config_dir": cert_config_dir,
+        "device_plugin_image": images.resolve(
+            policy.devicePlugin, device_plugin.default_image, device_plugin.image_env, facts.environ
+        ),
+        "config_keys": lambda name: sorted(facts.config_maps.get(name, ())),
+        "config_items": lambda name: [{"key": k, "path": k} for k in sorted(facts.config_maps.get(name, ()))],
     }
 
 
@@ -333,9 +440,24 @@ def environment() -> jinja2.Environment:
         field_env=field_env,
         probe=probe,
         user_labels=user_labels,
+        env_values=env_values,
+        mig_env=mig_env,
+        exporter_pod_metadata=exporter_pod_metadata,
+        exporter_reads_api=exporter_reads_api,
+        runtime_setup=runtime_setup,
+        openshift_scc=OPENSHIFT_SCC_RULE,
     )
     return env
 
+
+OPENSHIFT_SCC_RULE = {
+    "apiGroups": ["security.openshift.io"],
+    "resources": ["securitycontextconstraints"],
+    "verbs": ["use"],
+    "resourceNames": ["privileged"],
+}
+"""Every operand Role of NVIDIA's grants this: OpenShift admits privileged pods only with it; elsewhere it
+names a resource that does not exist and grants nothing."""
 
 PREREQUISITES = "pre-requisites"
 """Template folder (and component label) of the shared objects every operand needs (RuntimeClass)."""
@@ -375,8 +497,8 @@ def _parse(name: str, text: str) -> list[dict[str, Any]]:
     return documents
 
 
-def _standard_labels(name: str) -> dict[str, str]:
-    return {MANAGED_BY: OPERATOR_NAME, COMPONENT: name, PART_OF: OPERATOR_NAME}
+def _standard_labels(label: str) -> dict[str, str]:
+    return {MANAGED_BY: OPERATOR_NAME, COMPONENT: label, PART_OF: OPERATOR_NAME}
 
 
 def _finish_metadata(obj: dict[str, Any], standard: dict[str, str], namespace: str) -> dict[str, Any]:
@@ -385,15 +507,19 @@ def _finish_metadata(obj: dict[str, Any], standard: dict[str, str], namespace: s
     if obj["kind"] not in CLUSTER_SCOPED_KINDS:
         metadata["namespace"] = namespace
     metadata.update((k, v) for k, v in old.items() if k not in ("name", "namespace"))
-    metadata["labels"] = {**(old.get("labels") or {}), **standard}
+    # A template's own labels win: they include the DaemonSet selector (NVIDIA's GFD and validator
+    # select on app.kubernetes.io/part-of), and user labels never reach them with a reserved key.
+    metadata["labels"] = {**standard, **(old.get("labels") or {})}
     obj["metadata"] = metadata
     if obj["kind"] == "DaemonSet":
         template_meta = obj["spec"]["template"].setdefault("metadata", {})
-        template_meta["labels"] = {**(template_meta.get("labels") or {}), **standard}
+        template_meta["labels"] = {**standard, **(template_meta.get("labels") or {})}
     return obj
 
 
-def _render_folder(folder: str, context: Mapping[str, Any], namespace: str) -> list[dict[str, Any]]:
+def _render_folder(
+    folder: str, label: str, context: Mapping[str, Any], namespace: str
+) -> list[dict[str, Any]]:
     env = environment()
     objects: list[dict[str, Any]] = []
     for name in templates_of(folder):
@@ -402,7 +528,7 @@ def _render_folder(folder: str, context: Mapping[str, Any], namespace: str) -> l
         except jinja2.TemplateError as exc:
             raise RenderError(f"template {name} failed: {exc}") from exc
         objects.extend(
-            _finish_metadata(obj, _standard_labels(folder), namespace) for obj in _parse(name, text)
+            _finish_metadata(obj, _standard_labels(label), namespace) for obj in _parse(name, text)
         )
     return objects
 
@@ -411,13 +537,101 @@ def render_component(
     component: Component, policy: ClusterPolicySpec, facts: ClusterFacts
 ) -> list[dict[str, Any]]:
     """All objects of one component, in apply order (ServiceAccount and RBAC, ConfigMaps, Services,
-    DaemonSet last). Rendered whether or not the component is enabled; the caller decides."""
-    return _render_folder(component.name, _context(component, policy, facts), facts.namespace)
+    DaemonSets last). Rendered whether or not the component is enabled; the caller decides.
+
+    The folder renders once per DaemonSet variant; the objects the variants share (ServiceAccount,
+    RBAC, ConfigMaps) come out once. Without any variant (precompiled drivers, no kernel known yet) the
+    shared objects are still rendered, the DaemonSet is not; nor while an input it needs is missing
+    (missing_inputs)."""
+    found = [] if missing_inputs(component, policy, facts) else variants(component, policy, facts)
+    objects: dict[tuple[str, str], dict[str, Any]] = {}
+    for variant in found or [Variant(component.daemonset, "containerd")]:
+        context = _context(component, policy, facts, variant)
+        for obj in _render_folder(component.name, component.component_label, context, facts.namespace):
+            if obj["kind"] == "DaemonSet" and not found:
+                continue
+            key = (obj["kind"], obj["metadata"]["name"])
+            if key in objects and objects[key] != obj:
+                raise RenderError(f"{key[0]} {key[1]} renders differently per DaemonSet of {component.name}")
+            objects[key] = obj
+    result = list(objects.values())
+    result.sort(key=lambda o: o["kind"] == "DaemonSet")  # stable: apply order, DaemonSets last
+    for obj in result:
+        if obj["kind"] == "DaemonSet":
+            pod = obj["spec"]["template"]["spec"]
+            _set_host_root(pod, policy.hostPaths.rootFS)
+            stamp_driver_config_digest(pod)
+    return result
+
+
+def _set_env(container: dict[str, Any], name: str, value: str) -> None:
+    env = [e for e in container.get("env", []) if e["name"] != name]
+    container["env"] = [*env, {"name": name, "value": value}]
+
+
+def _set_host_root(pod: dict[str, Any], root: str) -> None:
+    """Operands that mount the host's root get HOST_ROOT when it is not `/`; nvidia-validator writes it
+    into driver-ready, so the toolkit and device plugin find the host's driver there (NVIDIA's
+    transformForHostRoot)."""
+    if root in ("", "/") or not any(v["name"] == "host-root" for v in pod.get("volumes", [])):
+        return
+    for container in pod.get("initContainers", []) + pod.get("containers", []):
+        _set_env(container, "HOST_ROOT", root)
+
+
+DRIVER_CONFIG_DIGEST = "DRIVER_CONFIG_DIGEST"
+_DIGEST_CONTAINERS = ("k8s-driver-manager", "nvidia-driver-ctr")
+
+
+def stamp_driver_config_digest(pod: dict[str, Any]) -> None:
+    """Set DRIVER_CONFIG_DIGEST on the driver manager and the driver container, as NVIDIA does
+    (TransformDriver, controllers/object_controls.go:1053-1075): k8s-driver-manager skips the driver
+    reinstall (and GPU pod eviction) when a restarted pod carries the digest the running driver was
+    installed with (k8s-driver-manager cmd/driver-manager/main.go:846-883).
+
+    The inputs are NVIDIA's (extractDriverInstallConfig, l.2688-2738): images, command, args, plain env
+    values, envFrom secret, mounts and volume sources of the driver containers and the host root, so it
+    changes exactly when the driver's configuration does. The value is ours (a hash of the same inputs,
+    not NVIDIA's hashstructure), which only matters when comparing with an NVIDIA-rendered pod."""
+    containers = {c["name"]: c for c in pod.get("initContainers", []) + pod.get("containers", [])}
+    if not all(name in containers for name in _DIGEST_CONTAINERS):
+        return
+
+    def plain_env(ctr: Mapping[str, Any]) -> list[tuple[str, str]]:
+        return sorted(
+            (e["name"], e.get("value", ""))
+            for e in ctr.get("env", [])
+            if "valueFrom" not in e and e["name"] != DRIVER_CONFIG_DIGEST
+        )
+
+    manager, driver = (containers[name] for name in _DIGEST_CONTAINERS)
+    inputs = {
+        "manager": [manager.get("image"), plain_env(manager)],
+        "driver": [
+            driver.get("image"),
+            driver.get("command"),
+            driver.get("args"),
+            plain_env(driver),
+            driver.get("envFrom"),
+            sorted(
+                (m["name"], m["mountPath"], m.get("subPath", ""), bool(m.get("readOnly")))
+                for m in driver.get("volumeMounts", [])
+            ),
+        ],
+        "sidecars": sorted(
+            (name, c.get("image")) for name, c in containers.items() if name not in _DIGEST_CONTAINERS
+        ),
+        "volumes": sorted(json.dumps(v, sort_keys=True) for v in pod.get("volumes", [])),
+    }
+    digest = str(int(hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:8], 16))
+    for name in _DIGEST_CONTAINERS:
+        _set_env(containers[name], DRIVER_CONFIG_DIGEST, digest)
 
 
 def render_prerequisites(policy: ClusterPolicySpec, facts: ClusterFacts) -> list[dict[str, Any]]:
-    """Objects every enabled operand relies on, whichever components are enabled (the RuntimeClass)."""
-    return _render_folder(PREREQUISITES, {"policy": policy, "namespace": facts.namespace}, facts.namespace)
+    """Objects every enabled operand relies on, whichever components are enabled (the RuntimeClasses)."""
+    context = {"policy": policy, "namespace": facts.namespace, "runtime_class": runtime_class(policy, facts)}
+    return _render_folder(PREREQUISITES, PREREQUISITES, context, facts.namespace)
 
 
 def render(policy: ClusterPolicySpec, facts: ClusterFacts) -> list[dict[str, Any]]:

@@ -75,7 +75,7 @@ token=$("$KUBECTL" create token gpu-operator -n "$NS" --duration=24h)
 chmod 600 "$OPERATOR_KUBECONFIG"
 KUBECONFIG=$OPERATOR_KUBECONFIG "$KUBECTL" config set-credentials operator --token="$token" >/dev/null
 KUBECONFIG=$OPERATOR_KUBECONFIG "$KUBECTL" config set-context --current --user=operator >/dev/null
-KUBECONFIG=$OPERATOR_KUBECONFIG setsid .venv/bin/gpu-operator run --namespace "$NS" --liveness "" \
+KUBECONFIG=$OPERATOR_KUBECONFIG setsid .venv/bin/gpu-operator run --namespace "$NS" --listen 127.0.0.1:0 \
   >"$LOG" 2>&1 < /dev/null &
 echo $! > "$PIDFILE"
 
@@ -114,5 +114,7 @@ echo
 # What GPU Feature Discovery found on each node (the seed article, section 4.5) and what it advertises.
 "$KUBECTL" get nodes -o custom-columns='NODE:.metadata.name,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product,MEMORY-MIB:.metadata.labels.nvidia\.com/gpu\.memory,COUNT:.metadata.labels.nvidia\.com/gpu\.count,FAMILY:.metadata.labels.nvidia\.com/gpu\.family,MIG-CAPABLE:.metadata.labels.nvidia\.com/mig\.capable,CUDA:.metadata.labels.nvidia\.com/cuda\.runtime-version\.full,DRIVER:.metadata.labels.nvidia\.com/cuda\.driver-version\.full,GPUS:.status.allocatable.nvidia\.com/gpu'
 echo
+url=$(grep -o 'serving /metrics, /healthz and /readyz on http://[^ ]*' "$LOG" | tail -1 | awk '{print $NF}')
 echo "The cluster and the operator keep running: export KUBECONFIG=$KUBECONFIG, then try"
-echo "'$KUBECTL get clusterpolicy $name -o yaml' or 'kubectl describe clusterpolicy $name'; 'make down' stops everything."
+echo "'$KUBECTL get clusterpolicy $name -o yaml' or 'kubectl describe clusterpolicy $name',"
+echo "'.venv/bin/gpu-operator doctor' and 'curl -s $url/metrics | grep ^gpu_operator'; 'make down' stops everything."

@@ -36,6 +36,10 @@ NOT_TOP_LEVEL = ("operator",)
 _NAME_MAPS = ("properties", "$defs", "patternProperties")
 
 _STRING: Schema = {"type": "string"}
+_DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+_NAME: Schema = {"type": "string", "pattern": _DNS_SUBDOMAIN, "maxLength": 253}
+"""An object name the API server requires to be a DNS-1123 subdomain."""
+_NAME_OR_EMPTY: Schema = {"type": "string", "pattern": f"^$|{_DNS_SUBDOMAIN}", "maxLength": 253}
 _STRING_MAP: Schema = {"type": "object", "additionalProperties": {"type": "string"}}
 _OBJECT: Schema = {"type": "object"}
 _LIST_OF_OBJECTS: Schema = {"type": "array", "items": {"type": "object"}}
@@ -78,7 +82,7 @@ def operator_schema() -> Schema:
                     "type": "object",
                     "additionalProperties": False,
                     "required": ["name"],
-                    "properties": {"name": {"type": "string", "minLength": 1}},
+                    "properties": {"name": _NAME},
                 },
             },
             "replicas": {
@@ -94,8 +98,28 @@ def operator_schema() -> Schema:
             "nodeSelector": _STRING_MAP,
             "tolerations": _LIST_OF_OBJECTS,
             "affinity": _OBJECT,
-            "priorityClassName": _STRING,
+            "priorityClassName": _NAME_OR_EMPTY,
             "logFormat": {"enum": ["plain", "full", "json"]},
+            "port": {
+                "type": "integer",
+                "minimum": 1,
+                "maximum": 65535,
+                "description": "HTTP port of /metrics, /healthz and /readyz.",
+            },
+            "metrics": _strict(
+                {
+                    "service": _strict({"annotations": _STRING_MAP}, "The metrics Service."),
+                    "serviceMonitor": _strict(
+                        {
+                            "enabled": {"type": "boolean"},
+                            "interval": {"type": "string", "pattern": r"^([0-9]+(ms|s|m|h))+$"},
+                            "labels": _STRING_MAP,
+                        },
+                        "A ServiceMonitor (Prometheus operator) for the metrics Service.",
+                    ),
+                },
+                "The operator's Prometheus metrics.",
+            ),
             "verbose": {"type": "boolean", "description": "Debug logging."},
             "env": {
                 "type": "array",
@@ -111,7 +135,7 @@ def operator_schema() -> Schema:
             "serviceAccount": _strict(
                 {
                     "create": {"type": "boolean"},
-                    "name": {"type": "string", "description": "Empty means the release's full name."},
+                    "name": {**_NAME_OR_EMPTY, "description": "Empty means the release's full name."},
                 },
                 "The operator's ServiceAccount.",
             ),
@@ -124,11 +148,7 @@ def cluster_policy_schema() -> Schema:
     return _strict(
         {
             "create": {"type": "boolean", "description": "Create the ClusterPolicy from these values."},
-            "name": {
-                "type": "string",
-                "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$",
-                "maxLength": 253,
-            },
+            "name": _NAME,
             "operator": {
                 "$ref": "#/$defs/OperatorSpec",
                 "description": "The ClusterPolicy's spec.operator (named so because `operator` is taken).",
@@ -143,10 +163,37 @@ def nfd_schema() -> Schema:
         {
             "enabled": {
                 "const": False,
-                "description": "NFD is not bundled: install it separately (see the chart's README).",
+                "description": "NFD is not bundled: install it separately (see the chart's README) and set "
+                "nodeDiscovery to nfd, or leave nodeDiscovery at auto.",
             }
         },
         "Node Feature Discovery.",
+    )
+
+
+def node_discovery_schema() -> Schema:
+    return {
+        "enum": ["auto", "builtin", "nfd", "none"],
+        "description": "How GPU nodes are found: auto (the node agent, idle while NFD is installed), "
+        "builtin (the agent, always), nfd (Node Feature Discovery, installed separately), none (by hand).",
+    }
+
+
+def node_discovery_agent_schema() -> Schema:
+    return _strict(
+        {
+            "rescanSeconds": {
+                "type": "number",
+                "exclusiveMinimum": 0,
+                "maximum": 86400,
+                "description": "How often the agent reads sysfs again.",
+            },
+            "priorityClassName": _STRING,
+            "resources": _strict(
+                {"requests": _RESOURCE_LIST, "limits": _RESOURCE_LIST}, "The agent container's resources."
+            ),
+        },
+        "The node discovery agent's DaemonSet (nodeDiscovery auto or builtin).",
     )
 
 
@@ -157,6 +204,29 @@ def cleanup_schema() -> Schema:
             "timeoutSeconds": {"type": "integer", "minimum": 0, "maximum": 3600},
         },
         "The pre-delete hook that deletes the ClusterPolicy while the operator can still clean up.",
+    )
+
+
+def doctor_schema() -> Schema:
+    subject = {
+        "type": "object",
+        "required": ["kind", "name"],
+        "properties": {
+            "kind": {"enum": ["User", "Group", "ServiceAccount"]},
+            "name": {"type": "string", "minLength": 1},
+            "namespace": _STRING,
+            "apiGroup": _STRING,
+        },
+        "additionalProperties": False,
+    }
+    return _strict(
+        {
+            "rbac": _strict(
+                {"create": {"type": "boolean"}, "subjects": {"type": "array", "items": subject}},
+                "The doctor's read-only ClusterRole and who it is bound to.",
+            )
+        },
+        "`gpu-operator doctor`.",
     )
 
 
@@ -186,8 +256,11 @@ def values_schema() -> Schema:
         "fullnameOverride": {"type": "string", "description": "The name of the operator's objects."},
         "operator": operator_schema(),
         "clusterPolicy": cluster_policy_schema(),
+        "nodeDiscovery": node_discovery_schema(),
+        "nodeDiscoveryAgent": node_discovery_agent_schema(),
         "nfd": nfd_schema(),
         "cleanup": cleanup_schema(),
+        "doctor": doctor_schema(),
     }
     overlap = properties.keys() & operands.keys()
     if overlap:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,12 +82,38 @@ def _is_union_tag(part: int | str) -> bool:
     return isinstance(part, str) and (part in {"int", "str", "bool"} or "[" in part or "(" in part)
 
 
+MAX_DEPTH = 32
+"""How deeply a spec may nest: far deeper than any typed field (five levels), so only free-form
+content can hit it. Checked without recursion before anything else walks the spec, so no content can
+exhaust a recursion limit downstream."""
+
+
+def too_deep(value: Any, prefix: str = "spec", limit: int = MAX_DEPTH) -> str | None:
+    """The path of the first mapping or list nested more than `limit` levels deep, else None."""
+    stack: list[tuple[Any, str, int]] = [(value, prefix, 0)]
+    while stack:
+        item, path, depth = stack.pop()
+        if isinstance(item, Mapping):
+            children: Iterable[tuple[str, Any]] = ((f"{path}.{k}", v) for k, v in item.items())
+        elif isinstance(item, list):
+            children = ((f"{path}[{i}]", v) for i, v in enumerate(item))
+        else:
+            continue
+        if depth >= limit:
+            return path
+        stack.extend((child, child_path, depth + 1) for child_path, child in children)
+    return None
+
+
 def parse_spec(spec: Any) -> ClusterPolicySpec:
     """Validate a ClusterPolicy `spec`; raise PolicyError naming every bad field."""
     if spec is None:
         spec = {}
     if not isinstance(spec, Mapping):
         raise PolicyError([FieldError("spec", f"must be a mapping, not {type(spec).__name__}")])
+    deep = too_deep(spec)
+    if deep is not None:
+        raise PolicyError([FieldError(deep, f"nested more than {MAX_DEPTH} levels deep")])
     try:
         return ClusterPolicySpec.model_validate(dict(spec))
     except ValidationError as exc:

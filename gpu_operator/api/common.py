@@ -16,7 +16,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 # fullmatch and re.ASCII everywhere: `$` alone accepts a trailing newline, and `\d`/`\w` would accept
 # non-ASCII digits and letters; the API server (RE2, same patterns in the CRD) accepts neither.
 _QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d+)?$", re.ASCII)
-_INT_OR_PERCENT = re.compile(r"^\d+%?$", re.ASCII)
+# A count as digits is at most 9 of them, so it always fits the int32 the API server stores.
+_INT_OR_PERCENT = re.compile(r"^(\d{1,9}|\d+%)$", re.ASCII)
 # A registry host (with optional port) and path, as Docker reference grammar allows (lowercase path).
 _REPOSITORY = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9.-]*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
 # NVIDIA allows only `[a-zA-Z0-9-]+`; we also accept path segments (`nvidia/driver`), as the seed
@@ -34,6 +35,17 @@ _LABEL_NAME = re.compile(
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 )
 _ENV_NAME = re.compile(r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+_LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$", re.ASCII)
+# Object names as the API server checks them (apimachinery validation: IsDNS1123Label/Subdomain).
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_CONFIG_KEY = re.compile(r"^[-._a-zA-Z0-9]*$")  # "" (NVIDIA's chart default) means none
+
+INT32_MAX = 2**31 - 1
+# The API server stores these as int32 (probe timings, ports, seconds, counts): a larger value would
+# wrap on the way into the typed object (4294967301 becomes 5), so both pydantic and the CRD refuse it.
+NonNegativeInt = Annotated[int, Field(ge=0, le=INT32_MAX)]
+PositiveInt = Annotated[int, Field(ge=1, le=INT32_MAX)]
 
 
 class Model(BaseModel):
@@ -45,10 +57,21 @@ class Model(BaseModel):
     )
 
 
+def _int64(value: int) -> int:
+    if not -(2**63) <= value < 2**63:
+        raise ValueError("does not fit the 64-bit integer the API server stores")
+    return value
+
+
+# Checked by pydantic only: the API server has no bounds to state here (its JSON numbers are float64,
+# so it would print them rounded), and refuses a number beyond int64 as "not an integer" anyway.
+Int64 = Annotated[int, AfterValidator(_int64)]
+
+
 def _int_or_percent(value: int | str) -> int | str:
     if isinstance(value, int):
-        if value < 0:
-            raise ValueError("must be a non-negative integer or a percentage like '25%'")
+        if not 0 <= value <= INT32_MAX:
+            raise ValueError(f"must be an integer from 0 to {INT32_MAX} or a percentage like '25%'")
         return value
     if not _INT_OR_PERCENT.fullmatch(value):
         raise ValueError(f"{value!r} is not a non-negative integer or a percentage like '25%'")
@@ -74,6 +97,27 @@ def _label_keys(value: dict[str, str]) -> dict[str, str]:
     return value
 
 
+def _label_values(value: dict[str, str]) -> dict[str, str]:
+    for key, text in value.items():
+        if len(text) > 63 or not _LABEL_VALUE.fullmatch(text):
+            raise ValueError(
+                f"{key}: {text!r} is not a valid label value (at most 63 letters, digits, '-', '_' or '.', "
+                "beginning and ending with a letter or digit)"
+            )
+    return value
+
+
+ANNOTATIONS_MAX_BYTES = 256 * 1024
+"""The API server's limit on all annotations of one object together (keys and values, UTF-8)."""
+
+
+def _annotations_size(value: dict[str, str]) -> dict[str, str]:
+    size = sum(len(k.encode()) + len(v.encode()) for k, v in value.items())
+    if size > ANNOTATIONS_MAX_BYTES:
+        raise ValueError(f"annotations total {size} bytes; the API server allows {ANNOTATIONS_MAX_BYTES}")
+    return value
+
+
 def crd_schema(**extra: Any) -> Any:
     """Schema-only additions for the CRD (the API server checks them at admission; pydantic checks the
     same rule in the validator next to it). Keep both saying the same thing."""
@@ -82,16 +126,17 @@ def crd_schema(**extra: Any) -> Any:
 
 # The same rules as `_int_or_percent` and `_quantity`, spelled for the API server: the pattern applies
 # to the string form, `minimum` to the integer form of an int-or-string value.
-_INT_OR_PERCENT_CRD = r"^([0-9]+|0*(100|[1-9]?[0-9])%)$"
+_INT_OR_PERCENT_CRD = r"^([0-9]{1,9}|0*(100|[1-9]?[0-9])%)$"
 _QUANTITY_CRD = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?[0-9]+)?$"
 
 IntOrPercent = Annotated[
-    int | str, AfterValidator(_int_or_percent), crd_schema(pattern=_INT_OR_PERCENT_CRD, minimum=0)
+    int | str,
+    AfterValidator(_int_or_percent),
+    crd_schema(pattern=_INT_OR_PERCENT_CRD, minimum=0, maximum=INT32_MAX),
 ]
 Quantity = Annotated[int | str, AfterValidator(_quantity), crd_schema(pattern=_QUANTITY_CRD, minimum=0)]
-Labels = Annotated[dict[str, str], AfterValidator(_label_keys)]
-NonNegativeInt = Annotated[int, Field(ge=0)]
-PositiveInt = Annotated[int, Field(ge=1)]
+Labels = Annotated[dict[str, str], AfterValidator(_label_keys), AfterValidator(_label_values)]
+Annotations = Annotated[dict[str, str], AfterValidator(_label_keys), AfterValidator(_annotations_size)]
 
 
 def _pattern(regex: re.Pattern[str], what: str) -> AfterValidator:
@@ -103,6 +148,14 @@ def _pattern(regex: re.Pattern[str], what: str) -> AfterValidator:
     return AfterValidator(check)
 
 
+LabelKey = Annotated[
+    str, _pattern(_LABEL_NAME, "label key"), Field(max_length=316), crd_schema(pattern=_LABEL_NAME.pattern)
+]
+LabelValue = Annotated[
+    str, _pattern(_LABEL_VALUE, "label value"), Field(max_length=63), crd_schema(pattern=_LABEL_VALUE.pattern)
+]
+
+
 Repository = Annotated[
     str,
     _pattern(_REPOSITORY, "image repository (registry host and path)"),
@@ -111,6 +164,75 @@ Repository = Annotated[
 EnvName = Annotated[
     str, _pattern(_ENV_NAME, "environment variable name"), crd_schema(pattern=_ENV_NAME.pattern)
 ]
+DNSLabel = Annotated[
+    str,
+    _pattern(
+        _DNS_LABEL,
+        "name (DNS-1123 label: lowercase letters, digits and '-', starting and ending alphanumeric)",
+    ),
+    Field(max_length=63),
+    crd_schema(pattern=_DNS_LABEL.pattern),
+]
+"""A name the API server requires to be a DNS-1123 label (e.g. a RuntimeClass handler)."""
+ObjectName = Annotated[
+    str,
+    _pattern(_DNS_SUBDOMAIN, "object name (DNS-1123 subdomain: lowercase letters, digits, '-' and '.')"),
+    Field(max_length=253),
+    crd_schema(pattern=_DNS_SUBDOMAIN.pattern),
+]
+"""The name of a ConfigMap, Secret, PriorityClass, ServiceAccount...: a DNS-1123 subdomain."""
+_NAME_OR_EMPTY = re.compile(f"^$|{_DNS_SUBDOMAIN.pattern}")
+NameRef = Annotated[
+    str,
+    _pattern(_NAME_OR_EMPTY, "object name (DNS-1123 subdomain: lowercase letters, digits, '-' and '.')"),
+    Field(max_length=253),
+    crd_schema(pattern=_NAME_OR_EMPTY.pattern),
+]
+"""A reference by name that may be empty: NVIDIA's chart writes "" for "none"."""
+ConfigKey = Annotated[
+    str,
+    _pattern(_CONFIG_KEY, "ConfigMap key (letters, digits, '-', '_' and '.')"),
+    Field(max_length=253),
+    crd_schema(pattern=_CONFIG_KEY.pattern),
+]
+
+
+def _host_path(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"{value!r} is not an absolute path")
+    if ".." in value.split("/"):
+        raise ValueError(f"{value!r} contains '..' (the API server refuses it in a hostPath)")
+    return value
+
+
+def _not_root(value: str) -> str:
+    if not [part for part in value.split("/") if part not in ("", ".")]:
+        raise ValueError(f"{value!r} is the host's root directory; the operand would write into all of it")
+    return value
+
+
+# The same two checks as admission rules (no iteration macros: a '..' segment of an absolute path is
+# '/../' or a trailing '/..'; the root is nothing but '/' and '.' segments).
+_HOST_PATH_RULE = {
+    "rule": "self.startsWith('/') && !self.contains('/../') && !self.endsWith('/..')",
+    "message": "must be an absolute path without '..'",
+}
+_NOT_ROOT_RULE = {"rule": "!self.matches('^(/\\\\.?)+$')", "message": "must not be the host's root directory"}
+HostPath = Annotated[
+    str,
+    AfterValidator(_host_path),
+    Field(max_length=4096),
+    crd_schema(**{"x-kubernetes-validations": [_HOST_PATH_RULE]}),
+]
+"""An absolute host path, as a hostPath volume needs it."""
+HostDir = Annotated[
+    str,
+    AfterValidator(_host_path),
+    AfterValidator(_not_root),
+    Field(max_length=4096),
+    crd_schema(**{"x-kubernetes-validations": [_HOST_PATH_RULE, _NOT_ROOT_RULE]}),
+]
+"""A host directory an operand writes into: absolute, and never `/` itself."""
 
 
 def _image(value: str) -> str:
@@ -154,16 +276,97 @@ class ResourceRequirements(Model):
 class Toleration(Model):
     """A pod toleration (core/v1 Toleration)."""
 
-    key: str | None = None
+    key: LabelKey | None = None
     """Taint key the toleration applies to; empty with operator Exists means every taint."""
     operator: Literal["Exists", "Equal"] | None = None
     """Exists or Equal (default Equal)."""
-    value: str | None = None
+    value: LabelValue | None = None
     """Taint value to match when operator is Equal."""
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     """Taint effect to match; empty matches all effects."""
-    tolerationSeconds: int | None = None
+    tolerationSeconds: Int64 | None = None
     """How long a NoExecute taint is tolerated before eviction."""
+
+
+# Pod security context (core/v1), typed as the API server types it: a wrong type here would fail every
+# DaemonSet apply ("expected numeric") instead of being reported on the policy.
+UserOrGroupID = Annotated[int, Field(ge=0, le=INT32_MAX)]
+"""A Linux user or group ID as the API server accepts it (0 to 2147483647)."""
+
+
+class SELinuxOptions(Model):
+    """SELinux labels."""
+
+    user: str | None = None
+    """SELinux user label."""
+    role: str | None = None
+    """SELinux role label."""
+    type: str | None = None
+    """SELinux type label."""
+    level: str | None = None
+    """SELinux level label."""
+
+
+class ProfileRef(Model):
+    """A profile: the runtime's default, none, or one on the node."""
+
+    type: Literal["RuntimeDefault", "Unconfined", "Localhost"]
+    """RuntimeDefault, Unconfined or Localhost (then localhostProfile names it)."""
+    localhostProfile: str | None = None
+    """The profile on the node, when type is Localhost."""
+
+
+class WindowsSecurityContextOptions(Model):
+    """Windows-specific settings (accepted; operands run on Linux)."""
+
+    gmsaCredentialSpecName: str | None = None
+    """Name of the GMSA credential spec."""
+    gmsaCredentialSpec: str | None = None
+    """GMSA credential spec content."""
+    runAsUserName: str | None = None
+    """Windows user name."""
+    hostProcess: bool | None = None
+    """Run as a Windows host process."""
+
+
+class Sysctl(Model):
+    """A namespaced kernel parameter."""
+
+    name: str
+    """Parameter name."""
+    value: str
+    """Parameter value."""
+
+
+class PodSecurityContext(Model):
+    """Pod-level security context (core/v1 PodSecurityContext)."""
+
+    runAsUser: UserOrGroupID | None = None
+    """User ID the containers run as."""
+    runAsGroup: UserOrGroupID | None = None
+    """Primary group ID of the containers."""
+    runAsNonRoot: bool | None = None
+    """Refuse to start containers that would run as root."""
+    supplementalGroups: list[UserOrGroupID] | None = None
+    """Additional group IDs of the containers."""
+    supplementalGroupsPolicy: Literal["Merge", "Strict"] | None = None
+    """How supplemental groups are computed."""
+    fsGroup: UserOrGroupID | None = None
+    """Group ID that owns the pod's volumes."""
+    fsGroupChangePolicy: Literal["OnRootMismatch", "Always"] | None = None
+    """When volume ownership is changed to fsGroup."""
+    seLinuxOptions: SELinuxOptions | None = None
+    """SELinux labels."""
+    seLinuxChangePolicy: Literal["MountOption", "Recursive"] | None = None
+    """How the SELinux label is applied to volumes."""
+    seccompProfile: ProfileRef | None = None
+    """Seccomp profile."""
+    appArmorProfile: ProfileRef | None = None
+    """AppArmor profile."""
+    sysctls: list[Sysctl] | None = None
+    """Namespaced sysctls."""
+    windowsOptions: WindowsSecurityContextOptions | None = None
+    """Windows settings."""
 
 
 class ProbeSpec(Model):
@@ -217,7 +420,7 @@ class ComponentSpec(Model):
     """Image tag, or a digest 'sha256:...'."""
     imagePullPolicy: Literal["Always", "Never", "IfNotPresent"] | None = None
     """Image pull policy (default IfNotPresent)."""
-    imagePullSecrets: list[str] | None = None
+    imagePullSecrets: list[ObjectName] | None = None
     """Names of Secrets in the operand namespace used to pull the image."""
     resources: ResourceRequirements | None = None
     """Resources of the main container."""
@@ -254,23 +457,46 @@ class OffByDefault(ComponentSpec):
 class ConfigMapRef(Model):
     """A reference to a ConfigMap in the operand namespace."""
 
-    name: str | None = None
+    name: NameRef | None = None
     """ConfigMap name."""
 
 
 class ConfigWithDefault(Model):
     """A ConfigMap of named configurations and the entry used when a node names none."""
 
-    name: str | None = None
+    name: NameRef | None = None
     """ConfigMap name holding the configurations."""
-    default: str | None = None
+    default: ConfigKey | None = None
     """Configuration used on nodes without an explicit config label."""
 
 
-def free_form(description: str) -> Any:
-    """A field whose content is a Kubernetes object we pass through unchanged (kept, not pruned)."""
-    return Field(
-        default=None,
-        description=description,
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
-    )
+FREE_FORM_MAX_NODES = 1000
+FREE_FORM_MAX_STRING = 4096
+FREE_FORM_MAX_PROPERTIES = 64
+
+
+def _bounded(value: Any) -> Any:
+    """Size limits of a free-form section (depth is limited for the whole spec, see api.MAX_DEPTH)."""
+    nodes, stack = 0, [value]
+    while stack:
+        item = stack.pop()
+        nodes += 1
+        if nodes > FREE_FORM_MAX_NODES:
+            raise ValueError(f"has more than {FREE_FORM_MAX_NODES} values in all")
+        if isinstance(item, dict):
+            if len(item) > FREE_FORM_MAX_PROPERTIES:
+                raise ValueError(f"a mapping here has more than {FREE_FORM_MAX_PROPERTIES} keys")
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and len(item) > FREE_FORM_MAX_STRING:
+            raise ValueError(f"a string here is longer than {FREE_FORM_MAX_STRING} characters")
+    return value
+
+
+FreeForm = Annotated[
+    dict[str, Any], AfterValidator(_bounded), crd_schema(maxProperties=FREE_FORM_MAX_PROPERTIES)
+]
+"""A section passed through unchanged (kept, not pruned by the API server), with size limits: the CRD
+bounds its keys (maxProperties); pydantic its total size and strings."""

@@ -128,6 +128,8 @@ class _Converter:
                 # Draft 2020-12 gives the bound; OpenAPI 3.0 gives a flag next to minimum/maximum.
                 out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
                 out[key] = True
+            elif key == "description":
+                out[key] = " ".join(str(value).split())  # docstrings wrap; the API server shows a paragraph
             elif key in _PASS_THROUGH or key.startswith("x-kubernetes-"):
                 out[key] = value
             else:
@@ -222,6 +224,11 @@ def crd() -> Schema:
                         {"name": "Status", "type": "string", "jsonPath": ".status.state"},
                         {"name": "GPU Nodes", "type": "integer", "jsonPath": ".status.gpuNodes"},
                         {"name": "Components", "type": "string", "jsonPath": ".status.componentsReady"},
+                        {
+                            "name": "Driver Upgrade",
+                            "type": "string",
+                            "jsonPath": ".status.driverUpgrade.summary",
+                        },
                         {"name": "Reason", "type": "string", "jsonPath": f"{error_condition}.reason"},
                         {
                             "name": "Message",

@@ -7,24 +7,33 @@ GFD and MIG manager are on; node-status exporter and the sandbox/vGPU/kata/cc/GD
 
 from __future__ import annotations
 
+import re
 import warnings
-from typing import Any, ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from gpu_operator.api.common import (
+    Annotations,
     ComponentSpec,
     ConfigMapRef,
     ConfigWithDefault,
+    DNSLabel,
     EnvVar,
+    FreeForm,
+    HostDir,
+    HostPath,
     IntOrPercent,
     Labels,
     Model,
-    NonNegativeInt,
+    NameRef,
     OffByDefault,
+    PodSecurityContext,
     ProbeSpec,
     Toleration,
+    crd_schema,
 )
+from gpu_operator.api.upgrade_policy import UpgradePolicySpec
 
 
 class InitContainerSpec(Model):
@@ -42,20 +51,33 @@ class InitContainerSpec(Model):
     """Pull secret names."""
 
 
+# monitoring.coreos.com/v1 Duration, as the Prometheus operator's CRD checks it.
+_DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+
+
+def _duration(value: str) -> str:
+    if not value or not re.fullmatch(_DURATION, value, re.ASCII):
+        raise ValueError(f"{value!r} is not a Prometheus duration such as '15s' or '1m30s'")
+    return value
+
+
+Duration = Annotated[str, AfterValidator(_duration), crd_schema(pattern=_DURATION, minLength=1)]
+
+
 class ServiceMonitorConfig(Model):
     """A Prometheus-operator ServiceMonitor for the component's metrics Service."""
 
     enabled: bool | None = None
     """Create the ServiceMonitor (default false)."""
-    interval: str | None = None
+    interval: Duration | None = None
     """Scrape interval, e.g. 15s."""
-    scrapeTimeout: str | None = None
+    scrapeTimeout: Duration | None = None
     """Scrape timeout."""
     honorLabels: bool | None = None
     """Keep the scraped labels on conflict."""
     additionalLabels: Labels | None = None
     """Extra labels on the ServiceMonitor (e.g. to match a Prometheus selector)."""
-    relabelings: list[dict[str, Any]] | None = None
+    relabelings: list[FreeForm] | None = Field(default=None, max_length=64)
     """Prometheus relabel configs, passed through unchanged."""
 
 
@@ -70,19 +92,21 @@ class OperatorSpec(Model):
     """Settings of the operator itself."""
 
     defaultRuntime: Literal["docker", "crio", "containerd"] | None = None
-    """Deprecated: the container runtime is detected from the nodes."""
-    runtimeClass: str = "nvidia"
+    """Container runtime of GPU nodes whose kubelet does not report one (each node's runtime is detected
+    from status.nodeInfo; default containerd)."""
+    runtimeClass: DNSLabel = "nvidia"
     """Name (and handler) of the RuntimeClass the operands that need the NVIDIA runtime use."""
     initContainer: InitContainerSpec | None = None
-    """Deprecated and unused."""
+    """Deprecated and unused (also by NVIDIA's operator)."""
     labels: Labels | None = None
-    """Labels added to the operator's own objects."""
-    annotations: Labels | None = None
-    """Annotations added to the operator's own objects."""
+    """Accepted, not acted on (reported in the status): the operator's own Deployment comes from its Helm
+    chart, which sets its labels."""
+    annotations: Annotations | None = None
+    """Accepted, not acted on (reported in the status): set the operator's annotations in its Helm chart."""
     metrics: OperatorMetrics | None = None
-    """Operator metrics settings."""
+    """Accepted, not acted on (reported in the status when its ServiceMonitor is enabled)."""
     use_ocp_driver_toolkit: bool | None = None
-    """OpenShift Driver Toolkit (accepted; OpenShift is not supported by this operator)."""
+    """OpenShift Driver Toolkit: accepted, not acted on (reported; OpenShift is not supported)."""
 
 
 class RollingUpdateSpec(Model):
@@ -97,72 +121,18 @@ class DaemonsetsSpec(Model):
 
     labels: Labels | None = None
     """Labels added to every operand DaemonSet and its pods."""
-    annotations: Labels | None = None
+    annotations: Annotations | None = None
     """Annotations added to every operand DaemonSet and its pods."""
     tolerations: list[Toleration] | None = None
     """Tolerations of every operand pod; when set they replace the default nvidia.com/gpu toleration."""
-    priorityClassName: str = "system-node-critical"
+    priorityClassName: NameRef = "system-node-critical"
     """PriorityClass of every operand pod."""
     updateStrategy: Literal["RollingUpdate", "OnDelete"] = "RollingUpdate"
     """Update strategy of the operand DaemonSets (the driver keeps OnDelete, see the README)."""
     rollingUpdate: RollingUpdateSpec | None = None
     """Rolling update parameters."""
-    podSecurityContext: dict[str, Any] | None = None
-    """Pod-level security context of every operand pod (core/v1 PodSecurityContext)."""
-
-
-class WaitForCompletionSpec(Model):
-    """Wait for jobs to finish before upgrading a node's driver."""
-
-    podSelector: str | None = None
-    """Label selector of the pods to wait for."""
-    timeoutSeconds: NonNegativeInt = 0
-    """How long to wait; 0 waits forever."""
-
-
-class PodDeletionSpec(Model):
-    """Deletion of GPU pods before a driver upgrade."""
-
-    force: bool = False
-    """Delete pods not managed by a controller too."""
-    timeoutSeconds: NonNegativeInt = 300
-    """How long to wait for the pods to go."""
-    deleteEmptyDir: bool = False
-    """Delete pods that use emptyDir volumes (their data is lost)."""
-
-
-class DrainSpec(Model):
-    """Node drain before a driver upgrade."""
-
-    enable: bool = False
-    """Drain the node."""
-    force: bool = False
-    """Drain pods not managed by a controller too."""
-    podSelector: str | None = None
-    """Only drain pods matching this label selector."""
-    timeoutSeconds: NonNegativeInt = 300
-    """How long to wait for the drain."""
-    deleteEmptyDir: bool = False
-    """Drain pods that use emptyDir volumes."""
-
-
-class UpgradePolicySpec(Model):
-    """Automatic, rolling driver upgrades."""
-
-    autoUpgrade: bool = False
-    """Let the operator upgrade the driver node by node."""
-    maxParallelUpgrades: NonNegativeInt = 1
-    """Nodes upgraded at once; 0 means no limit."""
-    maxUnavailable: IntOrPercent = "25%"
-    """GPU nodes that may be unavailable during the upgrade: a count or a percentage."""
-    waitForCompletion: WaitForCompletionSpec | None = None
-    """Wait for jobs to complete first."""
-    podDeletion: PodDeletionSpec | None = None
-    """Delete GPU pods first."""
-    gpuPodDeletion: PodDeletionSpec | None = None
-    """Helm's name for podDeletion (accepted as an alias)."""
-    drain: DrainSpec | None = None
-    """Drain the node first."""
+    podSecurityContext: PodSecurityContext | None = None
+    """Applied to every operand pod."""
 
 
 class RDMASpec(Model):
@@ -192,16 +162,16 @@ class DriverManagerSpec(Model):
 class RepoConfigSpec(Model):
     """Custom package repositories for the driver container."""
 
-    configMapName: str | None = None
+    configMapName: NameRef | None = None
     """ConfigMap with repository files."""
 
 
 class LicensingConfigSpec(Model):
     """vGPU guest licensing."""
 
-    configMapName: str | None = None
+    configMapName: NameRef | None = None
     """ConfigMap with gridd.conf."""
-    secretName: str | None = None
+    secretName: NameRef | None = None
     """Secret with the client token."""
     nlsEnabled: bool | None = None
     """Use NVIDIA License System."""
@@ -210,7 +180,7 @@ class LicensingConfigSpec(Model):
 class VirtualTopologySpec(Model):
     """Virtual topology daemon configuration."""
 
-    config: str | None = None
+    config: NameRef | None = None
     """ConfigMap name."""
 
 
@@ -222,7 +192,7 @@ class DriverSpec(ComponentSpec):
     usePrecompiled: bool | None = None
     """Use precompiled driver images (tag <version>-<kernel>-<os>)."""
     useOpenKernelModules: bool | None = None
-    """Deprecated: use kernelModuleType: open."""
+    """Deprecated and ignored, as by NVIDIA's operator (reported): use kernelModuleType: open."""
     kernelModuleType: Literal["auto", "open", "proprietary"] = "auto"
     """Which kernel modules to build and load."""
     startupProbe: ProbeSpec | None = None
@@ -234,7 +204,8 @@ class DriverSpec(ComponentSpec):
     rdma: RDMASpec | None = None
     """GPUDirect RDMA."""
     upgradePolicy: UpgradePolicySpec | None = None
-    """Driver upgrade policy."""
+    """Driver upgrade policy: accepted, not acted on yet (autoUpgrade is reported). The driver DaemonSet
+    is OnDelete, so a changed driver reaches a node when its driver pod is deleted."""
     manager: DriverManagerSpec | None = None
     """k8s-driver-manager init container."""
     repoConfig: RepoConfigSpec | None = None
@@ -247,21 +218,21 @@ class DriverSpec(ComponentSpec):
     """Virtual topology configuration."""
     kernelModuleConfig: ConfigMapRef | None = None
     """ConfigMap with kernel module parameters."""
-    secretEnv: str | None = None
+    secretEnv: NameRef | None = None
     """Secret whose keys become environment variables of the driver container."""
 
 
 class ToolkitSpec(ComponentSpec):
     """The NVIDIA container toolkit, which configures the container runtime."""
 
-    installDir: str = "/usr/local/nvidia"
+    installDir: HostDir = "/usr/local/nvidia"
     """Host directory the toolkit is installed into."""
 
 
 class MPSSpec(Model):
     """CUDA MPS sharing."""
 
-    root: str = "/run/nvidia/mps"
+    root: HostDir = "/run/nvidia/mps"
     """Host directory for MPS pipes and logs."""
 
 
@@ -288,7 +259,7 @@ class HPCJobMappingSpec(Model):
 
     enabled: bool | None = None
     """Enable job mapping."""
-    directory: str | None = None
+    directory: HostDir | None = None
     """Host directory with job mapping files."""
 
 
@@ -313,7 +284,7 @@ class DCGMExporterSpec(ComponentSpec):
     """Add pod UIDs to metrics (needs read access to pods)."""
     podLabelAllowlistRegex: list[str] | None = None
     """Only pod labels matching these regexes are added."""
-    annotations: Labels | None = None
+    annotations: Annotations | None = None
     """Annotations of the exporter pods."""
 
     def service_monitor_enabled(self) -> bool:
@@ -345,7 +316,7 @@ class MIGSpec(Model):
 class MIGManagerConfig(Model):
     """MIG partitioning configurations."""
 
-    name: str | None = None
+    name: NameRef | None = None
     """ConfigMap with mig-parted configurations (default: the operator's default-mig-parted-config)."""
     default: Literal["all-disabled", ""] = "all-disabled"
     """Configuration applied to MIG-capable nodes without an nvidia.com/mig.config label."""
@@ -383,11 +354,11 @@ class ValidatorSpec(ComponentSpec):
     cuda: ValidatorComponentSpec | None = None
     """CUDA workload validation."""
     vfioPCI: ValidatorComponentSpec | None = None
-    """VFIO-PCI validation (sandbox)."""
+    """VFIO-PCI validation (sandbox validator, not deployed: its env is reported as ignored)."""
     vgpuManager: ValidatorComponentSpec | None = None
-    """vGPU manager validation (sandbox)."""
+    """vGPU manager validation (sandbox validator, not deployed: its env is reported as ignored)."""
     vgpuDevices: ValidatorComponentSpec | None = None
-    """vGPU devices validation (sandbox)."""
+    """vGPU devices validation (sandbox validator, not deployed: its env is reported as ignored)."""
 
 
 class EnabledSpec(Model):
@@ -419,7 +390,7 @@ class CDIConfigSpec(Model):
     enabled: bool = True
     """Generate CDI specs and use CDI for GPU injection."""
     default: bool | None = None
-    """Deprecated."""
+    """Deprecated and ignored, as by NVIDIA's operator (reported when true)."""
     nriPluginEnabled: bool = False
     """Use the NRI plugin for injection (requires CDI)."""
 
@@ -427,11 +398,11 @@ class CDIConfigSpec(Model):
 class HostPathsSpec(Model):
     """Host paths the operands use."""
 
-    rootFS: str = "/"
+    rootFS: HostPath = "/"
     """Host root filesystem."""
-    driverInstallDir: str = "/run/nvidia/driver"
+    driverInstallDir: HostDir = "/run/nvidia/driver"
     """Where the containerized driver is installed on the host."""
-    kubeletRootDir: str = "/var/lib/kubelet"
+    kubeletRootDir: HostDir = "/var/lib/kubelet"
     """Kubelet root directory (device plugin sockets live below it)."""
 
 
@@ -475,7 +446,7 @@ class VGPUDeviceManagerSpec(OffByDefault):
 class KataManagerSpec(OffByDefault):
     """Kata manager (deprecated upstream; unsupported)."""
 
-    config: dict[str, Any] | None = None
+    config: FreeForm | None = None
     """Kata manager configuration, passed through."""
 
 
@@ -495,18 +466,19 @@ class KataDevicePluginSpec(OffByDefault):
 
 
 class GDSSpec(OffByDefault):
-    """GPUDirect Storage nvidia-fs sidecar (unsupported)."""
+    """GPUDirect Storage: the nvidia-fs module, built by a sidecar of the driver pod (image tag gets the
+    node OS suffix; not with precompiled drivers)."""
 
 
 class GDRCopySpec(OffByDefault):
-    """GDRCopy sidecar (unsupported)."""
+    """GDRCopy: the gdrdrv module, built by a sidecar of the driver pod (image tag gets the node OS
+    suffix; not with precompiled drivers)."""
 
 
 class ClusterPolicySpec(Model):
     """Desired state of the NVIDIA GPU software stack on every GPU node."""
 
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = (
-        "sandboxWorkloads",
+    SANDBOX: ClassVar[tuple[str, ...]] = (
         "vfioManager",
         "vgpuManager",
         "vgpuDeviceManager",
@@ -514,9 +486,10 @@ class ClusterPolicySpec(Model):
         "kataManager",
         "kataSandboxDevicePlugin",
         "ccManager",
-        "gds",
-        "gdrcopy",
     )
+    """Deployed by NVIDIA only with sandboxWorkloads.enabled (state_manager.go:1030-1046): their own
+    `enabled` means nothing without it (NVIDIA's chart turns several on by default)."""
+    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("sandboxWorkloads", *SANDBOX)
 
     operator: OperatorSpec = Field(default_factory=OperatorSpec)
     """Operator settings."""
@@ -545,7 +518,7 @@ class ClusterPolicySpec(Model):
     psa: EnabledSpec = Field(default_factory=EnabledSpec)
     """Label the operand namespace for the privileged Pod Security Admission level."""
     psp: EnabledSpec = Field(default_factory=EnabledSpec)
-    """PodSecurityPolicy (removed from Kubernetes; accepted, no effect)."""
+    """PodSecurityPolicy: removed from Kubernetes in 1.25; accepted, not acted on (reported when enabled)."""
     cdi: CDIConfigSpec = Field(default_factory=CDIConfigSpec)
     """Container Device Interface."""
     hostPaths: HostPathsSpec = Field(default_factory=HostPathsSpec)
@@ -567,9 +540,9 @@ class ClusterPolicySpec(Model):
     ccManager: CCManagerSpec = Field(default_factory=CCManagerSpec)
     """Confidential computing manager (unsupported)."""
     gds: GDSSpec = Field(default_factory=GDSSpec)
-    """GPUDirect Storage (unsupported)."""
+    """GPUDirect Storage."""
     gdrcopy: GDRCopySpec = Field(default_factory=GDRCopySpec)
-    """GDRCopy (unsupported)."""
+    """GDRCopy."""
 
     @model_validator(mode="after")
     def _nri_needs_cdi(self) -> ClusterPolicySpec:
@@ -577,10 +550,70 @@ class ClusterPolicySpec(Model):
             raise ValueError("cdi.nriPluginEnabled requires cdi.enabled")
         return self
 
+    @model_validator(mode="after")
+    def _sidecars_build_on_the_node(self) -> ClusterPolicySpec:
+        # Their modules are built against the driver installed on the node (NVIDIA refuses the same).
+        if self.driver.usePrecompiled and self.driver.is_enabled():
+            for name in ("gds", "gdrcopy"):
+                if getattr(self, name).is_enabled():
+                    raise ValueError(f"{name}.enabled is not supported with driver.usePrecompiled")
+        return self
+
+    def ignored_fields(self) -> list[str]:
+        """Fields the user set that this operator accepts but does not act on, each with the reason (the
+        planner reports them; their CRD descriptions say so too)."""
+        operator, driver = self.operator, self.driver
+        checks = [
+            (
+                driver.upgradePolicy is not None and driver.upgradePolicy.autoUpgrade,
+                "spec.driver.upgradePolicy.autoUpgrade",
+                "there is no upgrade controller yet; a changed driver reaches a node when its driver pod "
+                "is deleted (the driver DaemonSet is OnDelete)",
+            ),
+            (
+                bool(driver.useOpenKernelModules),
+                "spec.driver.useOpenKernelModules",
+                "deprecated and ignored, as by NVIDIA's operator; use kernelModuleType: open",
+            ),
+            (bool(operator.labels), "spec.operator.labels", "set the operator's labels in its Helm chart"),
+            (
+                bool(operator.annotations),
+                "spec.operator.annotations",
+                "set the operator's annotations in its Helm chart",
+            ),
+            (
+                bool(
+                    operator.metrics
+                    and operator.metrics.serviceMonitor
+                    and operator.metrics.serviceMonitor.enabled
+                ),
+                "spec.operator.metrics.serviceMonitor",
+                "the operator serves no metrics",
+            ),
+            (
+                bool(operator.use_ocp_driver_toolkit),
+                "spec.operator.use_ocp_driver_toolkit",
+                "OpenShift is not supported",
+            ),
+            (self.psp.enabled, "spec.psp.enabled", "PodSecurityPolicy was removed from Kubernetes in 1.25"),
+            (bool(self.cdi.default), "spec.cdi.default", "deprecated and ignored, as by NVIDIA's operator"),
+        ]
+        checks += [
+            (
+                bool(getattr(self.validator, step) and getattr(self.validator, step).env),
+                f"spec.validator.{step}.env",
+                "the sandbox validator is not deployed",
+            )
+            for step in ("vfioPCI", "vgpuManager", "vgpuDevices")
+        ]
+        return [f"{path}: {why}" for found, path, why in checks if found]
+
     def unsupported_enabled(self) -> list[str]:
         """Names of unsupported sections the user switched on (reported, never silently ignored)."""
         found = []
         for name in self.UNSUPPORTED:
+            if name in self.SANDBOX and not self.sandboxWorkloads.enabled:
+                continue
             section = getattr(self, name)
             if getattr(section, "enabled", False) or (
                 isinstance(section, ComponentSpec) and section.is_enabled()

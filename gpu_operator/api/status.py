@@ -72,6 +72,76 @@ class ComponentStatus(Model):
     """Per-node problems (at most a few, the rest counted in reason)."""
 
 
+class NodeUpgrade(Model):
+    """One node's driver upgrade: where it is, since when, and why it is there."""
+
+    node: str
+    """Node name."""
+    state: str
+    """Its nvidia.com/gpu-driver-upgrade-state label (NVIDIA's values)."""
+    since: str | None = None
+    """When it entered that state (RFC 3339)."""
+    reason: str = ""
+    """What it waits for, or why it failed."""
+
+
+class PendingNodes(Model):
+    """Nodes that wait to start their upgrade, for the same reason."""
+
+    reason: str
+    """Why they wait: a limit, the canary stage, a pause, the skip label, a manual restart."""
+    count: int
+    """How many nodes wait for this reason."""
+    nodes: list[str] = Field(default_factory=list)
+    """Their names (the first few)."""
+
+
+class CanaryStatus(Model):
+    """The canary stage of the current upgrade."""
+
+    nodes: list[str] = Field(default_factory=list)
+    """The canary nodes (upgraded or in progress)."""
+    required: int = 0
+    """How many canary nodes must be upgraded before the others start."""
+    complete: bool = False
+    """The canary nodes are upgraded, validated and soaked: the other nodes may start."""
+    soakUntil: str | None = None
+    """When the soak time ends (RFC 3339)."""
+
+
+class DriverUpgradeStatus(Model):
+    """Where the driver upgrade stands: every node that is not done says why."""
+
+    autoUpgrade: bool
+    """driver.upgradePolicy.autoUpgrade: false means each node waits for a manual driver pod restart."""
+    targetVersion: str = ""
+    """The driver version being rolled out."""
+    summary: str = ""
+    """One line: up to date, N/M upgraded, canary, paused, or manual."""
+    paused: bool = False
+    """A node failed, so no further node starts."""
+    pausedReason: str = ""
+    """Which node failed, at which step, why, and how to go on."""
+    nodes: int = 0
+    """GPU nodes running the driver."""
+    nodesDone: int = 0
+    """Nodes at the target driver."""
+    nodesInProgress: int = 0
+    """Nodes being upgraded."""
+    nodesFailed: int = 0
+    """Nodes in upgrade-failed."""
+    nodesPending: int = 0
+    """Nodes waiting to start."""
+    inProgress: list[NodeUpgrade] = Field(default_factory=list)
+    """Nodes being upgraded: step, since when, and what each waits for."""
+    failed: list[NodeUpgrade] = Field(default_factory=list)
+    """Failed nodes: the step that failed and why."""
+    pending: list[PendingNodes] = Field(default_factory=list)
+    """Nodes waiting to start, grouped by reason."""
+    canary: CanaryStatus | None = None
+    """The canary stage (driver.upgradePolicy.canary)."""
+
+
 class ClusterPolicyStatus(Model):
     """Observed state of the GPU stack."""
 
@@ -95,3 +165,5 @@ class ClusterPolicyStatus(Model):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     """Per-component readiness, in dependency order."""
+    driverUpgrade: DriverUpgradeStatus | None = None
+    """Driver upgrades (driver.upgradePolicy): per node step, since when and why."""

@@ -4,10 +4,13 @@ call it makes is checked against that account's RBAC, exactly as in a cluster.""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +40,20 @@ def helm(cluster: Cluster, *args: str) -> str:
     return result.stdout
 
 
-def sa_kubeconfig(cluster: Cluster, namespace: str, service_account: str, path: Path) -> Path:
-    """A kubeconfig at `path` that authenticates with a fresh TokenRequest token of the ServiceAccount."""
-    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(expiration_seconds=7200))
+def sa_kubeconfig(
+    cluster: Cluster, namespace: str, service_account: str, path: Path, bound_pod: Any = None
+) -> Path:
+    """A kubeconfig at `path` that authenticates with a fresh TokenRequest token of the ServiceAccount.
+
+    With `bound_pod` (a V1Pod) the token is bound to that pod, as the kubelet mounts it into the pod:
+    it then carries the pod's node (user extra authentication.kubernetes.io/node-name).
+    """
+    bound = None
+    if bound_pod is not None:
+        meta = bound_pod.metadata
+        bound = client.V1BoundObjectReference(api_version="v1", kind="Pod", name=meta.name, uid=meta.uid)
+    spec = client.V1TokenRequestSpec(expiration_seconds=7200, bound_object_ref=bound)
+    request = client.AuthenticationV1TokenRequest(spec=spec)
     response = client.CoreV1Api(cluster.api).create_namespaced_service_account_token(
         service_account, namespace, request
     )
@@ -69,20 +83,30 @@ class OperatorProcess:
     """`gpu-operator run` in a subprocess with its own kubeconfig; output goes to a log file."""
 
     def __init__(
-        self, kubeconfig: Path, namespace: str, log: Path, env: dict[str, str] | None = None
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        log: Path,
+        env: dict[str, str] | None = None,
+        listen: str = "127.0.0.1:0",
     ) -> None:
         self.kubeconfig = kubeconfig
         self.namespace = namespace
         self.log_path = log
         self.env = env or {}
+        self.listen = listen
+        """HTTP address of /metrics, /healthz, /readyz; port 0 (a free one, see `url`) by default."""
         self.process: subprocess.Popen[bytes] | None = None
+        self.log_offset = 0
+        """Where this run's output starts in the (appended) log."""
 
     def start(self) -> OperatorProcess:
         environ = {k: v for k, v in os.environ.items() if not k.endswith("_IMAGE")}
         environ.update(KUBECONFIG=str(self.kubeconfig), PYTHONUNBUFFERED="1", **self.env)
+        self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [str(OPERATOR), "run", "--namespace", self.namespace, "--liveness", ""],
+                [str(OPERATOR), "run", "--namespace", self.namespace, "--listen", self.listen],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=environ,
@@ -108,6 +132,13 @@ class OperatorProcess:
             except subprocess.TimeoutExpired:
                 self.kill()
 
+    def url(self) -> str:
+        """The operator's HTTP base URL, from its log (this run's, the log is appended to)."""
+        run = self.log_path.read_bytes()[self.log_offset :].decode(errors="replace")
+        found = re.findall(r"serving /metrics, /healthz and /readyz on (http://\S+)", run)
+        assert found, "the operator has not started its HTTP server (yet)"
+        return str(found[-1])
+
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
@@ -115,6 +146,44 @@ class OperatorProcess:
         """No tracebacks and no RBAC denials: either would mean a bug or a missing chart rule."""
         text = self.log()
         assert "Traceback" not in text, f"operator traceback:\n{text[-4000:]}"
-        assert "403" not in text and "forbidden" not in text.lower(), (
+        assert not re.search(r"\b403\b", text) and "forbidden" not in text.lower(), (
             f"operator hit RBAC denials:\n{text[-4000:]}"
         )
+
+
+RELEASE = "gpu-operator"
+
+
+@contextmanager
+def chart_operator(
+    cluster: Cluster, folder: Path, namespace: str, *helm_args: str
+) -> Iterator[OperatorProcess]:
+    """The chart's ServiceAccount and RBAC (no in-cluster Deployment, no ClusterPolicy) and the
+    operator running as that ServiceAccount; uninstalled afterwards."""
+    helm(
+        cluster,
+        "upgrade",
+        "--install",
+        RELEASE,
+        str(ROOT / "charts" / "gpu-operator"),
+        "--namespace",
+        namespace,
+        "--create-namespace",
+        "--wait",
+        "--set",
+        "operator.replicas=0",
+        "--set",
+        "clusterPolicy.create=false",
+        # The simulated nodes carry NFD's labels; the tests count every pod on a node as an operand.
+        "--set",
+        "nodeDiscovery=none",
+        *helm_args,
+    )
+    kubeconfig = sa_kubeconfig(cluster, namespace, RELEASE, folder / "kubeconfig")
+    process = OperatorProcess(kubeconfig, namespace, folder / "operator.log").start()
+    try:
+        yield process
+    finally:
+        process.stop()
+        print(process.log()[-6000:])
+        helm(cluster, "uninstall", RELEASE, "--namespace", namespace, "--wait")

@@ -23,6 +23,8 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from gpu_operator.components import BY_LABEL
+
 from .kube_helpers import SIMULATED_NODE_LABEL, Cluster, wait_for
 from .operator_process import ROOT, OperatorProcess, helm, sa_kubeconfig
 
@@ -96,7 +98,7 @@ def wait_ready(cluster: Cluster, generation: int | None = None) -> dict[str, Any
 def daemonsets(cluster: Cluster) -> dict[str, Any]:
     apps: Any = client.AppsV1Api(cluster.api)
     items = apps.list_namespaced_daemon_set(NS, label_selector=MANAGED).items
-    return {ds.metadata.labels[COMPONENT]: ds for ds in items}
+    return {BY_LABEL[ds.metadata.labels[COMPONENT]].name: ds for ds in items}
 
 
 def container_env(ds: Any) -> dict[str, str]:

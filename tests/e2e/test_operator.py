@@ -13,8 +13,10 @@ import kubernetes
 import pytest
 import yaml
 
+from gpu_operator.components import BY_LABEL, BY_NAME
+
 from .kube_helpers import Cluster, clear_failure, gpu_nodes, inject_failure, list_pods, pod_is_ready, wait_for
-from .operator_process import ROOT, OperatorProcess, helm, sa_kubeconfig
+from .operator_process import ROOT, OperatorProcess, chart_operator
 
 # The generated models type every field Optional; these tests read live objects whose fields are set,
 # so they use the client untyped rather than assert on each attribute.
@@ -25,6 +27,8 @@ RELEASE = "gpu-operator"
 GROUP, VERSION, PLURAL = "nvidia.com", "v1", "clusterpolicies"
 MANAGED = "app.kubernetes.io/managed-by=gpu-operator"
 COMPONENT = "app.kubernetes.io/component"
+DRIVER = BY_NAME["driver"].component_label
+"""The driver's pods carry NVIDIA's component label (the validator selects on it)."""
 POLICIES = ROOT / "tests" / "data" / "policies"
 CONVERGE = 120.0
 
@@ -32,30 +36,8 @@ CONVERGE = 120.0
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     """The chart's ServiceAccount and RBAC (no in-cluster Deployment) and the operator running as it."""
-    helm(
-        cluster,
-        "upgrade",
-        "--install",
-        RELEASE,
-        str(ROOT / "charts" / "gpu-operator"),
-        "--namespace",
-        NS,
-        "--create-namespace",
-        "--wait",
-        "--set",
-        "operator.replicas=0",
-        "--set",
-        "clusterPolicy.create=false",
-    )
-    folder = tmp_path_factory.mktemp("operator")
-    kubeconfig = sa_kubeconfig(cluster, NS, RELEASE, folder / "kubeconfig")
-    process = OperatorProcess(kubeconfig, NS, folder / "operator.log").start()
-    try:
+    with chart_operator(cluster, tmp_path_factory.mktemp("operator"), NS) as process:
         yield process
-    finally:
-        process.stop()
-        print(process.log()[-6000:])
-        helm(cluster, "uninstall", RELEASE, "--namespace", NS, "--wait")
 
 
 @pytest.fixture
@@ -111,7 +93,7 @@ def wait_state(cluster: Cluster, name: str, state: str, timeout: float = CONVERG
 
 def daemonsets(cluster: Cluster) -> dict[str, Any]:
     items = client.AppsV1Api(cluster.api).list_namespaced_daemon_set(NS, label_selector=MANAGED).items
-    return {ds.metadata.labels[COMPONENT]: ds for ds in items}
+    return {BY_LABEL[ds.metadata.labels[COMPONENT]].name: ds for ds in items}
 
 
 def node_labels(cluster: Cluster, node: str) -> dict[str, str]:
@@ -146,11 +128,12 @@ def assert_cleaned_up(cluster: Cluster) -> None:
 
 
 def assert_pods_exactly_on_gpu_nodes(cluster: Cluster, policy: dict[str, Any]) -> None:
-    gpus = set(gpu_nodes(cluster.api))
+    labels = {n: node_labels(cluster, n) for n in gpu_nodes(cluster.api)}
     for component, ds in daemonsets(cluster).items():
         pods = list_pods(cluster.api, NS, labels=f"app={ds.metadata.name}")
         nodes = {p.spec.node_name for p in pods if pod_is_ready(p)}
-        expected = {"gpu-node-0"} if component == "mig-manager" else gpus
+        # mig-manager: MIG-capable nodes only (gpu-node-0); the MPS control daemon: none is MPS-capable.
+        expected = {n for n, node in labels.items() if BY_NAME[component].node_filter(node)}
         assert nodes == expected, f"{component}: ready pods on {sorted(nodes)}, expected {sorted(expected)}"
 
 
@@ -228,7 +211,7 @@ def test_policy_converges_on_exactly_the_gpu_nodes(
 def test_failing_driver_blocks_only_its_node(
     cluster: Cluster, clean: OperatorProcess, failures: None
 ) -> None:
-    inject_failure(cluster.api, "driver", "gpu-node-1", "CrashLoopBackOff")
+    inject_failure(cluster.api, DRIVER, "gpu-node-1", "CrashLoopBackOff")
     apply_policy(cluster, policy_from("empty"))
 
     def others_ready_and_reported() -> dict[str, Any]:
@@ -251,7 +234,7 @@ def test_failing_driver_blocks_only_its_node(
     assert driver["nodesFailing"] == 1 and driver["problems"][0]["node"] == "gpu-node-1"
     assert "nvidia.com/gpu.deploy.container-toolkit" not in node_labels(cluster, "gpu-node-1")
     assert not list_pods(cluster.api, NS, labels=f"{COMPONENT}=container-toolkit", node="gpu-node-1")
-    clear_failure(cluster.api, "driver", "gpu-node-1")
+    clear_failure(cluster.api, DRIVER, "gpu-node-1")
     wait_state(cluster, "cluster-policy", "ready")
     assert_pods_exactly_on_gpu_nodes(cluster, get_policy(cluster, "cluster-policy"))
 
@@ -266,7 +249,7 @@ def test_opt_out_labels_are_respected(cluster: Cluster, clean: OperatorProcess) 
         def opted_out() -> None:
             on2 = {p.metadata.labels[COMPONENT] for p in list_pods(cluster.api, NS, node="gpu-node-2")}
             on3 = list_pods(cluster.api, NS, node="gpu-node-3")
-            assert "dcgm-exporter" not in on2 and "driver" in on2, on2
+            assert "dcgm-exporter" not in on2 and DRIVER in on2, on2
             assert not on3, f"operands still on gpu-node-3: {[p.metadata.name for p in on3]}"
 
         wait_for(opted_out, timeout=CONVERGE, what="opt-outs honoured")
@@ -283,7 +266,7 @@ def test_opt_out_labels_are_respected(cluster: Cluster, clean: OperatorProcess) 
                 for p in list_pods(cluster.api, NS, node="gpu-node-3")
                 if pod_is_ready(p)
             }
-            assert {"driver", "device-plugin", "dcgm-exporter"} <= ready, ready
+            assert {DRIVER, "device-plugin", "dcgm-exporter"} <= ready, ready
 
         wait_for(restored, timeout=CONVERGE, what="gpu-node-3 restored")
         wait_state(cluster, "cluster-policy", "ready")
@@ -330,7 +313,8 @@ def test_disable_enable_and_version_change_touch_only_their_objects(
     policy = wait_state(cluster, "cluster-policy", "ready")
     after = {name: ds.metadata.generation for name, ds in daemonsets(cluster).items()}
     changed = {name for name in before if before[name] != after[name]}
-    assert changed == {"device-plugin"}, f"generations before {before} after {after}"
+    # The MPS control daemon runs the device plugin's image (NVIDIA's TransformMPSControlDaemon).
+    assert changed == {"device-plugin", "mps-control-daemon"}, f"generations before {before} after {after}"
     image = daemonsets(cluster)["device-plugin"].spec.template.spec.containers[0].image
     assert image == "nvcr.io/nvidia/k8s-device-plugin:v0.20.1"
     assert (
@@ -440,6 +424,34 @@ def test_deleting_the_policy_removes_everything_it_added(cluster: Cluster, clean
         label_node(cluster, "gpu-node-0", **{"nvidia.com/gpu.deploy.dcgm": None})
 
 
+def test_driver_waits_for_the_config_map_it_mounts(cluster: Cluster, clean: OperatorProcess) -> None:
+    """The driver mounts the files of driver.kernelModuleConfig one by one: until the ConfigMap exists
+    there is no driver DaemonSet and the status names it; then the driver rolls out with its files."""
+    body = policy_from("empty")
+    body["spec"] = {"driver": {"kernelModuleConfig": {"name": "kernel-module-params"}}}
+    apply_policy(cluster, body)
+    core = client.CoreV1Api(cluster.api)
+
+    def reported() -> None:
+        components = get_policy(cluster, "cluster-policy").get("status", {}).get("components", [])
+        driver = [c for c in components if c["name"] == "driver"]
+        assert driver and "ConfigMap 'kernel-module-params' not found" in driver[0]["reason"], components
+
+    wait_for(reported, timeout=CONVERGE, what="missing ConfigMap reported")
+    assert "driver" not in daemonsets(cluster)
+    config_map = {
+        "metadata": {"name": "kernel-module-params"},
+        "data": {"nvidia.conf": "NVreg_EnableGpuFirmware=0"},
+    }
+    core.create_namespaced_config_map(NS, config_map)
+    try:
+        wait_state(cluster, "cluster-policy", "ready")
+        mounts = daemonsets(cluster)["driver"].spec.template.spec.containers[0].volume_mounts
+        assert any(m.mount_path == "/drivers/nvidia.conf" and m.sub_path == "nvidia.conf" for m in mounts)
+    finally:
+        core.delete_namespaced_config_map("kernel-module-params", NS)
+
+
 def test_operator_killed_mid_convergence_recovers(cluster: Cluster, clean: OperatorProcess) -> None:
     apply_policy(cluster, policy_from("empty"))
     wait_for(lambda: assert_has(daemonsets(cluster), "driver"), timeout=60, what="driver DaemonSet applied")
@@ -447,8 +459,8 @@ def test_operator_killed_mid_convergence_recovers(cluster: Cluster, clean: Opera
     clean.start()
     wait_state(cluster, "cluster-policy", "ready")
     names = [ds.metadata.name for ds in daemonsets(cluster).values()]
-    assert len(names) == len(set(names)) == 8, names
-    pods = list_pods(cluster.api, NS, labels=f"{COMPONENT}=driver")
+    assert len(names) == len(set(names)) == 9, names
+    pods = list_pods(cluster.api, NS, labels=f"{COMPONENT}={DRIVER}")
     assert sorted(p.spec.node_name for p in pods) == gpu_nodes(cluster.api), (
         "duplicate or missing driver pods"
     )

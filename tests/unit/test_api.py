@@ -47,6 +47,7 @@ def test_empty_spec_has_nvidias_defaults() -> None:
         "container-toolkit",
         "operator-validator",
         "device-plugin",
+        "mps-control-daemon",
         "dcgm",
         "dcgm-exporter",
         "gpu-feature-discovery",
@@ -93,7 +94,7 @@ def test_document_checks() -> None:
         (
             {"daemonsets": {"rollingUpdate": {"maxUnavailable": -1}}},
             "spec.daemonsets.rollingUpdate.maxUnavailable",
-            "non-negative",
+            "from 0 to",
         ),
         (
             {"driver": {"upgradePolicy": {"maxUnavailable": "101%"}}},
@@ -143,8 +144,16 @@ def test_deprecated_alias_still_works() -> None:
 
 
 def test_unsupported_sections_are_reported() -> None:
-    spec = parse_spec({"gds": {"enabled": True}, "sandboxWorkloads": {"enabled": True}, "vgpuManager": {}})
-    assert spec.unsupported_enabled() == ["sandboxWorkloads", "gds"]
+    spec = parse_spec(
+        {"ccManager": {"enabled": True}, "sandboxWorkloads": {"enabled": True}, "vgpuManager": {}}
+    )
+    assert spec.unsupported_enabled() == ["sandboxWorkloads", "ccManager"]
+
+
+def test_gds_and_gdrcopy_need_a_driver_built_on_the_node() -> None:
+    assert parse_spec({"gds": {"enabled": True}, "gdrcopy": {"enabled": True}}).unsupported_enabled() == []
+    with pytest.raises(PolicyError, match=r"gds\.enabled is not supported with driver\.usePrecompiled"):
+        parse_spec({"gds": {"enabled": True}, "driver": {"usePrecompiled": True}})
 
 
 # --- pydantic and the CRD say the same thing ---------------------------------------------------------
@@ -235,3 +244,203 @@ def test_env_name_agrees_with_crd(value: str) -> None:
     pattern = crd_node("toolkit.env")["items"]["properties"]["name"]["pattern"]
     by_crd = re.fullmatch(pattern, value) is not None and "\n" not in value
     assert accepts({"toolkit": {"env": [{"name": value, "value": "x"}]}}) == by_crd
+
+
+def test_fields_accepted_but_not_acted_on_are_reported() -> None:
+    assert parse_spec({}).ignored_fields() == []
+    spec = parse_spec(
+        {
+            "driver": {"upgradePolicy": {"autoUpgrade": True}, "useOpenKernelModules": True},
+            "operator": {"labels": {"a": "b"}},
+            "psp": {"enabled": True},
+            "validator": {"vfioPCI": {"env": [{"name": "A", "value": "1"}]}},
+        }
+    )
+    assert [line.split(":")[0] for line in spec.ignored_fields()] == [
+        "spec.driver.upgradePolicy.autoUpgrade",
+        "spec.driver.useOpenKernelModules",
+        "spec.operator.labels",
+        "spec.psp.enabled",
+        "spec.validator.vfioPCI.env",
+    ]
+    # What the operator does act on is never listed, however it is set.
+    acted_on = {"driver": {"upgradePolicy": {"autoUpgrade": False}}, "operator": {"defaultRuntime": "crio"}}
+    assert parse_spec(acted_on).ignored_fields() == []
+
+
+# --- what the API server would refuse or mangle, refused here first with the field's path -----------
+
+INT32_OVER = 2**31
+
+LIMITS = [
+    ({"operator": {"runtimeClass": "Not A Valid Name"}}, "spec.operator.runtimeClass", "DNS-1123 label"),
+    ({"operator": {"runtimeClass": "a" * 64}}, "spec.operator.runtimeClass", "at most 63"),
+    ({"operator": {"runtimeClass": "nvidia.v2"}}, "spec.operator.runtimeClass", "DNS-1123 label"),
+    ({"daemonsets": {"priorityClassName": "No_Such"}}, "spec.daemonsets.priorityClassName", "DNS-1123"),
+    ({"daemonsets": {"priorityClassName": "a" * 254}}, "spec.daemonsets.priorityClassName", "253"),
+    ({"driver": {"imagePullSecrets": ["Bad Name"]}}, "spec.driver.imagePullSecrets[0]", "DNS-1123"),
+    ({"devicePlugin": {"config": {"name": "Bad!"}}}, "spec.devicePlugin.config.name", "DNS-1123"),
+    (
+        {"devicePlugin": {"config": {"name": "c", "default": "a b"}}},
+        "spec.devicePlugin.config.default",
+        "key",
+    ),
+    ({"driver": {"licensingConfig": {"secretName": "x y"}}}, "spec.driver.licensingConfig.secretName", "DNS"),
+    ({"driver": {"secretEnv": "UPPER"}}, "spec.driver.secretEnv", "DNS-1123"),
+    ({"migManager": {"gpuClientsConfig": {"name": "-x"}}}, "spec.migManager.gpuClientsConfig.name", "DNS"),
+    (
+        {"driver": {"startupProbe": {"initialDelaySeconds": 4294967301}}},
+        "spec.driver.startupProbe.initialDelaySeconds",
+        "2147483647",
+    ),
+    (
+        {"driver": {"livenessProbe": {"periodSeconds": INT32_OVER}}},
+        "spec.driver.livenessProbe.periodSeconds",
+        "",
+    ),
+    (
+        {"driver": {"upgradePolicy": {"drain": {"timeoutSeconds": INT32_OVER}}}},
+        "spec.driver.upgradePolicy.drain.timeoutSeconds",
+        "2147483647",
+    ),
+    (
+        {"daemonsets": {"rollingUpdate": {"maxUnavailable": INT32_OVER}}},
+        "spec.daemonsets.rollingUpdate.maxUnavailable",
+        "2147483647",
+    ),
+    (
+        {"daemonsets": {"rollingUpdate": {"maxUnavailable": "4294967301"}}},
+        "spec.daemonsets.rollingUpdate.maxUnavailable",
+        "percentage",
+    ),
+    (
+        {"daemonsets": {"tolerations": [{"tolerationSeconds": 2**63}]}},
+        "spec.daemonsets.tolerations[0].tolerationSeconds",
+        "",
+    ),
+    ({"daemonsets": {"tolerations": [{"key": "a b"}]}}, "spec.daemonsets.tolerations[0].key", "label key"),
+    ({"hostPaths": {"driverInstallDir": "/"}}, "spec.hostPaths.driverInstallDir", "root directory"),
+    ({"hostPaths": {"driverInstallDir": "//./"}}, "spec.hostPaths.driverInstallDir", "root directory"),
+    ({"hostPaths": {"driverInstallDir": "run/nvidia"}}, "spec.hostPaths.driverInstallDir", "absolute"),
+    ({"hostPaths": {"kubeletRootDir": "/var/../etc"}}, "spec.hostPaths.kubeletRootDir", "'..'"),
+    ({"hostPaths": {"rootFS": "host"}}, "spec.hostPaths.rootFS", "absolute"),
+    ({"toolkit": {"installDir": "/"}}, "spec.toolkit.installDir", "root directory"),
+    ({"devicePlugin": {"mps": {"root": "mps"}}}, "spec.devicePlugin.mps.root", "absolute"),
+    (
+        {"daemonsets": {"podSecurityContext": {"runAsUser": "root"}}},
+        "spec.daemonsets.podSecurityContext.runAsUser",
+        "integer",
+    ),
+    (
+        {"daemonsets": {"podSecurityContext": {"runAsUser": -1}}},
+        "spec.daemonsets.podSecurityContext.runAsUser",
+        "0",
+    ),
+    (
+        {"daemonsets": {"podSecurityContext": {"fsGroup": INT32_OVER}}},
+        "spec.daemonsets.podSecurityContext.fsGroup",
+        "2147483647",
+    ),
+    (
+        {"daemonsets": {"podSecurityContext": {"runAsUsr": 0}}},
+        "spec.daemonsets.podSecurityContext.runAsUsr",
+        "unknown field",
+    ),
+    (
+        {"daemonsets": {"podSecurityContext": {"seccompProfile": {"type": "Strict"}}}},
+        "spec.daemonsets.podSecurityContext.seccompProfile.type",
+        "RuntimeDefault",
+    ),
+    ({"daemonsets": {"labels": {"team": "not valid!"}}}, "spec.daemonsets.labels", "label value"),
+    ({"daemonsets": {"labels": {"team": "x" * 64}}}, "spec.daemonsets.labels", "63"),
+    (
+        {"daemonsets": {"annotations": {"big": "x" * (256 * 1024)}}},
+        "spec.daemonsets.annotations",
+        "262144",
+    ),
+    ({"kataManager": {"config": {f"k{i}": i for i in range(65)}}}, "spec.kataManager.config", "64 keys"),
+    ({"kataManager": {"config": {"s": "x" * 4097}}}, "spec.kataManager.config", "4096"),
+    ({"kataManager": {"config": {"l": list(range(1001))}}}, "spec.kataManager.config", "1000"),
+    (
+        {"dcgmExporter": {"serviceMonitor": {"relabelings": [{}] * 65}}},
+        "spec.dcgmExporter.serviceMonitor.relabelings",
+        "64",
+    ),
+    (
+        {"dcgmExporter": {"serviceMonitor": {"interval": "15 seconds"}}},
+        "spec.dcgmExporter.serviceMonitor.interval",
+        "duration",
+    ),
+]
+
+
+@pytest.mark.parametrize(("spec", "path", "fragment"), LIMITS, ids=[p for _, p, _ in LIMITS])
+def test_limits_name_the_field(spec: dict[str, Any], path: str, fragment: str) -> None:
+    found = errors(spec)
+    assert path in found, found
+    assert fragment in found[path]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"operator": {"runtimeClass": "nvidia-cdi"}},
+        {"daemonsets": {"priorityClassName": "no-such-priority-class"}},
+        {"daemonsets": {"podSecurityContext": {"runAsUser": 0, "runAsNonRoot": False, "fsGroup": 2**31 - 1}}},
+        {"daemonsets": {"labels": {"team": ""}, "tolerations": [{"tolerationSeconds": 2**63 - 1}]}},
+        {"hostPaths": {"rootFS": "/", "driverInstallDir": "/opt/nvidia/driver/", "kubeletRootDir": "/k"}},
+        {"daemonsets": {"rollingUpdate": {"maxUnavailable": 2**31 - 1}}},
+        {"daemonsets": {"rollingUpdate": {"maxUnavailable": "999999999"}}},
+        {"kataManager": {"config": {"artifactsDir": "/opt", "runtimeClasses": [{"name": "kata"}]}}},
+        {"dcgmExporter": {"serviceMonitor": {"interval": "1m30s", "relabelings": [{"action": "drop"}]}}},
+    ],
+)
+def test_limits_leave_valid_values_alone(spec: dict[str, Any]) -> None:
+    assert accepts(spec)
+
+
+def nested(depth: int) -> dict[str, Any]:
+    inner: dict[str, Any] = {}
+    for _ in range(depth):
+        inner = {"a": inner}
+    return inner
+
+
+@pytest.mark.parametrize("depth", [40, 2000, 50000])
+def test_deep_nesting_is_reported_with_its_path(depth: int) -> None:
+    found = errors({"kataManager": {"config": nested(depth)}})
+    ((path, message),) = found.items()
+    assert path.startswith("spec.kataManager.config.a.a")
+    assert message == "nested more than 32 levels deep"
+
+
+def test_nesting_up_to_the_limit_is_fine() -> None:
+    assert accepts({"kataManager": {"config": nested(28)}})
+
+
+# Each host-path rule of the CRD (CEL), spelled in Python, must say what the model says.
+def _cel_host_dir(value: str) -> bool:
+    absolute = value.startswith("/") and "/../" not in value and not value.endswith("/..")
+    return absolute and re.fullmatch(r"(/\.?)+", value) is None
+
+
+@given(st.text(alphabet="/.a", max_size=8))
+def test_host_dir_rules_agree_with_cel(value: str) -> None:
+    node = crd_node("hostPaths.driverInstallDir")
+    rules = [r["rule"] for r in node["x-kubernetes-validations"]]
+    assert rules == [
+        "self.startsWith('/') && !self.contains('/../') && !self.endsWith('/..')",
+        "!self.matches('^(/\\\\.?)+$')",
+    ]
+    assert accepts({"hostPaths": {"driverInstallDir": value}}) == _cel_host_dir(value)
+
+
+@given(st.text(alphabet="aZ09.-_ ", max_size=70))
+def test_name_patterns_agree_with_crd(value: str) -> None:
+    for dotted, field in (
+        ("operator.runtimeClass", {"operator": {"runtimeClass": value}}),
+        ("daemonsets.priorityClassName", {"daemonsets": {"priorityClassName": value}}),
+    ):
+        node = crd_node(dotted)
+        by_crd = re.fullmatch(node["pattern"], value) is not None and len(value) <= node["maxLength"]
+        assert accepts(field) == by_crd, dotted

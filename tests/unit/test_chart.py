@@ -25,7 +25,9 @@ import yaml
 from gpu_operator.api import parse_spec
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.components import COMPONENTS
+from gpu_operator.discovery import NFD_CRD
 from gpu_operator.kube import RESOURCES
+from gpu_operator.nodes import PCI_LABELS
 from gpu_operator.render import ClusterFacts, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,6 +35,7 @@ CHART = ROOT / "charts" / "gpu-operator"
 POLICIES = ROOT / "tests" / "data" / "policies"
 NAMESPACE = "gpu-operator"
 RELEASE = "gpu-operator"
+AGENT = f"{RELEASE}-node-discovery"
 KUBE_VERSION = "1.36.0"  # helm built from source defaults to v1.20, below the chart's kubeVersion
 
 Obj = dict[str, Any]
@@ -99,10 +102,15 @@ def everything_spec() -> Obj:
 @cache
 def operand_objects(namespace: str = NAMESPACE) -> tuple[Obj, ...]:
     """What the operator applies for a policy with every component on (data/policies/everything.yaml)."""
-    facts = ClusterFacts(namespace=namespace, os_tag="ubuntu22.04", kernel="5.15.0-105-generic")
+    facts = ClusterFacts(
+        namespace=namespace,
+        os_tag="ubuntu22.04",
+        kernels=(("5.15.0-105-generic", "ubuntu22.04"),),
+        config_maps={"kernel-module-params": ("nvidia.conf",)},
+    )
     objects = render(parse_spec(everything_spec()), facts)
-    daemonsets = {o["metadata"]["name"] for o in objects if o["kind"] == "DaemonSet"}
-    missing = {c.daemonset for c in COMPONENTS} - daemonsets
+    daemonsets = [o["metadata"]["name"] for o in objects if o["kind"] == "DaemonSet"]
+    missing = {c.daemonset for c in COMPONENTS if not any(n.startswith(c.daemonset) for n in daemonsets)}
     assert not missing, f"everything.yaml no longer enables every component: {sorted(missing)}"
     return tuple(objects)
 
@@ -137,6 +145,8 @@ def test_default_render_has_the_chart_objects(default_objects: list[Obj]) -> Non
             ("Role", f"{RELEASE}-events"),
             ("RoleBinding", f"{RELEASE}-events"),
             ("Deployment", RELEASE),
+            ("Service", f"{RELEASE}-metrics"),
+            ("ClusterRole", f"{RELEASE}-doctor"),
             ("ClusterPolicy", "cluster-policy"),
             # The pre-delete cleanup hook.
             ("ServiceAccount", f"{RELEASE}-cleanup"),
@@ -144,6 +154,13 @@ def test_default_render_has_the_chart_objects(default_objects: list[Obj]) -> Non
             ("ClusterRoleBinding", f"{RELEASE}-cleanup"),
             ("ConfigMap", f"{RELEASE}-cleanup"),
             ("Job", f"{RELEASE}-cleanup"),
+            # The node discovery agent (nodeDiscovery: auto).
+            ("ServiceAccount", AGENT),
+            ("ClusterRole", AGENT),
+            ("ClusterRoleBinding", AGENT),
+            ("ValidatingAdmissionPolicy", AGENT),
+            ("ValidatingAdmissionPolicyBinding", AGENT),
+            ("DaemonSet", AGENT),
         ]
     )
     for obj in default_objects:
@@ -152,7 +169,16 @@ def test_default_render_has_the_chart_objects(default_objects: list[Obj]) -> Non
         assert labels["app.kubernetes.io/instance"] == RELEASE
         assert labels["app.kubernetes.io/version"] == "0.1.0"
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
-        if obj["kind"] in ("ServiceAccount", "Role", "RoleBinding", "Deployment", "ConfigMap", "Job"):
+        if obj["kind"] in (
+            "ServiceAccount",
+            "Role",
+            "RoleBinding",
+            "Deployment",
+            "ConfigMap",
+            "Job",
+            "DaemonSet",
+            "Service",
+        ):
             expected = "default" if obj["metadata"]["name"].endswith("-events") else NAMESPACE
             assert obj["metadata"]["namespace"] == expected
 
@@ -247,6 +273,18 @@ BAD_VALUES = [
     (["--set", "operator.foo=1"], "/operator", "'foo' not allowed"),
     (["--set", "operator.image.pullPolicy=Sometimes"], "/operator/image/pullPolicy", ""),
     (["--set", "operator.logFormat=xml"], "/operator/logFormat", ""),
+    (["--set", "operator.port=0"], "/operator/port", "minimum"),
+    (["--set", "doctor.rbac.subjects[0].kind=Robot"], "/doctor/rbac/subjects/0/kind", ""),
+    (
+        ["--set", "operator.metrics.serviceMonitor.enabled=yes"],
+        "/operator/metrics/serviceMonitor/enabled",
+        "",
+    ),
+    (
+        ["--set", "operator.metrics.serviceMonitor.interval=often"],
+        "/operator/metrics/serviceMonitor/interval",
+        "",
+    ),
     (["--set", "driver.foo=1"], "/driver", "'foo' not allowed"),
     (["--set", "devicePlugin.version=1"], "/devicePlugin/version", "want string"),
     (
@@ -257,8 +295,13 @@ BAD_VALUES = [
     (["--set", "daemonsets.updateStrategy=Sometimes"], "/daemonsets/updateStrategy", ""),
     (["--set", "clusterPolicy.operator.foo=1"], "/clusterPolicy/operator", "'foo' not allowed"),
     (["--set", "clusterPolicy.name=Not_A_Name"], "/clusterPolicy/name", ""),
+    (["--set", "operator.serviceAccount.name=Not A Name"], "/operator/serviceAccount/name", ""),
+    (["--set", "operator.priorityClassName=critical!"], "/operator/priorityClassName", ""),
     (["--set", "nfd.enabled=true"], "/nfd/enabled", ""),
     (["--set", "drivers.enabled=false"], "'drivers' not allowed", ""),
+    (["--set", "nodeDiscovery=yes"], "/nodeDiscovery", "'auto', 'builtin', 'nfd', 'none'"),
+    (["--set", "nodeDiscoveryAgent.rescanSeconds=0"], "/nodeDiscoveryAgent/rescanSeconds", ""),
+    (["--set", "nodeDiscoveryAgent.foo=1"], "/nodeDiscoveryAgent", "'foo' not allowed"),
 ]
 
 
@@ -275,7 +318,7 @@ def test_bad_values_fail_naming_the_value(args: list[str], where: str, what: str
 def test_operand_sections_are_strict() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert schema["additionalProperties"] is False
-    for name in ("operator", "clusterPolicy", "nfd"):
+    for name in ("operator", "clusterPolicy", "nfd", "nodeDiscoveryAgent"):
         assert schema["properties"][name]["additionalProperties"] is False
     for name in ClusterPolicySpec.model_fields:
         if name == "operator":
@@ -302,14 +345,15 @@ def test_deployment(default_objects: list[Obj]) -> None:
         "run",
         "--namespace=$(OPERATOR_NAMESPACE)",
         "--log-format=json",
-        "--liveness=http://0.0.0.0:8080/healthz",
+        "--listen=0.0.0.0:8080",
     ]
     assert {
         "name": "OPERATOR_NAMESPACE",
         "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
     } in container["env"]
-    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "healthz"}
-    assert {"name": "healthz", "containerPort": 8080, "protocol": "TCP"} in container["ports"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+    assert container["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
     security = container["securityContext"]
     assert security["runAsNonRoot"] is True
     assert security["runAsUser"] == 65532
@@ -342,7 +386,8 @@ def test_deployment_values(tmp_path: Path) -> None:
         }
     }
     objects = render_chart("-f", values_file(tmp_path, values))
-    assert [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"] == [f"{RELEASE}-cleanup"]
+    accounts = [o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount"]
+    assert sorted(accounts) == [f"{RELEASE}-cleanup", AGENT]
     deployment = find(objects, "Deployment")
     assert deployment["spec"]["replicas"] == 0
     template = deployment["spec"]["template"]
@@ -357,10 +402,54 @@ def test_deployment_values(tmp_path: Path) -> None:
     assert container["imagePullPolicy"] == "Never"
     assert "--log-format=plain" in container["args"] and "--verbose" in container["args"]
     assert {"name": "DRIVER_IMAGE", "value": "registry.example.com/driver:1"} in container["env"]
+    agent = find(objects, "DaemonSet", AGENT)["spec"]["template"]["spec"]
+    assert agent["imagePullSecrets"] == [{"name": "creds"}]
+    assert [(c["image"], c["imagePullPolicy"]) for c in agent["containers"]] == [
+        ("gpu-operator:dev", "Never")
+    ]
     for binding in (
-        o for o in objects if o["kind"].endswith("Binding") and "cleanup" not in o["metadata"]["name"]
+        o
+        for o in objects
+        if o["kind"].endswith("RoleBinding") and o["metadata"]["name"] not in (f"{RELEASE}-cleanup", AGENT)
     ):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "existing", "namespace": NAMESPACE}]
+
+
+def test_metrics_service_selects_the_operator_pod(default_objects: list[Obj]) -> None:
+    service = find(default_objects, "Service", f"{RELEASE}-metrics")
+    pod_labels = find(default_objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [
+        {"name": "gpu-operator-metrics", "port": 8080, "targetPort": "http", "protocol": "TCP"}
+    ]
+    assert not [o for o in default_objects if o["kind"] == "ServiceMonitor"], "off by default"
+
+
+@needs_helm
+def test_service_monitor_and_port(tmp_path: Path) -> None:
+    values = {
+        "operator": {
+            "port": 9443,
+            "metrics": {
+                "service": {"annotations": {"prometheus.io/scrape": "true"}},
+                "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}},
+            },
+        }
+    }
+    objects = render_chart("-f", values_file(tmp_path, values))
+    (container,) = find(objects, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--listen=0.0.0.0:9443" in container["args"]
+    assert container["ports"][0]["containerPort"] == 9443
+    service = find(objects, "Service", f"{RELEASE}-metrics")
+    assert service["spec"]["ports"][0]["port"] == 9443
+    assert service["metadata"]["annotations"] == {"prometheus.io/scrape": "true"}
+    monitor = find(objects, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert monitor["spec"]["endpoints"] == [
+        {"port": "gpu-operator-metrics", "path": "/metrics", "interval": "15s"}
+    ]
 
 
 # --- RBAC -------------------------------------------------------------------------------------------
@@ -385,7 +474,10 @@ REQUIRED_EXTRA: Grants = {
     # operator.py ensure_crd (get, server-side apply) and _has_crd (get).
     ("", *CRDS, "clusterpolicies.nvidia.com"): {"get", "patch"},
     ("", *CRDS, "nvidiadrivers.nvidia.com"): {"get"},
-    ("", *CRDS, "servicemonitors.monitoring.coreos.com"): {"get"},
+    # operator.py: the ServiceMonitor CRD's watch (Kopf's scanning and our index), by field selector.
+    ("", *CRDS, "servicemonitors.monitoring.coreos.com"): {"list", "watch"},
+    # operator.py: the operand namespace's watch; reconciler.py _write_namespace (psa.enabled).
+    ("", "", "namespaces", NAMESPACE): {"list", "watch", "patch"},
 }
 
 
@@ -489,6 +581,43 @@ def test_cleanup_hook_rbac(default_objects: list[Obj]) -> None:
     assert script == (CHART / "files" / "cleanup.py").read_text()
 
 
+def doctor_rules(objects: list[Obj]) -> Grants:
+    role = find(objects, "ClusterRole", f"{RELEASE}-doctor")
+    grants: Grants = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                grants.setdefault(("", group, resource, ""), set()).update(rule["verbs"])
+    return grants
+
+
+def test_doctor_role_is_exactly_what_doctor_reads(default_objects: list[Obj]) -> None:
+    from gpu_operator.doctor.recording import READS
+
+    assert doctor_rules(default_objects) == {
+        ("", group, resource, ""): set(verbs) for group, resource, verbs in READS
+    }
+    assert not {"create", "update", "patch", "delete"} & {
+        v for verbs in doctor_rules(default_objects).values() for v in verbs
+    }
+    assert not [
+        o
+        for o in default_objects
+        if o["kind"] == "ClusterRoleBinding" and o["metadata"]["name"].endswith("-doctor")
+    ]
+
+
+@needs_helm
+def test_doctor_role_binding_and_opt_out(tmp_path: Path) -> None:
+    subjects = [{"kind": "Group", "name": "gpu-team", "apiGroup": "rbac.authorization.k8s.io"}]
+    objects = render_chart("-f", values_file(tmp_path, {"doctor": {"rbac": {"subjects": subjects}}}))
+    binding = find(objects, "ClusterRoleBinding", f"{RELEASE}-doctor")
+    assert binding["subjects"] == subjects
+    assert binding["roleRef"]["name"] == f"{RELEASE}-doctor"
+    none = render_chart("--set", "doctor.rbac.create=false")
+    assert not [o for o in none if o["metadata"]["name"].endswith("-doctor")]
+
+
 @needs_helm
 def test_no_cleanup_hook_without_a_cluster_policy() -> None:
     for args in (["--set", "clusterPolicy.create=false"], ["--set", "cleanup.enabled=false"]):
@@ -510,9 +639,104 @@ def test_operand_role_names_match_the_operator() -> None:
 
 def test_bindings_point_at_the_chart_roles(default_objects: list[Obj]) -> None:
     for binding in (o for o in default_objects if o["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        if binding["metadata"]["name"].endswith("-doctor"):
+            continue  # bound to people (doctor.rbac.subjects), tested above
         role_kind = "ClusterRole" if binding["kind"] == "ClusterRoleBinding" else "Role"
         role = find(default_objects, role_kind, binding["roleRef"]["name"])
         assert role.get("metadata", {}).get("namespace") == binding["metadata"].get("namespace")
         assert binding["roleRef"]["kind"] == role_kind
-        account = f"{RELEASE}-cleanup" if binding["metadata"]["name"].endswith("-cleanup") else RELEASE
+        name = binding["metadata"]["name"]
+        account = name if name in (f"{RELEASE}-cleanup", AGENT) else RELEASE
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+
+
+# --- the node discovery agent ---------------------------------------------------------------------
+
+
+def agent_objects(objects: list[Obj]) -> list[Obj]:
+    return [o for o in objects if o["metadata"]["name"] == AGENT]
+
+
+def test_agent_rbac_is_exactly_what_the_agent_needs(default_objects: list[Obj]) -> None:
+    """gpu_operator/agent.py: list and watch its own node (field selector), server-side apply of
+    labels (patch); in auto mode list and watch NFD's CRD by name."""
+    nodes = ("", "", "nodes", "")
+    assert granted(default_objects, AGENT) == {
+        nodes: {"list", "watch", "patch"},
+        ("", *CRDS, NFD_CRD): {"list", "watch"},
+    }
+    builtin = render_chart("--set", "nodeDiscovery=builtin")
+    assert granted(builtin, AGENT) == {nodes: {"list", "watch", "patch"}}
+
+
+@needs_helm
+@pytest.mark.parametrize("mode", ["nfd", "none"])
+def test_no_agent_unless_asked_for(mode: str) -> None:
+    assert not agent_objects(render_chart("--set", f"nodeDiscovery={mode}"))
+
+
+def test_agent_daemonset(default_objects: list[Obj]) -> None:
+    daemonset = find(default_objects, "DaemonSet", AGENT)
+    assert daemonset["metadata"]["namespace"] == NAMESPACE
+    template = daemonset["spec"]["template"]
+    assert daemonset["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    pod = template["spec"]
+    assert pod["serviceAccountName"] == AGENT
+    assert pod["tolerations"] == [{"operator": "Exists"}], "it must run on tainted GPU nodes"
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    operator_image = find(default_objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert container["image"] == operator_image, "no image of its own"
+    assert container["args"] == ["discover", "--mode=auto", "--sysfs=/host/sys", "--rescan-seconds=60"]
+    assert {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in container[
+        "env"
+    ]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert "privileged" not in security
+    assert container["resources"] == {
+        "requests": {"cpu": "5m", "memory": "64Mi"},
+        "limits": {"memory": "128Mi"},
+    }
+    host_paths = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert host_paths == {"pci-devices": "/sys/bus/pci/devices", "devices": "/sys/devices"}
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    for name, host_path in host_paths.items():
+        assert mounts[name]["readOnly"] is True
+        # Mounted where --sysfs=/host/sys expects them, so sysfs's relative symlinks resolve.
+        assert mounts[name]["mountPath"] == "/host" + host_path
+
+
+@needs_helm
+def test_agent_values(tmp_path: Path) -> None:
+    values = {
+        "nodeDiscovery": "builtin",
+        "nodeDiscoveryAgent": {"rescanSeconds": 5, "priorityClassName": "system-node-critical"},
+    }
+    pod = find(render_chart("-f", values_file(tmp_path, values)), "DaemonSet", AGENT)["spec"]["template"][
+        "spec"
+    ]
+    assert pod["priorityClassName"] == "system-node-critical"
+    assert pod["containers"][0]["args"][1:] == ["--mode=builtin", "--sysfs=/host/sys", "--rescan-seconds=5"]
+
+
+def test_admission_policy_limits_the_agent_to_the_pci_labels_of_its_own_node(
+    default_objects: list[Obj],
+) -> None:
+    policy = find(default_objects, "ValidatingAdmissionPolicy", AGENT)["spec"]
+    assert policy["failurePolicy"] == "Fail"
+    (rule,) = policy["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"], rule["operations"]) == ([""], ["nodes"], ["UPDATE"])
+    (condition,) = policy["matchConditions"]
+    assert (
+        condition["expression"] == f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:{AGENT}"'
+    )
+    variables = {v["name"]: v["expression"] for v in policy["variables"]}
+    assert sorted(re.findall(r"'([^']+)'", variables["pciLabels"])) == sorted(PCI_LABELS)
+    assert "request.userInfo.extra['authentication.kubernetes.io/node-name']" in variables["tokenNode"]
+    assert [v["reason"] for v in policy["validations"]] == ["Forbidden"] * 3
+    binding = find(default_objects, "ValidatingAdmissionPolicyBinding", AGENT)["spec"]
+    assert binding == {"policyName": AGENT, "validationActions": ["Deny"]}

@@ -80,13 +80,17 @@ def test_seed_sample_is_valid_with_a_deprecation_warning(capsys: pytest.CaptureF
 
 
 def test_deprecated_and_unsupported_fields_warn(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    spec = "spec:\n  operator:\n    defaultRuntime: containerd\n  gds:\n    enabled: true\n"
+    spec = (
+        "spec:\n  driver:\n    useOpenKernelModules: true\n  ccManager:\n    enabled: true\n"
+        "  sandboxWorkloads:\n    enabled: true\n"
+    )
     code, out, err = run(capsys, "validate", "-f", str(policy_file(tmp_path, spec)))
     assert code == 0
-    assert "1 deprecated field: spec.operator.defaultRuntime" in out
-    assert "1 unsupported section enabled: gds" in out
-    assert "warning: spec.operator.defaultRuntime is deprecated" in err
-    assert "warning: spec.gds is enabled" in err
+    assert "1 deprecated field: spec.driver.useOpenKernelModules" in out
+    assert "2 unsupported sections enabled: sandboxWorkloads, ccManager" in out
+    assert "warning: spec.driver.useOpenKernelModules is deprecated" in err
+    assert "warning: spec.ccManager is enabled" in err
+    assert "warning: accepted but not acted on: spec.driver.useOpenKernelModules: deprecated" in err
 
 
 def test_disabled_components_are_not_listed(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -231,7 +235,7 @@ def test_validate_and_crd_do_not_import_kopf() -> None:
 def test_run_help(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["run", "--help"]) == 0
     out = capsys.readouterr().out
-    for option in ("--namespace", "--log-format", "--liveness", "--verbose"):
+    for option in ("--namespace", "--log-format", "--listen", "--verbose"):
         assert option in out
 
 
@@ -240,17 +244,25 @@ def test_run_passes_options(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[dict[str, Any]] = []
     monkeypatch.setattr(operator, "run", lambda **kwargs: calls.append(kwargs))
     monkeypatch.setenv("OPERATOR_NAMESPACE", "gpu-ops")
-    monkeypatch.delenv("GPU_OPERATOR_LIVENESS", raising=False)
+    monkeypatch.delenv("GPU_OPERATOR_LISTEN", raising=False)
     assert cli.main(["run"]) == 0
     assert calls[-1] == {
         "namespace": "gpu-ops",
         "log_format": "plain",
-        "liveness": "http://0.0.0.0:8080/healthz",
+        "listen": "0.0.0.0:8080",
         "verbose": False,
     }
-    monkeypatch.setenv("GPU_OPERATOR_LIVENESS", "")
+    monkeypatch.setenv("GPU_OPERATOR_LISTEN", "")
     assert cli.main(["run", "--namespace", "x", "--log-format", "json", "-v"]) == 0
-    assert calls[-1] == {"namespace": "x", "log_format": "json", "liveness": "", "verbose": True}
+    assert calls[-1] == {"namespace": "x", "log_format": "json", "listen": "", "verbose": True}
+    assert cli.main(["run", "--listen", "[::1]:0"]) == 0
+    assert calls[-1]["listen"] == "[::1]:0"
+
+
+@pytest.mark.parametrize("address", ["8080", "host:port", "0.0.0.0:70000", "http://0.0.0.0:8080/healthz"])
+def test_run_rejects_a_bad_listen_address(address: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["run", "--listen", address]) == 2
+    assert "--listen" in capsys.readouterr().err
 
 
 # --- render ----------------------------------------------------------------------------------------
@@ -365,3 +377,78 @@ def test_env_value_cannot_inject_yaml(capsys: pytest.CaptureFixture[str], tmp_pa
     ]
     assert found == [{"name": "INJECT", "value": INJECTION}]
     assert not any(o["kind"] == "Namespace" for o in objects)
+
+
+def node_doc(name: str, runtime: str, kernel: str) -> dict[str, Any]:
+    labels = {**NODE_OS, "feature.node.kubernetes.io/kernel-version.full": kernel}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {"nodeInfo": {"containerRuntimeVersion": runtime}},
+    }
+
+
+@needs_templates
+def test_render_for_several_nodes(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """One toolkit DaemonSet per container runtime, one precompiled driver DaemonSet per kernel."""
+    nodes = tmp_path / "nodes.yaml"
+    nodes.write_text(
+        yaml.safe_dump_all(
+            [node_doc("a", "containerd://1.7", "5.15.0-1"), node_doc("b", "cri-o://1.30", "6.8.0-2")]
+        ),
+        encoding="utf-8",
+    )
+    spec = "spec:\n  driver: {usePrecompiled: true, repository: r, image: driver, version: '570'}\n"
+    code, out, _ = run(capsys, "render", "-f", str(policy_file(tmp_path, spec)), "--nodes", str(nodes))
+    assert code == 0
+    names = set(daemonsets(documents(out)))
+    assert {
+        "nvidia-container-toolkit-daemonset",
+        "nvidia-container-toolkit-daemonset-crio",
+        "nvidia-driver-daemonset-5.15.0-1-ubuntu22.04",
+        "nvidia-driver-daemonset-6.8.0-2-ubuntu22.04",
+    } <= names
+
+
+@needs_templates
+def test_render_without_the_config_maps_the_driver_mounts(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    policy = policy_file(tmp_path, "spec:\n  driver: {kernelModuleConfig: {name: params}}\n")
+    code, out, err = run(capsys, "render", "-f", str(policy))
+    assert code == 0
+    assert "nvidia-driver-daemonset" not in daemonsets(documents(out))
+    assert (
+        f"{policy}: warning: spec.driver.kernelModuleConfig.name: ConfigMap 'params' not found in namespace "
+        "'gpu-operator'; nvidia-driver-daemonset is left out"
+    ) in err
+
+    config_maps = tmp_path / "cm.yaml"
+    config_maps.write_text(
+        "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: params}\ndata: {nvidia.conf: 'NVreg_x=1'}\n",
+        encoding="utf-8",
+    )
+    code, out, err = run(capsys, "render", "-f", str(policy), "--config-maps", str(config_maps))
+    assert (code, err) == (0, "")
+    driver = daemonsets(documents(out))["nvidia-driver-daemonset"]
+    mounts = driver["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    assert {
+        "name": "kernel-module-config",
+        "mountPath": "/drivers/nvidia.conf",
+        "subPath": "nvidia.conf",
+        "readOnly": True,
+    } in mounts
+
+    code, _, err = run(capsys, "render", "-f", str(policy), "--config-maps", str(policy))
+    assert code == 2
+    assert f"{policy}: item 1: a ClusterPolicy, not a ConfigMap" in err
+
+
+@needs_templates
+def test_render_without_the_service_monitor_crd(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    policy = policy_file(tmp_path, "spec:\n  dcgmExporter: {serviceMonitor: {enabled: true}}\n")
+    _, out, _ = run(capsys, "render", "-f", str(policy))
+    assert any(o["kind"] == "ServiceMonitor" for o in documents(out))
+    _, out, _ = run(capsys, "render", "-f", str(policy), "--no-servicemonitor-crd")
+    assert not any(o["kind"] == "ServiceMonitor" for o in documents(out))

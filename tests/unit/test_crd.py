@@ -75,7 +75,16 @@ def test_crd_identity() -> None:
     assert (version["name"], version["served"], version["storage"]) == ("v1", True, True)
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Status", "GPU Nodes", "Components", "Reason", "Message", "Age"]
+    assert list(columns) == [
+        "Status",
+        "GPU Nodes",
+        "Components",
+        "Driver Upgrade",
+        "Reason",
+        "Message",
+        "Age",
+    ]
+    assert columns["Driver Upgrade"]["jsonPath"] == ".status.driverUpgrade.summary"
     assert columns["GPU Nodes"]["type"] == "integer"
     assert columns["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
     assert columns["Reason"].get("priority", 0) == 0
@@ -197,8 +206,11 @@ def test_key_shapes(schema: Schema) -> None:
     assert labels["additionalProperties"] == {"type": "string"}
     assert labels["type"] == "object"
 
-    assert at(schema, "spec.daemonsets.podSecurityContext")["x-kubernetes-preserve-unknown-fields"] is True
-    assert at(schema, "spec.kataManager.config")["x-kubernetes-preserve-unknown-fields"] is True
+    run_as_user = at(schema, "spec.daemonsets.podSecurityContext.runAsUser")
+    assert (run_as_user["type"], run_as_user["minimum"], run_as_user["maximum"]) == ("integer", 0, 2**31 - 1)
+    kata = at(schema, "spec.kataManager.config")
+    assert kata["x-kubernetes-preserve-unknown-fields"] is True
+    assert kata["maxProperties"] == 64
 
     strategy = at(schema, "spec.mig.strategy")
     assert strategy == {

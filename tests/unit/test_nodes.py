@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpu_operator.api import parse_spec
+from gpu_operator.components import RUNTIME_LABEL
 from gpu_operator.nodes import (
     DEPLOY_OPERANDS,
     GPU_PRESENT,
@@ -69,7 +70,31 @@ def test_node_info_reads_our_labels_from_managed_fields() -> None:
 
 def test_fresh_gpu_node_gets_only_driver_first() -> None:
     labels = desired_labels(gpu_node(), parse_spec({}), ready_none)
-    assert labels == {GPU_PRESENT: "true", deploy("driver"): "true"}
+    assert labels == {GPU_PRESENT: "true", RUNTIME_LABEL: "containerd", deploy("driver"): "true"}
+
+
+def test_runtime_label_from_the_kubelet_else_default_runtime() -> None:
+    body = {
+        "metadata": {"name": "n", "labels": {PCI: "true"}},
+        "status": {"nodeInfo": {"containerRuntimeVersion": "cri-o://1.30.4"}},
+    }
+    assert desired_labels(node_info(body), parse_spec({}), ready_none)[RUNTIME_LABEL] == "crio"
+    unknown = NodeInfo(
+        "n",
+        {PCI: "true"},
+        runtime=node_info(
+            {"metadata": {"name": "n"}, "status": {"nodeInfo": {"containerRuntimeVersion": "kwok-v0.8"}}}
+        ).runtime,
+    )
+    assert unknown.runtime is None
+    spec = parse_spec({"operator": {"defaultRuntime": "docker"}})
+    assert desired_labels(unknown, spec, ready_none)[RUNTIME_LABEL] == "docker"
+    # Someone else's value is left alone; without the toolkit nothing selects on it.
+    foreign = NodeInfo("n", {PCI: "true", RUNTIME_LABEL: "crio"})
+    assert RUNTIME_LABEL not in desired_labels(foreign, parse_spec({}), ready_none)
+    assert RUNTIME_LABEL not in desired_labels(
+        gpu_node(), parse_spec({"toolkit": {"enabled": False}}), ready_none
+    )
 
 
 def test_chain_follows_readiness_per_node() -> None:
@@ -160,5 +185,24 @@ def test_cluster_facts_from_first_gpu_node() -> None:
     ]
     facts = cluster_facts(nodes, "ns", {})
     assert facts.os_tag == "rhel9"
-    assert facts.kernel == "5.14.0-427.el9.x86_64"
+    assert facts.kernels == (("5.14.0-427.el9.x86_64", "rhel9"),)
+    assert facts.runtimes == ("containerd",)  # not reported: NVIDIA's default
     assert facts.namespace == "ns"
+
+
+def test_cluster_facts_list_every_kernel_and_runtime_in_nvidias_order() -> None:
+    def node(name: str, kernel: str, runtime: str) -> dict[str, object]:
+        labels = {PCI: "true", "feature.node.kubernetes.io/kernel-version.full": kernel}
+        return {
+            "metadata": {"name": name, "labels": labels},
+            "status": {"nodeInfo": {"containerRuntimeVersion": runtime}},
+        }
+
+    nodes = [
+        node("a", "6.8", "docker://27"),
+        node("b", "5.15", "cri-o://1.30"),
+        node("c", "6.8", "containerd://2.0"),
+    ]
+    facts = cluster_facts(nodes, "ns", {})
+    assert facts.kernels == (("5.15", None), ("6.8", None))
+    assert facts.runtimes == ("containerd", "crio", "docker")

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
+import pytest
+import yaml
+
+from gpu_operator.components import RUNTIME_LABEL
 from gpu_operator.nodes import GPU_PRESENT, NodeInfo
-from gpu_operator.observed import HASH_ANNOTATION, DaemonSetInfo, ObjectInfo, PodInfo, pod_info
+from gpu_operator.observed import HASH_ANNOTATION, DaemonSetInfo, ObjectInfo, PodInfo, component_of, pod_info
 from gpu_operator.plan import Observed, PolicyRef, active_policy, build, pods_by_node, status_differs
+from gpu_operator.psa import PREVIOUS_ANNOTATION, PSA_LABELS, NamespaceInfo, NamespaceWrite, namespace_info
 from gpu_operator.reconciler import Applied, in_sync
 
 PCI = "feature.node.kubernetes.io/pci-10de.present"
@@ -26,6 +33,8 @@ def observed(*policies: PolicyRef, nodes: list[NodeInfo] | None = None, **kw: An
         daemonsets=kw.get("daemonsets", {}),
         objects=kw.get("objects", {}),
         namespace="gpu-operator",
+        config_maps=kw.get("config_maps", {}),
+        service_monitor_crd=kw.get("service_monitor_crd", False),
     )
 
 
@@ -55,7 +64,9 @@ def test_objects_are_owned_hashed_and_in_dependency_order() -> None:
         assert obj["metadata"]["annotations"][HASH_ANNOTATION]
     components = [o["metadata"]["labels"]["app.kubernetes.io/component"] for o in plan.objects]
     assert (
-        components.index("driver") < components.index("container-toolkit") < components.index("device-plugin")
+        components.index("nvidia-driver")
+        < components.index("container-toolkit")
+        < components.index("device-plugin")
     )
 
 
@@ -93,8 +104,13 @@ def test_status_names_the_failing_node_and_reason() -> None:
     nodes = [
         NodeInfo(
             f"gpu-{i}",
-            {PCI: "true", GPU_PRESENT: "true", "nvidia.com/gpu.deploy.driver": "true"},
-            own_labels=frozenset({GPU_PRESENT, "nvidia.com/gpu.deploy.driver"}),
+            {
+                PCI: "true",
+                GPU_PRESENT: "true",
+                "nvidia.com/gpu.deploy.driver": "true",
+                RUNTIME_LABEL: "containerd",
+            },
+            own_labels=frozenset({GPU_PRESENT, "nvidia.com/gpu.deploy.driver", RUNTIME_LABEL}),
         )
         for i in range(2)
     ]
@@ -102,7 +118,11 @@ def test_status_names_the_failing_node_and_reason() -> None:
         PodInfo("d0", "driver", "gpu-0", True, "", "", False, "t"),
         PodInfo("d1", "driver", "gpu-1", False, "CrashLoopBackOff", "back-off", False, "t"),
     ]
-    ds = {"driver": DaemonSetInfo("nvidia-driver-daemonset", "driver", 1, 1, 2, 1, 2, 1, 1, True)}
+    ds = {
+        "nvidia-driver-daemonset": DaemonSetInfo(
+            "nvidia-driver-daemonset", "driver", 1, 1, 2, 1, 2, 1, 1, True
+        )
+    }
     plan = build(observed(policy(), nodes=nodes, pods=pods, daemonsets=ds), NOW)
     status = plan.statuses["cluster-policy"]
     assert status["state"] == "notReady"
@@ -126,8 +146,9 @@ def test_no_gpu_nodes_is_ready_with_nvidia_reason() -> None:
 
 
 def test_unsupported_sections_are_reported_not_fatal() -> None:
-    plan = build(observed(policy(gds={"enabled": True}), nodes=[]), NOW)
-    assert plan.notes and "spec.gds" in plan.notes[0]
+    sandbox = policy(ccManager={"enabled": True}, sandboxWorkloads={"enabled": True})
+    plan = build(observed(sandbox, nodes=[]), NOW)
+    assert any("spec.ccManager" in note for note in plan.notes)
     assert plan.statuses["cluster-policy"]["state"] == "ready"
     assert any(c["state"] == "unsupported" for c in plan.statuses["cluster-policy"]["components"])
 
@@ -193,3 +214,265 @@ def test_in_sync_detects_edits_and_deletes() -> None:
     cm = ("v1", "ConfigMap", "ns", "cm")
     assert in_sync("h", ObjectInfo(cm, "x", "h", 0, "5", ""), Applied("h", 0, "5"))
     assert not in_sync("h", ObjectInfo(cm, "x", "h", 0, "6", ""), Applied("h", 0, "5"))
+
+
+def test_a_missing_config_map_keeps_the_running_driver_and_says_why() -> None:
+    """As NVIDIA: the driver DaemonSet is neither applied nor deleted until its ConfigMap is there."""
+    driver = ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-driver-daemonset")
+    objects = {driver: ObjectInfo(driver, "driver", "h", 1, "1", "uid-cluster-policy")}
+    wanting = policy(driver={"certConfig": {"name": "corp-ca"}})
+    plan = build(observed(wanting, objects=objects), NOW)
+    assert driver not in plan.deletes
+    assert not [o for o in plan.objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == driver[3]]
+    status = plan.statuses["cluster-policy"]
+    entry = next(c for c in status["components"] if c["name"] == "driver")
+    assert entry["state"] == "notReady"
+    assert "spec.driver.certConfig.name: ConfigMap 'corp-ca' not found" in entry["reason"]
+    assert "corp-ca" in condition(status, "Error")["message"]
+
+    plan = build(
+        observed(wanting, objects=objects, config_maps={"corp-ca": ("ca.crt",), "other": ("x",)}), NOW
+    )
+    ds = next(o for o in plan.objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == driver[3])
+    mounts = ds["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    assert {
+        "name": "cert-config",
+        "mountPath": "/usr/local/share/ca-certificates/ca.crt",
+        "subPath": "ca.crt",
+        "readOnly": True,
+    } in mounts
+
+
+def test_status_counts_every_daemonset_of_a_component() -> None:
+    """One toolkit DaemonSet per runtime: ready only when each is rolled out and all pods are."""
+    runtimes = {"gpu-0": "containerd", "gpu-1": "crio"}
+    labels = {
+        PCI: "true",
+        GPU_PRESENT: "true",
+        "nvidia.com/gpu.deploy.driver": "true",
+        "nvidia.com/gpu.deploy.container-toolkit": "true",
+    }
+    nodes = [
+        NodeInfo(
+            n, {**labels, RUNTIME_LABEL: r}, own_labels=frozenset({*labels, RUNTIME_LABEL} - {PCI}), runtime=r
+        )
+        for n, r in runtimes.items()
+    ]
+    pods = [PodInfo(f"t{n}", "container-toolkit", n, True, "", "", False, "t") for n in runtimes]
+    first = DaemonSetInfo(
+        "nvidia-container-toolkit-daemonset", "container-toolkit", 1, 1, 1, 1, 1, 1, 0, False
+    )
+    crio = DaemonSetInfo(
+        "nvidia-container-toolkit-daemonset-crio", "container-toolkit", 1, 1, 1, 1, 1, 1, 0, False
+    )
+
+    def toolkit(daemonsets: dict[str, DaemonSetInfo]) -> dict[str, Any]:
+        plan = build(observed(policy(), nodes=nodes, pods=pods, daemonsets=daemonsets), NOW)
+        return next(
+            c for c in plan.statuses["cluster-policy"]["components"] if c["name"] == "container-toolkit"
+        )
+
+    assert toolkit({first.name: first})["state"] == "notReady"  # the CRI-O one is not there yet
+    assert toolkit({first.name: first, crio.name: crio})["state"] == "ready"
+
+
+def test_fields_not_acted_on_are_in_the_status() -> None:
+    plan = build(observed(policy(driver={"upgradePolicy": {"autoUpgrade": True}})), NOW)
+    assert any(
+        n.startswith("accepted but not acted on: spec.driver.upgradePolicy.autoUpgrade") for n in plan.notes
+    )
+    assert (
+        "spec.driver.upgradePolicy.autoUpgrade"
+        in condition(plan.statuses["cluster-policy"], "Ready")["message"]
+    )
+
+
+def test_service_monitors_only_where_the_prometheus_crd_is() -> None:
+    spec: dict[str, Any] = {
+        "nodeStatusExporter": {"enabled": True},
+        "dcgmExporter": {"serviceMonitor": {"enabled": True}},
+    }
+
+    def monitors(crd: bool) -> list[str]:
+        plan = build(observed(policy(**spec), service_monitor_crd=crd), NOW)
+        return sorted(o["metadata"]["name"] for o in plan.objects if o["kind"] == "ServiceMonitor")
+
+    assert monitors(True) == ["nvidia-dcgm-exporter", "nvidia-node-status-exporter"]
+    assert monitors(False) == []
+
+
+# --- NVIDIA's chart default: ServiceMonitor without the Prometheus operator, sandbox sections -------
+
+NVIDIA_CHART_DEFAULT = Path(__file__).resolve().parents[1] / "data" / "nvidia" / "chart-default.yaml"
+
+
+def chart_default() -> dict[str, Any]:
+    spec: dict[str, Any] = yaml.safe_load(NVIDIA_CHART_DEFAULT.read_text())["spec"]
+    return spec
+
+
+def ready_everywhere(plan_objects: list[dict[str, Any]], node: str) -> dict[str, Any]:
+    """Pods and DaemonSets as if every component were up on `node`."""
+    found = {
+        o["metadata"]["name"]: component_of(o["metadata"]) for o in plan_objects if o["kind"] == "DaemonSet"
+    }
+    pods = [PodInfo(f"{c}-x", c, node, True, "", "", False, NOW) for c in set(found.values())]
+    daemonsets = {ds: DaemonSetInfo(ds, c, 1, 1, 1, 1, 1, 1, 0, False) for ds, c in found.items()}
+    return {"pods": pods, "daemonsets": daemonsets}
+
+
+def test_chart_default_without_the_prometheus_operator_is_ready_with_a_note() -> None:
+    labels = {
+        PCI: "true",
+        GPU_PRESENT: "true",
+        **{
+            f"nvidia.com/gpu.deploy.{c}": "true"
+            for c in ("driver", "container-toolkit", "operator-validator")
+        },
+        **{
+            f"nvidia.com/gpu.deploy.{c}": "true"
+            for c in ("device-plugin", "dcgm", "dcgm-exporter", "gpu-feature-discovery")
+        },
+    }
+    node = NodeInfo("gpu-0", labels, own_labels=frozenset(labels) - {PCI})
+    first = build(observed(policy(**chart_default()), nodes=[node]), NOW)
+    assert not [o for o in first.objects if o["kind"] == "ServiceMonitor"]
+    plan = build(
+        observed(policy(**chart_default()), nodes=[node], **ready_everywhere(first.objects, "gpu-0")), NOW
+    )
+    status = plan.statuses["cluster-policy"]
+    assert status["state"] == "ready", status
+    ready = condition(status, "Ready")
+    assert "ServiceMonitor CRD (servicemonitors.monitoring.coreos.com) is not installed" in ready["message"]
+    reasons = [n.reason for n in plan.notes]
+    assert "ServiceMonitorSkipped" in reasons and "Unsupported" not in reasons  # no sandbox warnings
+    assert not [c for c in status["components"] if c["state"] == "unsupported"]
+    with_crd = build(
+        Observed(**{**vars(observed(policy(**chart_default()), nodes=[node])), "service_monitor_crd": True}),
+        NOW,
+    )
+    assert [o["metadata"]["name"] for o in with_crd.objects if o["kind"] == "ServiceMonitor"] == [
+        "nvidia-dcgm-exporter"
+    ]
+    assert "ServiceMonitorSkipped" not in [n.reason for n in with_crd.notes]
+
+
+def test_service_monitor_turned_off_is_deleted() -> None:
+    key = ("monitoring.coreos.com/v1", "ServiceMonitor", "gpu-operator", "nvidia-dcgm-exporter")
+    info = ObjectInfo(key, "dcgm-exporter", "h", 1, "1", "uid-cluster-policy")
+    spec: dict[str, Any] = {"dcgmExporter": {"serviceMonitor": {"enabled": False}}}
+    plan = build(
+        Observed(**{**vars(observed(policy(**spec), objects={key: info})), "service_monitor_crd": True}), NOW
+    )
+    assert plan.deletes == [key]
+
+
+def test_sandbox_sections_are_unsupported_only_with_sandbox_workloads() -> None:
+    spec: dict[str, Any] = {
+        "vfioManager": {"enabled": True},
+        "ccManager": {"enabled": True},
+        "gds": {"enabled": True},
+    }
+    assert [n for n in build(observed(policy(**spec), nodes=[]), NOW).notes if "vfioManager" in n] == []
+    sandbox: dict[str, Any] = {**spec, "sandboxWorkloads": {"enabled": True}}
+    notes = build(observed(policy(**sandbox), nodes=[]), NOW).notes
+    assert [n.split(" ")[0] for n in notes] == [
+        "spec.sandboxWorkloads",
+        "spec.vfioManager",
+        "spec.ccManager",
+    ]
+    assert {n.reason for n in notes} == {"Unsupported"}
+
+
+# --- psa.enabled -------------------------------------------------------------------------------------
+
+ENFORCE, AUDIT, WARN = PSA_LABELS
+
+
+def namespace(
+    labels: dict[str, str] | None = None, own: set[str] | None = None, previous: dict[str, str] | None = None
+) -> NamespaceInfo:
+    return NamespaceInfo("gpu-operator", labels or {}, previous or {}, frozenset(own or ()))
+
+
+def psa_plan(enabled: bool | None, ns: NamespaceInfo) -> NamespaceWrite | None:
+    """The planned namespace write for psa.enabled=`enabled` (None: the policy is deleted)."""
+    policies = () if enabled is None else (policy(psa={"enabled": enabled}),)
+    base = observed(*policies, nodes=[])
+    return build(Observed(**{**vars(base), "operand_namespace": ns}), NOW).namespace_write
+
+
+def test_psa_labels_the_namespace_privileged_and_remembers_what_it_replaced() -> None:
+    write = psa_plan(True, namespace({ENFORCE: "baseline", WARN: "privileged", "team": "x"}))
+    assert write is not None
+    assert write.labels == {ENFORCE: "privileged", AUDIT: "privileged", WARN: "privileged"}
+    assert write.annotations == {PREVIOUS_ANNOTATION: json.dumps({ENFORCE: "baseline"})}
+    assert write.restore == {}
+
+
+def test_psa_already_applied_writes_nothing() -> None:
+    labels = dict.fromkeys(PSA_LABELS, "privileged")
+    ns = namespace(labels, own={*PSA_LABELS, PREVIOUS_ANNOTATION}, previous={ENFORCE: "baseline"})
+    assert psa_plan(True, ns) is None
+    assert psa_plan(True, namespace(labels, own=set(PSA_LABELS))) is None
+    assert psa_plan(False, namespace()) is None  # nothing of ours there
+    assert psa_plan(None, namespace(labels)) is None  # privileged, but set by someone else
+
+
+@pytest.mark.parametrize("enabled", [False, None], ids=["turned off", "policy deleted"])
+def test_psa_off_restores_what_it_replaced_and_removes_what_it_added(enabled: bool | None) -> None:
+    labels = dict.fromkeys(PSA_LABELS, "privileged")
+    ns = namespace(labels, own={*PSA_LABELS, PREVIOUS_ANNOTATION}, previous={ENFORCE: "baseline"})
+    assert psa_plan(enabled, ns) == NamespaceWrite({ENFORCE: "baseline"}, {}, {})
+
+
+def test_psa_restores_only_a_level_still_its_own() -> None:
+    labels = {**dict.fromkeys(PSA_LABELS, "privileged"), ENFORCE: "restricted"}  # changed by someone since
+    ns = namespace(labels, own={AUDIT, WARN, PREVIOUS_ANNOTATION}, previous={ENFORCE: "baseline"})
+    assert psa_plan(False, ns) == NamespaceWrite({}, {}, {})
+
+
+def test_invalid_policy_leaves_the_namespace_alone() -> None:
+    ns = namespace(dict.fromkeys(PSA_LABELS, "privileged"), own=set(PSA_LABELS))
+    bad = PolicyRef("cluster-policy", "uid", 1, NOW, {"psa": {"enabled": "yes"}}, {})
+    assert (
+        build(Observed(**{**vars(observed(bad, nodes=[])), "operand_namespace": ns}), NOW).namespace_write
+        is None
+    )
+
+
+def test_namespace_info_reads_ownership_and_previous_levels() -> None:
+    body = {
+        "metadata": {
+            "name": "gpu-operator",
+            "resourceVersion": "7",
+            "labels": {ENFORCE: "privileged", "kubernetes.io/metadata.name": "gpu-operator"},
+            "annotations": {
+                PREVIOUS_ANNOTATION: '{"pod-security.kubernetes.io/enforce": "baseline", "x": "y"}'
+            },
+            "managedFields": [
+                {
+                    "manager": "gpu-operator",
+                    "operation": "Apply",
+                    "fieldsV1": {
+                        "f:metadata": {
+                            "f:labels": {f"f:{ENFORCE}": {}},
+                            "f:annotations": {f"f:{PREVIOUS_ANNOTATION}": {}},
+                        }
+                    },
+                },
+                {
+                    "manager": "kubectl",
+                    "operation": "Update",
+                    "fieldsV1": {"f:metadata": {"f:labels": {"f:x": {}}}},
+                },
+            ],
+        }
+    }
+    info = namespace_info(body)
+    assert info.labels == {ENFORCE: "privileged"}
+    assert info.previous == {ENFORCE: "baseline"}
+    assert info.own == {ENFORCE, PREVIOUS_ANNOTATION}
+    assert info.resource_version == "7"
+    broken = {"metadata": {"name": "n", "annotations": {PREVIOUS_ANNOTATION: "not json"}}}
+    assert namespace_info(broken).previous == {}

@@ -13,6 +13,7 @@ from gpu_operator.kube import ApiError, Kube
 from gpu_operator.nodes import NodeInfo
 from gpu_operator.observed import ObjectKey, object_key
 from gpu_operator.plan import PolicyRef
+from gpu_operator.psa import PREVIOUS_ANNOTATION, PSA_LABELS, NamespaceInfo
 from gpu_operator.reconciler import Reconciler, Store
 
 PCI = "feature.node.kubernetes.io/pci-10de.present"
@@ -28,12 +29,16 @@ class FakeKube:
         self.statuses: list[dict[str, Any]] = []
         self.events: list[tuple[str, str]] = []
         self.deleted: list[ObjectKey] = []
+        self.versions: dict[str, str] = {}
+        self.bodies: list[dict[str, Any]] = []
+        self.rewritten: dict[tuple[str, str], dict[str, tuple[str, str | None]]] = {}
         self.version = 0
 
     def apply(self, body: Mapping[str, Any]) -> dict[str, Any]:
         if body["metadata"]["name"] in self.reject:
             raise self.reject[body["metadata"]["name"]]
         self.applied.append(object_key(body))
+        self.bodies.append(dict(body))
         self.version += 1
         result = {
             **body,
@@ -41,9 +46,17 @@ class FakeKube:
         }
         return result
 
-    def apply_node_labels(self, node: str, labels: Mapping[str, str]) -> dict[str, Any]:
+    def apply_node_labels(
+        self, node: str, labels: Mapping[str, str], resource_version: str = ""
+    ) -> dict[str, Any]:
+        if node in self.reject:
+            raise self.reject[node]
         self.labels[node] = dict(labels)
+        self.versions[node] = resource_version
         return {}
+
+    def rewrite_labels(self, kind: str, name: str, changes: Mapping[str, tuple[str, str | None]]) -> None:
+        self.rewritten[kind, name] = dict(changes)
 
     def delete(self, key: ObjectKey) -> None:
         self.deleted.append(key)
@@ -88,7 +101,9 @@ def test_second_pass_writes_nothing() -> None:
 def test_rejected_write_is_reported_and_the_rest_proceeds() -> None:
     fake = FakeKube(reject={"nvidia-driver-daemonset": ApiError(422, "Invalid", "spec.template: bad")})
     outcome = reconciler(fake).run_once()
-    assert "driver" in outcome.errors
+    assert "driver" in outcome.errors  # the component of the object (its label is nvidia-driver)
+    driver = next(c for c in fake.statuses[-1]["components"] if c["name"] == "driver")
+    assert driver["state"] == "notReady" and "spec.template: bad" in driver["reason"]
     assert any(key[3] == "nvidia-container-toolkit" for key in fake.applied)  # later objects still written
     status = fake.statuses[-1]
     error = next(c for c in status["conditions"] if c["type"] == "Error")
@@ -105,7 +120,7 @@ def test_transient_failure_aborts_the_pass() -> None:
 
 def test_events_on_transitions_only() -> None:
     fake = FakeKube()
-    rec = reconciler(fake, {"gds": {"enabled": True}})
+    rec = reconciler(fake, {"ccManager": {"enabled": True}, "sandboxWorkloads": {"enabled": True}})
     rec.run_once()
     assert ("Normal", "Progressing") in fake.events  # rolling out, nothing failing
     assert ("Warning", "Unsupported") in fake.events
@@ -134,3 +149,62 @@ def test_objects_are_recorded_from_apply_responses() -> None:
     key = next(k for k in fake.applied if k[1] == "DaemonSet")
     info = rec.store.objects[key]
     assert info.generation == 1 and info.resource_version
+
+
+def test_label_writes_carry_the_planned_node_version_and_a_conflict_retries() -> None:
+    fake = FakeKube()
+    rec = reconciler(fake)
+    rec.store.put("nodes", "gpu-0", NodeInfo("gpu-0", {PCI: "true"}, resource_version="41"))
+    # A newer resourceVersion alone replaces the entry (so the next write carries it) but is no change.
+    assert not rec.store.put("nodes", "gpu-0", NodeInfo("gpu-0", {PCI: "true"}, resource_version="42"))
+    rec.run_once()
+    assert fake.versions == {"gpu-0": "42"}
+    conflict = FakeKube(reject={"gpu-0": ApiError(409, "Conflict", "the object has been modified")})
+    outcome = reconciler(conflict).run_once()
+    # Not an error of the policy: the loop runs another pass on a fresh view.
+    assert outcome.stale == ("node/gpu-0",) and not outcome.errors
+
+
+def test_shared_labels_leaving_the_set_are_removed_explicitly() -> None:
+    fake = FakeKube()
+    rec = reconciler(fake, {"dcgm": {"enabled": False}})
+    key = "nvidia.com/gpu.deploy.dcgm"
+    # dcgm was ours and k8s-driver-manager's (it restored it after a driver upgrade); now it is disabled.
+    rec.store.put(
+        "nodes", "gpu-0", NodeInfo("gpu-0", {PCI: "true", key: "true"}, 0, frozenset({key}), frozenset({key}))
+    )
+    rec.run_once()
+    assert key not in fake.labels["gpu-0"]
+    assert fake.rewritten == {("Node", "gpu-0"): {key: ("true", None)}}
+
+
+def test_psa_namespace_write_restores_then_applies() -> None:
+    enforce, audit, warn = PSA_LABELS
+    fake = FakeKube()
+    rec = reconciler(fake, {"psa": {"enabled": True}})
+    rec.store.put(
+        "namespaces",
+        "gpu-operator",
+        NamespaceInfo("gpu-operator", {enforce: "baseline"}, {}, frozenset(), "5"),
+    )
+    rec.run_once()
+    (namespace,) = [b for b in fake.bodies if b["kind"] == "Namespace"]
+    assert namespace["metadata"]["resourceVersion"] == "5"
+    assert namespace["metadata"]["labels"] == dict.fromkeys(PSA_LABELS, "privileged")
+    assert namespace["metadata"]["annotations"] == {
+        PREVIOUS_ANNOTATION: '{"pod-security.kubernetes.io/enforce": "baseline"}'
+    }
+    fake = FakeKube()
+    rec = reconciler(fake, {"psa": {"enabled": False}})
+    owned = NamespaceInfo(
+        "gpu-operator",
+        dict.fromkeys(PSA_LABELS, "privileged"),
+        {enforce: "baseline"},
+        frozenset({enforce, audit, warn, PREVIOUS_ANNOTATION}),
+        "6",
+    )
+    rec.store.put("namespaces", "gpu-operator", owned)
+    rec.run_once()
+    assert fake.rewritten == {("Namespace", "gpu-operator"): {enforce: ("privileged", "baseline")}}
+    (namespace,) = [b for b in fake.bodies if b["kind"] == "Namespace"]
+    assert namespace["metadata"] == {"name": "gpu-operator", "labels": {}, "annotations": {}}

@@ -7,6 +7,7 @@ templates; review the diff like code.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from gpu_operator.render import (
     ClusterFacts,
     RenderError,
     _parse,
+    missing_inputs,
     render,
     render_component,
     render_prerequisites,
@@ -33,7 +35,18 @@ from gpu_operator.render import (
 DATA = Path(__file__).resolve().parents[1] / "data"
 POLICIES = sorted((DATA / "policies").glob("*.yaml"))
 GOLDEN = DATA / "golden"
-FACTS = ClusterFacts(namespace="gpu-operator", os_tag="ubuntu22.04", kernel="5.15.0-105-generic")
+FACTS = ClusterFacts(
+    namespace="gpu-operator",
+    os_tag="ubuntu22.04",
+    kernels=(("5.15.0-105-generic", "ubuntu22.04"),),
+    # The user ConfigMaps tests/data/policies/everything.yaml names and the driver mounts file by file.
+    config_maps={
+        "kernel-module-params": ("nvidia.conf",),
+        "apt-mirror": ("mirror.list",),
+        "corp-ca": ("ca.crt",),
+    },
+)
+PRECOMPILED = "nvidia-driver-daemonset-5.15.0-105-generic-ubuntu22.04"
 STANDARD_LABELS = {
     "app.kubernetes.io/managed-by": "gpu-operator",
     "app.kubernetes.io/part-of": "gpu-operator",
@@ -124,7 +137,8 @@ def test_precompiled_driver_tag_and_kernel_selector() -> None:
             }
         )
     )
-    driver = ds["nvidia-driver-daemonset"]
+    driver = ds[PRECOMPILED]
+    assert "nvidia-driver-daemonset" not in ds
     assert container(driver, "nvidia-driver-ctr")["image"] == (
         "nvcr.io/nvidia/driver:550.90.07-5.15.0-105-generic-ubuntu22.04"
     )
@@ -133,6 +147,50 @@ def test_precompiled_driver_tag_and_kernel_selector() -> None:
         == "5.15.0-105-generic"
     )
     assert driver["metadata"]["labels"]["nvidia.com/precompiled"] == "true"
+
+
+def test_one_precompiled_driver_daemonset_per_kernel() -> None:
+    spec = {"driver": {"usePrecompiled": True, "version": "570", "image": "driver", "repository": "r"}}
+    kernels = (("5.15.0-105-generic", "ubuntu22.04"), ("6.8.0-31_x86_64", "ubuntu24.04"))
+    ds = daemonsets(render_spec(spec, ClusterFacts(kernels=kernels)))
+    assert sorted(n for n in ds if n.startswith("nvidia-driver")) == [
+        PRECOMPILED,
+        "nvidia-driver-daemonset-6.8.0-31-ubuntu24.04",
+    ]
+    newer = ds["nvidia-driver-daemonset-6.8.0-31-ubuntu24.04"]
+    assert container(newer, "nvidia-driver-ctr")["image"] == "r/driver:570-6.8.0-31_x86_64-ubuntu24.04"
+    assert (
+        pod_spec(newer)["nodeSelector"]["feature.node.kubernetes.io/kernel-version.full"] == "6.8.0-31_x86_64"
+    )
+    # Without a known kernel there is nothing to pin a driver to; the rest of the driver still renders.
+    kinds = {
+        o["kind"]
+        for o in render_spec(spec, ClusterFacts())
+        if o["metadata"]["name"].startswith("nvidia-driver")
+    }
+    assert "DaemonSet" not in kinds
+    assert {"ServiceAccount", "ClusterRole", "ConfigMap"} <= kinds
+
+
+def test_driver_config_digest_follows_the_driver_configuration() -> None:
+    def digest(spec: dict[str, Any]) -> str:
+        driver = daemonsets(render_spec(spec))["nvidia-driver-daemonset"]
+        manager = env_of(container(driver, "k8s-driver-manager", init=True))["DRIVER_CONFIG_DIGEST"]
+        assert env_of(container(driver, "nvidia-driver-ctr"))["DRIVER_CONFIG_DIGEST"] == manager
+        return str(manager)
+
+    base = digest({})
+    assert base.isdigit()
+    assert digest({"devicePlugin": {"enabled": False}, "daemonsets": {"labels": {"a": "b"}}}) == base
+    for changed in (
+        {"driver": {"kernelModuleType": "open"}},
+        {"driver": {"env": [{"name": "X", "value": "1"}]}},
+        {"driver": {"version": "580.1", "image": "driver"}},
+        {"driver": {"manager": {"env": [{"name": "X", "value": "1"}]}}},
+        {"driver": {"rdma": {"enabled": True}}},
+        {"hostPaths": {"rootFS": "/host-root"}},
+    ):
+        assert digest(changed) != base, changed
 
 
 def test_digest_is_never_suffixed() -> None:
@@ -171,14 +229,33 @@ def test_disabled_components_render_nothing() -> None:
     objects = render(load("host-driver"), FACTS)
     components = {o["metadata"]["labels"]["app.kubernetes.io/component"] for o in objects}
     # The RuntimeClass stays: the remaining operands run with it although the toolkit is on the host.
-    assert components == {"pre-requisites", "operator-validator", "device-plugin", "dcgm-exporter"}
+    assert components == {
+        "pre-requisites",
+        "operator-validator",
+        "device-plugin",
+        "mps-control-daemon",
+        "dcgm-exporter",
+    }
     assert find(objects, "RuntimeClass", "nvidia")["handler"] == "nvidia"
 
 
 def test_render_component_ignores_enabled() -> None:
     policy = parse_spec({"nodeStatusExporter": {"enabled": False}})
     objects = render_component(BY_NAME["node-status-exporter"], policy, FACTS)
-    assert [o["kind"] for o in objects] == ["ServiceAccount", "Service", "DaemonSet"]
+    assert [o["kind"] for o in objects] == [
+        "ServiceAccount",
+        "Role",
+        "RoleBinding",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Service",
+        "ServiceMonitor",
+        "DaemonSet",
+    ]
+    without_crd = render_component(
+        BY_NAME["node-status-exporter"], policy, replace(FACTS, service_monitor_crd=False)
+    )
+    assert "ServiceMonitor" not in [o["kind"] for o in without_crd]
 
 
 def test_every_component_has_templates_and_ends_with_its_daemonset() -> None:
@@ -188,6 +265,7 @@ def test_every_component_has_templates_and_ends_with_its_daemonset() -> None:
         objects = render_component(component, parse_spec({}), FACTS)
         assert objects[-1]["kind"] == "DaemonSet"
         assert objects[-1]["metadata"]["name"] == component.daemonset
+        assert all(o["kind"] != "DaemonSet" for o in objects[:-1])
 
 
 # --- common DaemonSet rules ----------------------------------------------------------------------
@@ -196,11 +274,11 @@ def test_every_component_has_templates_and_ends_with_its_daemonset() -> None:
 @pytest.mark.parametrize("name", ["empty", "seed-sample", "everything"])
 def test_every_object_is_labelled_and_scoped(name: str) -> None:
     objects = render(load(name), FACTS)
-    by_component = {c.name: c for c in COMPONENTS}
+    by_label = {c.component_label for c in COMPONENTS}
     for obj in objects:
         labels = obj["metadata"]["labels"]
-        assert STANDARD_LABELS.items() <= labels.items()
-        assert labels["app.kubernetes.io/component"] in {*by_component, PREREQUISITES}
+        assert labels["app.kubernetes.io/managed-by"] == "gpu-operator"
+        assert labels["app.kubernetes.io/component"] in {*by_label, PREREQUISITES}
         assert "ownerReferences" not in obj["metadata"]
         if obj["kind"] in CLUSTER_SCOPED_KINDS:
             assert "namespace" not in obj["metadata"]
@@ -212,17 +290,31 @@ def test_every_object_is_labelled_and_scoped(name: str) -> None:
 def test_every_daemonset_selects_its_pods_on_deploy_labelled_nodes(name: str) -> None:
     for component in COMPONENTS:
         objects = render_component(component, load(name), FACTS)
-        ds = daemonsets(objects)[component.daemonset]
-        template_labels = ds["spec"]["template"]["metadata"]["labels"]
-        assert ds["spec"]["selector"]["matchLabels"] == {"app": component.daemonset}
-        assert ds["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
-        assert template_labels["app.kubernetes.io/component"] == component.name
-        assert ds["metadata"]["labels"]["app.kubernetes.io/component"] == component.name
-        assert pod_spec(ds)["nodeSelector"][component.deploy_label] == "true"
-        volumes = {v["name"] for v in pod_spec(ds).get("volumes", [])}
-        for ctr in pod_spec(ds).get("initContainers", []) + pod_spec(ds)["containers"]:
-            mounts = {m["name"] for m in ctr.get("volumeMounts", [])}
-            assert mounts <= volumes, f"{component.name}/{ctr['name']} mounts undefined volumes"
+        for ds in (o for o in objects if o["kind"] == "DaemonSet"):
+            template_labels = ds["spec"]["template"]["metadata"]["labels"]
+            assert ds["spec"]["selector"]["matchLabels"]["app"] == component.daemonset
+            assert ds["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
+            assert template_labels["app.kubernetes.io/component"] == component.component_label
+            assert ds["metadata"]["labels"]["app.kubernetes.io/component"] == component.component_label
+            assert pod_spec(ds)["nodeSelector"][component.deploy_label] == "true"
+            volumes = [v["name"] for v in pod_spec(ds).get("volumes", [])]
+            assert len(volumes) == len(set(volumes)), f"{component.name}: a volume twice"
+            for ctr in pod_spec(ds).get("initContainers", []) + pod_spec(ds)["containers"]:
+                mounts = {m["name"] for m in ctr.get("volumeMounts", [])}
+                assert mounts <= set(volumes), f"{component.name}/{ctr['name']} mounts undefined volumes"
+
+
+def test_selectors_are_nvidias() -> None:
+    """So that an in-place move from NVIDIA's operator can apply over its DaemonSets."""
+    ds = daemonsets(render_spec({}))
+    assert ds["gpu-feature-discovery"]["spec"]["selector"]["matchLabels"] == {
+        "app": "gpu-feature-discovery",
+        "app.kubernetes.io/part-of": "nvidia-gpu",
+    }
+    assert ds["nvidia-operator-validator"]["spec"]["selector"]["matchLabels"] == {
+        "app": "nvidia-operator-validator",
+        "app.kubernetes.io/part-of": "gpu-operator",
+    }
 
 
 def test_default_tolerations_priority_and_pull_policy() -> None:
@@ -265,6 +357,7 @@ def test_runtime_class_only_on_operands_that_need_the_nvidia_runtime() -> None:
     assert with_class == {
         "nvidia-operator-validator",
         "nvidia-device-plugin-daemonset",
+        "nvidia-device-plugin-mps-control-daemon",
         "nvidia-dcgm",
         "nvidia-dcgm-exporter",
         "gpu-feature-discovery",
@@ -308,13 +401,13 @@ def test_driver_is_on_delete_by_default_and_others_roll_one_node_at_a_time() -> 
     )
 
 
-def test_explicit_rolling_update_reaches_the_driver_only_without_auto_upgrade() -> None:
+def test_the_driver_is_always_on_delete() -> None:
     explicit = {"daemonsets": {"updateStrategy": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2}}}
     rolling = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 2}}
-    assert strategies(explicit)["nvidia-driver-daemonset"] == rolling
-    auto = {**explicit, "driver": {"upgradePolicy": {"autoUpgrade": True}}}
-    assert strategies(auto)["nvidia-driver-daemonset"] == {"type": "OnDelete"}
-    assert strategies(auto)["nvidia-dcgm"] == rolling  # int stays int
+    assert strategies(explicit)["nvidia-driver-daemonset"] == {"type": "OnDelete"}
+    assert strategies(explicit)["nvidia-dcgm"] == rolling  # int stays int
+    off = {**explicit, "driver": {"upgradePolicy": {"autoUpgrade": False}}}
+    assert strategies(off)["nvidia-driver-daemonset"] == {"type": "OnDelete"}
 
 
 @pytest.mark.parametrize(("given", "expected"), [("3", 3), (0, 0), ("25%", "25%")])
@@ -383,8 +476,7 @@ def test_values_cannot_inject_yaml(value: str) -> None:
     baseline = render_spec({})
     spec = {
         "devicePlugin": {"env": [{"name": "INJECTED", "value": value}], "args": [value]},
-        "daemonsets": {"labels": {"team": value}, "annotations": {"note": value}},
-        "migManager": {"config": {"name": value}},
+        "daemonsets": {"annotations": {"note": value}},
     }
     objects = render_spec(spec)
     assert [(o["kind"], o["metadata"]["name"]) for o in objects if o["kind"] != "ConfigMap"] == [
@@ -396,11 +488,8 @@ def test_values_cannot_inject_yaml(value: str) -> None:
     ctr = container(plugin, "nvidia-device-plugin")
     assert env_of(ctr)["INJECTED"] == value
     assert ctr["args"] == [value]
-    assert plugin["metadata"]["labels"]["team"] == value
     assert plugin["spec"]["template"]["metadata"]["annotations"]["note"] == value
     assert "hostNetwork" not in pod_spec(plugin)
-    mig_volumes = {v["name"]: v for v in pod_spec(ds["nvidia-mig-manager"])["volumes"]}
-    assert mig_volumes["mig-parted-config"]["configMap"]["name"] == (value or "default-mig-parted-config")
     assert list(yaml.safe_load_all(to_yaml(objects))) == objects
 
 
@@ -409,7 +498,7 @@ def test_values_cannot_inject_yaml(value: str) -> None:
 
 def test_driver_probes_manager_and_mounts() -> None:
     objects = render(load("everything"), FACTS)
-    driver = daemonsets(objects)["nvidia-driver-daemonset"]
+    driver = daemonsets(objects)[PRECOMPILED]
     ctr = container(driver, "nvidia-driver-ctr")
     assert ctr["startupProbe"]["initialDelaySeconds"] == 30
     assert ctr["startupProbe"]["failureThreshold"] == 60
@@ -417,31 +506,63 @@ def test_driver_probes_manager_and_mounts() -> None:
     assert ctr["livenessProbe"]["periodSeconds"] == 30
     assert "readinessProbe" not in ctr
     assert env_of(ctr)["KERNEL_MODULE_TYPE"] == "open"
+    assert env_of(ctr)["OPEN_KERNEL_MODULES_ENABLED"] == "true"
     assert env_of(ctr)["GPU_DIRECT_RDMA_ENABLED"] == "true"
-    assert ctr["envFrom"] == [{"secretRef": {"name": "driver-secrets"}}]
-    assert {m["name"] for m in ctr["volumeMounts"]} >= {
-        "repo-config",
-        "cert-config",
-        "licensing-config",
-        "kernel-module-config",
+    mounts = {m["mountPath"]: m for m in ctr["volumeMounts"]}
+    assert mounts["/drivers/nvidia.conf"] == {
+        "name": "kernel-module-config",
+        "mountPath": "/drivers/nvidia.conf",
+        "subPath": "nvidia.conf",
+        "readOnly": True,
     }
+    assert mounts["/drivers/gridd.conf"]["subPath"] == "gridd.conf"
+    assert "/drivers/ClientConfigToken/client_configuration_token.tok" in mounts  # nlsEnabled
+    # Precompiled drivers install no packages: no repository or CA files, no secret env (NVIDIA's rule).
+    assert not {"repo-config", "cert-config"} & {m["name"] for m in ctr["volumeMounts"]}
+    assert "envFrom" not in ctr
     assert container(driver, "nvidia-peermem-ctr")["image"] == ctr["image"]
     manager = container(driver, "k8s-driver-manager", init=True)
     assert manager["image"] == "registry.example.com/nvidia/k8s-driver-manager:v0.12.0"
     manager_env = env_of(manager)
-    # autoUpgrade turns node-local eviction off; the user's manager.env turns it back on.
+    # NVIDIA's static settings: the manager evicts GPU pods itself unless an upgrade controller does.
     assert manager_env["ENABLE_GPU_POD_EVICTION"] == "true"
     assert manager_env["ENABLE_AUTO_DRAIN"] == "false"
-    assert manager_env["DRAIN_TIMEOUT_SECONDS"] == "600s"
+    assert manager_env["DRAIN_TIMEOUT_SECONDS"] == "0s"
     find(objects, "ConfigMap", "nvidia-driver-startup-probe")
 
 
-def test_driver_manager_drains_when_asked_without_auto_upgrade() -> None:
-    ds = daemonsets(render_spec({"driver": {"upgradePolicy": {"drain": {"enable": True, "force": True}}}}))
-    manager_env = env_of(container(ds["nvidia-driver-daemonset"], "k8s-driver-manager", init=True))
-    assert manager_env["ENABLE_GPU_POD_EVICTION"] == "true"
-    assert manager_env["ENABLE_AUTO_DRAIN"] == "true"
-    assert manager_env["DRAIN_USE_FORCE"] == "true"
+def test_driver_package_files_are_mounted_one_by_one() -> None:
+    """Into the directory, next to the image's own files: a CA file must not hide the system bundle."""
+    spec = {
+        "driver": {
+            "repoConfig": {"configMapName": "apt-mirror"},
+            "certConfig": {"name": "corp-ca"},
+            "secretEnv": "s",
+        }
+    }
+    facts = replace(FACTS, os_tag="rhel9")
+    ctr = container(daemonsets(render_spec(spec, facts))["nvidia-driver-daemonset"], "nvidia-driver-ctr")
+    mounts = {
+        m["mountPath"]: m["subPath"]
+        for m in ctr["volumeMounts"]
+        if m["name"] in ("repo-config", "cert-config")
+    }
+    assert mounts == {
+        "/etc/yum.repos.d/mirror.list": "mirror.list",
+        "/etc/pki/ca-trust/extracted/pem/ca.crt": "ca.crt",
+    }
+    assert ctr["envFrom"] == [{"secretRef": {"name": "s"}}]
+
+
+def test_driver_waits_for_the_config_maps_it_mounts() -> None:
+    """As NVIDIA: no driver DaemonSet while a ConfigMap it mounts file by file is not there."""
+    spec = parse_spec({"driver": {"certConfig": {"name": "missing-ca"}}})
+    objects = render(spec, FACTS)
+    assert "nvidia-driver-daemonset" not in daemonsets(objects)
+    find(objects, "ServiceAccount", "nvidia-driver")
+    assert missing_inputs(BY_NAME["driver"], spec, FACTS) == [
+        "spec.driver.certConfig.name: ConfigMap 'missing-ca' not found in namespace 'gpu-operator'"
+    ]
 
 
 def test_driver_manager_image_from_operator_environment() -> None:
@@ -451,16 +572,73 @@ def test_driver_manager_image_from_operator_environment() -> None:
 
 def test_toolkit_runtime_and_cdi_env() -> None:
     spec = {"toolkit": {"installDir": "/opt/nv"}, "cdi": {"enabled": False}}
-    ds = daemonsets(render_spec(spec, ClusterFacts(runtime="crio")))
-    ctr = container(ds["nvidia-container-toolkit-daemonset"], "nvidia-container-toolkit-ctr")
-    env = env_of(ctr)
+    ds = daemonsets(render_spec(spec, ClusterFacts(runtimes=("crio",))))
+    toolkit = ds["nvidia-container-toolkit-daemonset"]
+    env = env_of(container(toolkit, "nvidia-container-toolkit-ctr"))
     assert env["ROOT"] == "/opt/nv"
     assert env["RUNTIME"] == "crio"
-    assert env["CDI_ENABLED"] == "false"
+    assert "CDI_ENABLED" not in env
+    # CRI-O alone without CDI: NVIDIA's OCI hook, and no RuntimeClass on the operands.
+    assert env["CRIO_CONFIG_MODE"] == "hook"
+    assert "runtimeClassName" not in pod_spec(ds["nvidia-device-plugin-daemonset"])
     assert "CONTAINERD_RUNTIME_CLASS" not in env
-    volumes = {v["name"]: v for v in pod_spec(ds["nvidia-container-toolkit-daemonset"])["volumes"]}
+    assert env["RUNTIME_CONFIG"] == env["CRIO_CONFIG"] == "/runtime/config-dir/config.toml"
+    assert env["RUNTIME_DROP_IN_CONFIG_HOST_PATH"] == "/etc/crio/crio.conf.d/99-nvidia.conf"
+    volumes = {v["name"]: v for v in pod_spec(toolkit)["volumes"]}
     assert volumes["toolkit-install-dir"]["hostPath"]["path"] == "/opt/nv"
-    assert volumes["runtime-config"]["hostPath"]["path"] == "/etc/crio"
+    assert volumes["crio-config"]["hostPath"]["path"] == "/etc/crio"
+    assert volumes["crio-hooks"]["hostPath"]["path"] == "/usr/share/containers/oci/hooks.d"
+
+
+def test_one_toolkit_daemonset_per_runtime() -> None:
+    ds = daemonsets(render_spec({"cdi": {"enabled": False}}, ClusterFacts(runtimes=("containerd", "crio"))))
+    first, crio = ds["nvidia-container-toolkit-daemonset"], ds["nvidia-container-toolkit-daemonset-crio"]
+    assert pod_spec(first)["nodeSelector"]["nvidia.com/gpu-operator.runtime"] == "containerd"
+    assert pod_spec(crio)["nodeSelector"]["nvidia.com/gpu-operator.runtime"] == "crio"
+    assert env_of(container(first, "nvidia-container-toolkit-ctr"))["RUNTIME"] == "containerd"
+    # The operands keep the RuntimeClass for the containerd nodes, so CRI-O gets the handler too.
+    assert env_of(container(crio, "nvidia-container-toolkit-ctr"))["CRIO_CONFIG_MODE"] == "config"
+    assert pod_spec(ds["nvidia-device-plugin-daemonset"])["runtimeClassName"] == "nvidia"
+    # Both share one ServiceAccount, Role and entrypoint.
+    facts = ClusterFacts(runtimes=("containerd", "crio"))
+    toolkit = render_component(BY_NAME["container-toolkit"], parse_spec({}), facts)
+    keys = [(o["kind"], o["metadata"]["name"]) for o in toolkit]
+    assert len(keys) == len(set(keys)) == 6
+
+
+def test_runtime_overrides_from_toolkit_env_become_mounts() -> None:
+    """NVIDIA's documented MicroK8s settings: host paths in toolkit.env become container paths."""
+    env = [
+        {"name": "CONTAINERD_CONFIG", "value": "/var/snap/microk8s/current/args/containerd-template.toml"},
+        {"name": "CONTAINERD_SOCKET", "value": "/var/snap/microk8s/common/run/containerd.sock"},
+        {"name": "RUNTIME_CONFIG_SOURCE", "value": "file=/var/snap/microk8s/current/args/containerd.toml"},
+    ]
+    toolkit = daemonsets(render_spec({"toolkit": {"env": env}}))["nvidia-container-toolkit-daemonset"]
+    values = env_of(container(toolkit, "nvidia-container-toolkit-ctr"))
+    assert (
+        values["CONTAINERD_CONFIG"]
+        == values["RUNTIME_CONFIG"]
+        == "/runtime/config-dir/containerd-template.toml"
+    )
+    assert values["CONTAINERD_SOCKET"] == values["RUNTIME_SOCKET"] == "/runtime/sock-dir/containerd.sock"
+    assert values["RUNTIME_CONFIG_SOURCE"] == "file=/host/var/snap/microk8s/current/args/containerd.toml"
+    assert values["RUNTIME_DROP_IN_CONFIG_HOST_PATH"] == "/etc/containerd/conf.d/99-nvidia.toml"
+    volumes = {v["name"]: v["hostPath"]["path"] for v in pod_spec(toolkit)["volumes"] if "hostPath" in v}
+    assert volumes["containerd-config"] == "/var/snap/microk8s/current/args"
+    assert volumes["containerd-socket"] == "/var/snap/microk8s/common/run"
+
+
+def test_nri_mode_has_no_runtime_class_and_annotates_gpu_operands() -> None:
+    objects = render_spec({"cdi": {"enabled": True, "nriPluginEnabled": True}})
+    assert not [o for o in objects if o["kind"] == "RuntimeClass"]
+    ds = daemonsets(objects)
+    plugin = ds["nvidia-device-plugin-daemonset"]
+    assert "runtimeClassName" not in pod_spec(plugin)
+    annotations = plugin["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["nvidia.cdi.k8s.io/container.nvidia-device-plugin"] == "management.nvidia.com/gpu=all"
+    toolkit = container(ds["nvidia-container-toolkit-daemonset"], "nvidia-container-toolkit-ctr")
+    assert env_of(toolkit)["NRI_SOCKET"] == "/runtime/nri-sock-dir/nri.sock"
+    assert "RUNTIME_CONFIG" not in env_of(toolkit)
 
 
 def test_device_plugin_and_gfd_share_the_users_config_map() -> None:
@@ -554,19 +732,31 @@ def test_mig_manager_config_maps() -> None:
     assert {o["metadata"]["name"] for o in default if o["kind"] == "ConfigMap"} == {
         "default-mig-parted-config",
         "default-gpu-clients",
+        "nvidia-mig-manager-entrypoint",
     }
     parted = yaml.safe_load(find(default, "ConfigMap", "default-mig-parted-config")["data"]["config.yaml"])
-    assert "all-disabled" in parted["mig-configs"]
+    # NVIDIA's fallback layouts, used when mig-manager cannot generate them from the GPUs it finds.
+    assert len(parted["mig-configs"]) == 81
+    assert {"all-disabled", "all-1g.18gb", "all-4g.40gb", "all-balanced"} <= set(parted["mig-configs"])
+    env = env_of(container(default[-1], "nvidia-mig-manager"))
+    assert env["DEFAULT_CONFIG_FILE"] == "/mig-parted-config/config-default.yaml"
+    assert "CONFIG_FILE" not in env
+    remap = {v["name"]: v for v in pod_spec(default[-1])["volumes"]}["mig-parted-config"]["configMap"]
+    assert remap["items"] == [{"key": "config.yaml", "path": "config-default.yaml"}]
     custom = render_component(
         component,
         parse_spec({"migManager": {"config": {"name": "mine"}, "gpuClientsConfig": {"name": "clients"}}}),
         FACTS,
     )
-    assert not [o for o in custom if o["kind"] == "ConfigMap"]
+    assert [o["metadata"]["name"] for o in custom if o["kind"] == "ConfigMap"] == [
+        "nvidia-mig-manager-entrypoint"
+    ]
     volumes = {v["name"]: v for v in pod_spec(custom[-1])["volumes"]}
-    assert volumes["mig-parted-config"]["configMap"]["name"] == "mine"
+    assert volumes["mig-parted-config"]["configMap"] == {"name": "mine"}
     assert volumes["gpu-clients"]["configMap"]["name"] == "clients"
-    assert env_of(container(custom[-1], "nvidia-mig-manager"))["WITH_REBOOT"] == "false"
+    assert (
+        env_of(container(custom[-1], "nvidia-mig-manager"))["CONFIG_FILE"] == "/mig-parted-config/config.yaml"
+    )
 
 
 def test_validator_steps_follow_the_device_plugin_and_take_their_env() -> None:
@@ -590,7 +780,7 @@ def test_node_status_exporter() -> None:
     objects = render(load("seed-sample"), FACTS)
     exporter = daemonsets(objects)["nvidia-node-status-exporter"]
     ctr = container(exporter, "nvidia-node-status-exporter")
-    assert ctr["image"] == "nvcr.io/nvidia/cloud-native/gpu-operator-validator:v26.7.0"
+    assert ctr["image"] == "nvcr.io/nvidia/gpu-operator:v26.7.0"
     assert env_of(ctr)["COMPONENT"] == "metrics"
     assert ctr["ports"] == [{"name": "node-status", "containerPort": 8000, "protocol": "TCP"}]
     assert find(objects, "Service", "nvidia-node-status-exporter")["spec"]["ports"][0]["port"] == 8000
@@ -603,8 +793,26 @@ def test_host_paths() -> None:
     assert plugin["host-root"]["hostPath"]["path"] == "/rootfs"
     assert plugin["driver-install-dir"]["hostPath"]["path"] == "/opt/driver"
     assert plugin["device-plugin"]["hostPath"]["path"] == "/k/device-plugins"
+    # The containerized driver always installs into /run/nvidia/driver.
     driver = {v["name"]: v for v in pod_spec(ds["nvidia-driver-daemonset"])["volumes"]}
-    assert driver["nv-firmware"]["hostPath"]["path"] == "/opt/driver/lib/firmware"
+    assert driver["nv-firmware"]["hostPath"]["path"] == "/run/nvidia/driver/lib/firmware"
+    # A driver installed elsewhere is found there, and every host-root operand learns the host root.
+    validation = container(ds["nvidia-operator-validator"], "driver-validation", init=True)
+    assert (
+        env_of(validation)["DRIVER_INSTALL_DIR"]
+        == env_of(validation)["DRIVER_INSTALL_DIR_CTR_PATH"]
+        == "/opt/driver"
+    )
+    assert "/opt/driver" in {m["mountPath"] for m in validation["volumeMounts"]}
+    assert env_of(validation)["HOST_ROOT"] == "/rootfs"
+    assert (
+        env_of(container(ds["nvidia-container-toolkit-daemonset"], "nvidia-container-toolkit-ctr"))[
+            "HOST_ROOT"
+        ]
+        == "/rootfs"
+    )
+    validator = {v["name"]: v for v in pod_spec(ds["nvidia-operator-validator"])["volumes"]}
+    assert validator["host-dev-char"]["hostPath"]["path"] == "/rootfs/dev/char"
 
 
 # --- output and errors ---------------------------------------------------------------------------
@@ -635,12 +843,12 @@ def test_broken_template_output_is_reported_with_the_template_name(text: str) ->
 
 def test_facts_default() -> None:
     facts = ClusterFacts()
-    assert (facts.namespace, facts.os_tag, facts.kernel, dict(facts.environ), facts.runtime) == (
+    assert (facts.namespace, facts.os_tag, facts.kernels, dict(facts.environ), facts.runtimes) == (
         "gpu-operator",
         None,
-        None,
+        (),
         {},
-        "containerd",
+        (),
     )
     ds = daemonsets(render_spec({}, ClusterFacts(namespace="other")))
     assert all(d["metadata"]["namespace"] == "other" for d in ds.values())
@@ -648,3 +856,34 @@ def test_facts_default() -> None:
         "image"
     ]
     assert image == "nvcr.io/nvidia/driver:595.91.07"
+
+
+def test_without_the_validator_nothing_waits_for_toolkit_ready() -> None:
+    """Nothing writes toolkit-ready then; the per-node deploy labels keep driver, toolkit, the rest."""
+    ds = daemonsets(render_spec({"validator": {"enabled": False}}))
+    assert "nvidia-operator-validator" not in ds
+    for name, daemonset in ds.items():
+        init = [c["name"] for c in pod_spec(daemonset).get("initContainers", [])]
+        assert "toolkit-validation" not in init, name
+    # The toolkit still validates the driver itself and writes driver-ready for the others.
+    assert [c["name"] for c in pod_spec(ds["nvidia-container-toolkit-daemonset"])["initContainers"]] == [
+        "driver-validation"
+    ]
+    # Without the toolkit either, the operands that source driver-ready write it themselves.
+    alone = daemonsets(render_spec({"validator": {"enabled": False}, "toolkit": {"enabled": False}}))
+    for name in ("nvidia-device-plugin-daemonset", "nvidia-mig-manager"):
+        assert [c["name"] for c in pod_spec(alone[name])["initContainers"]] == ["driver-validation"], name
+    assert "initContainers" not in pod_spec(alone["gpu-feature-discovery"])
+
+
+def test_validator_image_containers_run_as_root() -> None:
+    """They read host files and exec nvidia-smi; a non-root pod security context must not break them."""
+    ds = daemonsets(
+        render_spec({"daemonsets": {"podSecurityContext": {"runAsNonRoot": True, "runAsUser": 1000}}})
+    )
+    validator_image = container(ds["nvidia-operator-validator"], "nvidia-operator-validator")["image"]
+    for daemonset in ds.values():
+        pod = pod_spec(daemonset)
+        for ctr in pod.get("initContainers", []) + pod["containers"]:
+            if ctr["image"] == validator_image:
+                assert ctr["securityContext"]["runAsUser"] == 0, ctr["name"]

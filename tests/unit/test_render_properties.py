@@ -10,8 +10,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_operator.api import parse_spec
-from gpu_operator.components import COMPONENTS
-from gpu_operator.render import PREREQUISITES, RESERVED_LABELS, ClusterFacts, render, to_yaml
+from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.components import COMPONENTS, Component
+from gpu_operator.render import PREREQUISITES, RESERVED_LABELS, ClusterFacts, render, to_yaml, variants
 
 Obj = dict[str, Any]
 
@@ -22,6 +23,8 @@ NAME = st.from_regex(r"[a-z]([a-z0-9-]{0,14}[a-z0-9])?", fullmatch=True)
 IMAGE_NAME = st.from_regex(r"[a-z][a-z0-9]{0,7}(-[a-z0-9]{1,6}){0,2}", fullmatch=True)
 ENV_NAME = st.from_regex(r"[A-Z_][A-Z0-9_]{0,15}", fullmatch=True)
 LABEL_KEY = st.from_regex(r"([a-z]{1,8}\.example\.com/)?[a-z]([a-z0-9-]{0,9}[a-z0-9])?", fullmatch=True)
+LABEL_VALUE = st.from_regex(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,20}[A-Za-z0-9])?)?", fullmatch=True)
+CONFIG_KEY = st.from_regex(r"[-._a-zA-Z0-9]{1,20}", fullmatch=True)
 TAG = st.from_regex(r"v?[0-9]{1,3}\.[0-9]{1,3}(-[a-z0-9]{1,8})?", fullmatch=True)
 DIGEST = st.text("0123456789abcdef", min_size=64, max_size=64).map(lambda h: f"sha256:{h}")
 QUANTITY = st.one_of(st.integers(0, 64), st.sampled_from(["100m", "1", "1.5", "512Mi", "2Gi", "1e3"]))
@@ -77,7 +80,7 @@ TOLERATION = st.fixed_dictionaries(
     optional={
         "key": LABEL_KEY,
         "operator": st.sampled_from(["Exists", "Equal"]),
-        "value": TEXT,
+        "value": LABEL_VALUE,
         "effect": st.sampled_from(["NoSchedule", "PreferNoSchedule", "NoExecute"]),
         "tolerationSeconds": st.integers(0, 3600),
     },
@@ -86,7 +89,7 @@ TOLERATION = st.fixed_dictionaries(
 DAEMONSETS = st.fixed_dictionaries(
     {},
     optional={
-        "labels": st.dictionaries(LABEL_KEY, TEXT, max_size=3),
+        "labels": st.dictionaries(LABEL_KEY, LABEL_VALUE, max_size=3),
         "annotations": st.dictionaries(LABEL_KEY, TEXT, max_size=3),
         "tolerations": st.lists(TOLERATION, max_size=3),
         "priorityClassName": NAME,
@@ -112,16 +115,16 @@ def policies(draw: st.DrawFn) -> Obj:
         spec["driver"]["upgradePolicy"] = {"autoUpgrade": draw(st.booleans())}
         spec["driver"]["manager"] = {"env": draw(ENV)}
     if "devicePlugin" in spec and draw(st.booleans()):
-        spec["devicePlugin"]["config"] = {"name": draw(TEXT), "default": draw(TEXT)}
+        spec["devicePlugin"]["config"] = {"name": draw(NAME), "default": draw(CONFIG_KEY)}
     if "dcgmExporter" in spec and draw(st.booleans()):
         spec["dcgmExporter"]["serviceMonitor"] = {
             "enabled": draw(st.booleans()),
-            "additionalLabels": draw(st.dictionaries(LABEL_KEY, TEXT, max_size=2)),
+            "additionalLabels": draw(st.dictionaries(LABEL_KEY, LABEL_VALUE, max_size=2)),
         }
         spec["dcgmExporter"]["enablePodLabels"] = draw(st.booleans())
-        spec["dcgmExporter"]["config"] = {"name": draw(TEXT)}
+        spec["dcgmExporter"]["config"] = {"name": draw(NAME)}
     if "migManager" in spec and draw(st.booleans()):
-        spec["migManager"]["config"] = {"name": draw(TEXT)}
+        spec["migManager"]["config"] = {"name": draw(NAME)}
     return spec
 
 
@@ -129,8 +132,10 @@ FACTS = st.builds(
     ClusterFacts,
     namespace=NAME,
     os_tag=st.sampled_from([None, "ubuntu22.04", "rhel9", "sles15.5"]),
-    kernel=st.sampled_from([None, "5.15.0-105-generic"]),
-    runtime=st.sampled_from(["containerd", "crio", "docker"]),
+    kernels=st.sampled_from(
+        [(), (("5.15.0-105-generic", "ubuntu22.04"),), (("5.15.0", None), ("6.8.0", "x"))]
+    ),
+    runtimes=st.sampled_from([(), ("containerd",), ("crio",), ("containerd", "crio", "docker")]),
 )
 
 
@@ -148,31 +153,67 @@ def test_any_valid_policy_renders_well_formed_objects(raw: Obj, facts: ClusterFa
         assert obj["apiVersion"] and obj["kind"] and obj["metadata"]["name"]
         labels = obj["metadata"]["labels"]
         assert labels["app.kubernetes.io/managed-by"] == "gpu-operator"
-        assert labels["app.kubernetes.io/part-of"] == "gpu-operator"
+        assert labels["app.kubernetes.io/part-of"] in ("gpu-operator", "nvidia-gpu")  # GFD: NVIDIA's selector
 
     rendered = {o["metadata"]["labels"]["app.kubernetes.io/component"] for o in objects}
-    assert rendered == {PREREQUISITES} | {c.name for c in COMPONENTS if c.enabled(policy)}
+    assert rendered == {PREREQUISITES} | {c.component_label for c in COMPONENTS if c.enabled(policy)}
 
-    by_name = {o["metadata"]["name"]: o for o in objects if o["kind"] == "DaemonSet"}
     for component in COMPONENTS:
         if not component.enabled(policy):
             continue
-        ds = by_name[component.daemonset]
-        template_labels = ds["spec"]["template"]["metadata"]["labels"]
-        assert ds["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
-        pod = ds["spec"]["template"]["spec"]
-        assert pod["nodeSelector"][component.deploy_label] == "true"
-        spec = component.spec(policy)
-        main = pod["containers"][0]
-        env = {e["name"]: e.get("value") for e in main.get("env", [])}
-        assert len(env) == len(main.get("env", []))
-        assert last_values([e.model_dump() for e in spec.env or []]).items() <= env.items()
-        if spec.args is not None:
-            assert main["args"] == spec.args
-        for key, value in (policy.daemonsets.labels or {}).items():
-            if key not in RESERVED_LABELS:
-                assert template_labels[key] == value
-        for key, value in (policy.daemonsets.annotations or {}).items():
-            assert ds["spec"]["template"]["metadata"]["annotations"][key] == value
+        found = [
+            o
+            for o in objects
+            if o["kind"] == "DaemonSet"
+            and o["metadata"]["labels"]["app.kubernetes.io/component"] == component.component_label
+        ]
+        assert len(found) == len(variants(component, policy, facts))
+        for ds in found:
+            check_daemonset(ds, component, policy)
 
     assert list(yaml.load_all(to_yaml(objects), Loader=LOADER)) == objects
+
+
+# Set by the operator from the user's own values (NVIDIA's runtime paths of toolkit.env, the driver
+# digest), so not the user's value itself.
+DERIVED_ENV = {
+    "RUNTIME",
+    "RUNTIME_CONFIG",
+    "CONTAINERD_CONFIG",
+    "CRIO_CONFIG",
+    "DOCKER_CONFIG",
+    "RUNTIME_DROP_IN_CONFIG",
+    "RUNTIME_DROP_IN_CONFIG_HOST_PATH",
+    "RUNTIME_SOCKET",
+    "CONTAINERD_SOCKET",
+    "DOCKER_SOCKET",
+    "RUNTIME_CONFIG_SOURCE",
+    "NRI_SOCKET",
+    "CONTAINERD_RUNTIME_CLASS",
+    "DRIVER_CONFIG_DIGEST",
+    "HOST_ROOT",
+}
+
+
+def check_daemonset(ds: Obj, component: Component, policy: ClusterPolicySpec) -> None:
+    template_labels = ds["spec"]["template"]["metadata"]["labels"]
+    assert ds["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
+    pod = ds["spec"]["template"]["spec"]
+    assert pod["nodeSelector"][component.deploy_label] == "true"
+    spec = component.spec(policy)
+    main = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in main.get("env", [])}
+    assert len(env) == len(main.get("env", []))
+    wanted = {
+        k: v for k, v in last_values([e.model_dump() for e in spec.env or []]).items() if k not in DERIVED_ENV
+    }
+    for key, value in (policy.daemonsets.labels or {}).items():
+        if key not in RESERVED_LABELS:
+            assert template_labels[key] == value
+    for key, value in (policy.daemonsets.annotations or {}).items():
+        assert ds["spec"]["template"]["metadata"]["annotations"][key] == value
+    if component.name == "mps-control-daemon":
+        return  # NVIDIA gives it none of devicePlugin's env and args
+    assert wanted.items() <= env.items()
+    if spec.args is not None:
+        assert main["args"] == spec.args

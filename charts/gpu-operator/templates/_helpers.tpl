@@ -87,13 +87,23 @@ resourceNames). tests/unit/test_chart.py keeps them equal to what `gpu-operator 
 {{- define "gpu-operator.operandClusterRoles" -}}
 - nvidia-dcgm-exporter-read-pods
 - nvidia-device-plugin
+- nvidia-device-plugin-mps-control-daemon
 - nvidia-driver
 - nvidia-gpu-feature-discovery
 - nvidia-mig-manager
+- nvidia-node-status-exporter
 - nvidia-operator-validator
 {{- end }}
 
 {{- define "gpu-operator.operandRoles" -}}
+- nvidia-container-toolkit
+- nvidia-dcgm
+- nvidia-dcgm-exporter
+- nvidia-device-plugin
+- nvidia-device-plugin-mps-control-daemon
+- nvidia-driver
+- nvidia-gpu-feature-discovery
 - nvidia-mig-manager
+- nvidia-node-status-exporter
 - nvidia-operator-validator
 {{- end }}

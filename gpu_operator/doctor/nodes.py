@@ -1,0 +1,181 @@
+"""Findings about GPU nodes: no allocatable GPUs, fewer than GFD counted, driver upgrades, MIG."""
+
+from __future__ import annotations
+
+from gpu_operator.doctor import checklist
+from gpu_operator.doctor.checklist import Command
+from gpu_operator.doctor.cluster import (
+    Cluster,
+    allocatable_gpus,
+    duration,
+    link_commands,
+    log_details,
+    name_of,
+    parse_time,
+)
+from gpu_operator.doctor.scheduling import (
+    show,
+)
+from gpu_operator.doctor.state import (
+    GFD_COUNT,
+    GFD_REPLICAS,
+    MIG_CONFIG_STATE,
+    MIG_STRATEGY,
+    UPGRADE_STARTED,
+    UPGRADE_STATE,
+    UPGRADE_STUCK_SECONDS,
+    Finding,
+    Obj,
+)
+from gpu_operator.nodes import takes_operands
+
+
+def _node_ready(node: Obj) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def node_findings(cluster: Cluster, name: str) -> list[Finding]:
+    node, info = cluster.nodes[name], cluster.infos[name]
+    what = f"node {name}"
+    findings: list[Finding] = []
+    if not _node_ready(node):
+        findings.append(
+            Finding(
+                "error",
+                "NodeNotReady",
+                what,
+                "the node is not Ready (kubelet down or unreachable)",
+                name,
+                commands=(checklist.kubectl("describe", "node", name),),
+            )
+        )
+        return findings
+    allocatable = allocatable_gpus(node)
+    plugin = cluster.explain("device-plugin", name)
+    # Without a ClusterPolicy every node lacks GPUs for the same reason, already its own finding.
+    if allocatable == 0 and takes_operands(info) and cluster.policy is not None:
+        if plugin.ok:
+            cause = (
+                f"advertises no nvidia.com/gpu although {plugin.text}: the plugin found no healthy GPU "
+                "or could not register with the kubelet"
+            )
+        else:
+            cause = f"advertises no nvidia.com/gpu: {plugin.text}"
+        findings.append(
+            Finding(
+                "error",
+                "NoAllocatableGPU",
+                what,
+                cause,
+                name,
+                details=tuple(log_details(cluster, plugin.operand)),
+                commands=(checklist.describe_node(name), *link_commands(cluster, plugin, name)),
+            )
+        )
+    count = info.labels.get(GFD_COUNT)
+    if count and count.isdigit() and allocatable > 0 and info.labels.get(MIG_STRATEGY) != "mixed":
+        replicas = info.labels.get(GFD_REPLICAS, "1")
+        expected = int(count) * (int(replicas) if replicas.isdigit() and int(replicas) > 0 else 1)
+        if allocatable != expected:
+            shared = f" x {replicas} replicas" if expected != int(count) else ""
+            findings.append(
+                Finding(
+                    "error",
+                    "GPUCountMismatch",
+                    what,
+                    f"advertises {show(allocatable)} nvidia.com/gpu, but GFD counted {count} GPUs{shared}: "
+                    "the device plugin does not see (or marked unhealthy) some of them",
+                    name,
+                    commands=(
+                        checklist.describe_node(name),
+                        *(
+                            [checklist.logs(cluster.namespace, name_of(plugin.operand.raw))]
+                            if plugin.operand is not None
+                            else []
+                        ),
+                        *checklist.on_node(name, "count"),
+                    ),
+                )
+            )
+    findings += _upgrade_findings(cluster, name)
+    return findings
+
+
+def _upgrade_findings(cluster: Cluster, name: str) -> list[Finding]:
+    node, info = cluster.nodes[name], cluster.infos[name]
+    what = f"node {name}"
+    findings: list[Finding] = []
+    state = info.labels.get(UPGRADE_STATE, "")
+    driver = cluster.explain("driver", name)
+    commands = (
+        checklist.kubectl("describe", "node", name),
+        *link_commands(cluster, driver, name)[:2],
+    )
+    if state == "upgrade-failed":
+        findings.append(
+            Finding(
+                "error",
+                "DriverUpgradeFailed",
+                what,
+                f"the driver upgrade failed on the node; driver: {driver.text}",
+                name,
+                commands=commands,
+            )
+        )
+    elif state and state != "upgrade-done":
+        annotations = (node.get("metadata") or {}).get("annotations") or {}
+        # The upgrade state machine stamps some of its waits with a unix time (k8s-operator-libs
+        # pkg/upgrade/consts.go: ...-validation-start-time, ...-wait-for-pod-completion-start-time).
+        started = [
+            int(annotations[key]) for key in UPGRADE_STARTED if str(annotations.get(key, "")).isdigit()
+        ]
+        now = parse_time(cluster.state.now)
+        elapsed = now.timestamp() - max(started) if started and now else 0.0
+        stuck = elapsed > UPGRADE_STUCK_SECONDS
+        since = f" for {duration(elapsed)}" if elapsed else ""
+        cordoned = " (the node is cordoned)" if (node.get("spec") or {}).get("unschedulable") else ""
+        findings.append(
+            Finding(
+                "error" if stuck else "warning",
+                "DriverUpgradeStuck" if stuck else "DriverUpgradeInProgress",
+                what,
+                f"driver upgrade in state {state}{since}{cordoned}; driver: {driver.text}",
+                name,
+                commands=commands,
+            )
+        )
+    paused = sorted(
+        k
+        for k, v in info.labels.items()
+        if k.startswith("nvidia.com/gpu.deploy.") and v.startswith("paused-for-")
+    )
+    if paused:
+        findings.append(
+            Finding(
+                "warning",
+                "OperandsPaused",
+                what,
+                f"operands paused by labels {', '.join(f'{k}={info.labels[k]}' for k in paused)}: not "
+                "scheduled until the upgrade or MIG change that set them finishes",
+                name,
+                commands=(checklist.kubectl("get", "node", name, "--show-labels"),),
+            )
+        )
+    if info.labels.get(MIG_CONFIG_STATE) == "failed":
+        manager = cluster.explain("mig-manager", name)
+        findings.append(
+            Finding(
+                "error",
+                "MigConfigFailed",
+                what,
+                f"MIG reconfiguration to {info.labels.get('nvidia.com/mig.config', '?')} failed; "
+                f"mig-manager: {manager.text}",
+                name,
+                commands=(
+                    *link_commands(cluster, manager, name)[:2],
+                    Command("node", name, "nvidia-smi mig -lgi"),
+                ),
+            )
+        )
+    return findings

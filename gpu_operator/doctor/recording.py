@@ -1,0 +1,280 @@
+"""Recording a cluster for `gpu-operator doctor`: read only, with the user's kubeconfig, through
+kube.py; and saving and loading recorded states (--save-state, --from-state).
+
+It reads nodes, pods (and the logs of failing operand containers), Events, ResourceQuotas,
+RuntimeClasses, the operand DaemonSets and ClusterPolicies (`READS`; the chart's `<release>-doctor`
+ClusterRole grants exactly these) and never writes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import config
+
+from gpu_operator.doctor.scheduling import requested_by_node
+from gpu_operator.doctor.state import (
+    LOG_LINES,
+    ClusterState,
+    Scope,
+    event_worth_recording,
+    is_operand,
+    quota_worth_recording,
+    worth_recording,
+)
+from gpu_operator.kube import ApiError, Kube
+from gpu_operator.observed import MANAGED_BY, MANAGED_BY_LABEL, pod_info
+
+DEFAULT_NAMESPACE = "gpu-operator"
+MAX_LOGS = 20
+"""Operand pods whose logs are read at most (the first failing ones)."""
+
+READS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("", "nodes", ("list",)),
+    ("", "pods", ("list",)),
+    ("", "pods/log", ("get",)),
+    ("", "events", ("list",)),
+    ("", "resourcequotas", ("list",)),
+    ("apps", "daemonsets", ("list",)),
+    ("node.k8s.io", "runtimeclasses", ("list",)),
+    ("nvidia.com", "clusterpolicies", ("list",)),
+)
+"""(apiGroup, resource, verbs) doctor reads; the chart's doctor ClusterRole is held to it by a test."""
+
+
+class DoctorError(Exception):
+    """Cannot diagnose: bad input or no access (exit 2), said in one line."""
+
+
+# What a recording keeps of each kind: (section, fields) pairs, "*" for the whole section. Enough for
+# the diagnosis and for a person reading the file; a 100-node cluster records in well under a MiB.
+_KEEP: dict[str, dict[str, tuple[str, ...]]] = {
+    "Node": {
+        "metadata": ("name", "uid", "labels", "annotations", "creationTimestamp"),
+        "spec": ("taints", "unschedulable"),
+        "status": ("allocatable", "capacity", "conditions"),
+    },
+    "Pod": {
+        "metadata": (
+            "name",
+            "namespace",
+            "uid",
+            "labels",
+            "ownerReferences",
+            "creationTimestamp",
+            "deletionTimestamp",
+        ),
+        "spec": (
+            "nodeName",
+            "nodeSelector",
+            "affinity",
+            "tolerations",
+            "runtimeClassName",
+            "overhead",
+            "containers",
+            "initContainers",
+        ),
+        "status": ("phase", "reason", "message", "conditions", "containerStatuses", "initContainerStatuses"),
+    },
+    # Operand pods: where they run and how they fare; their spec is the operator's, not the user's.
+    "OperandPod": {
+        "metadata": ("name", "namespace", "uid", "labels", "creationTimestamp", "deletionTimestamp"),
+        "spec": ("nodeName", "affinity", "containers", "initContainers"),
+        "status": ("phase", "reason", "message", "conditions", "containerStatuses", "initContainerStatuses"),
+    },
+    "DaemonSet": {"metadata": ("name", "namespace", "labels"), "status": ("*",)},
+    "Event": {
+        "metadata": ("name", "namespace"),
+        "involvedObject": ("kind", "namespace", "name", "uid"),
+        "*": ("type", "reason", "message", "count", "firstTimestamp", "lastTimestamp", "eventTime"),
+    },
+}
+_CONTAINER = ("name", "image", "resources", "env")
+
+
+def _slim(obj: Mapping[str, Any], kind: str = "") -> dict[str, Any]:
+    """What a recording keeps of an object: for nodes, pods and Events the fields in _KEEP, for the
+    rest everything but managedFields and the last-applied annotation."""
+    keep = _KEEP.get(kind)
+    if keep is None:
+        metadata = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+        annotations = (metadata.get("annotations") or {}).copy()
+        annotations.pop("kubectl.kubernetes.io/last-applied-configuration", None)
+        metadata["annotations"] = annotations
+        return {**obj, "metadata": {k: v for k, v in metadata.items() if v}}
+    body: dict[str, Any] = {}
+    for section, fields in keep.items():
+        source = obj if section == "*" else obj.get(section) or {}
+        if fields == ("*",):
+            body[section] = source
+            continue
+        kept = {f: source[f] for f in fields if source.get(f) not in (None, "", [], {})}
+        if section == "*":
+            body.update(kept)
+        elif kept:
+            body[section] = kept
+    spec = body.get("spec") or {}
+    container_fields = ("name", "image") if kind == "OperandPod" else _CONTAINER
+    for key in ("containers", "initContainers"):
+        if key in spec:
+            spec[key] = [{f: c[f] for f in container_fields if c.get(f)} for c in spec[key]]
+    return body
+
+
+def _ref(obj: Mapping[str, Any]) -> str:
+    metadata = obj.get("metadata") or {}
+    return f"{metadata.get('namespace', '')}/{metadata.get('name', '')}"
+
+
+def _failure(what: str, exc: ApiError) -> DoctorError:
+    if exc.status == 0:
+        return DoctorError(f"cannot reach the API server: {exc}")
+    if exc.status in (401, 403):
+        return DoctorError(
+            f"not allowed to read {what} ({exc}): bind the chart's gpu-operator-doctor ClusterRole "
+            "to your user (charts/gpu-operator/README.md, RBAC)"
+        )
+    return DoctorError(f"cannot read {what}: {exc}")
+
+
+def _read(what: str, call: Callable[[], list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    try:
+        return call()
+    except ApiError as exc:
+        raise _failure(what, exc) from None
+
+
+def _logs(kube: Kube, pods: list[dict[str, Any]], lines: int) -> dict[str, str]:
+    """The last lines of each failing container of the not-ready operand pods."""
+    logs: dict[str, str] = {}
+    failing = [
+        p for p in pods if (info := pod_info(p)) is not None and not info.ready and not info.terminating
+    ]
+    for pod in failing[:MAX_LOGS]:
+        status = pod.get("status") or {}
+        for container in [
+            *(status.get("initContainerStatuses") or []),
+            *(status.get("containerStatuses") or []),
+        ]:
+            state = container.get("state") or {}
+            if container.get("ready") or ((state.get("terminated") or {}).get("reason") == "Completed"):
+                continue
+            previous = bool((container.get("lastState") or {}).get("terminated"))
+            metadata = pod["metadata"]
+            key = f"{metadata['namespace']}/{metadata['name']}/{container['name']}"
+            try:
+                logs[key] = kube.pod_log(
+                    metadata["namespace"], metadata["name"], container["name"], lines, previous
+                )
+            except ApiError as exc:
+                logs[key] = f"(log unavailable: {exc})"
+    return logs
+
+
+def record(kube: Kube, namespace: str = "", log_lines: int = LOG_LINES, pod: str = "") -> ClusterState:
+    """Read what the diagnosis needs. `namespace` of the operands: default the active ClusterPolicy's
+    status.namespace, else gpu-operator; `pod` (NAMESPACE/NAME) is recorded whatever it is."""
+    try:
+        policies: list[dict[str, Any]] | None = [
+            _slim(p) for p in kube.list("nvidia.com/v1", "ClusterPolicy")
+        ]
+    except ApiError as exc:
+        if exc.status != 404:
+            raise _failure("ClusterPolicies", exc) from None
+        policies = None  # the CRD is not installed
+    if not namespace:
+        oldest = sorted(
+            policies or [],
+            key=lambda p: (p["metadata"].get("creationTimestamp") or "", p["metadata"]["name"]),
+        )
+        namespace = (
+            (oldest[0].get("status") or {}).get("namespace") if oldest else None
+        ) or DEFAULT_NAMESPACE
+    nodes = _read("nodes", lambda: kube.list("v1", "Node"))
+    every_pod = _read("pods", lambda: kube.list("v1", "Pod"))
+    pods = [
+        _slim(p, "OperandPod" if is_operand(p, namespace) else "Pod")
+        for p in every_pod
+        if worth_recording(p, namespace) or _ref(p) == pod
+    ]
+    uids = {p["metadata"].get("uid") for p in pods}
+    events = _read("events", lambda: kube.list("v1", "Event"))
+    quotas = _read("resourcequotas", lambda: kube.list("v1", "ResourceQuota"))
+    operands = [p for p in pods if p["metadata"].get("namespace") == namespace]
+    return ClusterState(
+        namespace=namespace,
+        now=datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        nodes=[_slim(n, "Node") for n in nodes],
+        pods=pods,
+        requested=requested_by_node(every_pod),
+        events=[_slim(e, "Event") for e in events if event_worth_recording(e, uids)],
+        quotas=[_slim(q) for q in quotas if quota_worth_recording(q)],
+        runtime_classes=[
+            _slim(r) for r in _read("runtimeclasses", lambda: kube.list("node.k8s.io/v1", "RuntimeClass"))
+        ],
+        daemonsets=[
+            _slim(d, "DaemonSet")
+            for d in _read(
+                "daemonsets",
+                lambda: kube.list("apps/v1", "DaemonSet", namespace, f"{MANAGED_BY_LABEL}={MANAGED_BY}"),
+            )
+        ],
+        policies=policies,
+        logs=_logs(kube, operands, log_lines) if log_lines > 0 else {},
+    )
+
+
+def save_state(state: ClusterState, path: str) -> None:
+    try:
+        Path(path).write_text(json.dumps(dataclasses.asdict(state), indent=1, sort_keys=True) + "\n")
+    except OSError as exc:
+        raise DoctorError(f"{path}: cannot write: {exc.strerror or exc}") from None
+
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def load_state(path: str) -> ClusterState:
+    """A state saved by --save-state; DoctorError naming the problem otherwise."""
+    try:
+        data = yaml.load(Path(path).read_text(), Loader=_Loader)  # JSON, or YAML for hand-written states
+    except OSError as exc:
+        raise DoctorError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise DoctorError(f"{path}: not JSON or YAML: {str(exc).splitlines()[0]}") from None
+    fields = {f.name: f for f in dataclasses.fields(ClusterState)}
+    if not isinstance(data, dict) or "namespace" not in data or "now" not in data:
+        raise DoctorError(f"{path}: not a doctor state (saved by --save-state): needs namespace and now")
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise DoctorError(f"{path}: unknown keys {', '.join(unknown)}")
+    for name, value in data.items():
+        kind = dict if name in ("requested", "logs") else str if name in ("namespace", "now") else list
+        if not isinstance(value, kind) and not (name == "policies" and value is None):
+            raise DoctorError(f"{path}: {name} must be a {kind.__name__}")
+    return ClusterState(**data)
+
+
+def check_scope(state: ClusterState, scope: Scope) -> None:
+    if scope.node and scope.node not in {(n.get("metadata") or {}).get("name") for n in state.nodes}:
+        raise DoctorError(f"--node {scope.node}: no such node")
+    if scope.pod and scope.pod not in {_ref(p) for p in state.pods}:
+        raise DoctorError(f"--pod {scope.pod}: no such pod")
+
+
+# --- the command ----------------------------------------------------------------------------------
+
+
+def kube_from_kubeconfig(path: str | None, context: str | None) -> Kube:
+    try:
+        api = config.new_client_from_config(config_file=path, context=context)  # type: ignore[no-untyped-call]
+    except Exception as exc:  # the loader raises ConfigException, OSError, YAML and type errors alike
+        where = path or "$KUBECONFIG or ~/.kube/config"
+        raise DoctorError(f"cannot use the kubeconfig ({where}): {exc}") from None
+    return Kube(api)

@@ -1,0 +1,140 @@
+"""JSON decoding that no API response can crash, however deeply its content nests.
+
+The API server stores custom resources nested up to 10000 levels deep where the CRD lets a field keep
+unknown content (an older CRD, another version). Python's C decoder gives up with RecursionError at
+about 1000 levels; raised inside Kopf's LIST or watch stream, that stops the operator, and again at
+every restart. `loads` takes the fast C decoder and, only when that runs out of recursion, parses
+again with a small iterative parser that keeps at most MAX_DEPTH levels (deeper content becomes
+None). The policy models refuse anything that deep (api.MAX_DEPTH) with the field's path, so a
+truncated policy is reported as InvalidSpec and never acted on.
+
+`install()` routes Kopf's two decoding points through `loads`: the watch stream
+(kopf/_cogs/clients/api.py, `json.loads` per line) and the LIST responses (aiohttp's
+`ClientResponse.json`, which Kopf calls without a custom decoder).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import types
+from typing import Any
+
+import aiohttp
+
+MAX_DEPTH = 100
+"""Levels kept by the iterative parser: more than any model accepts, so truncation is always reported."""
+
+_WHITESPACE = re.compile(r"[ \t\n\r]*")
+_NUMBER = re.compile(r"-?(?:0|[1-9]\d*)(\.\d+)?([eE][-+]?\d+)?")
+_LITERALS = {"true": True, "false": False, "null": None}
+
+
+def loads(text: str | bytes | bytearray) -> Any:
+    """json.loads, except that nesting depth never raises RecursionError."""
+    try:
+        return json.loads(text)
+    except RecursionError:
+        return parse_iteratively(text.decode() if isinstance(text, bytes | bytearray) else text)
+
+
+def parse_iteratively(text: str, max_depth: int = MAX_DEPTH) -> Any:
+    """Parse a JSON document with an explicit stack; containers deeper than `max_depth` become None."""
+    # Each open container: (the value, or None while it is too deep to keep; the key awaiting a value).
+    stack: list[tuple[dict[str, Any] | list[Any] | None, str | None]] = []
+    root: Any = None
+    pos = _WHITESPACE.match(text, 0).end()  # type: ignore[union-attr]
+    while True:
+        if pos >= len(text):
+            raise json.JSONDecodeError("Expecting value", text, pos)
+        char = text[pos]
+        if char in "{[":
+            kept = len(stack) < max_depth and (not stack or stack[-1][0] is not None)
+            container: dict[str, Any] | list[Any] | None = ({} if char == "{" else []) if kept else None
+            stack.append((container, None))
+            pos = _WHITESPACE.match(text, pos + 1).end()  # type: ignore[union-attr]
+            if text.startswith("}" if char == "{" else "]", pos):
+                value: Any = stack.pop()[0]
+                pos += 1
+            elif char == "{":
+                pos = _key(text, pos, stack)
+                continue
+            else:
+                continue
+        elif char == '"':
+            value, pos = json.decoder.scanstring(text, pos + 1)  # type: ignore[attr-defined]
+        elif match := _NUMBER.match(text, pos):
+            number = match.group()
+            value = float(number) if match.group(1) or match.group(2) else int(number)
+            pos = match.end()
+        else:
+            word = next((w for w in _LITERALS if text.startswith(w, pos)), None)
+            if word is None:
+                raise json.JSONDecodeError("Expecting value", text, pos)
+            value, pos = _LITERALS[word], pos + len(word)
+        # A complete value: store it, then close every container that ends here.
+        while True:
+            if not stack:
+                root = value
+                pos = _WHITESPACE.match(text, pos).end()  # type: ignore[union-attr]
+                if pos != len(text):
+                    raise json.JSONDecodeError("Extra data", text, pos)
+                return root
+            container, key = stack[-1]
+            if isinstance(container, dict):
+                container[key] = value  # type: ignore[index]
+            elif isinstance(container, list):
+                container.append(value)
+            pos = _WHITESPACE.match(text, pos).end()  # type: ignore[union-attr]
+            closing = "}" if key is not None else "]"
+            if text.startswith(",", pos):
+                pos = _WHITESPACE.match(text, pos + 1).end()  # type: ignore[union-attr]
+                if key is not None:
+                    pos = _key(text, pos, stack)
+                break
+            if not text.startswith(closing, pos):
+                raise json.JSONDecodeError(f"Expecting ',' or {closing!r}", text, pos)
+            value = stack.pop()[0]
+            pos += 1
+
+
+def truncated(value: Any, max_depth: int = MAX_DEPTH) -> Any:
+    """A copy of `value` whose mappings and lists below `max_depth` levels are None (no recursion)."""
+    root: list[Any] = [None]
+    stack: list[tuple[Any, list[Any] | dict[Any, Any], Any, int]] = [(value, root, 0, 0)]
+    while stack:
+        item, parent, slot, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth >= max_depth:
+                item_copy: Any = None
+            else:
+                item_copy = dict.fromkeys(item) if isinstance(item, dict) else [None] * len(item)
+                pairs = item.items() if isinstance(item, dict) else enumerate(item)
+                stack.extend((child, item_copy, key, depth + 1) for key, child in pairs)
+        else:
+            item_copy = item
+        parent[slot] = item_copy
+    return root[0]
+
+
+def _key(text: str, pos: int, stack: list[tuple[Any, str | None]]) -> int:
+    """Read `"key":` for the object on top of the stack; return the position of its value."""
+    if not text.startswith('"', pos):
+        raise json.JSONDecodeError("Expecting property name enclosed in double quotes", text, pos)
+    key, pos = json.decoder.scanstring(text, pos + 1)  # type: ignore[attr-defined]
+    pos = _WHITESPACE.match(text, pos).end()  # type: ignore[union-attr]
+    if not text.startswith(":", pos):
+        raise json.JSONDecodeError("Expecting ':' delimiter", text, pos)
+    stack[-1] = (stack[-1][0], key)
+    return _WHITESPACE.match(text, pos + 1).end()  # type: ignore[union-attr]
+
+
+def install() -> None:
+    """Make Kopf decode every watch event and LIST response with `loads` (idempotent)."""
+    from kopf._cogs.clients import api  # Kopf's internal client; tests check both hooks are in place
+
+    api.json = types.SimpleNamespace(loads=loads)  # type: ignore[attr-defined,assignment]
+    original = vars(aiohttp.ClientResponse)["json"]
+    if not isinstance(original, functools.partialmethod):
+        aiohttp.ClientResponse.json = functools.partialmethod(original, loads=loads)  # type: ignore[method-assign,assignment]

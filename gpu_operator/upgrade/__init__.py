@@ -1,0 +1,47 @@
+"""Driver upgrades as a pure state machine: (upgrade policy, nodes, pods, driver DaemonSets, eviction
+results, time) → per node the next state, the exact writes, the Events, the status and the time to plan
+again. The reconciler only carries out the writes (see writes.py for their API calls)."""
+
+from gpu_operator.upgrade.facts import (
+    DriverDaemonSet,
+    DriverPod,
+    EvictionResult,
+    Facts,
+    UpgradeNode,
+    ValidatorPod,
+    WorkloadPod,
+    current_revision,
+    driver_daemonset,
+    driver_pod,
+    upgrade_node,
+    validator_pod,
+    workload_pod,
+)
+from gpu_operator.upgrade.rollout import UpgradePlan, plan_upgrade
+from gpu_operator.upgrade.states import State
+from gpu_operator.upgrade.writes import DeletePod, EvictPod, NodeActions, PatchNode, UpgradeEvent, Write
+
+__all__ = [
+    "DeletePod",
+    "DriverDaemonSet",
+    "DriverPod",
+    "EvictPod",
+    "EvictionResult",
+    "Facts",
+    "NodeActions",
+    "PatchNode",
+    "State",
+    "UpgradeEvent",
+    "UpgradeNode",
+    "UpgradePlan",
+    "ValidatorPod",
+    "WorkloadPod",
+    "Write",
+    "current_revision",
+    "driver_daemonset",
+    "driver_pod",
+    "plan_upgrade",
+    "upgrade_node",
+    "validator_pod",
+    "workload_pod",
+]

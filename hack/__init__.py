@@ -1,0 +1,1 @@
+"""Tools for the local cluster, the chart and tests (scripts; importable for tests)."""

@@ -1,0 +1,537 @@
+"""Conformance: `gpu-operator render` against the objects NVIDIA's own controller renders.
+
+Each case is a file `nvidia/<case>.<variant>.yaml` of the conformance directory
+(tests/data/nvidia-conformance, or `$NVIDIA_CONFORMANCE_DIR` with the same layout: policies/, nodes/,
+nvidia/). It is rendered from `policies/<case>.yaml` for the node in `nodes/<runtime>.yaml`, where the
+variant is `<runtime>` or `<runtime>-noprom` (a cluster without the Prometheus operator's ServiceMonitor
+CRD).
+
+Compared is what NVIDIA's images and the cluster read: object kinds and names; DaemonSet selectors, node
+selectors, tolerations and update strategy; pod host namespaces, runtime class, ServiceAccount and
+shareProcessNamespace; containers and init containers (names and order), their images, commands, args,
+env, envFrom, probe and preStop handlers, ports, privileged, and every volume mount with its volume source,
+readOnly, propagation and subPath; ConfigMap data; Services, ServiceMonitors, RuntimeClasses; and the
+effective RBAC of every ServiceAccount (the rules of all Roles and ClusterRoles bound to it). Labels,
+annotations (except the CDI ones the NRI plugin reads), field order, resources and probe timings may differ.
+
+Every deliberate difference is a rule in deliberate-differences.yaml, with its reason; a rule that matches
+nothing in the cases it applies to fails too, so the file never keeps stale entries.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import io
+import json
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_operator import cli
+from gpu_operator.api import parse_document
+from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.components import COMPONENTS
+
+Obj = dict[str, Any]
+Fields = dict[tuple[str, str], Any]
+"""(container name or "", field) → normalized value."""
+
+REPO_DIR = Path(__file__).resolve().parents[1] / "data" / "nvidia-conformance"
+DIFFERENCES = REPO_DIR / "deliberate-differences.yaml"
+FLAGS = {"noprom": "--no-servicemonitor-crd"}
+
+
+class Absent:
+    def __repr__(self) -> str:
+        return "absent"
+
+
+ABSENT: Any = Absent()
+
+
+# --- cases ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Case:
+    directory: Path
+    name: str
+    """`<case>.<variant>`, e.g. b-chart-default.containerd-noprom."""
+
+    @property
+    def policy(self) -> Path:
+        return self.directory / "policies" / f"{self.name.split('.')[0]}.yaml"
+
+    @property
+    def node(self) -> Path:
+        return self.directory / "nodes" / f"{self.variant[0]}.yaml"
+
+    @property
+    def variant(self) -> list[str]:
+        return self.name.split(".", 1)[1].split("-")
+
+    @property
+    def expected(self) -> Path:
+        return self.directory / "nvidia" / f"{self.name}.yaml"
+
+
+def cases_in(directory: Path) -> list[Case]:
+    return [
+        Case(directory, p.name.removesuffix(".yaml")) for p in sorted((directory / "nvidia").glob("*.yaml"))
+    ]
+
+
+SELECTED = Path(os.environ.get("NVIDIA_CONFORMANCE_DIR") or REPO_DIR)
+CASES = cases_in(SELECTED)
+
+
+def documents(text: str) -> list[Obj]:
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+def render(case: Case) -> list[Obj]:
+    """Our objects, through the CLI exactly as a user runs it."""
+    unknown = [flag for flag in case.variant[1:] if flag not in FLAGS]
+    assert not unknown, f"{case.name}: unknown variant {unknown}; known: {sorted(FLAGS)}"
+    argv = ["render", "-f", str(case.policy), "--nodes", str(case.node)]
+    argv += [FLAGS[flag] for flag in case.variant[1:]]
+    args = cli.build_parser({}).parse_args(argv)
+    out, err = io.StringIO(), io.StringIO()
+    code = args.handler(args, out, err)
+    assert code == cli.EXIT_OK, f"{case.name}: render failed: {err.getvalue()}"
+    return documents(out.getvalue())
+
+
+# --- what is compared -----------------------------------------------------------------------------
+
+
+def _path(path: str) -> str:
+    return path.rstrip("/") or "/"
+
+
+def _source(volume: Mapping[str, Any] | None) -> Any:
+    """A volume's source, with Kubernetes' defaults filled in so that equal sources compare equal."""
+    if volume is None:
+        return "no such volume"
+    if "hostPath" in volume:
+        return {"hostPath": _path(volume["hostPath"]["path"]), "type": volume["hostPath"].get("type") or ""}
+    for kind, name_key in (("configMap", "name"), ("secret", "secretName")):
+        if kind in volume:
+            source = volume[kind]
+            items = sorted(source.get("items") or [], key=lambda item: item["key"])
+            return {
+                kind: source.get(name_key),
+                "items": items,
+                "defaultMode": source.get("defaultMode", 0o644),
+            }
+    if "emptyDir" in volume:
+        return {"emptyDir": (volume["emptyDir"] or {}).get("medium", "")}
+    return {key: value for key, value in volume.items() if key != "name"}
+
+
+def _env_value(entry: Mapping[str, Any]) -> Any:
+    if "valueFrom" not in entry:
+        return entry.get("value", "")
+    source = dict(entry["valueFrom"])
+    if "fieldRef" in source:
+        return {"fieldRef": source["fieldRef"]["fieldPath"]}
+    return source
+
+
+def _handler(handler: Mapping[str, Any] | None) -> Any:
+    if not handler:
+        return ABSENT
+    if "exec" in handler:
+        return {"exec": handler["exec"].get("command")}
+    if "httpGet" in handler:
+        get = handler["httpGet"]
+        return {"httpGet": get.get("path"), "port": get.get("port"), "scheme": get.get("scheme", "HTTP")}
+    if "tcpSocket" in handler:
+        return {"tcpSocket": handler["tcpSocket"].get("port")}
+    return dict(handler)
+
+
+def _container(ctr: Mapping[str, Any], volumes: Mapping[str, Any]) -> Fields:
+    name = ctr["name"]
+    fields: Fields = {
+        (name, "image"): ctr.get("image"),
+        (name, "imagePullPolicy"): ctr.get("imagePullPolicy"),
+        (name, "command"): ctr.get("command") or [],
+        (name, "args"): ctr.get("args") or [],
+        (name, "envFrom"): ctr.get("envFrom") or [],
+        (name, "privileged"): bool((ctr.get("securityContext") or {}).get("privileged")),
+        (name, "preStop"): _handler((ctr.get("lifecycle") or {}).get("preStop")),
+    }
+    for kind in ("startup", "liveness", "readiness"):
+        fields[(name, f"probe {kind}")] = _handler(ctr.get(f"{kind}Probe"))
+    for entry in ctr.get("env") or []:
+        key = (name, f"env {entry['name']}")
+        assert key not in fields, f"container {name}: env {entry['name']} set twice"
+        fields[key] = _env_value(entry)
+    for port in ctr.get("ports") or []:
+        fields[(name, f"port {port['containerPort']}")] = {
+            "name": port.get("name", ""),
+            "hostPort": port.get("hostPort", 0),
+            "protocol": port.get("protocol", "TCP"),
+        }
+    for mount in ctr.get("volumeMounts") or []:
+        path = _path(mount["mountPath"])
+        fields[(name, f"mount {path}")] = _source(volumes.get(mount["name"]))
+        fields[(name, f"mount {path} readOnly")] = bool(mount.get("readOnly"))
+        fields[(name, f"mount {path} mountPropagation")] = mount.get("mountPropagation", "None")
+        fields[(name, f"mount {path} subPath")] = mount.get("subPath", "")
+    return fields
+
+
+POD_DEFAULTS: dict[str, Any] = {
+    "hostPID": False,
+    "hostNetwork": False,
+    "hostIPC": False,
+    "runtimeClassName": ABSENT,
+    "serviceAccountName": "default",
+    "shareProcessNamespace": False,
+    "priorityClassName": ABSENT,
+    "automountServiceAccountToken": True,
+}
+CDI_ANNOTATION_PREFIX = "nvidia.cdi.k8s.io/"
+
+
+def _daemonset(obj: Obj) -> Fields:
+    spec = obj["spec"]
+    template = spec["template"]
+    pod = template["spec"]
+    fields: Fields = {("", f"selector {k}"): v for k, v in spec["selector"]["matchLabels"].items()}
+    fields[("", "updateStrategy")] = (spec.get("updateStrategy") or {}).get("type", "RollingUpdate")
+    fields.update((("", f"nodeSelector {k}"), v) for k, v in (pod.get("nodeSelector") or {}).items())
+    fields[("", "tolerations")] = pod.get("tolerations") or []
+    fields.update((("", name), pod.get(name, default)) for name, default in POD_DEFAULTS.items())
+    annotations = (template.get("metadata") or {}).get("annotations") or {}
+    fields.update(
+        (("", f"annotation {k}"), v) for k, v in annotations.items() if k.startswith(CDI_ANNOTATION_PREFIX)
+    )
+    volumes = {v["name"]: v for v in pod.get("volumes") or []}
+    for kind in ("initContainers", "containers"):
+        fields[("", kind)] = [c["name"] for c in pod.get(kind) or []]
+        for ctr in pod.get(kind) or []:
+            fields.update(_container(ctr, volumes))
+    return fields
+
+
+def _config_data(key: str, value: str) -> Any:
+    if key.endswith((".yaml", ".yml", ".json")):
+        return yaml.safe_load(value)
+    if key.endswith(".sh"):
+        return {"interpreter": value.splitlines()[0] if value else ""}
+    return value
+
+
+def _service(obj: Obj) -> Fields:
+    spec = obj["spec"]
+    fields: Fields = {
+        ("", "type"): spec.get("type", "ClusterIP"),
+        ("", "internalTrafficPolicy"): spec.get("internalTrafficPolicy", "Cluster"),
+    }
+    fields.update((("", f"selector {k}"), v) for k, v in (spec.get("selector") or {}).items())
+    for port in spec.get("ports") or []:
+        fields[("", f"port {port.get('name', '')}")] = {
+            "port": port["port"],
+            # The API server defaults an absent (or zero, in NVIDIA's dump) targetPort to the port.
+            "targetPort": port.get("targetPort") or port["port"],
+            "protocol": port.get("protocol", "TCP"),
+        }
+    return fields
+
+
+def _service_monitor(obj: Obj) -> Fields:
+    spec = obj["spec"]
+    fields: Fields = {
+        (("", key)): spec.get(key, ABSENT) for key in ("jobLabel", "selector", "namespaceSelector")
+    }
+    for endpoint in spec.get("endpoints") or []:
+        # Prometheus' defaults: no relabelings, honorLabels false.
+        normalized = {k: v for k, v in endpoint.items() if v not in ([], False, None)}
+        fields[("", f"endpoint {endpoint.get('port', '')}")] = normalized
+    # Prometheus selects ServiceMonitors by label: NVIDIA's labels must be there; extra ones are ours.
+    fields.update((("", f"label {k}"), v) for k, v in (obj["metadata"].get("labels") or {}).items())
+    return fields
+
+
+def fields_of(obj: Obj) -> Fields:
+    kind = obj["kind"]
+    if kind == "DaemonSet":
+        return _daemonset(obj)
+    if kind == "ConfigMap":
+        return {("", f"data {k}"): _config_data(k, v) for k, v in (obj.get("data") or {}).items()}
+    if kind == "Service":
+        return _service(obj)
+    if kind == "ServiceMonitor":
+        return _service_monitor(obj)
+    if kind == "RuntimeClass":
+        return {("", "handler"): obj.get("handler")}
+    return {}
+
+
+# --- effective RBAC -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grant:
+    cluster: bool
+    """Cluster-wide (a ClusterRole bound by a ClusterRoleBinding), else in the operand namespace."""
+    group: str
+    resource: str
+    name: str
+    verb: str
+
+    def covers(self, other: Grant) -> bool:
+        return (
+            (self.cluster or not other.cluster)
+            and self.group in (other.group, "*")
+            and self.resource in (other.resource, "*")
+            and self.name in ("", other.name)
+            and self.verb in (other.verb, "*")
+        )
+
+    def __str__(self) -> str:
+        where = "cluster" if self.cluster else "namespace"
+        name = f"/{self.name}" if self.name else ""
+        return f"{where} {self.group or 'core'}/{self.resource}{name} {self.verb}"
+
+
+def grants(objects: Iterable[Obj]) -> dict[str, set[Grant]]:
+    """ServiceAccount name → every permission its bindings give it."""
+    roles = {(o["kind"], o["metadata"]["name"]): o for o in objects if o["kind"] in ("Role", "ClusterRole")}
+    result: dict[str, set[Grant]] = {
+        o["metadata"]["name"]: set() for o in objects if o["kind"] == "ServiceAccount"
+    }
+    for binding in objects:
+        if binding["kind"] not in ("RoleBinding", "ClusterRoleBinding"):
+            continue
+        role = roles.get((binding["roleRef"]["kind"], binding["roleRef"]["name"]))
+        cluster = binding["kind"] == "ClusterRoleBinding"
+        for subject in binding.get("subjects") or []:
+            if subject.get("kind") != "ServiceAccount" or role is None:
+                continue
+            found = result.setdefault(subject["name"], set())
+            for rule in role.get("rules") or []:
+                found.update(
+                    Grant(cluster, group, resource, name, verb)
+                    for group in rule.get("apiGroups") or [""]
+                    for resource in rule.get("resources") or []
+                    for name in rule.get("resourceNames") or [""]
+                    for verb in rule.get("verbs") or []
+                )
+    return result
+
+
+# --- differences ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Difference:
+    object: str
+    """Kind/name."""
+    container: str
+    field: str
+    nvidia: Any
+    ours: Any
+
+    def __str__(self) -> str:
+        where = f" [{self.container}]" if self.container else ""
+        if isinstance(self.nvidia, dict) and isinstance(self.ours, dict):
+            how = _dict_difference(self.nvidia, self.ours)
+        else:
+            how = f"NVIDIA {_show(self.nvidia)}, ours {_show(self.ours)}"
+        return f"{self.object}{where} {self.field}: {how}"
+
+
+SHOWN = 400
+
+
+def _show(value: Any) -> str:
+    text = "absent" if value is ABSENT else json.dumps(value, sort_keys=True)
+    return text if len(text) <= SHOWN else text[:SHOWN] + "..."
+
+
+def _dict_difference(nvidia: dict[str, Any], ours: dict[str, Any]) -> str:
+    """Large mappings (a ConfigMap's YAML, a volume source): name what differs, key by key."""
+    parts = [
+        f"{key}: NVIDIA {_show(nvidia.get(key, ABSENT))}, ours {_show(ours.get(key, ABSENT))}"
+        for key in sorted(set(nvidia) | set(ours))
+        if nvidia.get(key, ABSENT) != ours.get(key, ABSENT)
+    ]
+    return "; ".join(parts)
+
+
+def _parent(field: str) -> str | None:
+    """`mount /x readOnly` belongs to `mount /x`: when the mount itself is missing, say it once."""
+    parts = field.split(" ")
+    return " ".join(parts[:2]) if len(parts) > 2 else None
+
+
+def _compare(key: str, nvidia: Fields, ours: Fields) -> list[Difference]:
+    theirs_ctrs = set(nvidia.get(("", "initContainers"), []) + nvidia.get(("", "containers"), []))
+    our_ctrs = set(ours.get(("", "initContainers"), []) + ours.get(("", "containers"), []))
+    found = []
+    for container, field in sorted(set(nvidia) | set(ours)):
+        if container and not (container in theirs_ctrs and container in our_ctrs):
+            continue  # the container lists already differ
+        parent = _parent(field)
+        if parent and ((container, parent) in nvidia) != ((container, parent) in ours):
+            continue
+        a, b = nvidia.get((container, field), ABSENT), ours.get((container, field), ABSENT)
+        if field.startswith("label ") and a is ABSENT:
+            continue
+        if a != b:
+            found.append(Difference(key, container, field, a, b))
+    return found
+
+
+def differences(nvidia_objects: list[Obj], our_objects: list[Obj]) -> list[Difference]:
+    def by_key(objects: list[Obj]) -> dict[str, Obj]:
+        return {f"{o['kind']}/{o['metadata']['name']}": o for o in objects}
+
+    theirs, ours = by_key(nvidia_objects), by_key(our_objects)
+    found: list[Difference] = []
+    for key in sorted(set(theirs) | set(ours)):
+        if key not in ours or key not in theirs:
+            found.append(
+                Difference(
+                    key,
+                    "",
+                    "object",
+                    "present" if key in theirs else ABSENT,
+                    "present" if key in ours else ABSENT,
+                )
+            )
+            continue
+        found.extend(_compare(key, fields_of(theirs[key]), fields_of(ours[key])))
+    their_grants, our_grants = grants(nvidia_objects), grants(our_objects)
+    for account in sorted(set(their_grants) & set(our_grants)):
+        mine, expected = our_grants[account], their_grants[account]
+        for grant in sorted(expected, key=str):
+            if not any(g.covers(grant) for g in mine):
+                found.append(Difference(f"ServiceAccount/{account}", "", f"rbac {grant}", "granted", ABSENT))
+        for grant in sorted(mine, key=str):
+            if not any(g.covers(grant) for g in expected):
+                found.append(Difference(f"ServiceAccount/{account}", "", f"rbac {grant}", ABSENT, "granted"))
+    return found
+
+
+# --- deliberate differences -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Rule:
+    object: str
+    field: str
+    reason: str
+    container: str = "*"
+    nvidia: Any = None
+    ours: Any = None
+    """None: any value; "absent"/"present"; else the exact (normalized) value."""
+    when: str | None = None
+    """A policy field (dotted path in the spec, e.g. hostPaths.kubeletRootDir): the rule applies only to
+    cases whose policy sets it (to a value that is neither empty nor false nor the default); where no
+    case does, the rule is kept for NVIDIA's further documented cases."""
+
+    def matches(self, diff: Difference) -> bool:
+        return (
+            fnmatch.fnmatchcase(diff.object, self.object)
+            and fnmatch.fnmatchcase(diff.container, self.container)
+            and fnmatch.fnmatchcase(diff.field, self.field)
+            and _value_matches(self.nvidia, diff.nvidia)
+            and _value_matches(self.ours, diff.ours)
+        )
+
+    def applies(self, case: Case) -> bool:
+        if self.when is None:
+            return True
+        value = _field(policy_of(case), self.when)
+        return bool(value) and value != _field(DEFAULT_SPEC, self.when)
+
+    def __str__(self) -> str:
+        when = f" when {self.when} is set" if self.when else ""
+        return (
+            f"{self.object} [{self.container}] {self.field} (nvidia: {self.nvidia}, ours: {self.ours}){when}"
+        )
+
+
+DEFAULT_SPEC = ClusterPolicySpec()
+
+
+@cache
+def policy_of(case: Case) -> ClusterPolicySpec:
+    return parse_document(yaml.safe_load(case.policy.read_text()))
+
+
+def _field(spec: ClusterPolicySpec, path: str) -> Any:
+    value: Any = spec
+    for part in path.split("."):
+        value = getattr(value, part, None)
+    return value
+
+
+def _value_matches(expected: Any, value: Any) -> bool:
+    if expected is None:
+        return True
+    if expected == "absent":
+        return value is ABSENT
+    if expected == "present":
+        return value is not ABSENT
+    return bool(expected == value)
+
+
+@cache
+def rules() -> tuple[Rule, ...]:
+    entries = yaml.safe_load(DIFFERENCES.read_text()) or []
+    loaded = []
+    for index, entry in enumerate(entries):
+        assert isinstance(entry, dict), f"{DIFFERENCES.name} entry {index}: not a mapping"
+        assert str(entry.get("reason", "")).strip(), f"{DIFFERENCES.name} entry {index}: no reason"
+        loaded.append(Rule(**entry))
+    return tuple(loaded)
+
+
+@cache
+def case_differences(case: Case) -> tuple[Difference, ...]:
+    expected = documents(case.expected.read_text())
+    return tuple(differences(expected, render(case)))
+
+
+def explained(case: Case, diff: Difference) -> bool:
+    return any(r.applies(case) and r.matches(diff) for r in rules())
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_render_matches_nvidia(case: Case) -> None:
+    unexplained = [d for d in case_differences(case) if not explained(case, d)]
+    assert not unexplained, (
+        f"{case.name}: {len(unexplained)} differences from NVIDIA's objects that no rule of "
+        f"{DIFFERENCES.relative_to(REPO_DIR.parents[2])} explains (fix the templates, or add a rule "
+        "with its reason):\n  " + "\n  ".join(map(str, unexplained))
+    )
+
+
+def test_every_deliberate_difference_is_still_needed() -> None:
+    every = list({c.name: c for c in cases_in(REPO_DIR) + CASES}.values())
+    stale = [
+        str(rule)
+        for rule in rules()
+        if (applying := [c for c in every if rule.applies(c)])
+        and not any(rule.matches(d) for c in applying for d in case_differences(c))
+    ]
+    assert not stale, "rules that match no difference in any case (remove them):\n  " + "\n  ".join(stale)
+
+
+def test_cases_cover_every_component() -> None:
+    rendered = {
+        o["metadata"]["name"] for case in cases_in(REPO_DIR) for o in documents(case.expected.read_text())
+    }
+    assert {c.daemonset for c in COMPONENTS} <= rendered

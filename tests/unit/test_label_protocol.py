@@ -1,0 +1,329 @@
+"""The deploy-label protocol of NVIDIA's operand managers, played against the planner.
+
+A small model of one node's labels with server-side-apply ownership stands in for the API server:
+the operator's apply (field manager gpu-operator, force), the managers' patches (operation Update,
+which take a field only when they change its value) and the operator's explicit removals. The
+managers' writes are transcribed from their sources in hack/operand_managers.py (k8s-driver-manager
+v0.12.0, mig-manager v0.15.0); the end-to-end tests play the same writes on a real API server.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpu_operator.components import BY_NAME
+from gpu_operator.nodes import GPU_PRESENT, MIG_CONFIG, NodeInfo, node_info
+from gpu_operator.observed import DaemonSetInfo, PodInfo
+from gpu_operator.plan import Observed, PolicyRef, build
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from hack import operand_managers
+from hack.operand_managers import (
+    driver_manager_paused,
+    driver_manager_true,
+    mig_manager_paused,
+    mig_manager_true,
+)
+
+PCI = "feature.node.kubernetes.io/pci-10de.present"
+DRIVER_MANAGER = "k8s-driver-manager"
+MIG_MANAGER = "nvidia-mig-manager"
+NOW = "2026-12-01T00:00:00Z"
+
+
+def deploy(name: str) -> str:
+    return f"nvidia.com/gpu.deploy.{name}"
+
+
+@pytest.mark.parametrize(
+    ("rule", "before", "after"),
+    [
+        (driver_manager_paused, "true", "paused-for-driver-upgrade"),
+        (driver_manager_paused, "", ""),
+        (driver_manager_paused, "false", "false"),
+        (driver_manager_paused, "paused-for-driver-upgrade", "paused-for-driver-upgrade"),
+        (driver_manager_paused, "custom", "custom_paused-for-driver-upgrade"),
+        (driver_manager_true, "paused-for-driver-upgrade", "true"),
+        (driver_manager_true, "", ""),
+        (driver_manager_true, "true", "true"),
+        (driver_manager_true, "false", "false"),
+        (driver_manager_true, "custom_paused-for-driver-upgrade", "custom"),
+        (mig_manager_paused, "true", "paused-for-mig-change"),
+        (mig_manager_paused, "", "paused-for-mig-change"),
+        (mig_manager_paused, "false", "false"),
+        (mig_manager_true, "paused-for-mig-change", "true"),
+        (mig_manager_true, "", "true"),
+        (mig_manager_true, "false", "false"),
+    ],
+)
+def test_the_transcribed_rules(rule: Any, before: str, after: str) -> None:
+    """The managers' own unit tables (reconfigure_test.go:31-63 for mig-manager)."""
+    assert rule(before) == after
+
+
+@dataclass
+class Node:
+    """One node's labels and, per label, who owns it, as server-side apply tracks it."""
+
+    name: str = "gpu-0"
+    labels: dict[str, str] = field(default_factory=lambda: {PCI: "true"})
+    owners: dict[str, set[str]] = field(default_factory=dict)
+    version: int = 1
+
+    def apply(self, wanted: dict[str, str]) -> None:
+        """The operator's server-side apply (force) of its complete set."""
+        for key in [k for k, o in self.owners.items() if "gpu-operator" in o and k not in wanted]:
+            self.owners[key].discard("gpu-operator")
+            if not self.owners[key]:
+                del self.owners[key], self.labels[key]
+        for key, value in wanted.items():
+            if self.labels.get(key) != value:
+                self.owners[key] = set()
+            self.labels[key] = value
+            self.owners.setdefault(key, set()).add("gpu-operator")
+        self.version += 1
+
+    def patch(self, manager: str, labels: dict[str, str]) -> None:
+        """A manager's patch (operation Update): it takes a label only where it changes the value."""
+        for key, value in labels.items():
+            if self.labels.get(key) != value:
+                self.labels[key] = value
+                self.owners[key] = {manager}
+        self.version += 1
+
+    def remove(self, labels: dict[str, str]) -> None:
+        if all(self.labels.get(k) == v for k, v in labels.items()):
+            for key in labels:
+                del self.labels[key], self.owners[key]
+        self.version += 1
+
+    def info(self) -> NodeInfo:
+        fields: dict[tuple[str, str], set[str]] = {}
+        for key, managers in self.owners.items():
+            for manager in managers:
+                operation = "Apply" if manager == "gpu-operator" else "Update"
+                fields.setdefault((manager, operation), set()).add(key)
+        body = {
+            "metadata": {
+                "name": self.name,
+                "labels": dict(self.labels),
+                "resourceVersion": str(self.version),
+                "managedFields": [
+                    {
+                        "manager": manager,
+                        "operation": operation,
+                        "fieldsV1": {"f:metadata": {"f:labels": {f"f:{k}": {} for k in keys}}},
+                    }
+                    for (manager, operation), keys in sorted(fields.items())
+                ],
+            }
+        }
+        return node_info(body)
+
+    # The managers, acting on this node.
+    def driver_manager_reschedules(self) -> None:
+        self.patch(DRIVER_MANAGER, operand_managers.driver_manager_reschedule(self.labels))
+
+    def driver_manager_evicts(self) -> None:
+        self.patch(DRIVER_MANAGER, operand_managers.driver_manager_evict(self.labels))
+
+    def mig_manager_pauses(self) -> None:
+        self.patch(MIG_MANAGER, operand_managers.mig_manager_pause(self.labels))
+
+    def mig_manager_restores(self) -> None:
+        self.patch(MIG_MANAGER, operand_managers.mig_manager_restore(self.labels))
+
+
+@dataclass
+class Cluster:
+    node: Node = field(default_factory=Node)
+    spec: dict[str, Any] | None = field(default_factory=dict)
+    ready: set[str] = field(default_factory=set)
+    """Components whose pod is ready on the node."""
+
+    def observed(self) -> Observed:
+        policies = () if self.spec is None else (PolicyRef("p", "uid", 1, NOW, self.spec, {}),)
+        pods = [PodInfo(f"{c}-x", c, self.node.name, True, "", "", False, NOW) for c in sorted(self.ready)]
+        # Each DaemonSet schedules on the node while its label says "true", and is ready with its pod.
+        daemonsets = {
+            ds: DaemonSetInfo(ds, c, 1, 1, 1, int(c in self.ready), 1, int(c in self.ready), 0, False)
+            for c in self.deployed()
+            if c in BY_NAME
+            for ds in [BY_NAME[c].daemonset]
+        }
+        return Observed(policies, {self.node.name: self.node.info()}, pods, daemonsets, {}, "gpu-operator")
+
+    def reconcile(self) -> dict[str, Any]:
+        """One operator pass; returns the component statuses."""
+        plan = build(self.observed(), NOW)
+        if self.node.name in plan.node_labels:
+            self.node.apply(plan.node_labels[self.node.name])
+        if self.node.name in plan.label_releases:
+            self.node.remove(plan.label_releases[self.node.name])
+        status = plan.statuses.get("p", {})
+        return {c["name"]: c for c in status.get("components", [])}
+
+    def deployed(self) -> set[str]:
+        return {
+            k.removeprefix(deploy(""))
+            for k, v in self.node.labels.items()
+            if k.startswith(deploy("")) and v == "true"
+        }
+
+    def bring_up(self, components: Iterable[str]) -> None:
+        """Pods come up for what is labelled; the operator reacts, until nothing changes."""
+        for _ in range(6):
+            self.ready |= self.deployed() & set(components)
+            self.reconcile()
+
+
+STACK = {
+    "driver",
+    "container-toolkit",
+    "operator-validator",
+    "device-plugin",
+    "gpu-feature-discovery",
+    "dcgm",
+    "dcgm-exporter",
+}
+
+
+def test_fresh_node_with_driver_manager_comes_up_in_order() -> None:
+    cluster = Cluster()
+    cluster.reconcile()
+    assert cluster.deployed() == {"driver"}
+    # The driver pod's init container: no driver loaded yet, so it "reschedules" the operands, which
+    # writes "" for every label that was absent.
+    cluster.node.driver_manager_reschedules()
+    assert cluster.node.labels[deploy("container-toolkit")] == ""
+    assert cluster.deployed() == {"driver"}
+    cluster.reconcile()
+    assert cluster.deployed() == {"driver"}  # "" is "not decided": the toolkit still waits for the driver
+    cluster.ready.add("driver")
+    cluster.reconcile()
+    assert cluster.deployed() == {"driver", "container-toolkit"}  # "" taken over once the driver is ready
+    assert "gpu-operator" in cluster.node.owners[deploy("container-toolkit")]
+    cluster.bring_up(STACK)
+    assert cluster.deployed() == STACK
+    components = cluster.reconcile()
+    assert all(components[c]["state"] == "ready" for c in STACK), components
+
+
+def test_driver_upgrade_pause_is_respected_reported_and_restored() -> None:
+    cluster = Cluster()
+    cluster.node.driver_manager_reschedules()
+    cluster.bring_up(STACK)
+    # A new driver pod: its driver manager evicts every operand but the driver.
+    cluster.node.driver_manager_evicts()
+    cluster.ready = {"driver"}
+    version = cluster.node.version
+    components = cluster.reconcile()
+    assert cluster.node.version == version, "the operator wrote over a pause"
+    plugin = components["device-plugin"]
+    assert plugin["state"] == "notReady"
+    assert plugin["problems"] == [
+        {"node": "gpu-0", "reason": "Paused", "message": f"paused-for-driver-upgrade by {DRIVER_MANAGER}"}
+    ]
+    assert f"paused-for-driver-upgrade by {DRIVER_MANAGER} on gpu-0" in plugin["reason"]
+    assert components["driver"]["state"] == "ready"
+    # The manager restores the labels: they come back, and the operator shares them again.
+    cluster.node.driver_manager_reschedules()
+    cluster.bring_up(STACK)
+    assert cluster.deployed() == STACK
+    assert all("gpu-operator" in cluster.node.owners[deploy(c)] for c in STACK)
+    assert all(c["state"] == "ready" for c in cluster.reconcile().values() if c["enabled"])
+
+
+def test_cleanup_after_a_restore_removes_what_the_operator_shared() -> None:
+    cluster = Cluster()
+    cluster.node.driver_manager_reschedules()
+    cluster.bring_up(STACK)
+    cluster.node.driver_manager_evicts()
+    cluster.node.driver_manager_reschedules()
+    cluster.bring_up(STACK)
+    cluster.spec = None  # the policy is deleted
+    cluster.reconcile()
+    left = {k: v for k, v in cluster.node.labels.items() if k.startswith("nvidia.com/")}
+    # What stays is the driver manager's own "not decided" marks for operands nobody deployed.
+    assert left and all(v == "" and cluster.node.owners[k] == {DRIVER_MANAGER} for k, v in left.items()), left
+
+
+def test_pause_during_cleanup_is_left_to_its_manager() -> None:
+    cluster = Cluster()
+    cluster.bring_up(STACK)
+    cluster.node.driver_manager_evicts()
+    cluster.spec = None
+    cluster.reconcile()
+    assert cluster.node.labels[deploy("device-plugin")] == "paused-for-driver-upgrade"
+    assert deploy("driver") not in cluster.node.labels
+
+
+def test_mig_reconfiguration_pauses_and_restores_even_absent_labels() -> None:
+    cluster = Cluster(node=Node(labels={PCI: "true", "nvidia.com/mig.capable": "true"}))
+    cluster.bring_up(STACK | {"mig-manager"})
+    assert cluster.node.labels[MIG_CONFIG] == "all-disabled"
+    cluster.node.mig_manager_pauses()
+    cluster.ready -= {"device-plugin", "gpu-feature-discovery", "dcgm", "dcgm-exporter"}
+    components = cluster.reconcile()
+    assert components["dcgm"]["problems"][0]["message"] == f"paused-for-mig-change by {MIG_MANAGER}"
+    assert components["mig-manager"]["state"] == "ready"
+    cluster.node.mig_manager_restores()
+    cluster.bring_up(STACK | {"mig-manager"})
+    components = cluster.reconcile()
+    assert all(components[c]["state"] == "ready" for c in STACK | {"mig-manager"})
+    # nvsm was never ours: mig-manager's "true" for it stays its own.
+    assert cluster.node.owners[deploy("nvsm")] == {MIG_MANAGER}
+
+
+def test_pre_installed_driver_counts_as_satisfied() -> None:
+    cluster = Cluster()
+    cluster.reconcile()
+    cluster.node.patch(DRIVER_MANAGER, {deploy("driver"): "pre-installed"})
+    components = cluster.reconcile()
+    assert cluster.deployed() == {"container-toolkit"}, "the toolkit did not start on a host driver"
+    assert cluster.node.labels[deploy("driver")] == "pre-installed"
+    assert components["driver"]["nodesDesired"] == 0
+    cluster.bring_up(STACK - {"driver"})
+    assert cluster.deployed() == STACK - {"driver"}
+
+
+@pytest.mark.parametrize(
+    ("value", "reason", "eligible"),
+    [
+        ("false", None, False),
+        ("pre-installed", "DeployLabelHeld", True),  # only the driver's label means a host driver
+        ("custom", "DeployLabelHeld", True),
+        ("custom_paused-for-driver-upgrade", "Paused", True),
+    ],
+)
+def test_other_values_on_a_component_label(value: str, reason: str | None, eligible: bool) -> None:
+    cluster = Cluster()
+    cluster.bring_up(STACK)
+    cluster.node.patch("kubectl-label", {deploy("dcgm"): value})
+    components = cluster.reconcile()
+    assert cluster.node.labels[deploy("dcgm")] == value
+    dcgm = components["dcgm"]
+    assert dcgm["nodesDesired"] == (1 if eligible else 0)
+    assert [p["reason"] for p in dcgm["problems"]] == ([reason] if reason else [])
+    if reason == "DeployLabelHeld":
+        assert "set by kubectl-label" in dcgm["problems"][0]["message"]
+
+
+def test_writes_carry_the_node_version_they_were_planned_on() -> None:
+    cluster = Cluster()
+    observed = cluster.observed()
+    assert observed.nodes["gpu-0"].resource_version == "1"
+    # Changing only the version is not a change a pass needs to react to.
+    assert Node(version=7).info() == Node(version=8).info()
+
+
+def test_gpu_present_and_no_policy() -> None:
+    cluster = Cluster(spec=None)
+    cluster.reconcile()
+    assert GPU_PRESENT not in cluster.node.labels

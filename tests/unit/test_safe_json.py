@@ -1,0 +1,129 @@
+"""Decoding that no input can crash (gpu_operator/safe_json.py), and the request body kube.py sends."""
+
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gpu_operator import safe_json
+from gpu_operator.kube import Kube
+
+JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
+)
+
+
+@given(JSON, st.sampled_from([None, 0, 2]))
+def test_iterative_parser_reads_what_json_reads(value: Any, indent: int | None) -> None:
+    text = json.dumps(value, indent=indent)
+    assert safe_json.parse_iteratively(text) == json.loads(text)
+
+
+@pytest.mark.parametrize("text", ["", "{", "[1,]", '{"a"}', '{"a":1,}', "[1 2]", "tru", "{} x", "{1:2}", "-"])
+def test_iterative_parser_refuses_what_json_refuses(text: str) -> None:
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(text)
+    with pytest.raises(json.JSONDecodeError):
+        safe_json.parse_iteratively(text)
+
+
+def depth_of(value: Any) -> int:
+    depth = 0
+    while isinstance(value, dict | list) and value:
+        value = value["a"] if isinstance(value, dict) else value[0]
+        depth += 1
+    return depth
+
+
+@pytest.mark.parametrize("opener, closer", [('{"a":', "}"), ("[", "]")])
+def test_deep_documents_decode_truncated(opener: str, closer: str) -> None:
+    text = opener * 20000 + "1" + closer * 20000
+    with pytest.raises(RecursionError):
+        json.loads(text)
+    value = safe_json.loads(text.encode())
+    assert depth_of(value) == safe_json.MAX_DEPTH  # the innermost kept container holds None
+
+
+def test_shallow_documents_take_the_fast_path() -> None:
+    assert safe_json.loads(b'{"kind": "Pod", "x": [1, 2.5, "\\ud83d\\ude00"]}') == {
+        "kind": "Pod",
+        "x": [1, 2.5, "\U0001f600"],
+    }
+
+
+def test_truncated_keeps_order_and_shallow_values() -> None:
+    value = {"b": [1, {"c": {"d": {"e": 1}}}], "a": "s"}
+    assert safe_json.truncated(value, 3) == {"b": [1, {"c": None}], "a": "s"}
+    assert list(safe_json.truncated(value, 3)) == ["b", "a"]
+    assert safe_json.truncated(value) == value
+    deep: Any = 1
+    for _ in range(50000):
+        deep = {"a": deep}
+    assert depth_of(safe_json.truncated(deep, 10)) == 10
+
+
+def test_install_routes_kopf_decoding_through_loads() -> None:
+    from kopf._cogs.clients import api
+
+    safe_json.install()
+    safe_json.install()  # idempotent
+    # The two places Kopf decodes API responses; if Kopf moves them, this must fail, not the operator.
+    assert "json.loads(line.decode('utf-8'))" in inspect.getsource(api.stream)
+    assert "await response.json()" in inspect.getsource(api.get)
+    assert api.json.loads is safe_json.loads  # type: ignore[attr-defined]
+    hook = vars(aiohttp.ClientResponse)["json"]
+    assert hook.keywords == {"loads": safe_json.loads}
+    assert not isinstance(hook.func, type(hook)), "wrapped twice"
+
+
+class RecordingApi:
+    """Just enough of kubernetes.client.ApiClient to see the bytes Kube sends."""
+
+    def __init__(self) -> None:
+        self.sent: Any = None
+
+    def param_serialize(self, **kwargs: Any) -> tuple[str, str, dict[str, str], Any, None]:
+        return kwargs["method"], kwargs["resource_path"], kwargs["header_params"], kwargs["body"], None
+
+    def call_api(
+        self, method: str, url: str, header_params: dict[str, str], body: Any, _request_timeout: Any = None
+    ) -> Any:
+        self.sent = (header_params["Content-Type"], body)
+        outer = self
+
+        class Response:
+            status = 200
+
+            def read(self) -> bytes:
+                return outer.sent[1] if isinstance(outer.sent[1], bytes) else b"{}"
+
+        return Response()
+
+
+@pytest.mark.parametrize(
+    "value", ["\U0001f600 gpu", "del\x7f c1\x85\x9f", "ls\u2028ps\u2029", "bom\ufeff\ufffe", "\x00"]
+)
+def test_apply_body_is_yaml_that_keeps_every_character(value: str) -> None:
+    api = RecordingApi()
+    body = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "c", "namespace": "n"},
+        "data": {"v": value},
+    }
+    Kube(api).apply(body)  # type: ignore[arg-type]
+    content_type, sent = api.sent
+    assert content_type == "application/apply-patch+yaml"
+    text = sent.decode("utf-8")
+    # UTF-16 surrogate escapes are what the API server's YAML decoder refuses.
+    assert "\\ud8" not in text.lower() and "\\ud" not in text.lower()
+    assert yaml.safe_load(text) == body
+    assert json.loads(text) == body
