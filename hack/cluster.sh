@@ -172,7 +172,7 @@ start_emulators() {
   mkdir -p "${CLUSTER_DIR}/pids" "${CLUSTER_DIR}/logs"
   log "starting the emulators (${settings})"
   # setsid: detached from make's process group, like the kwokctl components; stopped by pid.
-  PYTHONPATH="${HACK_DIR}" setsid "${PYTHON}" -m emulators --kubeconfig "${KUBECONFIG_PATH}" \
+  PYTHONPATH="${ROOT_DIR}" setsid "${PYTHON}" -m hack.emulators --kubeconfig "${KUBECONFIG_PATH}" \
     --profile "${SIM_PROFILE}" --time-scale "${SIM_TIME_SCALE}" \
     --ready-file "${SIM_READY_FILE}" >>"${CLUSTER_DIR}/logs/emulators.log" 2>&1 </dev/null 8>&- &
   # setsid execs python in place (same pid); until it has, the pid's executable is setsid.

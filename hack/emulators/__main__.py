@@ -1,4 +1,4 @@
-"""`python -m emulators --kubeconfig FILE [--ready-file FILE]` (PYTHONPATH=hack): run until SIGTERM."""
+"""`python -m hack.emulators --kubeconfig FILE [--ready-file FILE]` from the repository root."""
 
 from __future__ import annotations
 

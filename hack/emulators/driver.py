@@ -33,8 +33,8 @@ still in use; the preStop hook removes ``.driver-ctr-ready``.
 from __future__ import annotations
 
 import asyncio
-import re
 
+from .. import operand_managers
 from . import gpus
 from .api import Api, ApiError
 from .common import (
@@ -52,7 +52,6 @@ from .common import (
 from .node import DRIVER_ROOT
 from .process import ContainerExit, Proc, program
 
-PAUSED = "paused-for-driver-upgrade"
 DOMAIN = "nvidia.com"
 DRIVER_LABEL = "nvidia.com/gpu.deploy.driver"
 UPGRADE_ANNOTATION = "nvidia.com/gpu-driver-upgrade-enabled"
@@ -65,10 +64,6 @@ OPERAND_LABELS = tuple(
         "client", "dra-driver", "dra-validator", "dcgm-dra", "dcgm-exporter-dra",
     )
 )  # fmt: skip
-ALWAYS_WRITTEN = tuple(
-    label for label in OPERAND_LABELS
-    if label.rsplit(".", 1)[1] not in ("mig-manager", "client", "dra-driver")
-)  # fmt: skip
 # waitForPodsToTerminate (main.go:742-759): app labels, each waited for up to defaultGracePeriod.
 WAITED_APPS = (
     "nvidia-operator-validator", "nvidia-container-toolkit-daemonset", "nvidia-device-plugin-daemonset",
@@ -80,26 +75,6 @@ POLL_S = 5.0
 PID_FILE = "/run/nvidia/nvidia-driver.pid"
 STATE_FILE = "/run/nvidia/nvidia-driver.state"
 READY_FILE = "/run/nvidia/validations/.driver-ctr-ready"
-
-
-def maybe_set_paused(value: str) -> str:
-    """main.go:728-740."""
-    if value in ("", "false"):
-        return value
-    if value == "true":
-        return PAUSED
-    if PAUSED in value:
-        return value
-    return f"{value}_{PAUSED}"
-
-
-def maybe_set_true(value: str) -> str:
-    """main.go:1075-1086."""
-    if value == "false":
-        return "false"
-    if value == PAUSED:
-        return "true"
-    return re.sub(PAUSED + "_?", "", value).strip("_")
 
 
 class DriverManager:
@@ -137,15 +112,10 @@ class DriverManager:
             self.proc.out(f'Current value of "{key}"={value}')
 
     def _label_set(self, transform: str) -> dict[str, str]:
-        change = maybe_set_paused if transform == "paused" else maybe_set_true
-        labels = {key: change(self.labels[key]) for key in ALWAYS_WRITTEN}
-        if transform == "true":
-            labels[f"{DOMAIN}/gpu.deploy.dra-driver"] = change(self.labels[f"{DOMAIN}/gpu.deploy.dra-driver"])
-        for optional in ("mig-manager", "client"):
-            key = f"{DOMAIN}/gpu.deploy.{optional}"
-            if self.labels[key]:
-                labels[key] = change(self.labels[key])
-        return labels
+        """The manager's patch, as hack/operand_managers.py transcribes it from main.go."""
+        if transform == "paused":
+            return operand_managers.driver_manager_evict(self.labels)
+        return operand_managers.driver_manager_reschedule(self.labels)
 
     async def update_labels(self, labels: dict[str, str]) -> None:
         """UpdateNodeLabels: a strategic-merge patch, retried 7 times (1 s, doubling, 20% jitter)."""

@@ -29,6 +29,7 @@ from typing import Any
 
 import yaml
 
+from .. import operand_managers
 from . import gpus
 from .api import Api, ApiError
 from .common import NVIDIA_SMI, NVML_LIBRARY, controller_of, flag, list_pods, node_label, patch_node_labels
@@ -38,15 +39,7 @@ from .process import Proc, program
 JSON = dict[str, Any]
 MIG_CONFIG = "nvidia.com/mig.config"
 MIG_STATE = "nvidia.com/mig.config.state"
-PAUSED = "paused-for-mig-change"
 CLIENT_LABEL = "nvidia.com/gpu.deploy.client"
-GPU_CLIENTS = {
-    "plugin": "nvidia.com/gpu.deploy.device-plugin",
-    "gfd": "nvidia.com/gpu.deploy.gpu-feature-discovery",
-    "dcgm-exporter": "nvidia.com/gpu.deploy.dcgm-exporter",
-    "dcgm": "nvidia.com/gpu.deploy.dcgm",
-    "nvsm": "nvidia.com/gpu.deploy.nvsm",
-}
 WAITED_APPS = (
     "nvidia-device-plugin-daemonset",
     "gpu-feature-discovery",
@@ -152,13 +145,10 @@ class MigManager:
         await patch_node_labels(self.api, self.node, labels, strategic=False)
 
     def _clients(self, paused: bool) -> dict[str, str]:
-        def change(value: str) -> str:
-            return "false" if value == "false" else (PAUSED if paused else "true")
-
-        labels = {key: change(self.labels.get(key, "")) for key in GPU_CLIENTS.values()}
-        if self.labels.get(CLIENT_LABEL):
-            labels[CLIENT_LABEL] = change(self.labels[CLIENT_LABEL])
-        return labels
+        """shutdown/restartKubernetesGPUClients' patch (hack/operand_managers.py)."""
+        if paused:
+            return operand_managers.mig_manager_pause(self.labels)
+        return operand_managers.mig_manager_restore(self.labels)
 
     async def set_state(self, state: str) -> None:
         if not self.no_restart_on_exit:

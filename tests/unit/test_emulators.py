@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from emulators import device_plugin, driver, gfd, gpus, images, mig_manager, podspec, profile, shell
-from emulators.kubelet import ContainerState, render_status
-from emulators.node import MigGpu, NodeState, Symlink
-from emulators.vfs import ContainerFS
+from hack.emulators import device_plugin, gfd, gpus, images, mig_manager, podspec, profile, shell
+from hack.emulators.kubelet import ContainerState, render_status
+from hack.emulators.node import MigGpu, NodeState, Symlink
+from hack.emulators.vfs import ContainerFS
 
 # --- shell -----------------------------------------------------------------------------------
 
@@ -267,21 +267,6 @@ def test_node_state_survives_a_restart_through_its_annotations() -> None:
 
 
 # --- image protocols -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("value", "paused", "restored"),
-    [
-        ("true", "paused-for-driver-upgrade", "true"),
-        ("", "", ""),
-        ("false", "false", "false"),
-        ("paused-for-driver-upgrade", "paused-for-driver-upgrade", "true"),
-        ("custom", "custom_paused-for-driver-upgrade", "custom"),
-    ],
-)
-def test_driver_manager_label_protocol(value: str, paused: str, restored: str) -> None:
-    assert driver.maybe_set_paused(value) == paused
-    assert driver.maybe_set_true(paused) == restored
 
 
 def h100_node(layout: list[MigGpu] | None = None) -> NodeState:
