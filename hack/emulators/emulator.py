@@ -18,6 +18,8 @@ import pathlib
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
+import aiohttp
+
 from . import nfd
 from .api import STRATEGIC_MERGE_PATCH, Api, ApiError
 from .cluster import IpPool, Tokens, informer
@@ -48,6 +50,7 @@ class Emulator:
         self.ips = IpPool()
         self.nodes: dict[str, NodeState] = {}
         self.runners: dict[str, PodRunner] = {}
+        self._by_node: dict[str, dict[str, PodRunner]] = {}
         self.waiting_for_node: dict[str, dict[str, JSON]] = {}
         self.config_maps: dict[tuple[str, str], dict[str, str]] = {}
         self.runtime_classes: dict[str, str] = {}
@@ -56,6 +59,9 @@ class Emulator:
         self._dirty_pods: dict[str, PodRunner] = {}
         self._written: dict[str, JSON] = {}
         self._dirty_nodes: set[str] = set()
+        # One write in flight per pod and per node: a later write must not overtake an earlier one.
+        self._writing: set[str] = set()
+        self._rewrite: set[str] = set()
         self._pod_flush: asyncio.TimerHandle | None = None
         self._node_flush: asyncio.TimerHandle | None = None
         self._writes = asyncio.Semaphore(CONCURRENT_WRITES)
@@ -79,7 +85,17 @@ class Emulator:
         ]
 
     def pods_on(self, node: str) -> list[PodRunner]:
-        return [r for r in self.runners.values() if r.pod.node == node and not r.terminating]
+        return [r for r in self._by_node.get(node, {}).values() if not r.terminating]
+
+    def _add_runner(self, runner: PodRunner) -> None:
+        self.runners[runner.pod.uid] = runner
+        self._by_node.setdefault(runner.pod.node, {})[runner.pod.uid] = runner
+
+    def _drop_runner(self, uid: str) -> PodRunner | None:
+        runner = self.runners.pop(uid, None)
+        if runner is not None:
+            self._by_node.get(runner.pod.node, {}).pop(uid, None)
+        return runner
 
     def spawn(self, work: Awaitable[Any], name: str = "") -> None:
         task = asyncio.ensure_future(work)
@@ -124,7 +140,7 @@ class Emulator:
         if node is not None:
             node.deleted = True
             node.notify()
-        for runner in [r for r in self.runners.values() if r.pod.node == name]:
+        for runner in list(self._by_node.pop(name, {}).values()):
             self.runners.pop(runner.pod.uid, None)
             runner.stop()
 
@@ -138,8 +154,13 @@ class Emulator:
         names, self._dirty_nodes = self._dirty_nodes, set()
         for name in names:
             node = self.nodes.get(name)
-            if node is not None:
-                self.spawn(self._write_node(node))
+            if node is None:
+                continue
+            if f"node/{name}" in self._writing:
+                self._rewrite.add(f"node/{name}")
+                continue
+            self._writing.add(f"node/{name}")
+            self.spawn(self._write_node(node))
 
     async def _write_node(self, node: NodeState) -> None:
         annotations = node.annotation_patch()
@@ -159,10 +180,15 @@ class Emulator:
                     await self.api.patch(f"/api/v1/nodes/{node.name}/status", body)
                     node.capacity.update(capacity)
                     log.info("node %s: %s", node.name, ", ".join(f"{k}={v}" for k, v in capacity.items()))
-        except ApiError as exc:
-            if not exc.not_found:
+        except (ApiError, aiohttp.ClientError, OSError) as exc:
+            if not (isinstance(exc, ApiError) and exc.not_found):
                 log.warning("node %s: %s; retrying", node.name, exc)
                 await asyncio.sleep(1.0)
+                self._rewrite.add(f"node/{node.name}")
+        finally:
+            self._writing.discard(f"node/{node.name}")
+            if f"node/{node.name}" in self._rewrite:
+                self._rewrite.discard(f"node/{node.name}")
                 self.node_dirty(node)
 
     # --- pods -----------------------------------------------------------------------------------
@@ -171,7 +197,9 @@ class Emulator:
         if kind == "SYNC":
             listed = {p["metadata"]["uid"] for p in body["items"]}
             for uid in [u for u in self.runners if u not in listed]:
-                self.runners.pop(uid).stop()
+                gone = self._drop_runner(uid)
+                if gone is not None:
+                    gone.stop()
             # Pods keep the IP their status has: reserve those before any new pod gets one.
             for item in body["items"]:
                 address = (item.get("status") or {}).get("podIP")
@@ -186,7 +214,7 @@ class Emulator:
         uid = metadata["uid"]
         node_name = (body.get("spec") or {}).get("nodeName") or ""
         if kind == "DELETED":
-            runner = self.runners.pop(uid, None)
+            runner = self._drop_runner(uid)
             if runner is not None:
                 runner.stop()
                 self.tokens.forget(uid)
@@ -203,7 +231,7 @@ class Emulator:
         if runner is None:
             pod = parse(body)
             runner = PodRunner(self, pod, node, body)
-            self.runners[uid] = runner
+            self._add_runner(runner)
             if metadata.get("deletionTimestamp"):
                 self.spawn(runner.terminate(), f"terminate {pod.key}")
                 return
@@ -223,10 +251,14 @@ class Emulator:
         for runner in runners.values():
             if runner.terminating or runner.pod.uid not in self.runners:
                 continue
-            status = runner.status()
-            if self._written.get(runner.pod.uid) == status:
+            uid = runner.pod.uid
+            if uid in self._writing:
+                self._rewrite.add(uid)
                 continue
-            self._written[runner.pod.uid] = status
+            status = runner.status()
+            if self._written.get(uid) == status:
+                continue
+            self._writing.add(uid)
             self.spawn(self._write_status(runner, status))
 
     async def _write_status(self, runner: PodRunner, status: JSON) -> None:
@@ -238,14 +270,23 @@ class Emulator:
                     {"metadata": {"uid": pod.uid}, "status": status},
                     STRATEGIC_MERGE_PATCH,
                 )
+            self._written[pod.uid] = status
         except ApiError as exc:
             if exc.not_found or exc.conflict:
                 return
             log.warning("pod %s status: %s; retrying", pod.key, exc)
-            self._written.pop(pod.uid, None)
             await asyncio.sleep(1.0)
-            if pod.uid in self.runners:
-                self.status_changed(runner)
+            self._rewrite.add(pod.uid)
+        except (aiohttp.ClientError, OSError) as exc:
+            log.warning("pod %s status: %s; retrying", pod.key, exc)
+            await asyncio.sleep(1.0)
+            self._rewrite.add(pod.uid)
+        finally:
+            self._writing.discard(pod.uid)
+            if pod.uid in self._rewrite:
+                self._rewrite.discard(pod.uid)
+                if pod.uid in self.runners:
+                    self.status_changed(runner)
 
     async def delete_pod(self, pod: Pod) -> None:
         """What the kubelet does once a deleted pod's containers have stopped."""
@@ -296,9 +337,9 @@ class Emulator:
                 self.config_maps[key] = dict(body.get("data") or {})
         # Pods waiting to mount it, programs reading it: wake the nodes running pods of that namespace.
         namespaces = {k[0] for k in self.config_maps} if kind == "SYNC" else {body["metadata"]["namespace"]}
-        for node in {r.node.name for r in self.runners.values() if r.pod.namespace in namespaces}:
-            if node in self.nodes:
-                self.nodes[node].notify()
+        for name, runners in self._by_node.items():
+            if name in self.nodes and any(r.pod.namespace in namespaces for r in runners.values()):
+                self.nodes[name].notify()
 
     def on_runtime_class(self, kind: str, body: JSON) -> None:
         if kind == "SYNC":

@@ -39,7 +39,11 @@ class Family:
     """The image's ENTRYPOINT/CMD, run when the pod gives no command."""
     distroless_since: tuple[int, ...] | None = None
     """First version built distroless + busybox (no bash); None: always a full distribution."""
+    env: tuple[tuple[str, str], ...] = ()
+    """The image's ENV (a container's env overrides it); what the nvidia runtime reads."""
 
+
+_CUDA_ENV = (("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))
 
 FAMILIES: dict[str, Family] = {
     f.name: f
@@ -51,23 +55,37 @@ FAMILIES: dict[str, Family] = {
             ("nvidia-toolkit", "nvidia-ctk-installer", "nvidia-ctk", "nvidia-container-runtime"),
             ("nvidia-toolkit",),
             (1, 18, 0),
+            # deployments/container/Dockerfile:178-180.
+            (("NVIDIA_VISIBLE_DEVICES", "void"), ("NVIDIA_DRIVER_CAPABILITIES", "utility")),
         ),
         Family(
             "k8s-device-plugin",
             ("nvidia-device-plugin", "gpu-feature-discovery", "config-manager", "mps-control-daemon"),
             ("nvidia-device-plugin",),
             (0, 18, 0),
+            # deployments/container/Dockerfile:62-64.
+            (("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility")),
         ),
-        Family("gpu-operator", ("gpu-operator", "nvidia-validator", "vectorAdd"), ("gpu-operator",), (0,)),
+        # docker/Dockerfile:88.
+        Family(
+            "gpu-operator",
+            ("gpu-operator", "nvidia-validator", "vectorAdd"),
+            ("gpu-operator",),
+            (0,),
+            (("NVIDIA_VISIBLE_DEVICES", "void"),),
+        ),
         Family("gpu-operator-validator", ("nvidia-validator", "vectorAdd"), ("nvidia-validator",)),
         Family(
             "k8s-mig-manager",
             ("nvidia-mig-manager", "nvidia-mig-parted", "nvidia-ctk"),
             ("nvidia-mig-manager",),
             (0, 15, 0),
+            # deployments/container/Dockerfile:85-88.
+            (("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_MIG_CONFIG_DEVICES", "all")),
         ),
-        Family("dcgm", ("nv-hostengine", "dcgmi"), ("nv-hostengine", "-n", "-b", "ALL")),
-        Family("dcgm-exporter", ("dcgm-exporter",), ("dcgm-exporter",)),
+        # CUDA base images: NVIDIA_VISIBLE_DEVICES=all (dcgm-exporter docker/Dockerfile:163-165).
+        Family("dcgm", ("nv-hostengine", "dcgmi"), ("nv-hostengine", "-n", "-b", "ALL"), None, _CUDA_ENV),
+        Family("dcgm-exporter", ("dcgm-exporter",), ("dcgm-exporter",), None, _CUDA_ENV),
     )
 }
 # The seed article's sample names its validator image `k8s-logical-edge-validator`.
@@ -107,6 +125,11 @@ def files(image: str) -> dict[str, Entry]:
     for binary in found.binaries if found else ():
         result[f"/usr/bin/{binary}"] = ""
     return result
+
+
+def env(image: str) -> dict[str, str]:
+    found = family(image)
+    return dict(found.env) if found else {}
 
 
 def entrypoint(image: str) -> tuple[str, ...]:

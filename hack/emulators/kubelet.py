@@ -457,7 +457,7 @@ class PodRunner:
     # --- running what the container runs --------------------------------------------------------
 
     def resolve_env(self, spec: Container) -> dict[str, str]:
-        env: dict[str, str] = {}
+        env: dict[str, str] = images.env(spec.image)
         for kind, name, optional in spec.env_from:
             if kind == "configMap":
                 data = self.emu.config_map(self.pod.namespace, name)

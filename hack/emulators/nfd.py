@@ -46,11 +46,12 @@ class NfdMaster:
         self.features: dict[str, tuple[str, dict[str, str]]] = {}
         """NodeFeature (namespace/name) → (node, labels)."""
         self.synced = False
+        self._by_node: dict[str, set[str]] = {}
 
     def on_node_feature(self, kind: str, body: JSON) -> None:
         if kind == "SYNC":
             before = {node for node, _ in self.features.values()}
-            self.features = {}
+            self.features, self._by_node = {}, {}
             for item in body["items"]:
                 self._record(item)
             self.synced = True
@@ -59,6 +60,8 @@ class NfdMaster:
             return
         key = f"{body['metadata'].get('namespace')}/{body['metadata']['name']}"
         old = self.features.pop(key, None)
+        if old is not None:
+            self._by_node.get(old[0], set()).discard(key)
         if kind != "DELETED":
             self._record(body)
         for node in {old[0] if old else "", self.features.get(key, ("", {}))[0]} - {""}:
@@ -68,11 +71,13 @@ class NfdMaster:
         node = ((body.get("metadata") or {}).get("labels") or {}).get(NODE_NAME_LABEL, "")
         labels = dict((body.get("spec") or {}).get("labels") or {})
         if node:
-            self.features[f"{body['metadata'].get('namespace')}/{body['metadata']['name']}"] = (node, labels)
+            key = f"{body['metadata'].get('namespace')}/{body['metadata']['name']}"
+            self.features[key] = (node, labels)
+            self._by_node.setdefault(node, set()).add(key)
 
     def desired(self, node: str) -> dict[str, str]:
         labels: dict[str, str] = {}
-        for name in sorted(k for k, v in self.features.items() if v[0] == node):
+        for name in sorted(self._by_node.get(node, ())):
             labels.update(self.features[name][1])
         return labels
 

@@ -34,6 +34,7 @@ log = logging.getLogger("emulators")
 # In the instant profile a wait that would sleep waits for the next change on the node instead; this
 # is the longest it waits without one (things it cannot observe, such as another tool's API write).
 CHANGE_FALLBACK_S = 1.0
+CHANGE_COALESCE_S = 0.05
 
 
 class ContainerExit(Exception):
@@ -133,6 +134,8 @@ class Proc:
             await asyncio.sleep(delay)
         else:
             await self.node.wait_change(CHANGE_FALLBACK_S)
+            # A burst of changes (a pod's status writes) wakes the image once, not once per write.
+            await asyncio.sleep(CHANGE_COALESCE_S)
 
     async def poll(
         self, check: Callable[[], Awaitable[T | None]], interval: float, timeout: float | None = None
@@ -142,17 +145,18 @@ class Proc:
         With `timeout` (the image's own, in seconds), give up and return None after it.
         """
         loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + self.profile.sleep_time(timeout)
-        attempts = 0
+        # The image's timeout; in the instant profile in real seconds (it only ends a broken wait).
+        limit = (
+            None
+            if timeout is None
+            else (self.profile.sleep_time(timeout) if self.profile.sleeps else timeout)
+        )
+        deadline = None if limit is None else loop.time() + limit
         while True:
             found = await check()
             if found is not None:
                 return found
-            attempts += 1
-            if deadline is not None and self.profile.sleeps and loop.time() >= deadline:
-                return None
-            if deadline is not None and not self.profile.sleeps and attempts * interval >= timeout:  # type: ignore[operator]
-                # Instant profile: count the image's attempts instead of its seconds.
+            if deadline is not None and loop.time() >= deadline:
                 return None
             await self.wait_next(interval)
 

@@ -167,23 +167,24 @@ class ContainerFS:
         return True
 
     def remove_glob(self, pattern: str) -> None:
-        """`rm -f PATTERN` (the shell expands the glob in the last path component)."""
+        """`rm -f PATTERN` (the shell expands the glob in the last path component; as sh does, `*`
+        does not match a leading dot: `*-ready` leaves the driver's `.driver-ctr-ready`)."""
         folder, name = posixpath.split(posixpath.normpath(pattern))
+
+        def matches(entry: str) -> bool:
+            return fnmatch.fnmatchcase(entry, name) and (not entry.startswith(".") or name.startswith("."))
+
         found = self.where(folder)
+        prefix = found.path.rstrip("/") + "/"
         if found.kind == "host":
-            prefix = found.path.rstrip("/") + "/"
-            matches = [p for p in self.node.files if p.startswith(prefix) and "/" not in p[len(prefix) :]]
-            self.node.remove(p for p in matches if fnmatch.fnmatchcase(p[len(prefix) :], name))
-        elif found.kind == "emptyDir" and found.volume is not None:
+            names = [p for p in self.node.files if p.startswith(prefix) and "/" not in p[len(prefix) :]]
+            self.node.remove(p for p in names if matches(p[len(prefix) :]))
+            return
+        if found.kind == "emptyDir" and found.volume is not None:
             files = self.empty_dirs.setdefault(found.volume.name, {})
-            prefix = found.path.rstrip("/") + "/"
-            for p in [
-                p for p in files if p.startswith(prefix) and fnmatch.fnmatchcase(p[len(prefix) :], name)
-            ]:
-                del files[p]
         elif found.kind == "image":
-            prefix = found.path.rstrip("/") + "/"
-            for p in [
-                p for p in self.rootfs if p.startswith(prefix) and fnmatch.fnmatchcase(p[len(prefix) :], name)
-            ]:
-                del self.rootfs[p]
+            files = self.rootfs
+        else:
+            return
+        for path in [p for p in files if p.startswith(prefix) and matches(p[len(prefix) :])]:
+            del files[path]

@@ -170,8 +170,10 @@ def test_paths_resolve_through_mounts_subpaths_and_symlinks() -> None:
         fs_side.write("/config/config.yaml", Symlink("/available-configs/default"))
         assert fs_side.read("/config/config.yaml") == "version: v1\n"
         assert fs_main.read("/config/config.yaml") is None
+        fs_main.write("/run/nvidia/validations/.driver-ctr-ready", "")
         fs_main.remove_glob("/run/nvidia/validations/*-ready")
         assert node.read("/run/nvidia/validations/driver-ready") is None
+        assert node.read("/run/nvidia/validations/.driver-ctr-ready") == "", "sh's * skips dot files"
 
     asyncio.run(run())
 
