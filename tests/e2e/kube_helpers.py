@@ -609,6 +609,9 @@ class LabelHistory:
                 self._version = listed.metadata.resource_version
 
     def stop(self) -> dict[str, list[str | None]]:
+        """Stop recording (again: a no-op) and return what was seen."""
+        if self._stop.is_set():
+            return self.values
         self._stop.set()
         self._watch.stop()  # type: ignore[no-untyped-call]
         self._thread.join(timeout=35)

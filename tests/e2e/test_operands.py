@@ -29,6 +29,8 @@ from .kube_helpers import (
 from .test_operator import (  # noqa: F401  (fixtures)
     COMPONENT,
     CONVERGE,
+    DRIVER,
+    MANAGED,
     NS,
     apply_policy,
     clean,
@@ -68,7 +70,8 @@ def allocatable(cluster: Cluster, node: str) -> dict[str, str]:
 
 def ready_pods(cluster: Cluster, node: str) -> dict[str, Any]:
     """component → the Ready operand pod on the node."""
-    return {p.metadata.labels[COMPONENT]: p for p in list_pods(cluster.api, NS, node=node) if pod_is_ready(p)}
+    pods = list_pods(cluster.api, NS, labels=MANAGED, node=node)
+    return {p.metadata.labels[COMPONENT]: p for p in pods if pod_is_ready(p)}
 
 
 @pytest.mark.usefixtures("clean")
@@ -124,47 +127,50 @@ def test_gfd_labels_every_gpu_node_and_pods_select_them(cluster: Cluster, namesp
 def test_mig_reconfiguration_end_to_end(cluster: Cluster) -> None:
     apply_policy(cluster, policy(mig={"strategy": "mixed"}))
     wait_state(cluster, "cluster-policy", "ready")
-    wait_for(lambda: _assert_allocatable(cluster, MIG_NODE, {"nvidia.com/gpu": "8"}), timeout=CONVERGE,
-             what=f"{MIG_NODE} advertises 8 full GPUs")  # fmt: skip
+    wait_for(
+        lambda: _assert_allocatable(cluster, MIG_NODE, {"nvidia.com/gpu": "8"}),
+        timeout=CONVERGE,
+        what=f"{MIG_NODE} advertises 8 full GPUs",
+    )
     before = ready_pods(cluster, MIG_NODE)
     history = LabelHistory(cluster.api, MIG_NODE)
     try:
-        client.CoreV1Api(cluster.api).patch_node(
-            MIG_NODE, {"metadata": {"labels": {"nvidia.com/mig.config": "all-1g.10gb"}}}
-        )
+        set_mig_config(cluster, "all-1g.10gb")
 
         def reconfigured() -> None:
             labels = node_labels(cluster, MIG_NODE)
-            assert labels.get("nvidia.com/mig.config.state") == "success", labels.get(
-                "nvidia.com/mig.config.state"
-            )
+            state = labels.get("nvidia.com/mig.config.state")
+            assert state == "success", state
             _assert_allocatable(cluster, MIG_NODE, {"nvidia.com/gpu": "0", "nvidia.com/mig-1g.10gb": "56"})
             pods = ready_pods(cluster, MIG_NODE)
             for component in ("device-plugin", "gpu-feature-discovery", "dcgm-exporter"):
                 assert component in pods, f"{component} not back on {MIG_NODE}: {sorted(pods)}"
-                assert pods[component].metadata.uid != before[component].metadata.uid, (
-                    f"{component} was not restarted"
-                )
+                restarted = pods[component].metadata.uid != before[component].metadata.uid
+                assert restarted, f"{component} was not restarted"
             assert labels.get("nvidia.com/mig-1g.10gb.count") == "56", "GFD has not relabelled the node"
 
         wait_for(reconfigured, timeout=CONVERGE, what="MIG layout all-1g.10gb applied")
-    finally:
         values = history.stop()
-    assert "pending" in values["nvidia.com/mig.config.state"], values["nvidia.com/mig.config.state"]
-    for key in ("device-plugin", "gpu-feature-discovery", "dcgm-exporter"):
-        seen = values[f"nvidia.com/gpu.deploy.{key}"]
-        assert "paused-for-mig-change" in seen and seen[-1] == "true", (key, seen)
-    assert json.loads(emulated_host(cluster.api, MIG_NODE)["mig"])[0]["devices"] == ["1g.10gb"] * 7
+        assert "pending" in values["nvidia.com/mig.config.state"], values["nvidia.com/mig.config.state"]
+        for key in ("device-plugin", "gpu-feature-discovery", "dcgm-exporter"):
+            seen = values[f"nvidia.com/gpu.deploy.{key}"]
+            assert "paused-for-mig-change" in seen and seen[-1] == "true", (key, seen)
+        assert json.loads(emulated_host(cluster.api, MIG_NODE)["mig"])[0]["devices"] == ["1g.10gb"] * 7
+        wait_state(cluster, "cluster-policy", "ready")
+    finally:
+        history.stop()
+        # Back to full GPUs while mig-manager still runs: a MIG layout outlives the policy, as on a node.
+        set_mig_config(cluster, "all-disabled")
+        full = {"nvidia.com/gpu": "8", "nvidia.com/mig-1g.10gb": "0"}
+        wait_for(
+            lambda: _assert_allocatable(cluster, MIG_NODE, full), timeout=CONVERGE, what="MIG disabled again"
+        )
     wait_state(cluster, "cluster-policy", "ready")
-    # Back to full GPUs.
-    client.CoreV1Api(cluster.api).patch_node(
-        MIG_NODE, {"metadata": {"labels": {"nvidia.com/mig.config": "all-disabled"}}}
-    )
-    full = {"nvidia.com/gpu": "8", "nvidia.com/mig-1g.10gb": "0"}
-    wait_for(
-        lambda: _assert_allocatable(cluster, MIG_NODE, full), timeout=CONVERGE, what="MIG disabled again"
-    )
-    wait_state(cluster, "cluster-policy", "ready")
+
+
+def set_mig_config(cluster: Cluster, layout: str) -> None:
+    body = {"metadata": {"labels": {"nvidia.com/mig.config": layout}}}
+    client.CoreV1Api(cluster.api).patch_node(MIG_NODE, body)
 
 
 def _assert_allocatable(cluster: Cluster, node: str, want: dict[str, str]) -> None:
@@ -258,11 +264,11 @@ def test_driver_restart_evicts_gpu_pods_and_pauses_the_operands(cluster: Cluster
     before = ready_pods(cluster, node)
     history = LabelHistory(cluster.api, node)
     try:
-        client.CoreV1Api(cluster.api).delete_namespaced_pod(before["driver"].metadata.name, NS)
+        client.CoreV1Api(cluster.api).delete_namespaced_pod(before[DRIVER].metadata.name, NS)
 
         def recovered() -> None:
             pods = ready_pods(cluster, node)
-            for component in ("driver", "container-toolkit", "operator-validator", "device-plugin"):
+            for component in (DRIVER, "container-toolkit", "operator-validator", "device-plugin"):
                 assert component in pods, f"{component} not Ready on {node}: {sorted(pods)}"
                 assert pods[component].metadata.uid != before[component].metadata.uid, (
                     f"{component} not restarted"
