@@ -112,6 +112,8 @@ class Settings:
     profile: bool = False
     tracemalloc: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    sim_profile: str = "instant"
+    sim_time_scale: float = 1.0
 
 
 # --- predicates over watched collections -------------------------------------------------------------
@@ -215,7 +217,14 @@ class SizeBench:
         self.work = settings.work / f"n{nodes}"
         self.work.mkdir(parents=True, exist_ok=True)
         self.log_file = self.work / "bench.log"
-        self.cluster = Cluster(settings.cluster_name, settings.port_base, nodes, self.log_file)
+        self.cluster = Cluster(
+            settings.cluster_name,
+            settings.port_base,
+            nodes,
+            self.log_file,
+            sim_profile=settings.sim_profile,
+            sim_time_scale=settings.sim_time_scale,
+        )
         self.tools = bin_dir()
         self.kubectl = str(self.tools / "kubectl")
         self.gen_nodes = load_gen_nodes()
@@ -778,6 +787,8 @@ def write(settings: Settings, results: dict[str, dict[str, Any]], loads: list[fl
             "settle_s": settings.settle_s,
             "policy": str(POLICY.relative_to(ROOT)),
             "cluster": f"{settings.cluster_name} (ports from {settings.port_base})",
+            "sim_profile": settings.sim_profile,
+            "sim_time_scale": settings.sim_time_scale,
         },
         "results": results,
     }
@@ -827,6 +838,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tracemalloc", action="store_true", help="run the operator under tracemalloc; report what it holds"
     )
+    parser.add_argument(
+        "--sim-profile",
+        choices=["instant", "realistic"],
+        default="instant",
+        help="timing of the emulated operand images (hack/emulators/profile.py)",
+    )
+    parser.add_argument(
+        "--sim-time-scale", type=float, default=1.0, help="multiplies every emulated duration (realistic)"
+    )
     args = parser.parse_args(argv)
     settings = Settings(
         sizes=args.sizes,
@@ -841,6 +861,8 @@ def main(argv: list[str] | None = None) -> int:
         admin=args.admin,
         profile=args.profile,
         tracemalloc=args.tracemalloc,
+        sim_profile=args.sim_profile,
+        sim_time_scale=args.sim_time_scale,
     )
     started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     results: dict[str, dict[str, Any]] = {}
