@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
@@ -17,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from bench.kubeapi import Api
+from gpu_operator.kube import Kube
+from gpu_operator.kubeconfig import write_service_account_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "gpu-operator"
@@ -178,7 +176,7 @@ REQUIRED_ACCESS = (
 )
 
 
-def missing_access(api: Api, user: str) -> list[str]:
+def missing_access(api: Kube, user: str) -> list[str]:
     """The REQUIRED_ACCESS that `user` (a ServiceAccount) lacks, by SubjectAccessReview."""
     namespace = user.split(":")[2] if user.startswith("system:serviceaccount:") else ""
     groups = ["system:authenticated", "system:serviceaccounts", f"system:serviceaccounts:{namespace}"]
@@ -202,36 +200,9 @@ def missing_access(api: Api, user: str) -> list[str]:
     return missing
 
 
-def sa_kubeconfig(api: Api, admin_kubeconfig: Path, path: Path) -> Path:
+def sa_kubeconfig(api: Kube, admin_kubeconfig: Path, path: Path) -> Path:
     """A kubeconfig that logs in as the chart's ServiceAccount with a fresh TokenRequest token."""
-    token = api.request(
-        "POST",
-        f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{RELEASE}/token",
-        body={
-            "apiVersion": "authentication.k8s.io/v1",
-            "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 14400},
-        },
-    )["status"]["token"]
-    admin: dict[str, Any] = yaml.safe_load(admin_kubeconfig.read_text())
-    current = admin.get("current-context") or admin["contexts"][0]["name"]
-    context = next(c["context"] for c in admin["contexts"] if c["name"] == current)
-    server = dict(next(c["cluster"] for c in admin["clusters"] if c["name"] == context["cluster"]))
-    ca = server.pop("certificate-authority", None)
-    if ca:
-        ca_path = Path(ca) if Path(ca).is_absolute() else admin_kubeconfig.parent / ca
-        server["certificate-authority-data"] = base64.b64encode(ca_path.read_bytes()).decode()
-    body = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "bench", "cluster": server}],
-        "users": [{"name": RELEASE, "user": {"token": token}}],
-        "contexts": [{"name": "bench", "context": {"cluster": "bench", "user": RELEASE}}],
-        "current-context": "bench",
-    }
-    path.write_text(yaml.safe_dump(body))
-    path.chmod(0o600)
-    return path
+    return write_service_account_kubeconfig(api, admin_kubeconfig, NAMESPACE, RELEASE, path, seconds=14400)
 
 
 class OperatorProcess:

@@ -1,4 +1,5 @@
-"""The bench's own small API client: plain dicts, request timeouts, and watches that timestamp a condition.
+"""The bench's API helpers over the project's client (gpu_operator.kube), and watches that timestamp
+a condition.
 
 `Watcher` is how every duration is measured: it lists a collection, opens a watch from the list's
 resourceVersion (before the action being timed starts), and records the wall-clock time of the
@@ -8,14 +9,13 @@ any measured time; the only latency is the watch's own, the same for the operato
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config
+from gpu_operator.kube import ApiError, Kube, load_api_client
 
 USER_AGENT = "gpu-operator-bench"
 PARTIAL_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
@@ -25,129 +25,52 @@ Objects = Mapping[str, dict[str, Any]]
 """`namespace/name` → object, as the watch currently sees the collection."""
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        self.status = status
-        super().__init__(f"{status}: {message}")
+def connect(kubeconfig: Path, pool: int = 16) -> Kube:
+    """Admin (or any kubeconfig) access through the project's client; thread-safe, with a connection
+    pool for parallel writes. Its user agent keeps the bench's own requests out of the audit counts."""
+    return Kube(load_api_client(kubeconfig, user_agent=USER_AGENT, pool_size=pool))
 
 
-class Api:
-    """Admin (or any kubeconfig) access; thread-safe, with a connection pool for parallel writes."""
+def get(kube: Kube, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+    return kube.request("GET", path, query=query)
 
-    def __init__(self, kubeconfig: Path, pool: int = 16) -> None:
-        configuration = client.Configuration()
-        config.load_kube_config(config_file=str(kubeconfig), client_configuration=configuration)  # type: ignore[no-untyped-call]
-        configuration.connection_pool_maxsize = pool
-        self.client = client.ApiClient(configuration)
-        self.client.user_agent = USER_AGENT
 
-    def _call(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        query: Mapping[str, str] | None = None,
-        content_type: str = "application/json",
-        timeout: float | tuple[float, float] = 60.0,
-        accept: str = "application/json",
-    ) -> Any:
-        method_, url, headers, payload, _ = self.client.param_serialize(
-            method=method,
-            resource_path=path,
-            query_params=list((query or {}).items()),
-            header_params={"Content-Type": content_type, "Accept": accept},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
-        return self.client.call_api(
-            method_, url, header_params=headers, body=payload, _request_timeout=timeout
-        )
+def items(kube: Kube, path: str, query: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    return list(get(kube, path, query).get("items") or [])
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        query: Mapping[str, str] | None = None,
-        content_type: str = "application/json",
-        timeout: float = 60.0,
-        accept: str = "application/json",
-    ) -> dict[str, Any]:
-        response = self._call(method, path, body, query, content_type, timeout, accept)
-        data: bytes = response.read()
-        if not 200 <= response.status < 300:
-            try:
-                message = str(json.loads(data).get("message", ""))
-            except ValueError:
-                message = data.decode(errors="replace")[:300]
-            raise ApiError(response.status, message)
-        result: dict[str, Any] = json.loads(data) if data else {}
-        return result
 
-    def get(self, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
-        return self.request("GET", path, query=query)
+def exists(kube: Kube, path: str, selector: str = "") -> bool:
+    """Whether the collection (or object) has anything matching; one cheap request."""
+    try:
+        found = get(kube, path, {"labelSelector": selector, "limit": "1"} if selector else {"limit": "1"})
+    except ApiError as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return bool(found.get("items")) if "items" in found else True
 
-    def items(self, path: str, query: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-        return list(self.get(path, query).get("items") or [])
 
-    def exists(self, path: str, selector: str = "") -> bool:
-        """Whether the collection (or object) has anything matching; one cheap request."""
-        try:
-            found = self.get(path, {"labelSelector": selector, "limit": "1"} if selector else {"limit": "1"})
-        except ApiError as exc:
-            if exc.status == 404:
-                return False
+def delete(
+    kube: Kube, path: str, body: Mapping[str, Any] | None = None, query: Mapping[str, str] | None = None
+) -> None:
+    try:
+        kube.request("DELETE", path, body=dict(body or {}), query=query)
+    except ApiError as exc:
+        if exc.status != 404:
             raise
-        return bool(found.get("items")) if "items" in found else True
 
-    def apply(self, body: Mapping[str, Any], path: str, manager: str) -> dict[str, Any]:
-        return self.request(
-            "PATCH",
-            path,
-            body=dict(body),
-            query={"fieldManager": manager, "force": "true"},
-            content_type="application/apply-patch+yaml",
-        )
 
-    def delete(
-        self, path: str, body: Mapping[str, Any] | None = None, query: Mapping[str, str] | None = None
-    ) -> None:
-        try:
-            self.request("DELETE", path, body=dict(body or {}), query=query)
-        except ApiError as exc:
-            if exc.status != 404:
-                raise
-
-    def delete_collection(self, path: str, selector: str) -> None:
-        """Delete what matches at once, without grace period. The answer lists every deleted object,
-        so ask for metadata only (8000 pods as full objects are 80 MB)."""
-        self.request(
-            "DELETE",
-            path,
-            body={"gracePeriodSeconds": 0},
-            query={"labelSelector": selector},
-            timeout=300.0,
-            accept=PARTIAL_METADATA,
-        )
-
-    def stream(self, path: str, query: Mapping[str, str]) -> Iterator[dict[str, Any]]:
-        """Watch events of a collection from `query['resourceVersion']`, until the server ends the watch."""
-        params = {
-            **query,
-            "watch": "true",
-            "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(WATCH_SECONDS),
-        }
-        response = self._call("GET", path, query=params, timeout=(10.0, WATCH_SECONDS + 15.0))
-        raw = response.response
-        try:
-            if response.status != 200:
-                raise ApiError(response.status, raw.read().decode(errors="replace")[:300])
-            for line in raw:
-                if line.strip():
-                    yield json.loads(line)
-        finally:
-            raw.release_conn()
+def delete_collection(kube: Kube, path: str, selector: str) -> None:
+    """Delete what matches at once, without grace period. The answer lists every deleted object,
+    so ask for metadata only (8000 pods as full objects are 80 MB)."""
+    kube.request(
+        "DELETE",
+        path,
+        body={"gracePeriodSeconds": 0},
+        query={"labelSelector": selector},
+        timeout=300.0,
+        accept=PARTIAL_METADATA,
+    )
 
 
 def object_key(body: Mapping[str, Any]) -> str:
@@ -164,7 +87,7 @@ class Watcher:
 
     def __init__(
         self,
-        api: Api,
+        api: Kube,
         path: str,
         predicate: Callable[[Objects], bool],
         query: Mapping[str, str] | None = None,
@@ -213,7 +136,7 @@ class Watcher:
             self._done.set()
 
     def _relist(self) -> str:
-        listing = self.api.get(self.path, self.query)
+        listing = get(self.api, self.path, self.query)
         self.objects = {object_key(item): item for item in listing.get("items") or []}
         return str(listing["metadata"]["resourceVersion"])
 
@@ -226,7 +149,8 @@ class Watcher:
                 self._done.set()
             self._listed.set()
             while not self._stop.is_set() and self.done_at is None:
-                for event in self.api.stream(self.path, {**self.query, "resourceVersion": version}):
+                query = {**self.query, "resourceVersion": version, "allowWatchBookmarks": "true"}
+                for event in self.api.stream(self.path, query, WATCH_SECONDS):
                     kind, body = event["type"], event["object"]
                     if kind == "ERROR":  # 410 Gone: the version is too old; start over from a list
                         version = self._relist()

@@ -37,7 +37,7 @@ from typing import Any
 import urllib3
 import yaml
 
-from bench import audit, memtrace, procstat, profile, report, stats
+from bench import audit, kubeapi, memtrace, procstat, profile, report, stats
 from bench.cluster import (
     NAMESPACE,
     OPERATOR,
@@ -53,10 +53,11 @@ from bench.cluster import (
     sa_kubeconfig,
     versions,
 )
-from bench.kubeapi import Api, ApiError, Objects, Watcher
+from bench.kubeapi import Objects, Watcher
 from gpu_operator.api import parse_document
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.components import COMPONENTS
+from gpu_operator.kube import ApiError
 from gpu_operator.nodes import GPU_PRESENT, MIG_CONFIG, desired_labels, node_info
 
 POLICY = ROOT / "examples" / "clusterpolicy.yaml"
@@ -243,7 +244,7 @@ class SizeBench:
         self.cluster.up()
         self.cluster_up_s = time.time() - start
         self.kubeconfig = self.cluster.kubeconfig
-        self.api = Api(self.kubeconfig, pool=LABEL_WORKERS * 2)
+        self.api = kubeapi.connect(self.kubeconfig, pool=LABEL_WORKERS * 2)
         crd = ROOT / "crds" / "clusterpolicy.yaml"
         self.kc("apply", "--server-side", "--force-conflicts", "-f", str(crd))
         self.wait_established("clusterpolicies.nvidia.com")
@@ -271,7 +272,7 @@ class SizeBench:
         self.pod_audit = audit.AuditReader(
             self.cluster.audit_log, None, keep=lambda r: r.namespace == NAMESPACE, marker='"resource":"pods"'
         )
-        nodes = self.api.items(NODES)
+        nodes = kubeapi.items(self.api, NODES)
         self.gpu_nodes = sum(1 for n in nodes if node_info(n).is_gpu)
         assert self.gpu_nodes == self.n, f"{self.gpu_nodes} GPU nodes, expected {self.n}"
         nodes_file = self.work / "nodes.yaml"
@@ -322,7 +323,7 @@ class SizeBench:
         path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
         while not any(
             c.get("type") == "Established" and c.get("status") == "True"
-            for c in (self.api.get(path).get("status") or {}).get("conditions") or []
+            for c in (kubeapi.get(self.api, path).get("status") or {}).get("conditions") or []
         ):
             if time.time() > deadline:
                 raise TimeoutError(f"CRD {name} not Established after 60s")
@@ -356,13 +357,17 @@ class SizeBench:
     # --- waiting for a clean cluster between runs ---
     def leftovers(self, join_node: str | None) -> list[str]:
         found = []
-        if self.api.exists(POLICIES):
+        if kubeapi.exists(self.api, POLICIES):
             found.append("ClusterPolicy")
-        found += [path.rsplit("/", 1)[-1] for path in MANAGED_COLLECTIONS if self.api.exists(path, SELECTOR)]
-        if self.api.exists(PODS):
+        found += [
+            path.rsplit("/", 1)[-1]
+            for path in MANAGED_COLLECTIONS
+            if kubeapi.exists(self.api, path, SELECTOR)
+        ]
+        if kubeapi.exists(self.api, PODS):
             found.append("pods")
-        found += [f"label {key}" for key in OPERATOR_LABELS if self.api.exists(NODES, key)]
-        if join_node and self.api.exists(f"{NODES}/{join_node}"):
+        found += [f"label {key}" for key in OPERATOR_LABELS if kubeapi.exists(self.api, NODES, key)]
+        if join_node and kubeapi.exists(self.api, f"{NODES}/{join_node}"):
             found.append(f"node {join_node}")
         return found
 
@@ -371,13 +376,13 @@ class SizeBench:
         nothing here is timed), delete the joined node, and wait until nothing of a run is left."""
         start = time.time()
         deadline = start + self.timeout
-        while self.api.exists(DAEMONSETS, SELECTOR):
+        while kubeapi.exists(self.api, DAEMONSETS, SELECTOR):
             if time.time() > deadline:
                 raise TimeoutError(f"N={self.n}: DaemonSets still there after {self.timeout:.0f}s")
             time.sleep(0.5)
         self.delete_pods()
         if join_node:
-            self.api.delete(f"{NODES}/{join_node}", body={"gracePeriodSeconds": 0})
+            kubeapi.delete(self.api, f"{NODES}/{join_node}", body={"gracePeriodSeconds": 0})
         while left := self.leftovers(join_node):
             if time.time() > deadline:
                 raise TimeoutError(f"N={self.n}: still there after {self.timeout:.0f}s: {left}")
@@ -390,7 +395,7 @@ class SizeBench:
         """One component at a time (about N pods each); a failed call is retried by the caller's loop."""
         for component in COMPONENTS:
             try:
-                self.api.delete_collection(PODS, f"{COMPONENT_LABEL}={component.name}")
+                kubeapi.delete_collection(self.api, PODS, f"{COMPONENT_LABEL}={component.name}")
             except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
                 log(f"N={self.n}: deleting {component.name} pods: {exc}; will retry")
 
@@ -605,7 +610,7 @@ class SizeBench:
             # node while the operator removes its labels makes its server-side apply try to create the
             # node (403, a failed pass; see README.md), which is not what this bench measures.
             gone = time.time()
-            self.api.delete(f"{NODES}/{joined['node']}", body={"gracePeriodSeconds": 0})
+            kubeapi.delete(self.api, f"{NODES}/{joined['node']}", body={"gracePeriodSeconds": 0})
             Watcher(
                 self.api,
                 POLICIES,
@@ -614,7 +619,7 @@ class SizeBench:
                 "policy back to N nodes",
             ).start().wait(120.0)
             result["node_leave_s"] = time.time() - gone
-            self.api.delete(f"{POLICIES}/{self.policy_name}")
+            kubeapi.delete(self.api, f"{POLICIES}/{self.policy_name}")
             result["cleanup_s"] = self.clean_up(joined["node"])
             self.operator_usage(proc, peaks)
         # VmHWM only grows; several reads, so one unreadable moment cannot lose the peak.
@@ -635,7 +640,7 @@ class SizeBench:
                 "kind": "Node",
                 "metadata": {"name": name, "labels": dict(labels[name])},
             }
-            self.api.apply(body, f"{NODES}/{name}", LIMIT_MANAGER)
+            self.api.apply(body, LIMIT_MANAGER)
 
         with concurrent.futures.ThreadPoolExecutor(LABEL_WORKERS) as pool:
             for future in [pool.submit(apply, name) for name in labels]:

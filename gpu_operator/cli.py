@@ -1,4 +1,4 @@
-"""`gpu-operator run | render | validate | crd | discover | doctor`.
+"""`gpu-operator run | render | validate | crd | discover | doctor | cleanup | kubeconfig`.
 
 Data goes to stdout, diagnostics to stderr, one line each, prefixed with the file they concern. Exit
 status: 0 fine (warnings allowed), 2 bad input (unreadable file, invalid YAML, invalid policy) or bad
@@ -6,7 +6,8 @@ usage, 1 an unexpected failure while rendering. No input, however broken, produc
 `validate` and `render` are what people run in CI on hand-written YAML.
 
 `validate`, `render` and `crd` never import Kopf or the Kubernetes client; `run` imports the operator
-lazily, `discover` (the node agent, gpu_operator/agent.py) the Kubernetes client.
+lazily; `discover` (the node agent, gpu_operator/agent.py), `cleanup` (the chart's pre-delete hook)
+and `kubeconfig` the Kubernetes client.
 """
 
 from __future__ import annotations
@@ -252,7 +253,8 @@ def load_config_maps(path: str) -> dict[str, tuple[str, ...]]:
 def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     # Imported here so that `validate` and `crd` work without the renderer's templates.
     from gpu_operator.nodes import cluster_facts
-    from gpu_operator.render import missing_inputs, render, to_yaml
+    from gpu_operator.render import missing_inputs, render
+    from gpu_operator.yaml_text import to_yaml
 
     try:
         policies = load_policies(args.file)
@@ -310,9 +312,17 @@ def cmd_crd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gpu_operator.operator import run  # Kopf is imported only when the operator runs
     from gpu_operator.server import ServerError
+    from gpu_operator.settings import Settings
 
+    settings = Settings(
+        namespace=args.namespace,
+        environ=os.environ,
+        listen=args.listen,
+        log_format=args.log_format,
+        verbose=args.verbose,
+    )
     try:
-        run(namespace=args.namespace, log_format=args.log_format, listen=args.listen, verbose=args.verbose)
+        run(settings)
     except ServerError as exc:
         print(f"gpu-operator run: {exc}", file=err)
         return EXIT_INVALID
@@ -336,22 +346,59 @@ def cmd_discover(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not args.node_name:
         print("discover: no node name: give --node-name or set NODE_NAME (the chart sets it)", file=err)
         return EXIT_INVALID
-    from kubernetes.config import ConfigException
-
     from gpu_operator.agent import Agent, run
-    from gpu_operator.kube import Kube, load_api_client
 
-    try:
-        api = load_api_client()
-    except ConfigException as exc:
-        print(f"discover: no credentials (in-cluster or kubeconfig): {exc}", file=err)
+    kube = _client("discover", err)
+    if kube is None:
         return EXIT_INVALID
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(message)s",
         stream=err,
     )
-    run(Agent(Kube(api), args.node_name, Path(args.sysfs), args.mode, args.rescan_seconds))
+    run(Agent(kube, args.node_name, Path(args.sysfs), args.mode, args.rescan_seconds))
+    return EXIT_OK
+
+
+def _client(command: str, err: TextIO, kubeconfig: str | None = None) -> Any:
+    """A Kube for the in-cluster credentials or the kubeconfig; None (after one line on `err`) if neither
+    works."""
+    from kubernetes.config import ConfigException
+
+    from gpu_operator.kube import Kube, load_api_client
+
+    try:
+        return Kube(load_api_client(kubeconfig))
+    except (ConfigException, OSError) as exc:
+        print(f"{command}: no credentials (in-cluster or kubeconfig): {exc}", file=err)
+        return None
+
+
+def cmd_cleanup(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from gpu_operator.cleanup import cleanup
+
+    kube = _client("cleanup", err)
+    return EXIT_INVALID if kube is None else cleanup(kube, args.policy, args.timeout, out)
+
+
+def cmd_kubeconfig(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from gpu_operator.kube import ApiError
+    from gpu_operator.kubeconfig import write_service_account_kubeconfig
+
+    namespace, _, name = args.service_account.partition("/")
+    source = args.kubeconfig or (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0]
+    cluster_of = Path(source) if source else Path.home() / ".kube" / "config"
+    kube = _client("kubeconfig", err, str(cluster_of))
+    if kube is None:
+        return EXIT_INVALID
+    try:
+        write_service_account_kubeconfig(
+            kube, cluster_of, namespace, name, Path(args.output), int(args.duration)
+        )
+    except (ApiError, OSError, KeyError, StopIteration) as exc:
+        print(f"kubeconfig: cannot write a kubeconfig for {args.service_account}: {exc}", file=err)
+        return EXIT_INVALID
+    print(args.output, file=out)
     return EXIT_OK
 
 
@@ -533,6 +580,40 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "--from-state", metavar="FILE", help="diagnose a state saved by --save-state instead of the cluster"
     )
     doctor.set_defaults(handler=cmd_doctor)
+
+    cleanup = commands.add_parser(
+        "cleanup",
+        help="the chart's pre-delete hook: delete the ClusterPolicy, wait until its node labels are gone",
+    )
+    cleanup.add_argument("--policy", required=True, help="the ClusterPolicy to delete")
+    cleanup.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=120.0,
+        metavar="SECONDS",
+        help="how long to wait for the operator to remove its node labels (default %(default).0f)",
+    )
+    cleanup.set_defaults(handler=cmd_cleanup)
+
+    kubeconfig = commands.add_parser(
+        "kubeconfig",
+        help="write a kubeconfig that logs in as a ServiceAccount (run the operator with the chart's RBAC)",
+    )
+    kubeconfig.add_argument(
+        "--service-account", required=True, type=_pod_ref, metavar="NAMESPACE/NAME", help="whose token"
+    )
+    kubeconfig.add_argument("-o", "--output", required=True, metavar="FILE", help="where to write it (0600)")
+    kubeconfig.add_argument(
+        "--kubeconfig", help="the cluster and the credentials that create the token (default $KUBECONFIG)"
+    )
+    kubeconfig.add_argument(
+        "--duration",
+        type=_seconds,
+        default=7200.0,
+        metavar="SECONDS",
+        help="how long the token is valid (default %(default).0f, at most 86400)",
+    )
+    kubeconfig.set_defaults(handler=cmd_kubeconfig)
     return parser
 
 

@@ -21,6 +21,7 @@ GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 VGPU_HOST_LABEL = "nvidia.com/vgpu.host-driver-version"
 RUNTIME_LABEL = "nvidia.com/gpu-operator.runtime"
 """The node's container runtime as the operator detected it; each toolkit DaemonSet selects one value."""
+MIG_CONFIG_LABEL = "nvidia.com/mig.config"
 
 
 def any_gpu_node(labels: NodeLabels) -> bool:
@@ -40,6 +41,43 @@ def mig_capable(labels: NodeLabels) -> bool:
         return labels[MIG_CAPABLE_LABEL] == "true"
     product = labels.get(GPU_PRODUCT_LABEL, "").lower()
     return any(model in product for model in ("h100", "h200", "a100", "a30", "b200", "gb200"))
+
+
+def no_config_maps(policy: ClusterPolicySpec) -> list[tuple[str, str]]:
+    return []
+
+
+def no_node_labels(policy: ClusterPolicySpec) -> dict[str, str]:
+    return {}
+
+
+def driver_config_maps(policy: ClusterPolicySpec) -> list[tuple[str, str]]:
+    """(field, ConfigMap name) of the user ConfigMaps the driver mounts file by file, so it needs their
+    keys: the kernel module parameters, and for drivers built on the node the package repositories and
+    CA certificates (NVIDIA's transformDriverContainer)."""
+    driver = policy.driver
+    found = [
+        (
+            "spec.driver.kernelModuleConfig.name",
+            driver.kernelModuleConfig.name if driver.kernelModuleConfig else None,
+        )
+    ]
+    if not driver.usePrecompiled:
+        found.append(
+            (
+                "spec.driver.repoConfig.configMapName",
+                driver.repoConfig.configMapName if driver.repoConfig else None,
+            )
+        )
+        found.append(("spec.driver.certConfig.name", driver.certConfig.name if driver.certConfig else None))
+    return [(path, name) for path, name in found if name]
+
+
+def mig_default_layout(policy: ClusterPolicySpec) -> dict[str, str]:
+    """NVIDIA's rule: MIG-capable nodes without a MIG layout get the default one, for mig-manager to
+    apply; only the `all-disabled` default is written by the operator."""
+    default = policy.migManager.config.default if policy.migManager.config else "all-disabled"
+    return {MIG_CONFIG_LABEL: "all-disabled"} if default == "all-disabled" else {}
 
 
 @dataclass(frozen=True)
@@ -74,7 +112,21 @@ class Component:
     deploys_with: str = ""
     """Shares this component's deploy label (NVIDIA's MPS control daemon runs where the plugin does)."""
     split: Literal["", "runtime", "kernel"] = ""
-    """One DaemonSet per container runtime of the GPU nodes, or per kernel (precompiled drivers only)."""
+    """One DaemonSet per container runtime of the GPU nodes, or per kernel (precompiled drivers only).
+    A component split per runtime needs the node's runtime label (RUNTIME_LABEL)."""
+    always_on_delete: bool = False
+    """Its DaemonSet is OnDelete whatever `daemonsets.updateStrategy` says: replacing a driver pod unloads
+    the kernel module under running GPU workloads (NVIDIA's applyUpdateStrategyConfig,
+    controllers/object_controls.go:3876-3905); its pods are replaced by the upgrade controller or by hand."""
+    validator_init: bool = True
+    """Its pods run validator-image init containers, so they also need the validator's pull secrets."""
+    host_installed: bool = False
+    """Its deploy label may say `pre-installed`: k8s-driver-manager found it on the host, and it counts as
+    satisfied for its dependents (cmd/driver-manager/main.go:549)."""
+    config_maps: Callable[[ClusterPolicySpec], list[tuple[str, str]]] = no_config_maps
+    """(policy field, name) of the user ConfigMaps it mounts key by key (see missing_inputs)."""
+    node_labels: Callable[[ClusterPolicySpec], dict[str, str]] = no_node_labels
+    """Labels the operator sets on the nodes it runs on (node_filter), unless someone else owns them."""
 
     @property
     def deploy_label(self) -> str:
@@ -111,6 +163,10 @@ COMPONENTS: tuple[Component, ...] = (
         os_specific_tag=True,
         label="nvidia-driver",
         split="kernel",
+        always_on_delete=True,
+        validator_init=False,
+        host_installed=True,
+        config_maps=driver_config_maps,
     ),
     Component(
         "container-toolkit",
@@ -179,6 +235,7 @@ COMPONENTS: tuple[Component, ...] = (
         Image(_CLOUD_NATIVE, "k8s-mig-manager", "v0.15.0"),
         depends_on=("container-toolkit",),
         node_filter=mig_capable,
+        node_labels=mig_default_layout,
     ),
     Component(
         "node-status-exporter",
@@ -200,17 +257,3 @@ GDS = Image(_CLOUD_NATIVE, "nvidia-fs", "2.29.4")
 GDS_ENV = "GDS_IMAGE"
 GDRCOPY = Image(_CLOUD_NATIVE, "gdrdrv", "v2.6")
 GDRCOPY_ENV = "GDRCOPY_IMAGE"
-
-
-def effective_dependencies(component: Component, policy: ClusterPolicySpec) -> tuple[str, ...]:
-    """The enabled components this one must wait for on a node.
-
-    A disabled dependency (say, a driver pre-installed on the host) counts as satisfied, but what *it*
-    depended on still applies: with the toolkit disabled, the device plugin still waits for the driver.
-    """
-    result: list[str] = []
-    for name in component.depends_on:
-        dep = BY_NAME[name]
-        found = (name,) if dep.enabled(policy) else effective_dependencies(dep, policy)
-        result.extend(n for n in found if n not in result)
-    return tuple(result)

@@ -2,7 +2,9 @@
 
 A small generic client over the `kubernetes` package's ApiClient: one code path for every kind, no
 discovery round trips at start-up (the operator only handles the kinds in RESOURCES), plain dicts in
-and out. Sync on purpose: it runs in a worker thread, never on Kopf's event loop.
+and out. Sync on purpose: it runs in a worker thread, never on Kopf's event loop. The one API client of
+the project: the operator, its node agent, `doctor`, the Helm cleanup hook, the bench and the tests'
+helpers all use it.
 """
 
 from __future__ import annotations
@@ -10,16 +12,17 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import urllib3
 from kubernetes import client, config
 
 from gpu_operator import metrics, safe_json
+from gpu_operator.labels import FIELD_MANAGER
 from gpu_operator.observed import ObjectKey
-from gpu_operator.render import tojson
+from gpu_operator.yaml_text import tojson
 
-FIELD_MANAGER = "gpu-operator"
 EVENTS_NAMESPACE = "default"
 LIST_PAGE = 500
 
@@ -74,13 +77,33 @@ def path(api_version: str, kind: str, namespace: str = "", name: str = "", subre
     return result
 
 
-def load_api_client(kubeconfig: str | None = None) -> client.ApiClient:
-    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG or ~/.kube/config)."""
+def load_api_client(
+    kubeconfig: str | Path | None = None,
+    context: str | None = None,
+    user_agent: str = "",
+    pool_size: int | None = None,
+) -> client.ApiClient:
+    """A client with its own configuration (never the package's global one, so several can live in one
+    process): the kubeconfig when one is given, else in-cluster credentials when running in a pod, else
+    $KUBECONFIG or ~/.kube/config. `pool_size`: connections kept per host, at least the number of
+    threads that use the client at once. Raises config.ConfigException (or OSError) when none works."""
+    configuration = client.Configuration()
+    if pool_size is not None:
+        configuration.connection_pool_maxsize = pool_size
     try:
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
+        if kubeconfig is not None or context is not None:
+            raise config.ConfigException("a kubeconfig was asked for")
+        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except config.ConfigException:
-        config.load_kube_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
-    return client.ApiClient()
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=None if kubeconfig is None else str(kubeconfig),
+            context=context,
+            client_configuration=configuration,
+        )
+    api = client.ApiClient(configuration)
+    if user_agent:
+        api.user_agent = user_agent
+    return api
 
 
 @dataclass
@@ -144,21 +167,25 @@ class Kube:
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
         kind: str = "",
+        accept: str = "application/json",
+        timeout: float | None = None,
     ) -> dict[str, Any]:
         """One API call; the JSON response."""
-        data = self._read(self._call(method, url, body, query, content_type, kind))
+        data = self._read(self._call(method, url, body, query, content_type, kind, accept, timeout))
         # A ClusterPolicy's status patch returns the whole object, whatever its spec holds.
         return safe_json.loads(data) if data else {}
 
     def watch(
         self, api_version: str, kind: str, query: Mapping[str, str], timeout_seconds: int
     ) -> Iterator[dict[str, Any]]:
-        """The events of a watch (`{"type": ..., "object": ...}`), until the server ends it after
+        """The events of a watch (`{"type": ..., "object": ...}`) of a kind's collection."""
+        return self.stream(path(api_version, kind), query, timeout_seconds)
+
+    def stream(self, url: str, query: Mapping[str, str], timeout_seconds: int) -> Iterator[dict[str, Any]]:
+        """The events of a watch of the collection at `url`, until the server ends it after
         `timeout_seconds`. A connection that goes quiet for longer raises ApiError(0, ...)."""
         params = {**query, "watch": "true", "timeoutSeconds": str(timeout_seconds)}
-        response = self._call(
-            "GET", path(api_version, kind), query=params, timeout=(10, timeout_seconds + 30)
-        )
+        response = self._call("GET", url, query=params, timeout=(10, timeout_seconds + 30))
         try:
             buffer = b""
             for chunk in response.response.stream(amt=None, decode_content=False):

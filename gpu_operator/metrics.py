@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from prometheus_client import (
     GC_COLLECTOR,
@@ -27,6 +27,8 @@ from prometheus_client import (
     Histogram,
     disable_created_metrics,
 )
+
+from gpu_operator.api.status import ComponentStatus
 
 if TYPE_CHECKING:
     from gpu_operator.plan import Plan
@@ -133,15 +135,15 @@ def observe_pass(plan: Plan, errors: Mapping[str, str], gpu_nodes: int, seconds:
     """A pass that ran to its end (some writes may have been rejected: `errors`)."""
     PASS_SECONDS.observe(seconds)
     GPU_NODES.set(gpu_nodes)
-    status: Mapping[str, Any] = plan.statuses.get(plan.active.name, {}) if plan.active else {}
-    if plan.active is None or plan.spec is None:
+    status = plan.statuses.get(plan.active.name) if plan.active else None
+    if status is None or plan.spec is None:
         # NVIDIA: no ClusterPolicy, or one it cannot initialise from; not counted as a reconciliation.
         RECONCILIATION_STATUS.set(STATUS_POLICY_UNAVAILABLE)
         _set_components([])
         return
     RECONCILIATION_TOTAL.inc()
-    _set_components(status.get("components", []))
-    if errors or status.get("state") != "ready":
+    _set_components(status.components)
+    if errors or status.state != "ready":
         RECONCILIATION_STATUS.set(STATUS_NOT_READY)
         RECONCILIATION_FAILED.inc()
     else:
@@ -157,15 +159,15 @@ def observe_aborted_pass(seconds: float, *, operator_error: bool) -> None:
     RECONCILIATION_STATUS.set(STATUS_OPERATOR_ERROR if operator_error else STATUS_NOT_READY)
 
 
-def _set_components(components: list[Mapping[str, Any]]) -> None:
-    enabled = {c["name"]: c for c in components if c.get("state") in ("ready", "notReady")}
+def _set_components(components: list[ComponentStatus]) -> None:
+    enabled = {c.name: c for c in components if c.state in ("ready", "notReady")}
     for name in _components_seen - enabled.keys():
         for gauge in (*_COMPONENT_GAUGES.values(), COMPONENT_READY):
             gauge.remove(name)
     for name, entry in enabled.items():
         for field, gauge in _COMPONENT_GAUGES.items():
-            gauge.labels(name).set(entry.get(field, 0))
-        COMPONENT_READY.labels(name).set(1 if entry["state"] == "ready" else 0)
+            gauge.labels(name).set(getattr(entry, field))
+        COMPONENT_READY.labels(name).set(1 if entry.state == "ready" else 0)
     _components_seen.clear()
     _components_seen.update(enabled)
 

@@ -25,17 +25,17 @@ from enum import Enum
 from typing import Any
 
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.components import BY_NAME, COMPONENTS, RUNTIME_LABEL, Component, mig_capable
-from gpu_operator.images import KERNEL_LABEL, os_tag
+from gpu_operator.components import BY_NAME, COMPONENTS, MIG_CONFIG_LABEL, RUNTIME_LABEL, Component
+from gpu_operator.images import KERNEL_LABEL, os_name, os_tag
+from gpu_operator.labels import FIELD_MANAGER
 from gpu_operator.render import ClusterFacts, runtimes_in_order
 
-FIELD_MANAGER = "gpu-operator"
 GPU_PRESENT = "nvidia.com/gpu.present"
 DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
 DEPLOY_OPERANDS = "nvidia.com/gpu.deploy.operands"
 PAUSED_MARK = "paused-for-"
 PRE_INSTALLED = "pre-installed"
-MIG_CONFIG = "nvidia.com/mig.config"
+MIG_CONFIG = MIG_CONFIG_LABEL
 GPU_RESOURCE = "nvidia.com/gpu"
 NFD_PREFIX = "feature.node.kubernetes.io/"
 PCI_LABELS = (
@@ -62,6 +62,8 @@ class NodeInfo:
     """The node as last seen: label writes carry it, so a stale view conflicts instead of overwriting."""
     runtime: str | None = None
     """Container runtime the kubelet reports (containerd, crio, docker); None if unknown."""
+    os_image: str = ""
+    """The kubelet's `status.nodeInfo.osImage`: the OS when NFD has not labelled the node."""
 
     @property
     def is_gpu(self) -> bool:
@@ -71,10 +73,6 @@ class NodeInfo:
         if self.labels.get(GPU_PRESENT) == "true" and GPU_PRESENT not in self.own_labels:
             return True
         return self.gpu_allocatable > 0
-
-    @property
-    def has_nfd(self) -> bool:
-        return any(key.startswith(NFD_PREFIX) for key in self.labels)
 
 
 def owned_label_keys(
@@ -131,6 +129,7 @@ def node_info(body: Mapping[str, Any]) -> NodeInfo:
     metadata = body.get("metadata") or {}
     status = body.get("status") or {}
     allocatable = status.get("allocatable") or {}
+    node_status = status.get("nodeInfo") or {}
     labels = dict(metadata.get("labels") or {})
     own, shared, writers = _label_owners(metadata.get("managedFields") or (), labels)
     return NodeInfo(
@@ -141,7 +140,8 @@ def node_info(body: Mapping[str, Any]) -> NodeInfo:
         shared_labels=shared,
         writers=writers,
         resource_version=str(metadata.get("resourceVersion") or ""),
-        runtime=_runtime(str((status.get("nodeInfo") or {}).get("containerRuntimeVersion") or "")),
+        runtime=_runtime(str(node_status.get("containerRuntimeVersion") or "")),
+        os_image=str(node_status.get("osImage") or ""),
     )
 
 
@@ -165,11 +165,12 @@ def cluster_facts(
     DaemonSet each). Nodes opted out of operands still count: their labels may change any time."""
     infos = [n if isinstance(n, NodeInfo) else node_info(n) for n in nodes]
     gpus = gpu_nodes(infos)
-    first = gpus[0].labels if gpus else {}
-    kernels = {(n.labels[KERNEL_LABEL], os_tag(n.labels)) for n in gpus if n.labels.get(KERNEL_LABEL)}
+    kernels = {
+        (n.labels[KERNEL_LABEL], os_name(n.labels, n.os_image)) for n in gpus if n.labels.get(KERNEL_LABEL)
+    }
     return ClusterFacts(
         namespace=namespace,
-        os_tag=os_tag(first),
+        os_tag=os_tag(gpus[0].labels, gpus[0].os_image) if gpus else None,
         kernels=tuple(sorted(kernels, key=lambda k: (k[0], k[1] or ""))),
         runtimes=runtimes_in_order({node_runtime(n, default_runtime) for n in gpus}),
         environ=dict(environ),
@@ -179,7 +180,8 @@ def cluster_facts(
 def runtime_labels(node: NodeInfo, policy: ClusterPolicySpec) -> dict[str, str]:
     """The runtime label the toolkit DaemonSets select on; part of desired_labels, so it is written in
     the same apply as the deploy labels."""
-    if not BY_NAME["container-toolkit"].enabled(policy) or _foreign(node, RUNTIME_LABEL):
+    split = any(c.split == "runtime" and c.enabled(policy) for c in COMPONENTS)
+    if not split or _foreign(node, RUNTIME_LABEL):
         return {}
     return {RUNTIME_LABEL: node_runtime(node, policy.operator.defaultRuntime)}
 
@@ -209,7 +211,7 @@ def deploy_state(component: Component, node: NodeInfo) -> Deploy:
         return Deploy.OPTED_OUT
     if PAUSED_MARK in value:
         return Deploy.PAUSED
-    if value == PRE_INSTALLED and component.name == "driver":
+    if value == PRE_INSTALLED and component.host_installed:
         return Deploy.HOST
     return Deploy.HELD
 
@@ -226,7 +228,7 @@ IsReady = Callable[[str, str], bool]
 """(component name, node name) → whether that component's pod on that node is ready."""
 
 
-def dependencies_met(
+def unmet_dependencies(
     component: Component, policy: ClusterPolicySpec, node: NodeInfo, is_ready: IsReady
 ) -> list[str]:
     """The dependencies still to become ready on this node before `component` may start there.
@@ -241,7 +243,7 @@ def dependencies_met(
             if not is_ready(name, node.name):
                 waiting.append(name)
         else:
-            waiting.extend(d for d in dependencies_met(dep, policy, node, is_ready) if d not in waiting)
+            waiting.extend(d for d in unmet_dependencies(dep, policy, node, is_ready) if d not in waiting)
     return waiting
 
 
@@ -266,18 +268,13 @@ def desired_labels(node: NodeInfo, policy: ClusterPolicySpec | None, is_ready: I
             continue
         state = deploy_state(component, node)
         if state == Deploy.DEPLOYED or (
-            state == Deploy.UNDECIDED and not dependencies_met(component, policy, node, is_ready)
+            state == Deploy.UNDECIDED and not unmet_dependencies(component, policy, node, is_ready)
         ):
             labels[component.deploy_label] = "true"
-    # NVIDIA's rule: MIG-capable nodes without a MIG layout get the default one, for mig-manager to apply.
-    mig_default = policy.migManager.config.default if policy.migManager.config else "all-disabled"
-    if (
-        BY_NAME["mig-manager"].enabled(policy)
-        and mig_capable(node.labels)
-        and mig_default == "all-disabled"
-        and not _foreign(node, MIG_CONFIG)
-    ):
-        labels[MIG_CONFIG] = "all-disabled"
+    for component in COMPONENTS:
+        if component.enabled(policy) and component.node_filter(node.labels):
+            extra = component.node_labels(policy)
+            labels.update((key, value) for key, value in extra.items() if not _foreign(node, key))
     return labels
 
 

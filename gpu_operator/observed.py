@@ -11,10 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_operator.components import BY_LABEL
+from gpu_operator.labels import COMPONENT_LABEL
 
-COMPONENT_LABEL = "app.kubernetes.io/component"
-MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
-MANAGED_BY = "gpu-operator"
 HASH_ANNOTATION = "nvidia.com/gpu-operator.applied-hash"
 
 # Container states that mean "still coming up", as opposed to failing.
@@ -28,6 +26,18 @@ def component_of(metadata: Mapping[str, Any]) -> str:
     value = str((metadata.get("labels") or {}).get(COMPONENT_LABEL) or "")
     known = BY_LABEL.get(value)
     return known.name if known is not None else value
+
+
+@dataclass(frozen=True)
+class PolicyRef:
+    """One ClusterPolicy as the watch last saw it."""
+
+    name: str
+    uid: str
+    generation: int
+    created: str
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any]
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-FIELD_MANAGER = "gpu-operator"
+from gpu_operator.labels import FIELD_MANAGER
+
 PSA_LABELS = tuple(f"pod-security.kubernetes.io/{mode}" for mode in ("enforce", "audit", "warn"))
 PRIVILEGED = "privileged"
 PREVIOUS_ANNOTATION = "nvidia.com/gpu-operator.psa-previous"

@@ -1,15 +1,15 @@
 """Carries out a plan: the watch caches in, API writes out, and only the writes that change something.
 
-`Store` is filled by the watch handlers (on Kopf's event loop); `Reconciler.run_once` runs in a worker
-thread on a snapshot of it. Writes happen only when the desired state differs from what the watches
-show, so a converged cluster costs the API server nothing.
+Only I/O: `Reconciler.run_once` takes a snapshot of the Store (filled by the watch handlers), lets the
+pure core decide (plan.build), carries out the writes, hands what they returned back to the pure side
+(plan.conclude: the final status and the Events) and writes that. Writes happen only when the desired
+state differs from what the watches show, so a converged cluster costs the API server nothing.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -17,97 +17,22 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any
 
-from gpu_operator.api.status import REASON_OPERAND_NOT_READY
 from gpu_operator.kube import ApiError, Kube
-from gpu_operator.nodes import NodeInfo, gpu_nodes
+from gpu_operator.nodes import NodeInfo
 from gpu_operator.observed import (
     HASH_ANNOTATION,
-    DaemonSetInfo,
-    ObjectInfo,
     ObjectKey,
-    PodInfo,
     component_of,
     object_info,
     object_key,
 )
-from gpu_operator.plan import Note, Observed, Plan, PolicyRef, build, status_differs, with_apply_errors
+from gpu_operator.plan import Applied, Conclusion, Plan, build, conclude, in_sync
 from gpu_operator.psa import PRIVILEGED, NamespaceInfo, NamespaceWrite
+from gpu_operator.settings import Settings
+from gpu_operator.status import Signature
+from gpu_operator.store import Store
 
 log = logging.getLogger("gpu_operator")
-
-SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
-
-
-@dataclass
-class Store:
-    """What the watches last saw, in slim form. Mutated from the event loop, read from the worker."""
-
-    policies: dict[str, PolicyRef] = field(default_factory=dict)
-    nodes: dict[str, NodeInfo] = field(default_factory=dict)
-    pods: dict[str, PodInfo] = field(default_factory=dict)
-    daemonsets: dict[str, DaemonSetInfo] = field(default_factory=dict)
-    objects: dict[ObjectKey, ObjectInfo] = field(default_factory=dict)
-    config_maps: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    """Every ConfigMap of the operand namespace → its keys (users' ones feed the driver's mounts)."""
-    crds: dict[str, bool] = field(default_factory=dict)
-    """CRD name → established (only the CRDs the operator watches)."""
-    namespaces: dict[str, NamespaceInfo] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def put(self, table: str, key: Any, value: Any) -> bool:
-        """Set or (value None) remove an entry; True when that changed anything a decision reads (an
-        entry is replaced even then: fields outside comparison, such as a resourceVersion, stay current)."""
-        with self.lock:
-            entries: dict[Any, Any] = getattr(self, table)
-            if value is None:
-                return entries.pop(key, None) is not None
-            before = entries.get(key)
-            entries[key] = value
-            return bool(before != value)
-
-    def snapshot(self, namespace: str, environ: Mapping[str, str], nvidia_driver_crd: bool) -> Observed:
-        with self.lock:
-            return Observed(
-                policies=tuple(self.policies.values()),
-                nodes=dict(self.nodes),
-                pods=tuple(self.pods.values()),
-                daemonsets={d.name: d for d in self.daemonsets.values()},
-                objects=dict(self.objects),
-                config_maps=dict(self.config_maps),
-                namespace=namespace,
-                environ=dict(environ),
-                nvidia_driver_crd=nvidia_driver_crd,
-                service_monitor_crd=self.crds.get(SERVICE_MONITOR_CRD, False),
-                operand_namespace=self.namespaces.get(namespace),
-            )
-
-
-@dataclass(frozen=True)
-class Applied:
-    """What our own last apply of an object returned: later differences are someone else's edits."""
-
-    hash: str
-    generation: int
-    resource_version: str
-
-
-def in_sync(desired_hash: str, observed: ObjectInfo | None, applied: Applied | None) -> bool:
-    """Whether an object needs no apply: present, at our desired content, and untouched since our apply.
-
-    Objects with a spec generation (DaemonSets) count as edited when the generation moves; others
-    (ConfigMaps, RBAC, ...) when the resourceVersion moves. Status updates by controllers move neither.
-    """
-    if observed is None or observed.applied_hash != desired_hash or applied is None:
-        return False
-    if applied.hash != desired_hash:
-        return False
-    if applied.generation:
-        return observed.generation == applied.generation
-    return observed.resource_version == applied.resource_version
-
-
-WRITERS = 16
-"""Concurrent API writes in one pass: enough to label 1000 nodes quickly, few enough for the API server."""
 
 
 def _by_component(objects: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -124,10 +49,9 @@ def now() -> str:
 @dataclass(frozen=True)
 class Outcome:
     plan: Plan
+    """The pass's plan, with the final statuses."""
     errors: Mapping[str, str]
     """What could not be written (component or object → the API server's message)."""
-    gpu_nodes: int
-    """Nodes detected as GPU nodes in this pass's snapshot."""
     stale: tuple[str, ...] = ()
     """Objects (node/..., namespace/...) that changed between the snapshot and their write: a new
     pass should follow soon."""
@@ -164,15 +88,15 @@ def _unless_changed(what: str, stale: list[str], write: Callable[[], object]) ->
 class Reconciler:
     kube: Kube
     store: Store
-    namespace: str
-    environ: Mapping[str, str]
+    settings: Settings
     nvidia_driver_crd: bool = False
     applied: dict[ObjectKey, Applied] = field(default_factory=dict)
-    reported: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    pool: ThreadPoolExecutor = field(
-        default_factory=lambda: ThreadPoolExecutor(WRITERS, "gpu-operator-write")
-    )
-    """Policy name → the last (state, reason, notes...) we posted Events for."""
+    reported: dict[str, Signature] = field(default_factory=dict)
+    """Policy name → what the Events posted for it have said."""
+    pool: ThreadPoolExecutor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pool = ThreadPoolExecutor(self.settings.writers, "gpu-operator-write")
 
     def run_once(self) -> Outcome:
         """One pass. API errors on single objects do not stop the pass: every other object, node
@@ -181,7 +105,7 @@ class Reconciler:
         Writes run in parallel (a 1000-node rollout is 1000 label patches per stage), except that a
         component's own objects go in order: its ServiceAccount and RBAC before its DaemonSet."""
         stamp = now()
-        observed = self.store.snapshot(self.namespace, self.environ, self.nvidia_driver_crd)
+        observed = self.store.snapshot(self.settings.namespace, self.settings.environ, self.nvidia_driver_crd)
         plan = build(observed, stamp)
         errors: dict[str, str] = {}
         stale: list[str] = []
@@ -198,12 +122,9 @@ class Reconciler:
         )
         if plan.namespace_write is not None and observed.operand_namespace is not None:
             self._write_namespace(observed.operand_namespace, plan.namespace_write, errors, stale)
-        if errors and plan.active is not None and plan.active.name in plan.statuses:
-            plan.statuses[plan.active.name] = with_apply_errors(
-                plan.active, plan.statuses[plan.active.name], errors, stamp
-            )
-        self._write_statuses(plan)
-        return Outcome(plan, errors, len(gpu_nodes(observed.nodes.values())), tuple(sorted(stale)))
+        conclusion = conclude(plan, observed.policies, errors, self.reported, stamp)
+        self._write_statuses(conclusion)
+        return Outcome(conclusion.plan, errors, tuple(sorted(stale)))
 
     def _in_parallel(self, jobs: Iterable[Callable[[], None]]) -> None:
         """Run the jobs on the worker pool; after all have finished, re-raise the first failure."""
@@ -216,9 +137,7 @@ class Reconciler:
         for body in bodies:
             key = object_key(body)
             desired_hash = body["metadata"]["annotations"][HASH_ANNOTATION]
-            with self.store.lock:
-                observed = self.store.objects.get(key)
-            if in_sync(desired_hash, observed, self.applied.get(key)):
+            if in_sync(desired_hash, self.store.get("objects", key), self.applied.get(key)):
                 continue
             component = component_of(body["metadata"]) or key[1]
             with _recorded(errors, component):
@@ -271,55 +190,28 @@ class Reconciler:
             body = {"apiVersion": "v1", "kind": "Namespace", "metadata": metadata}
             _unless_changed(what, stale, partial(self.kube.apply, body))
 
-    def _write_statuses(self, plan: Plan) -> None:
-        stamp = now()
-        for name, status in plan.statuses.items():
-            policy = next((p for p in self.store.policies.values() if p.name == name), None)
-            if policy is None:
-                continue
-            if status_differs(policy.status, status):
+    def _write_statuses(self, conclusion: Conclusion) -> None:
+        for name, events in conclusion.events.items():
+            body = conclusion.status_writes.get(name)
+            if body is not None:
                 try:
-                    self.kube.patch_status(name, status)
+                    self.kube.patch_status(name, body)
                 except ApiError as exc:
                     if exc.status != 404:
                         raise
                     continue  # deleted meanwhile; its DELETED event is on the way
-            self._post_events(
-                policy, status, plan.notes if plan.active and plan.active.name == name else [], stamp
-            )
-
-    def _event(self, ref: Mapping[str, str], type_: str, reason: str, message: str, stamp: str) -> None:
-        # Events are a courtesy; the status already says it all, so a failure must not fail the pass.
-        try:
-            self.kube.post_event(ref, type_, reason, message, stamp)
-        except ApiError as exc:
-            log.warning("could not post Event %s on ClusterPolicy %s: %s", reason, ref["name"], exc)
-
-    def _post_events(
-        self, policy: PolicyRef, status: Mapping[str, Any], notes: Sequence[Note], stamp: str
-    ) -> None:
-        error: dict[str, Any] = next((c for c in status.get("conditions", []) if c["type"] == "Error"), {})
-        signature = (str(status.get("state")), str(error.get("reason", "")), *notes)
-        if self.reported.get(policy.name) == signature:
-            return
-        previous = self.reported.get(policy.name)
-        self.reported[policy.name] = signature
-        ref = {"name": policy.name, "uid": policy.uid}
-        if previous is None and not status_differs(policy.status, status):
-            return  # restarted operator, nothing new to say
-        state = status.get("state")
-        if state == "ready":
-            self._event(ref, "Normal", "Ready", "all GPU operands are ready", stamp)
-        elif state == "ignored":
-            ready = next(c for c in status["conditions"] if c["type"] == "Ready")
-            self._event(ref, "Normal", "Ignored", ready["message"], stamp)
-        elif error.get("reason") == REASON_OPERAND_NOT_READY and not any(
-            c.get("nodesFailing") for c in status.get("components", [])
-        ):
-            # Rolling out, nothing failing: news, not a warning.
-            self._event(ref, "Normal", "Progressing", error.get("message", ""), stamp)
-        elif error.get("reason"):
-            self._event(ref, "Warning", error["reason"], error.get("message", ""), stamp)
-        for note in notes:
-            if previous is None or note not in previous:
-                self._event(ref, "Warning", note.reason, note, stamp)
+            self.reported[name] = conclusion.reported[name]
+            stamp = now()
+            for event in events:
+                # Events are a courtesy; the status already says it all, so a failure must not fail
+                # the pass.
+                try:
+                    self.kube.post_event(
+                        {"name": event.policy, "uid": event.uid},
+                        event.type,
+                        event.reason,
+                        event.message,
+                        stamp,
+                    )
+                except ApiError as exc:
+                    log.warning("could not post Event %s on ClusterPolicy %s: %s", event.reason, name, exc)

@@ -7,8 +7,9 @@ goes through `tojson`, which emits a JSON scalar, list or mapping (YAML is a sup
 value can never turn into YAML structure, however many quotes, newlines or `---` it holds.
 
 Python computes only what would be awkward or repeated in Jinja: resolved images, the update
-strategy, merged environment lists, probe timings. Labels that every object carries are added here
-after parsing, so no template can forget them.
+strategy, the DaemonSet variants (gpu_operator/template_functions.py holds what the templates call).
+Labels that every object carries are added here after parsing, so no template can forget them. The
+text side (tojson, the YAML that `render` prints) is gpu_operator/yaml_text.py.
 """
 
 from __future__ import annotations
@@ -24,11 +25,10 @@ from typing import Any
 
 import jinja2
 import yaml
-from pydantic import BaseModel
 
 from gpu_operator import images
-from gpu_operator.api.common import ComponentSpec, EnvVar, ProbeSpec
-from gpu_operator.api.spec import ClusterPolicySpec, DCGMExporterSpec
+from gpu_operator.api.common import ComponentSpec
+from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.components import (
     BY_NAME,
     COMPONENTS,
@@ -43,18 +43,24 @@ from gpu_operator.components import (
     Image,
 )
 from gpu_operator.images import KERNEL_LABEL
+from gpu_operator.labels import COMPONENT_LABEL, FIELD_MANAGER, MANAGED_BY_LABEL, PART_OF_LABEL
 from gpu_operator.runtime_config import runtime_setup
+from gpu_operator.template_functions import (
+    OPENSHIFT_SCC_RULE,
+    env_values,
+    exporter_pod_metadata,
+    exporter_reads_api,
+    field_env,
+    merge,
+    merge_env,
+    mig_env,
+    probe,
+    pull_secrets,
+    user_labels,
+)
+from gpu_operator.yaml_text import tojson
 
-__all__ = ["ClusterFacts", "RenderError", "render", "render_component", "to_yaml"]
-
-MANAGED_BY = "app.kubernetes.io/managed-by"
-COMPONENT = "app.kubernetes.io/component"
-PART_OF = "app.kubernetes.io/part-of"
-OPERATOR_NAME = "gpu-operator"
-
-# Labels the operator owns on every object; user labels (`daemonsets.labels`) never override them, nor
-# `app`, which is the DaemonSet selector and cannot change once the DaemonSet exists.
-RESERVED_LABELS = frozenset({"app", MANAGED_BY, COMPONENT, PART_OF})
+__all__ = ["ClusterFacts", "RenderError", "render", "render_component"]
 
 CLUSTER_SCOPED_KINDS = frozenset({"ClusterRole", "ClusterRoleBinding", "RuntimeClass"})
 
@@ -80,8 +86,9 @@ class ClusterFacts:
     os_tag: str | None = None
     """e.g. "ubuntu22.04" (from the first GPU node's NFD labels); None = no suffix."""
     kernels: tuple[tuple[str, str | None], ...] = ()
-    """(kernel, OS tag) of the GPU nodes, e.g. ("5.15.0-105-generic", "ubuntu22.04"): one precompiled
-    driver DaemonSet each."""
+    """(kernel, OS name) of the GPU nodes, e.g. ("5.14.0-427.el9.x86_64", "rhel9.4"): one precompiled
+    driver DaemonSet each, named after both (NVIDIA's kernelVersionMap); its image tag ends in the OS
+    tag (images.tag_of: "rhel9")."""
     runtimes: tuple[str, ...] = ()
     """Container runtimes of the GPU nodes, in RUNTIME_ORDER: one toolkit DaemonSet each. Empty when no
     GPU node is known (then `operator.defaultRuntime`, else containerd)."""
@@ -132,7 +139,7 @@ def variants(component: Component, policy: ClusterPolicySpec, facts: ClusterFact
             Variant(
                 "-".join(part for part in (component.daemonset, _sanitized_kernel(kernel), os) if part),
                 runtimes[0],
-                os,
+                images.tag_of(os) if os else None,
                 kernel,
                 node_selector={KERNEL_LABEL: kernel},
             )
@@ -143,114 +150,6 @@ def variants(component: Component, policy: ClusterPolicySpec, facts: ClusterFact
 
 class RenderError(RuntimeError):
     """A template produced something that is not a Kubernetes object: always a bug in the template."""
-
-
-# --- JSON that is also safe YAML -----------------------------------------------------------------
-
-# json.dumps(ensure_ascii=False) leaves characters that YAML reads differently inside a double-quoted
-# scalar: C1 controls and DEL are not printable for YAML, NEL/LS/PS are line breaks (and get folded),
-# and `ensure_ascii=True` would not help because PyYAML does not join `\ud83d\ude00` surrogate pairs.
-# So: keep printable characters raw, escape the rest as \uXXXX (all of them are in the BMP).
-_NOT_YAML_SAFE = re.compile(
-    "[^\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]"
-)
-
-
-def _model_default(value: object) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode="json", exclude_none=True)
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
-
-
-def tojson(value: Any) -> str:
-    """A JSON text (one line) that YAML parses back to exactly `value`; pydantic models are dumped."""
-    text = json.dumps(value, ensure_ascii=False, default=_model_default)
-    return _NOT_YAML_SAFE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
-
-
-# --- helpers the templates call --------------------------------------------------------------------
-
-
-def merge_env(
-    defaults: Iterable[Mapping[str, Any]], *overrides: Iterable[EnvVar | Mapping[str, Any]] | None
-) -> list[dict[str, Any]]:
-    """Defaults first, then each override list; a later entry replaces an earlier one of the same name
-    in place, so every name appears once and the container's order stays recognisable."""
-    merged: dict[str, dict[str, Any]] = {}
-    for entry in defaults:
-        merged[entry["name"]] = dict(entry)
-    for override in overrides:
-        for var in override or ():
-            entry = dict(var) if isinstance(var, Mapping) else {"name": var.name, "value": var.value}
-            merged[entry["name"]] = entry
-    return list(merged.values())
-
-
-def mig_env(strategy: str) -> list[dict[str, str]]:
-    """MIG_STRATEGY, and the MIG monitor capability where MIG devices are exposed (NVIDIA's
-    applyMIGConfiguration): the legacy runtime hook grants it only with this variable."""
-    env = [{"name": "MIG_STRATEGY", "value": strategy}]
-    if strategy != "none":
-        env.append({"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "all"})
-    return env
-
-
-def exporter_pod_metadata(spec: DCGMExporterSpec) -> bool:
-    """dcgm-exporter labels metrics with pod labels or UIDs, so it watches pods (NVIDIA's rbacGates)."""
-    user = env_values(spec.env)
-    by_env = any(
-        user.get(name, "").lower() == "true"
-        for name in ("DCGM_EXPORTER_KUBERNETES_ENABLE_POD_LABELS", "DCGM_EXPORTER_KUBERNETES_ENABLE_POD_UID")
-    )
-    return bool(spec.enablePodLabels or spec.enablePodUID or by_env)
-
-
-def exporter_reads_api(spec: DCGMExporterSpec) -> bool:
-    """Whether dcgm-exporter talks to the API server (pod metadata, or its config from a ConfigMap);
-    otherwise its pods get no ServiceAccount token, as NVIDIA's."""
-    config_map = env_values(spec.env).get("DCGM_EXPORTER_CONFIGMAP_DATA", "")
-    return exporter_pod_metadata(spec) or config_map not in ("", "none")
-
-
-def env_values(env: Iterable[EnvVar] | None) -> dict[str, str]:
-    """A user env list as a mapping (the last of a name wins, as in the container)."""
-    return {var.name: var.value for var in env or ()}
-
-
-def field_env(name: str, path: str) -> dict[str, Any]:
-    """An env entry read from the pod's own fields (downward API)."""
-    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
-
-
-def probe(
-    handler: Mapping[str, Any], defaults: Mapping[str, int], override: ProbeSpec | None
-) -> dict[str, Any]:
-    """A probe: the handler, the default timings, and whichever timings the user set."""
-    timings = dict(defaults)
-    if override is not None:
-        timings.update(override.model_dump(exclude_none=True))
-    return {**handler, **timings}
-
-
-def user_labels(labels: Mapping[str, str] | None) -> dict[str, str]:
-    """`daemonsets.labels` without the keys the operator owns."""
-    return {k: v for k, v in (labels or {}).items() if k not in RESERVED_LABELS}
-
-
-def merge(*mappings: Mapping[str, Any] | None) -> dict[str, Any]:
-    """One mapping from several; later keys win, None counts as empty."""
-    result: dict[str, Any] = {}
-    for mapping in mappings:
-        result.update(mapping or {})
-    return result
-
-
-def pull_secrets(*specs: ComponentSpec) -> list[dict[str, str]]:
-    """`imagePullSecrets` entries of the given specs, each name once, in order."""
-    names: dict[str, None] = {}
-    for spec in specs:
-        names.update(dict.fromkeys(spec.imagePullSecrets or ()))
-    return [{"name": name} for name in names]
 
 
 # --- values computed per render --------------------------------------------------------------------
@@ -277,18 +176,50 @@ _OS_FAMILIES = {
 }
 
 
+def _os_id(os_tag: str | None) -> str:
+    return re.sub(r"[0-9.]+$", "", os_tag or "")
+
+
 def _os_dirs(os_tag: str | None) -> tuple[str, str]:
-    os_id = re.sub(r"[0-9.]+$", "", os_tag or "")
-    return _OS_FAMILIES.get(os_id, _APT)
+    return _OS_FAMILIES.get(_os_id(os_tag), _APT)
+
+
+# Host files that entitle a driver container to its distribution's package repositories (it installs
+# the kernel headers from them), as mount path → (host path, hostPath type): NVIDIA's
+# SubscriptionPathMap (controllers/object_controls.go:254-330).
+_RHEL_SUBSCRIPTION = {
+    "/run/secrets/etc-pki-entitlement": ("/etc/pki/entitlement", "Directory"),
+    "/run/secrets/redhat.repo": ("/etc/yum.repos.d/redhat.repo", "File"),
+    "/run/secrets/rhsm": ("/etc/rhsm", "Directory"),
+}
+_SUSE_SUBSCRIPTION = {
+    "/etc/SUSEConnect": ("/etc/SUSEConnect", "FileOrCreate"),
+    "/etc/zypp/credentials.d": ("/etc/zypp/credentials.d", "Directory"),
+}
+
+
+def subscription_mounts(policy: ClusterPolicySpec, variant: Variant) -> list[tuple[str, str, str]]:
+    """(mount path, host path, type) of the subscription files the driver container gets, sorted by
+    mount path (NVIDIA's rule, object_controls.go:3744-3777): on SLES and SL Micro always; on RHEL
+    unless the runtime is CRI-O (which injects them itself, containers-common's mounts.conf) or a
+    repoConfig replaces Red Hat's repositories; never for precompiled drivers, which install nothing."""
+    if policy.driver.usePrecompiled:
+        return []
+    os_id = _os_id(variant.os_tag)
+    repo_config = policy.driver.repoConfig and policy.driver.repoConfig.configMapName
+    if os_id == "rhel" and variant.runtime != "crio" and not repo_config:
+        paths = _RHEL_SUBSCRIPTION
+    elif os_id in ("sles", "sl-micro"):
+        paths = _SUSE_SUBSCRIPTION
+    else:
+        return []
+    return [(mount, *paths[mount]) for mount in sorted(paths)]
 
 
 def _update_strategy(component: Component, policy: ClusterPolicySpec) -> dict[str, Any]:
-    """NVIDIA's rule (applyUpdateStrategyConfig, controllers/object_controls.go:3876-3905): the driver
-    is always OnDelete, because replacing a driver pod unloads the kernel module under running GPU
-    workloads; its pods are replaced by the upgrade controller or by hand. Every other operand follows
-    `daemonsets.updateStrategy`."""
+    """`daemonsets.updateStrategy`, except for components that are always OnDelete (the driver)."""
     daemonsets = policy.daemonsets
-    if component.name == "driver" or daemonsets.updateStrategy == "OnDelete":
+    if component.always_on_delete or daemonsets.updateStrategy == "OnDelete":
         return {"type": "OnDelete"}
     max_unavailable: int | str = DEFAULT_MAX_UNAVAILABLE
     if daemonsets.rollingUpdate is not None and daemonsets.rollingUpdate.maxUnavailable is not None:
@@ -316,36 +247,12 @@ def _image_of(triple: Any, default: Image, env_var: str, facts: ClusterFacts, os
     return images.resolve(spec, default, env_var, facts.environ, os=os)
 
 
-def config_maps_read(component: Component, policy: ClusterPolicySpec) -> list[tuple[str, str]]:
-    """(field, ConfigMap name) of the user ConfigMaps a component mounts file by file, so it needs their
-    keys: the driver's kernel module parameters, and for drivers built on the node the package
-    repositories and CA certificates (NVIDIA's transformDriverContainer)."""
-    if component.section != "driver":
-        return []
-    driver = policy.driver
-    found = [
-        (
-            "spec.driver.kernelModuleConfig.name",
-            driver.kernelModuleConfig.name if driver.kernelModuleConfig else None,
-        )
-    ]
-    if not driver.usePrecompiled:
-        found.append(
-            (
-                "spec.driver.repoConfig.configMapName",
-                driver.repoConfig.configMapName if driver.repoConfig else None,
-            )
-        )
-        found.append(("spec.driver.certConfig.name", driver.certConfig.name if driver.certConfig else None))
-    return [(path, name) for path, name in found if name]
-
-
 def missing_inputs(component: Component, policy: ClusterPolicySpec, facts: ClusterFacts) -> list[str]:
     """Why a component's DaemonSets cannot be rendered now: a ConfigMap it needs is not there. NVIDIA then
     leaves the DaemonSet as it is and reports the state not ready; so do we (see plan.py)."""
     return [
         f"{path}: ConfigMap {name!r} not found in namespace {facts.namespace!r}"
-        for path, name in config_maps_read(component, policy)
+        for path, name in component.config_maps(policy)
         if name not in facts.config_maps
     ]
 
@@ -368,9 +275,7 @@ def _context(
     validator = BY_NAME["operator-validator"]
     device_plugin = BY_NAME["device-plugin"]
     repo_config_dir, cert_config_dir = _os_dirs(variant.os_tag)
-    # Every operand but the driver runs validator-image init containers, so it needs the validator's
-    # pull secrets as well as its own.
-    secrets = pull_secrets(spec) if component.name == "driver" else pull_secrets(spec, policy.validator)
+    secrets = pull_secrets(spec, policy.validator) if component.validator_init else pull_secrets(spec)
     os = variant.os_tag if component.os_specific_tag else None
     return {
         "component": component,
@@ -402,6 +307,10 @@ def _context(
         "runtime_class": runtime_class(policy, facts),
         "repo_config_dir": repo_config_dir,
         "cert_config_dir": cert_config_dir,
+        "subscription_mounts": subscription_mounts(policy, variant),
+        # SUSE's precompiled driver images load the host's own modules (object_controls.go:3680-3699).
+        "host_lib_modules": bool(policy.driver.usePrecompiled)
+        and _os_id(variant.os_tag) in ("sles", "sl-micro"),
         "device_plugin_image": images.resolve(
             policy.devicePlugin, device_plugin.default_image, device_plugin.image_env, facts.environ
         ),
@@ -450,15 +359,6 @@ def environment() -> jinja2.Environment:
     return env
 
 
-OPENSHIFT_SCC_RULE = {
-    "apiGroups": ["security.openshift.io"],
-    "resources": ["securitycontextconstraints"],
-    "verbs": ["use"],
-    "resourceNames": ["privileged"],
-}
-"""Every operand Role of NVIDIA's grants this: OpenShift admits privileged pods only with it; elsewhere it
-names a resource that does not exist and grants nothing."""
-
 PREREQUISITES = "pre-requisites"
 """Template folder (and component label) of the shared objects every operand needs (RuntimeClass)."""
 
@@ -498,7 +398,7 @@ def _parse(name: str, text: str) -> list[dict[str, Any]]:
 
 
 def _standard_labels(label: str) -> dict[str, str]:
-    return {MANAGED_BY: OPERATOR_NAME, COMPONENT: label, PART_OF: OPERATOR_NAME}
+    return {MANAGED_BY_LABEL: FIELD_MANAGER, COMPONENT_LABEL: label, PART_OF_LABEL: FIELD_MANAGER}
 
 
 def _finish_metadata(obj: dict[str, Any], standard: dict[str, str], namespace: str) -> dict[str, Any]:
@@ -641,55 +541,3 @@ def render(policy: ClusterPolicySpec, facts: ClusterFacts) -> list[dict[str, Any
         if component.enabled(policy):
             objects.extend(render_component(component, policy, facts))
     return objects
-
-
-# --- output ---------------------------------------------------------------------------------------
-
-
-class _Dumper(yaml.SafeDumper):
-    """Block style with sequences indented under their key; short lists of plain values (commands,
-    RBAC verbs) on one line; multi-line strings (scripts, config files) as literal blocks."""
-
-    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
-        super().increase_indent(flow, False)
-
-
-# With allow_unicode, PyYAML writes these raw in plain, single-quoted and block scalars, where a
-# reader takes them for line breaks; only a double-quoted scalar escapes them.
-_UNICODE_BREAKS = frozenset("\x85\u2028\u2029\ufeff")
-
-
-def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
-    style: str | None = None
-    if not _UNICODE_BREAKS.isdisjoint(value):
-        style = '"'
-    elif "\n" in value:
-        style = "|"
-    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
-
-
-def _represent_list(dumper: yaml.SafeDumper, value: list[Any]) -> yaml.SequenceNode:
-    short = (
-        bool(value)
-        and all(isinstance(item, str | int | float | bool) and "\n" not in str(item) for item in value)
-        and sum(len(str(item)) + 4 for item in value) <= _FLOW_WIDTH
-    )
-    return dumper.represent_sequence("tag:yaml.org,2002:seq", value, flow_style=short)
-
-
-_FLOW_WIDTH = 72
-_Dumper.add_representer(str, _represent_str)
-_Dumper.add_representer(list, _represent_list)
-
-
-def to_yaml(objects: list[dict[str, Any]]) -> str:
-    """Multi-document YAML, each document starting with `---`, keys in rendered order."""
-    return yaml.dump_all(
-        objects,
-        Dumper=_Dumper,
-        explicit_start=True,
-        sort_keys=False,
-        default_flow_style=False,
-        allow_unicode=True,
-        width=10_000,
-    )

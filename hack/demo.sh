@@ -69,12 +69,9 @@ echo "demo: installing the CRD and the chart's ServiceAccount and RBAC (operator
 
 echo "demo: starting the operator as system:serviceaccount:$NS:gpu-operator (log: $LOG)"
 stop_operator
-token=$("$KUBECTL" create token gpu-operator -n "$NS" --duration=24h)
-# The admin kubeconfig's cluster entry (CA embedded by --flatten), with the ServiceAccount's token.
-"$KUBECTL" config view --minify --raw --flatten > "$OPERATOR_KUBECONFIG"
-chmod 600 "$OPERATOR_KUBECONFIG"
-KUBECONFIG=$OPERATOR_KUBECONFIG "$KUBECTL" config set-credentials operator --token="$token" >/dev/null
-KUBECONFIG=$OPERATOR_KUBECONFIG "$KUBECTL" config set-context --current --user=operator >/dev/null
+# The admin kubeconfig's cluster, with a fresh token of the chart's ServiceAccount (gpu_operator/kubeconfig.py).
+.venv/bin/gpu-operator kubeconfig --service-account "$NS/gpu-operator" --duration 86400 \
+  --output "$OPERATOR_KUBECONFIG" >/dev/null
 KUBECONFIG=$OPERATOR_KUBECONFIG setsid .venv/bin/gpu-operator run --namespace "$NS" --listen 127.0.0.1:0 \
   >"$LOG" 2>&1 < /dev/null &
 echo $! > "$PIDFILE"

@@ -16,7 +16,14 @@ from gpu_operator.doctor import checklist
 from gpu_operator.doctor.checklist import Command
 from gpu_operator.doctor.scheduling import GPU, quantity
 from gpu_operator.doctor.state import LOG_LINES, ClusterState, Obj, is_operand
-from gpu_operator.nodes import DEPLOY_OPERANDS, NodeInfo, dependencies_met, node_info, runs_on, takes_operands
+from gpu_operator.nodes import (
+    DEPLOY_OPERANDS,
+    NodeInfo,
+    node_info,
+    runs_on,
+    takes_operands,
+    unmet_dependencies,
+)
 from gpu_operator.observed import PodInfo, component_of, pod_info
 from gpu_operator.plan import pods_by_node
 
@@ -175,7 +182,7 @@ class Cluster:
                 component=component,
             )
         unmet = (
-            dependencies_met(spec, self.spec, info, self.is_ready)
+            unmet_dependencies(spec, self.spec, info, self.is_ready)
             if self.spec is not None
             else [d for d in spec.depends_on if not self.is_ready(d, node)]
         )

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from kubernetes import config
 
 from gpu_operator.doctor.scheduling import requested_by_node
 from gpu_operator.doctor.state import (
@@ -28,8 +27,9 @@ from gpu_operator.doctor.state import (
     quota_worth_recording,
     worth_recording,
 )
-from gpu_operator.kube import ApiError, Kube
-from gpu_operator.observed import MANAGED_BY, MANAGED_BY_LABEL, pod_info
+from gpu_operator.kube import ApiError, Kube, load_api_client
+from gpu_operator.labels import FIELD_MANAGER, MANAGED_BY_LABEL
+from gpu_operator.observed import pod_info
 
 DEFAULT_NAMESPACE = "gpu-operator"
 MAX_LOGS = 20
@@ -222,7 +222,7 @@ def record(kube: Kube, namespace: str = "", log_lines: int = LOG_LINES, pod: str
             _slim(d, "DaemonSet")
             for d in _read(
                 "daemonsets",
-                lambda: kube.list("apps/v1", "DaemonSet", namespace, f"{MANAGED_BY_LABEL}={MANAGED_BY}"),
+                lambda: kube.list("apps/v1", "DaemonSet", namespace, f"{MANAGED_BY_LABEL}={FIELD_MANAGER}"),
             )
         ],
         policies=policies,
@@ -273,7 +273,7 @@ def check_scope(state: ClusterState, scope: Scope) -> None:
 
 def kube_from_kubeconfig(path: str | None, context: str | None) -> Kube:
     try:
-        api = config.new_client_from_config(config_file=path, context=context)  # type: ignore[no-untyped-call]
+        api = load_api_client(path, context)
     except Exception as exc:  # the loader raises ConfigException, OSError, YAML and type errors alike
         where = path or "$KUBECONFIG or ~/.kube/config"
         raise DoctorError(f"cannot use the kubeconfig ({where}): {exc}") from None

@@ -13,10 +13,7 @@ from gpu_operator.doctor.scheduling import (
     GPU,
     gpu_request,
 )
-from gpu_operator.observed import (
-    MANAGED_BY,
-    MANAGED_BY_LABEL,
-)
+from gpu_operator.labels import FIELD_MANAGER, MANAGED_BY_LABEL
 
 Severity = Literal["error", "warning"]
 Obj = Mapping[str, Any]
@@ -90,7 +87,7 @@ class Scope:
 def is_operand(pod: Obj, namespace: str) -> bool:
     metadata = pod.get("metadata") or {}
     labels = metadata.get("labels") or {}
-    return metadata.get("namespace") == namespace and labels.get(MANAGED_BY_LABEL) == MANAGED_BY
+    return metadata.get("namespace") == namespace and labels.get(MANAGED_BY_LABEL) == FIELD_MANAGER
 
 
 def _env_names(pod: Obj) -> set[str]:

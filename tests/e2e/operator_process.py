@@ -14,8 +14,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import yaml
-from kubernetes import client
+from gpu_operator.kube import Kube
+from gpu_operator.kubeconfig import write_service_account_kubeconfig
 
 from .kube_helpers import Cluster
 
@@ -43,40 +43,12 @@ def helm(cluster: Cluster, *args: str) -> str:
 def sa_kubeconfig(
     cluster: Cluster, namespace: str, service_account: str, path: Path, bound_pod: Any = None
 ) -> Path:
-    """A kubeconfig at `path` that authenticates with a fresh TokenRequest token of the ServiceAccount.
-
-    With `bound_pod` (a V1Pod) the token is bound to that pod, as the kubelet mounts it into the pod:
-    it then carries the pod's node (user extra authentication.kubernetes.io/node-name).
-    """
-    bound = None
-    if bound_pod is not None:
-        meta = bound_pod.metadata
-        bound = client.V1BoundObjectReference(api_version="v1", kind="Pod", name=meta.name, uid=meta.uid)
-    spec = client.V1TokenRequestSpec(expiration_seconds=7200, bound_object_ref=bound)
-    request = client.AuthenticationV1TokenRequest(spec=spec)
-    response = client.CoreV1Api(cluster.api).create_namespaced_service_account_token(
-        service_account, namespace, request
+    """A kubeconfig at `path` that authenticates with a fresh token of the ServiceAccount
+    (gpu_operator.kubeconfig); with `bound_pod` (a V1Pod) the token is bound to that pod."""
+    bound = None if bound_pod is None else (bound_pod.metadata.name, bound_pod.metadata.uid)
+    return write_service_account_kubeconfig(
+        Kube(cluster.api), cluster.kubeconfig, namespace, service_account, path, bound_pod=bound
     )
-    assert response.status is not None
-    token = response.status.token
-    admin: dict[str, Any] = yaml.safe_load(cluster.kubeconfig.read_text())
-    current = admin.get("current-context") or admin["contexts"][0]["name"]
-    context = next(c["context"] for c in admin["contexts"] if c["name"] == current)
-    server = dict(next(c["cluster"] for c in admin["clusters"] if c["name"] == context["cluster"]))
-    ca = server.get("certificate-authority")
-    if ca and not Path(ca).is_absolute():  # relative to the admin kubeconfig's folder
-        server["certificate-authority"] = str(cluster.kubeconfig.parent / ca)
-    config = {
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{"name": "cluster", "cluster": server}],
-        "users": [{"name": service_account, "user": {"token": token}}],
-        "contexts": [{"name": "sa", "context": {"cluster": "cluster", "user": service_account}}],
-        "current-context": "sa",
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
 
 
 class OperatorProcess:

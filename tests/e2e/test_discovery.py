@@ -16,7 +16,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -200,8 +199,9 @@ def setup(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         if installed:
             # kwok completes the pre-delete hook's Job without running it: run its script here (the
             # operator, still running, removes its node labels).
-            environ = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "POLICY": POLICY, "TIMEOUT": "60"}
-            subprocess.run([sys.executable, str(CHART / "files" / "cleanup.py")], env=environ, check=False)
+            environ = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig)}
+            command = [str(OPERATOR), "cleanup", "--policy", POLICY, "--timeout", "60"]
+            subprocess.run(command, env=environ, check=False)
         if found is not None:
             found.operator.stop()
             print(found.operator.log()[-4000:])

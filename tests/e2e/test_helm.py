@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 from gpu_operator.components import BY_LABEL
 
 from .kube_helpers import SIMULATED_NODE_LABEL, Cluster, wait_for
-from .operator_process import ROOT, OperatorProcess, helm, sa_kubeconfig
+from .operator_process import OPERATOR, ROOT, OperatorProcess, helm, sa_kubeconfig
 
 pytestmark = pytest.mark.e2e
 
@@ -233,13 +232,13 @@ def simulated(cluster: Cluster) -> bool:
 
 def test_uninstall_leaves_nothing_behind(cluster: Cluster, operator: OperatorProcess) -> None:
     """Helm deletes the operator's RBAC before the ClusterPolicy; the chart's pre-delete hook
-    (files/cleanup.py) deletes the policy first and waits for the operator to remove its labels."""
+    (`gpu-operator cleanup`) deletes the policy first and waits for the operator to remove its labels."""
     assert leftovers(cluster), "the release should have created operands before this test"
     if simulated(cluster):
         # kwok completes the hook's Job without running it: run its script here, as the Job would.
         subprocess.run(
-            [sys.executable, str(CHART / "files" / "cleanup.py")],
-            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "POLICY": POLICY, "TIMEOUT": "120"},
+            [str(OPERATOR), "cleanup", "--policy", POLICY, "--timeout", "120"],
+            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
             check=True,
             timeout=CONVERGE + 30,
         )

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpu_operator import cli
 from gpu_operator.api import parse_spec
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.components import COMPONENTS
@@ -152,7 +153,6 @@ def test_default_render_has_the_chart_objects(default_objects: list[Obj]) -> Non
             ("ServiceAccount", f"{RELEASE}-cleanup"),
             ("ClusterRole", f"{RELEASE}-cleanup"),
             ("ClusterRoleBinding", f"{RELEASE}-cleanup"),
-            ("ConfigMap", f"{RELEASE}-cleanup"),
             ("Job", f"{RELEASE}-cleanup"),
             # The node discovery agent (nodeDiscovery: auto).
             ("ServiceAccount", AGENT),
@@ -562,7 +562,7 @@ def test_rbac_is_exactly_what_the_code_needs(default_objects: list[Obj]) -> None
 
 
 def test_cleanup_hook_rbac(default_objects: list[Obj]) -> None:
-    """files/cleanup.py deletes the release's ClusterPolicy and watches nodes; nothing else."""
+    """`gpu-operator cleanup` deletes the release's ClusterPolicy and watches nodes; nothing else."""
     assert granted(default_objects, f"{RELEASE}-cleanup") == {
         ("", "nvidia.com", "clusterpolicies", "cluster-policy"): {"delete"},
         ("", "", "nodes", ""): {"list", "watch"},
@@ -576,9 +576,10 @@ def test_cleanup_hook_rbac(default_objects: list[Obj]) -> None:
         == find(default_objects, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
     )
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    assert {"name": "POLICY", "value": "cluster-policy"} in container["env"]
-    script = find(default_objects, "ConfigMap", f"{RELEASE}-cleanup")["data"]["cleanup.py"]
-    assert script == (CHART / "files" / "cleanup.py").read_text()
+    assert "command" not in container, "the image's entry point is gpu-operator"
+    assert container["args"] == ["cleanup", "--policy", "cluster-policy", "--timeout", "120"]
+    # The arguments are the CLI's: they parse.
+    assert cli.build_parser({}).parse_args(container["args"]).handler is cli.cmd_cleanup
 
 
 def doctor_rules(objects: list[Obj]) -> Grants:

@@ -241,22 +241,30 @@ def test_run_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_run_passes_options(monkeypatch: pytest.MonkeyPatch) -> None:
     operator = pytest.importorskip("gpu_operator.operator")
-    calls: list[dict[str, Any]] = []
-    monkeypatch.setattr(operator, "run", lambda **kwargs: calls.append(kwargs))
+    from gpu_operator.settings import Settings
+
+    calls: list[Settings] = []
+    monkeypatch.setattr(operator, "run", calls.append)
     monkeypatch.setenv("OPERATOR_NAMESPACE", "gpu-ops")
     monkeypatch.delenv("GPU_OPERATOR_LISTEN", raising=False)
+    monkeypatch.setenv("DRIVER_IMAGE", "example.com/driver:1")
     assert cli.main(["run"]) == 0
-    assert calls[-1] == {
-        "namespace": "gpu-ops",
-        "log_format": "plain",
-        "listen": "0.0.0.0:8080",
-        "verbose": False,
-    }
+    shown = calls[-1]
+    assert (shown.namespace, shown.log_format, shown.listen, shown.verbose) == (
+        "gpu-ops",
+        "plain",
+        "0.0.0.0:8080",
+        False,
+    )
+    assert shown.environ["DRIVER_IMAGE"] == "example.com/driver:1"
+    monkeypatch.setenv("DRIVER_IMAGE", "changed")
+    assert shown.environ["DRIVER_IMAGE"] == "example.com/driver:1", "frozen when the CLI built it"
     monkeypatch.setenv("GPU_OPERATOR_LISTEN", "")
     assert cli.main(["run", "--namespace", "x", "--log-format", "json", "-v"]) == 0
-    assert calls[-1] == {"namespace": "x", "log_format": "json", "listen": "", "verbose": True}
+    shown = calls[-1]
+    assert (shown.namespace, shown.log_format, shown.listen, shown.verbose) == ("x", "json", "", True)
     assert cli.main(["run", "--listen", "[::1]:0"]) == 0
-    assert calls[-1]["listen"] == "[::1]:0"
+    assert calls[-1].listen == "[::1]:0"
 
 
 @pytest.mark.parametrize("address", ["8080", "host:port", "0.0.0.0:70000", "http://0.0.0.0:8080/healthz"])

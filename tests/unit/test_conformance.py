@@ -2,9 +2,10 @@
 
 Each case is a file `nvidia/<case>.<variant>.yaml` of the conformance directory
 (tests/data/nvidia-conformance, or `$NVIDIA_CONFORMANCE_DIR` with the same layout: policies/, nodes/,
-nvidia/). It is rendered from `policies/<case>.yaml` for the node in `nodes/<runtime>.yaml`, where the
-variant is `<runtime>` or `<runtime>-noprom` (a cluster without the Prometheus operator's ServiceMonitor
-CRD).
+nvidia/, optionally configmaps/). It is rendered from `policies/<case>.yaml` for the node in
+`nodes/<node>.yaml`, where the variant is `<node>` or `<node>-noprom` (a cluster without the
+Prometheus operator's ServiceMonitor CRD), with the ConfigMaps of `configmaps/<case>.yaml` (a List,
+when there is one: those NVIDIA's API server held, passed as `--config-maps`).
 
 Compared is what NVIDIA's images and the cluster read: object kinds and names; DaemonSet selectors, node
 selectors, tolerations and update strategy; pod host namespaces, runtime class, ServiceAccount and
@@ -73,6 +74,11 @@ class Case:
         return self.directory / "nodes" / f"{self.variant[0]}.yaml"
 
     @property
+    def config_maps(self) -> Path:
+        """The ConfigMaps the policy names (a List), in the fake API server NVIDIA's controller ran on."""
+        return self.directory / "configmaps" / f"{self.name.split('.')[0]}.yaml"
+
+    @property
     def variant(self) -> list[str]:
         return self.name.split(".", 1)[1].split("-")
 
@@ -91,8 +97,12 @@ SELECTED = Path(os.environ.get("NVIDIA_CONFORMANCE_DIR") or REPO_DIR)
 CASES = cases_in(SELECTED)
 
 
+# libyaml's loader where PyYAML has it: the cases are thousands of lines each.
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def documents(text: str) -> list[Obj]:
-    return [d for d in yaml.safe_load_all(text) if d]
+    return [d for d in yaml.load_all(text, Loader=LOADER) if d]
 
 
 def render(case: Case) -> list[Obj]:
@@ -101,6 +111,8 @@ def render(case: Case) -> list[Obj]:
     assert not unknown, f"{case.name}: unknown variant {unknown}; known: {sorted(FLAGS)}"
     argv = ["render", "-f", str(case.policy), "--nodes", str(case.node)]
     argv += [FLAGS[flag] for flag in case.variant[1:]]
+    if case.config_maps.exists():
+        argv += ["--config-maps", str(case.config_maps)]
     args = cli.build_parser({}).parse_args(argv)
     out, err = io.StringIO(), io.StringIO()
     code = args.handler(args, out, err)
@@ -135,9 +147,14 @@ def _source(volume: Mapping[str, Any] | None) -> Any:
     return {key: value for key, value in volume.items() if key != "name"}
 
 
+BOTH_VALUE_AND_VALUE_FROM = "value and valueFrom: the API server refuses the pod template"
+
+
 def _env_value(entry: Mapping[str, Any]) -> Any:
     if "valueFrom" not in entry:
         return entry.get("value", "")
+    if entry.get("value"):
+        return BOTH_VALUE_AND_VALUE_FROM
     source = dict(entry["valueFrom"])
     if "fieldRef" in source:
         return {"fieldRef": source["fieldRef"]["fieldPath"]}

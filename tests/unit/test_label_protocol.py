@@ -21,6 +21,7 @@ from gpu_operator.components import BY_NAME
 from gpu_operator.nodes import GPU_PRESENT, MIG_CONFIG, NodeInfo, node_info
 from gpu_operator.observed import DaemonSetInfo, PodInfo
 from gpu_operator.plan import Observed, PolicyRef, build
+from gpu_operator.status import status_body
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hack import operand_managers
@@ -166,7 +167,7 @@ class Cluster:
             self.node.apply(plan.node_labels[self.node.name])
         if self.node.name in plan.label_releases:
             self.node.remove(plan.label_releases[self.node.name])
-        status = plan.statuses.get("p", {})
+        status = status_body(plan.statuses["p"]) if "p" in plan.statuses else {}
         return {c["name"]: c for c in status.get("components", [])}
 
     def deployed(self) -> set[str]:

@@ -90,7 +90,7 @@ def test_rolling_out_is_not_ready_and_counts_components() -> None:
 
 def test_ready_pass_is_a_success_and_disabled_components_drop_out() -> None:
     plan = plan_for({}, ready_pods=True)
-    assert plan.active is not None and plan.statuses["p"]["state"] == "ready", plan.statuses["p"]
+    assert plan.active is not None and plan.statuses["p"].state == "ready", plan.statuses["p"]
     metrics.observe_pass(plan, {}, 2, 0.05)
     assert value("gpu_operator_reconciliation_status") == metrics.STATUS_SUCCESS
     assert (value("gpu_operator_reconciliation_last_success_ts_seconds") or 0) > 1.7e9
@@ -272,26 +272,26 @@ def test_server_serves_probes_and_metrics() -> None:
 
 
 def test_operator_probes() -> None:
-    operator = pytest.importorskip("gpu_operator.operator")
+    from gpu_operator.loop import Loop, health, ready
+    from gpu_operator.settings import Settings
+    from gpu_operator.store import Store
 
     async def scenario() -> list[tuple[bool, Any]]:
-        loop = operator.Loop(cast(Any, None))
-        saved, operator.LOOP = operator.LOOP, loop
-        try:
-            seen = [operator.ready()]
-            loop.listed.set()
-            seen.append(operator.ready())
-            loop.completed.set()
-            seen.append(operator.ready())
-            seen.append(operator.health())
-            return seen
-        finally:
-            operator.LOOP = saved
+        loop = Loop(Settings())
+        seen = [ready(loop), health(loop, Store())]
+        loop.started = True
+        loop.listed.set()
+        seen.append(ready(loop))
+        loop.completed.set()
+        seen.append(ready(loop))
+        seen.append(health(loop, Store()))
+        return seen
 
-    before_listing, listed, done, health = asyncio.run(scenario())
+    before_listing, not_started, listed, done, healthy = asyncio.run(scenario())
     assert before_listing == (False, {"watchesEstablished": False, "firstPassDone": False})
+    assert not_started == (True, {"reconcile": {"started": False}})
     assert listed[0] is False and done[0] is True
-    assert health[0] is True and health[1]["reconcile"]["passes"] == 0
+    assert healthy[0] is True and healthy[1]["reconcile"]["passes"] == 0
 
 
 def test_run_exits_2_when_its_port_is_taken(tmp_path: Path) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 from gpu_operator.api import parse_spec
 from gpu_operator.components import RUNTIME_LABEL
+from gpu_operator.images import tag_of
 from gpu_operator.nodes import (
     DEPLOY_OPERANDS,
     GPU_PRESENT,
@@ -184,8 +187,8 @@ def test_cluster_facts_from_first_gpu_node() -> None:
         },
     ]
     facts = cluster_facts(nodes, "ns", {})
-    assert facts.os_tag == "rhel9"
-    assert facts.kernels == (("5.14.0-427.el9.x86_64", "rhel9"),)
+    assert facts.os_tag == "rhel9"  # the driver image's tag: RHEL's major version only
+    assert facts.kernels == (("5.14.0-427.el9.x86_64", "rhel9.4"),)  # a precompiled DaemonSet's name
     assert facts.runtimes == ("containerd",)  # not reported: NVIDIA's default
     assert facts.namespace == "ns"
 
@@ -206,3 +209,55 @@ def test_cluster_facts_list_every_kernel_and_runtime_in_nvidias_order() -> None:
     facts = cluster_facts(nodes, "ns", {})
     assert facts.kernels == (("5.15", None), ("6.8", None))
     assert facts.runtimes == ("containerd", "crio", "docker")
+
+
+@pytest.mark.parametrize(
+    ("os_image", "tag"),
+    [
+        ("Ubuntu 22.04.4 LTS", "ubuntu22.04"),
+        ("Ubuntu 24.04 LTS", "ubuntu24.04"),
+        ("Debian GNU/Linux 12 (bookworm)", "debian12"),
+        ("Red Hat Enterprise Linux 9.4 (Plow)", "rhel9"),
+        ("Rocky Linux 8.9 (Green Obsidian)", "rocky8"),
+        ("SUSE Linux Enterprise Server 15 SP5", "sles15.5"),
+        ("Amazon Linux 2023.4.20240319", "amzn2023"),
+        ("Talos (v1.7.0)", None),
+        ("", None),
+    ],
+)
+def test_without_nfd_the_os_comes_from_the_kubelet(os_image: str, tag: str | None) -> None:
+    """The chart's node agent sets only PCI labels: the driver tag still gets the node's OS."""
+    node = {
+        "metadata": {"name": "gpu-0", "labels": {PCI: "true"}},
+        "status": {"nodeInfo": {"osImage": os_image}},
+    }
+    assert cluster_facts([node], "ns", {}).os_tag == tag
+
+
+def test_nfd_labels_win_over_the_kubelets_os_image() -> None:
+    labels = {
+        PCI: "true",
+        "feature.node.kubernetes.io/system-os_release.ID": "ubuntu",
+        "feature.node.kubernetes.io/system-os_release.VERSION_ID": "24.04",
+    }
+    node = {
+        "metadata": {"name": "gpu-0", "labels": labels},
+        "status": {"nodeInfo": {"osImage": "Ubuntu 22.04.4 LTS"}},
+    }
+    assert cluster_facts([node], "ns", {}).os_tag == "ubuntu24.04"
+
+
+@pytest.mark.parametrize(
+    ("name", "tag"),
+    [
+        ("rhel9.4", "rhel9"),
+        ("rocky8.10", "rocky8"),
+        ("ol9.3", "ol9"),
+        ("ubuntu22.04", "ubuntu22.04"),
+        ("sles15.6", "sles15.6"),
+        ("sl-micro6.0", "sl-micro6.0"),
+    ],
+)
+def test_driver_image_tag_of_an_os_name(name: str, tag: str) -> None:
+    """A precompiled driver's DaemonSet carries the OS name, its image NVIDIA's tag."""
+    assert tag_of(name) == tag

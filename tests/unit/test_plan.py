@@ -12,9 +12,19 @@ import yaml
 from gpu_operator.components import RUNTIME_LABEL
 from gpu_operator.nodes import GPU_PRESENT, NodeInfo
 from gpu_operator.observed import HASH_ANNOTATION, DaemonSetInfo, ObjectInfo, PodInfo, component_of, pod_info
-from gpu_operator.plan import Observed, PolicyRef, active_policy, build, pods_by_node, status_differs
+from gpu_operator.plan import (
+    Applied,
+    Observed,
+    Plan,
+    PolicyRef,
+    active_policy,
+    build,
+    in_sync,
+    pods_by_node,
+    status_differs,
+)
 from gpu_operator.psa import PREVIOUS_ANNOTATION, PSA_LABELS, NamespaceInfo, NamespaceWrite, namespace_info
-from gpu_operator.reconciler import Applied, in_sync
+from gpu_operator.status import status_body
 
 PCI = "feature.node.kubernetes.io/pci-10de.present"
 NOW = "2026-11-29T12:00:00Z"
@@ -38,6 +48,11 @@ def observed(*policies: PolicyRef, nodes: list[NodeInfo] | None = None, **kw: An
     )
 
 
+def status_of(plan: Plan, name: str) -> dict[str, Any]:
+    """The status the plan has for a policy, as the operator writes it."""
+    return status_body(plan.statuses[name])
+
+
 def condition(status: dict[str, Any], kind: str) -> dict[str, Any]:
     return next(c for c in status["conditions"] if c["type"] == kind)
 
@@ -47,7 +62,7 @@ def test_oldest_policy_is_active_and_others_are_ignored_with_a_condition() -> No
     assert active_policy([new, old]) == old
     plan = build(observed(new, old), NOW)
     assert plan.active == old
-    ignored = plan.statuses["a-new"]
+    ignored = status_of(plan, "a-new")
     assert ignored["state"] == "ignored"
     assert "'b-old' is active" in condition(ignored, "Ready")["message"]
     assert condition(ignored, "Error")["status"] == "False"
@@ -85,7 +100,7 @@ def test_invalid_spec_changes_nothing_and_names_the_field() -> None:
     bad = policy(driver={"upgradePolicy": {"maxUnavailable": "lots"}})
     plan = build(observed(bad, nodes=[node], objects={stale: info}), NOW)
     assert plan.objects == [] and plan.deletes == [] and plan.node_labels == {}
-    error = condition(plan.statuses["cluster-policy"], "Error")
+    error = condition(status_of(plan, "cluster-policy"), "Error")
     assert error["status"] == "True" and error["reason"] == "InvalidSpec"
     assert "spec.driver.upgradePolicy.maxUnavailable" in error["message"]
 
@@ -124,7 +139,7 @@ def test_status_names_the_failing_node_and_reason() -> None:
         )
     }
     plan = build(observed(policy(), nodes=nodes, pods=pods, daemonsets=ds), NOW)
-    status = plan.statuses["cluster-policy"]
+    status = status_of(plan, "cluster-policy")
     assert status["state"] == "notReady"
     driver = next(c for c in status["components"] if c["name"] == "driver")
     assert driver["nodesReady"] == 1 and driver["nodesFailing"] == 1
@@ -140,7 +155,7 @@ def test_status_names_the_failing_node_and_reason() -> None:
 
 def test_no_gpu_nodes_is_ready_with_nvidia_reason() -> None:
     plan = build(observed(policy(), nodes=[NodeInfo("cpu-0", {})]), NOW)
-    status = plan.statuses["cluster-policy"]
+    status = status_of(plan, "cluster-policy")
     assert status["state"] == "ready"
     assert condition(status, "Ready")["reason"] == "NoGPUNodes"
 
@@ -149,12 +164,12 @@ def test_unsupported_sections_are_reported_not_fatal() -> None:
     sandbox = policy(ccManager={"enabled": True}, sandboxWorkloads={"enabled": True})
     plan = build(observed(sandbox, nodes=[]), NOW)
     assert any("spec.ccManager" in note for note in plan.notes)
-    assert plan.statuses["cluster-policy"]["state"] == "ready"
-    assert any(c["state"] == "unsupported" for c in plan.statuses["cluster-policy"]["components"])
+    assert status_of(plan, "cluster-policy")["state"] == "ready"
+    assert any(c["state"] == "unsupported" for c in status_of(plan, "cluster-policy")["components"])
 
 
 def test_transition_time_is_stable_when_nothing_changes() -> None:
-    first = build(observed(policy(), nodes=[]), NOW).statuses["cluster-policy"]
+    first = status_of(build(observed(policy(), nodes=[]), NOW), "cluster-policy")
     again = PolicyRef("cluster-policy", "uid-cluster-policy", 1, "2026-01-01T00:00:00Z", {}, first)
     second = build(observed(again, nodes=[]), "2026-11-29T13:00:00Z").statuses["cluster-policy"]
     assert not status_differs(first, second)
@@ -224,7 +239,7 @@ def test_a_missing_config_map_keeps_the_running_driver_and_says_why() -> None:
     plan = build(observed(wanting, objects=objects), NOW)
     assert driver not in plan.deletes
     assert not [o for o in plan.objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == driver[3]]
-    status = plan.statuses["cluster-policy"]
+    status = status_of(plan, "cluster-policy")
     entry = next(c for c in status["components"] if c["name"] == "driver")
     assert entry["state"] == "notReady"
     assert "spec.driver.certConfig.name: ConfigMap 'corp-ca' not found" in entry["reason"]
@@ -269,7 +284,7 @@ def test_status_counts_every_daemonset_of_a_component() -> None:
     def toolkit(daemonsets: dict[str, DaemonSetInfo]) -> dict[str, Any]:
         plan = build(observed(policy(), nodes=nodes, pods=pods, daemonsets=daemonsets), NOW)
         return next(
-            c for c in plan.statuses["cluster-policy"]["components"] if c["name"] == "container-toolkit"
+            c for c in status_of(plan, "cluster-policy")["components"] if c["name"] == "container-toolkit"
         )
 
     assert toolkit({first.name: first})["state"] == "notReady"  # the CRI-O one is not there yet
@@ -283,7 +298,7 @@ def test_fields_not_acted_on_are_in_the_status() -> None:
     )
     assert (
         "spec.driver.upgradePolicy.autoUpgrade"
-        in condition(plan.statuses["cluster-policy"], "Ready")["message"]
+        in condition(status_of(plan, "cluster-policy"), "Ready")["message"]
     )
 
 
@@ -340,7 +355,7 @@ def test_chart_default_without_the_prometheus_operator_is_ready_with_a_note() ->
     plan = build(
         observed(policy(**chart_default()), nodes=[node], **ready_everywhere(first.objects, "gpu-0")), NOW
     )
-    status = plan.statuses["cluster-policy"]
+    status = status_of(plan, "cluster-policy")
     assert status["state"] == "ready", status
     ready = condition(status, "Ready")
     assert "ServiceMonitor CRD (servicemonitors.monitoring.coreos.com) is not installed" in ready["message"]

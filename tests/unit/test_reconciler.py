@@ -14,7 +14,9 @@ from gpu_operator.nodes import NodeInfo
 from gpu_operator.observed import ObjectKey, object_key
 from gpu_operator.plan import PolicyRef
 from gpu_operator.psa import PREVIOUS_ANNOTATION, PSA_LABELS, NamespaceInfo
-from gpu_operator.reconciler import Reconciler, Store
+from gpu_operator.reconciler import Reconciler
+from gpu_operator.settings import Settings
+from gpu_operator.store import Store
 
 PCI = "feature.node.kubernetes.io/pci-10de.present"
 
@@ -73,13 +75,13 @@ def reconciler(fake: FakeKube, spec: dict[str, Any] | None = None) -> Reconciler
     store = Store()
     store.put("policies", "p", PolicyRef("p", "uid-p", 1, "2026-01-01T00:00:00Z", spec or {}, {}))
     store.put("nodes", "gpu-0", NodeInfo("gpu-0", {PCI: "true"}))
-    return Reconciler(cast(Kube, fake), store, "gpu-operator", {})
+    return Reconciler(cast(Kube, fake), store, Settings())
 
 
 def settle(rec: Reconciler, fake: FakeKube) -> None:
     """Feed back what the watches would report after the writes: node labels and the status
     (applied objects are recorded from the apply responses already)."""
-    policy = rec.store.policies["p"]
+    policy = rec.store.get("policies", "p")
     rec.store.put(
         "policies", "p", PolicyRef(policy.name, policy.uid, 1, policy.created, policy.spec, fake.statuses[-1])
     )
@@ -136,7 +138,7 @@ def test_restarted_operator_does_not_repeat_events() -> None:
     rec.run_once()
     settle(rec, fake)
     fresh = FakeKube()
-    again = Reconciler(cast(Kube, fresh), rec.store, "gpu-operator", {})
+    again = Reconciler(cast(Kube, fresh), rec.store, Settings())
     again.run_once()
     assert fresh.events == []
     assert fresh.statuses == []  # the status it would write is the one already there
@@ -147,7 +149,7 @@ def test_objects_are_recorded_from_apply_responses() -> None:
     rec = reconciler(fake)
     rec.run_once()
     key = next(k for k in fake.applied if k[1] == "DaemonSet")
-    info = rec.store.objects[key]
+    info = rec.store.get("objects", key)
     assert info.generation == 1 and info.resource_version
 
 

@@ -28,9 +28,8 @@ from gpu_operator.render import (
     render_prerequisites,
     template_dir,
     templates_of,
-    to_yaml,
-    tojson,
 )
+from gpu_operator.yaml_text import to_yaml, tojson
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 POLICIES = sorted((DATA / "policies").glob("*.yaml"))
@@ -170,6 +169,74 @@ def test_one_precompiled_driver_daemonset_per_kernel() -> None:
     }
     assert "DaemonSet" not in kinds
     assert {"ServiceAccount", "ClusterRole", "ConfigMap"} <= kinds
+
+
+def test_precompiled_driver_named_after_the_whole_os_version_tagged_with_rhels_major() -> None:
+    """NVIDIA's names (kernelVersionMap: ID and VERSION_ID as they are) and tags (getGPUNodeOSInfo:
+    RHEL's major version) differ; both are what its operator and NVIDIA's image registry use."""
+    spec = {"driver": {"usePrecompiled": True, "version": "570", "image": "driver", "repository": "r"}}
+    kernel = "5.14.0-427.13.1.el9_4.x86_64"
+    ds = daemonsets(render_spec(spec, ClusterFacts(kernels=((kernel, "rhel9.4"),))))
+    driver = ds["nvidia-driver-daemonset-5.14.0-427.13.1.el9.4-rhel9.4"]
+    assert container(driver, "nvidia-driver-ctr")["image"] == f"r/driver:570-{kernel}-rhel9"
+
+
+def subscription_volumes(ds: Obj) -> dict[str, tuple[str, str]]:
+    """Mount path → (host path, type) of the driver container's subscription mounts."""
+    volumes = {v["name"]: v for v in pod_spec(ds)["volumes"]}
+    found = {}
+    for mount in container(ds, "nvidia-driver-ctr")["volumeMounts"]:
+        if mount["name"].startswith("subscription-config-") or mount["name"] == "lib-modules":
+            assert mount["readOnly"] is True
+            host = volumes[mount["name"]]["hostPath"]
+            found[mount["mountPath"]] = (host["path"], host["type"])
+    return found
+
+
+RHEL_SUBSCRIPTION = {
+    "/run/secrets/etc-pki-entitlement": ("/etc/pki/entitlement", "Directory"),
+    "/run/secrets/redhat.repo": ("/etc/yum.repos.d/redhat.repo", "File"),
+    "/run/secrets/rhsm": ("/etc/rhsm", "Directory"),
+}
+SUSE_SUBSCRIPTION = {
+    "/etc/SUSEConnect": ("/etc/SUSEConnect", "FileOrCreate"),
+    "/etc/zypp/credentials.d": ("/etc/zypp/credentials.d", "Directory"),
+}
+
+
+@pytest.mark.parametrize(
+    ("os_tag", "runtime", "spec", "expected"),
+    [
+        ("rhel9", "containerd", {}, RHEL_SUBSCRIPTION),
+        ("rhel9", "crio", {}, {}),  # CRI-O on RHEL injects the subscription itself (mounts.conf)
+        ("rhel9", "containerd", {"driver": {"repoConfig": {"configMapName": "apt-mirror"}}}, {}),
+        ("sles15.6", "containerd", {}, SUSE_SUBSCRIPTION),
+        ("sles15.6", "crio", {"driver": {"repoConfig": {"configMapName": "apt-mirror"}}}, SUSE_SUBSCRIPTION),
+        ("sl-micro6.0", "containerd", {}, SUSE_SUBSCRIPTION),
+        ("ubuntu22.04", "containerd", {}, {}),
+    ],
+)
+def test_driver_gets_the_distributions_subscription_to_install_kernel_headers(
+    os_tag: str, runtime: str, spec: Obj, expected: dict[str, tuple[str, str]]
+) -> None:
+    """NVIDIA's SubscriptionPathMap and its rule for it (object_controls.go:254-330, 3744-3777)."""
+    facts = replace(FACTS, os_tag=os_tag, runtimes=(runtime,))
+    assert subscription_volumes(daemonsets(render_spec(spec, facts))["nvidia-driver-daemonset"]) == expected
+
+
+def test_precompiled_driver_mounts_no_subscription_but_suses_host_modules() -> None:
+    spec = {"driver": {"usePrecompiled": True, "version": "570", "image": "driver", "repository": "r"}}
+    kernel = "6.4.0-150600.23.25-default"
+    for os_name, expected in (
+        ("sles15.6", {"/run/host/lib/modules": ("/lib/modules", "Directory")}),
+        ("rhel9.4", {}),
+    ):
+        (driver,) = [
+            ds
+            for name, ds in daemonsets(render_spec(spec, ClusterFacts(kernels=((kernel, os_name),)))).items()
+            if name.startswith("nvidia-driver")
+        ]
+        assert subscription_volumes(driver) == expected
 
 
 def test_driver_config_digest_follows_the_driver_configuration() -> None:
@@ -887,3 +954,18 @@ def test_validator_image_containers_run_as_root() -> None:
         for ctr in pod.get("initContainers", []) + pod["containers"]:
             if ctr["image"] == validator_image:
                 assert ctr["securityContext"]["runAsUser"] == 0, ctr["name"]
+
+
+def test_mig_strategy_wins_over_gfd_env_but_not_over_the_device_plugins() -> None:
+    """NVIDIA applies mig.strategy after gfd.env (object_controls.go:969-970), before devicePlugin.env."""
+    user = [
+        {"name": "MIG_STRATEGY", "value": "none"},
+        {"name": "NVIDIA_MIG_MONITOR_DEVICES", "value": "none"},
+    ]
+    ds = daemonsets(
+        render_spec({"mig": {"strategy": "mixed"}, "gfd": {"env": user}, "devicePlugin": {"env": user}})
+    )
+    gfd = env_of(container(ds["gpu-feature-discovery"], "gpu-feature-discovery"))
+    plugin = env_of(container(ds["nvidia-device-plugin-daemonset"], "nvidia-device-plugin"))
+    assert (gfd["MIG_STRATEGY"], gfd["NVIDIA_MIG_MONITOR_DEVICES"]) == ("mixed", "all")
+    assert (plugin["MIG_STRATEGY"], plugin["NVIDIA_MIG_MONITOR_DEVICES"]) == ("none", "none")

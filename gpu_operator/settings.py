@@ -1,0 +1,47 @@
+"""The operator's settings: built once by the CLI (`gpu-operator run`), frozen, passed down.
+
+Every tunable of the running operator is here, with why it has its value; no module keeps its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Literal
+
+LogFormat = Literal["plain", "full", "json"]
+
+
+@dataclass(frozen=True)
+class Settings:
+    namespace: str = "gpu-operator"
+    """Namespace of the operands (ClusterPolicies are cluster-scoped)."""
+    environ: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    """The operator's environment as it started: image fallbacks such as DRIVER_IMAGE (OLM style)."""
+    listen: str = ""
+    """HOST:PORT of /metrics, /healthz and /readyz; empty: no HTTP server."""
+    log_format: LogFormat = "plain"
+    verbose: bool = False
+
+    resync_seconds: float = 600.0
+    """A pass without any watch event after this long: a safety net only, since a pass with nothing
+    changed reads caches and writes nothing."""
+    max_backoff_seconds: float = 60.0
+    """Longest wait before retrying a failed pass (doubling from 1 s); watch events wake it sooner."""
+    stale_retry_seconds: float = 0.5
+    """A write that found its object changed since the snapshot (409) asks for another pass this soon:
+    the watch may bring the new version without a change a pass would react to."""
+    writers: int = 16
+    """Concurrent API writes in one pass: enough to label 1000 nodes quickly, few enough for the API
+    server."""
+    watch_server_timeout_seconds: int = 300
+    """Watches end on the server after this long and are resumed from their resourceVersion."""
+    request_timeout_seconds: float = 60.0
+    """Kopf's own API requests (its watches and listings)."""
+    list_chunk_size: int = 500
+    """Initial listings in pages: 9000 operand pods at 1000 nodes are never one response in memory."""
+
+    def __post_init__(self) -> None:
+        # Frozen all the way down: a plain dict passed in could still change under the operator.
+        object.__setattr__(self, "environ", MappingProxyType(dict(self.environ)))

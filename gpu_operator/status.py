@@ -1,0 +1,354 @@
+"""What the ClusterPolicies' status says, and which Events tell the news (pure, no I/O).
+
+The planner computes each policy's status from the observed cluster (`policy_status`); once the
+writes of a pass are done, what they returned comes back here as facts (`with_apply_errors`), and
+`events_for` decides which Events to post: on transitions only, so a converged cluster posts none.
+Statuses are the typed models of gpu_operator/api/status.py; `status_body` is the JSON written,
+with only the fields the operator sets (a merge patch leaves the rest as it is).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_operator.api import FieldError
+from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.api.status import (
+    REASON_IGNORED,
+    REASON_INVALID_SPEC,
+    REASON_NO_GPU_NODES,
+    REASON_OPERAND_NOT_READY,
+    REASON_RECONCILE_FAILED,
+    REASON_RECONCILED,
+    ClusterPolicyStatus,
+    ComponentStatus,
+    Condition,
+    NodeProblem,
+)
+from gpu_operator.components import BY_LABEL, COMPONENTS, Component
+from gpu_operator.nodes import (
+    Deploy,
+    IsReady,
+    NodeInfo,
+    deploy_state,
+    gpu_nodes,
+    runs_on,
+    takes_operands,
+    unmet_dependencies,
+)
+from gpu_operator.observed import DaemonSetInfo, PodInfo, PolicyRef
+
+MAX_PROBLEMS = 5
+
+
+class Note(str):
+    """A remark about the active policy: appended to its condition message, posted once as an Event."""
+
+    reason: str
+
+    def __new__(cls, message: str, reason: str = "Unsupported") -> Note:
+        note = super().__new__(cls, message)
+        note.reason = reason
+        return note
+
+
+@dataclass(frozen=True)
+class Event:
+    """An Event to post on a ClusterPolicy."""
+
+    policy: str
+    uid: str
+    type: str
+    reason: str
+    message: str
+
+
+Signature = tuple[str, ...]
+"""(state, Error reason, notes...) of a policy's last Events: new Events only when it changes."""
+
+
+def status_body(status: ClusterPolicyStatus) -> dict[str, Any]:
+    """The JSON written to the status subresource: exactly the fields the operator set."""
+    return status.model_dump(mode="json", exclude_unset=True)
+
+
+def status_differs(current: Mapping[str, Any], desired: ClusterPolicyStatus) -> bool:
+    """Whether writing `desired` would change anything (only the fields we write are compared)."""
+    return any(current.get(key) != value for key, value in status_body(desired).items())
+
+
+# --- pods and readiness --------------------------------------------------------------------------
+
+
+def pods_by_node(pods: Iterable[PodInfo]) -> dict[tuple[str, str], PodInfo]:
+    """The pod that speaks for (component, node): a live one over a terminating one, then the newest."""
+    best: dict[tuple[str, str], PodInfo] = {}
+    for pod in pods:
+        key = (pod.component, pod.node)
+        current = best.get(key)
+        if current is None or (not pod.terminating, pod.created) > (not current.terminating, current.created):
+            best[key] = pod
+    return best
+
+
+def readiness(pods: Mapping[tuple[str, str], PodInfo]) -> IsReady:
+    def is_ready(component: str, node: str) -> bool:
+        pod = pods.get((component, node))
+        return pod is not None and pod.ready
+
+    return is_ready
+
+
+# --- the active policy ---------------------------------------------------------------------------
+
+
+def _component_status(
+    component: Component,
+    spec: ClusterPolicySpec,
+    nodes: list[NodeInfo],
+    pods: Mapping[tuple[str, str], PodInfo],
+    daemonsets: list[DaemonSetInfo | None],
+) -> ComponentStatus:
+    if not component.enabled(spec):
+        return ComponentStatus(name=component.name, enabled=False, state="disabled")
+    eligible = [n for n in nodes if runs_on(component, n)]
+    labelled = [n for n in eligible if deploy_state(component, n) == Deploy.DEPLOYED]
+    waiting = [n for n in eligible if deploy_state(component, n) != Deploy.DEPLOYED]
+    ready = [n for n in labelled if (p := pods.get((component.name, n.name))) is not None and p.ready]
+    problems: list[NodeProblem] = []
+    failing = 0
+    for node in labelled:
+        pod = pods.get((component.name, node.name))
+        if pod is not None and pod.ready:
+            continue
+        if pod is not None and pod.failing:
+            failing += 1
+        reason = pod.reason if pod is not None else "PodNotCreated"
+        problems.append(NodeProblem(node=node.name, reason=reason, message=pod.message if pod else ""))
+    for node in waiting:
+        problems.append(_waiting_problem(component, spec, node, pods))
+    rolled_out = not labelled or (
+        all(d is not None and d.rolled_out for d in daemonsets)
+        and sum(d.desired for d in daemonsets if d is not None) == len(labelled)
+    )
+    is_ready = rolled_out and not waiting and len(ready) == len(labelled)
+    return ComponentStatus(
+        name=component.name,
+        enabled=True,
+        state="ready" if is_ready else "notReady",
+        nodesDesired=len(eligible),
+        nodesReady=len(ready),
+        nodesWaiting=len(waiting),
+        nodesFailing=failing,
+        reason="" if is_ready else _summary(len(eligible), len(ready), problems),
+        problems=problems[:MAX_PROBLEMS],
+    )
+
+
+def _waiting_problem(
+    component: Component, spec: ClusterPolicySpec, node: NodeInfo, pods: Mapping[tuple[str, str], PodInfo]
+) -> NodeProblem:
+    """Why a component that belongs on `node` has no `true` deploy label there."""
+    key = component.deploy_label
+    value, writer = node.labels.get(key, ""), node.writers.get(key, "another manager")
+    state = deploy_state(component, node)
+    if state == Deploy.PAUSED:
+        # Operand managers pause and restore the label themselves; the component comes back then.
+        return NodeProblem(node=node.name, reason="Paused", message=f"{value} by {writer}")
+    if state == Deploy.HELD:
+        message = f"{key}={value!r} set by {writer}: not true, false or a pause; left as it is"
+        return NodeProblem(node=node.name, reason="DeployLabelHeld", message=message)
+    deps = unmet_dependencies(component, spec, node, readiness(pods))
+    message = f"waiting for {', '.join(deps)}" if deps else "waiting for its deploy label"
+    return NodeProblem(node=node.name, reason="WaitingForDependency", message=message)
+
+
+# Reasons whose message, not the reason itself, goes into the one-line summary.
+_SUMMARY_BY_MESSAGE = ("WaitingForDependency", "Paused")
+
+
+def _summary(desired: int, ready: int, problems: list[NodeProblem]) -> str:
+    if not problems:
+        return f"{ready}/{desired} nodes ready; rollout in progress"
+    by_reason: dict[str, list[str]] = {}
+    for problem in problems:
+        text = problem.message if problem.reason in _SUMMARY_BY_MESSAGE else problem.reason
+        by_reason.setdefault(text, []).append(problem.node)
+    parts = []
+    for text, names in by_reason.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        parts.append(f"{text} on {shown}")
+    return f"{ready}/{desired} nodes ready: " + "; ".join(parts)
+
+
+def policy_status(
+    policy: PolicyRef,
+    spec: ClusterPolicySpec,
+    nodes: Mapping[str, NodeInfo],
+    pods: Mapping[tuple[str, str], PodInfo],
+    namespace: str,
+    daemonsets: Mapping[str, list[DaemonSetInfo | None]],
+    missing: Mapping[str, list[str]],
+    notes: Sequence[str],
+    now: str,
+) -> ClusterPolicyStatus:
+    """The active policy's status: `nodes` with their labels as the plan leaves them, `daemonsets` the
+    observed DaemonSets of each component (None: not there yet), `missing` the inputs a component
+    lacks (its DaemonSet is withheld)."""
+    gpus = [n for n in gpu_nodes(nodes.values()) if takes_operands(n)]
+    components = [_component_status(c, spec, gpus, pods, daemonsets.get(c.name, [])) for c in COMPONENTS]
+    components = [
+        c.model_copy(update={"state": "notReady", "reason": "; ".join(missing[c.name])})
+        if c.name in missing
+        else c
+        for c in components
+    ]
+    components += [
+        ComponentStatus(name=name, enabled=True, state="unsupported", reason="not supported by this operator")
+        for name in spec.unsupported_enabled()
+    ]
+    enabled = [c for c in components if c.state in ("ready", "notReady")]
+    not_ready = [c for c in enabled if c.state != "ready"]
+    extra = ("; " + "; ".join(notes)) if notes else ""
+    if not_ready:
+        message = "ClusterPolicy is not ready; components not ready: " + "; ".join(
+            f"{c.name} ({c.reason})" for c in not_ready
+        )
+        conditions = _conditions(policy, _error(REASON_OPERAND_NOT_READY, message + extra), now)
+    else:
+        reason = REASON_RECONCILED if gpus else REASON_NO_GPU_NODES
+        message = (
+            "ClusterPolicy is ready as all resources have been successfully reconciled"
+            if gpus
+            else "ClusterPolicy is ready, but no node has a GPU"
+        )
+        conditions = _conditions(policy, _ready(reason, message + extra), now)
+    return ClusterPolicyStatus(
+        state="notReady" if not_ready else "ready",
+        namespace=namespace,
+        observedGeneration=policy.generation,
+        gpuNodes=len(gpus),
+        componentsReady=f"{len(enabled) - len(not_ready)}/{len(enabled)}",
+        conditions=conditions,
+        components=components,
+    )
+
+
+Pairs = list[tuple[str, str, str, str]]
+
+
+def _ready(reason: str, message: str) -> Pairs:
+    """NVIDIA's SetConditionsReady: Ready=True(reason), Error=False(Ready)."""
+    return [("Ready", "True", reason, message), ("Error", "False", "Ready", "")]
+
+
+def _error(reason: str, message: str) -> Pairs:
+    """NVIDIA's SetConditionsError: Ready=False(Error), Error=True(reason)."""
+    return [("Ready", "False", "Error", message), ("Error", "True", reason, message)]
+
+
+def _conditions(policy: PolicyRef, pairs: Pairs, now: str) -> list[Condition]:
+    """metav1.Conditions; lastTransitionTime moves only when a condition's status changes."""
+    previous = {c.get("type"): c for c in policy.status.get("conditions") or []}
+    conditions = []
+    for kind, status, reason, message in pairs:
+        before = previous.get(kind) or {}
+        changed = before.get("status") != status
+        conditions.append(
+            Condition.model_validate(
+                {
+                    "type": kind,
+                    "status": status,
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": now if changed else str(before.get("lastTransitionTime") or now),
+                    "observedGeneration": policy.generation,
+                }
+            )
+        )
+    return conditions
+
+
+def invalid_status(
+    policy: PolicyRef, errors: list[FieldError], namespace: str, now: str
+) -> ClusterPolicyStatus:
+    """An invalid spec: Error=InvalidSpec naming every field; the rest of the status stays as it was."""
+    message = "invalid ClusterPolicy, nothing was changed: " + "; ".join(str(e) for e in errors)
+    return ClusterPolicyStatus(
+        state="notReady",
+        namespace=namespace,
+        observedGeneration=policy.generation,
+        conditions=_conditions(policy, _error(REASON_INVALID_SPEC, message), now),
+    )
+
+
+def ignored_status(policy: PolicyRef, active: PolicyRef, namespace: str, now: str) -> ClusterPolicyStatus:
+    message = f"ClusterPolicy {active.name!r} is active (the oldest wins); this one is ignored"
+    # Being ignored is not an error of this object: Error stays False.
+    pairs = [("Ready", "False", REASON_IGNORED, message), ("Error", "False", REASON_IGNORED, "")]
+    return ClusterPolicyStatus(
+        state="ignored",
+        namespace=namespace,
+        observedGeneration=policy.generation,
+        conditions=_conditions(policy, pairs, now),
+    )
+
+
+def with_apply_errors(
+    policy: PolicyRef, status: ClusterPolicyStatus, errors: Mapping[str, str], now: str
+) -> ClusterPolicyStatus:
+    """The status when some objects could not be written: those components are not ready, and Error
+    says why (NVIDIA's ReconcileFailed), with the API server's own message. Errors are keyed by
+    component name or by the `app.kubernetes.io/component` label of the object that failed."""
+    by_component = {(BY_LABEL[k].name if k in BY_LABEL else k): text for k, text in errors.items()}
+    components = [
+        c.model_copy(update={"state": "notReady", "reason": f"apply failed: {by_component[c.name]}"})
+        if c.name in by_component
+        else c
+        for c in status.components
+    ]
+    message = "failed to reconcile: " + "; ".join(f"{name}: {text}" for name, text in errors.items())
+    return status.model_copy(
+        update={
+            "state": "notReady",
+            "components": components,
+            "conditions": _conditions(policy, _error(REASON_RECONCILE_FAILED, message), now),
+        }
+    )
+
+
+# --- Events --------------------------------------------------------------------------------------
+
+
+def events_for(
+    policy: PolicyRef, status: ClusterPolicyStatus, notes: Sequence[Note], previous: Signature | None
+) -> tuple[list[Event], Signature]:
+    """The Events that tell what changed since the Events of `previous` (None: none posted by this
+    process yet), and the signature to remember. A restarted operator that finds the status it would
+    write already there says nothing."""
+    error = next((c for c in status.conditions if c.type == "Error"), None)
+    error_reason = error.reason if error is not None else ""
+    signature: Signature = (str(status.state), error_reason, *notes)
+    if previous == signature or (previous is None and not status_differs(policy.status, status)):
+        return [], signature
+
+    def event(type_: str, reason: str, message: str) -> Event:
+        return Event(policy.name, policy.uid, type_, reason, message)
+
+    events: list[Event] = []
+    if status.state == "ready":
+        events.append(event("Normal", "Ready", "all GPU operands are ready"))
+    elif status.state == "ignored":
+        ready = next(c for c in status.conditions if c.type == "Ready")
+        events.append(event("Normal", "Ignored", ready.message))
+    elif error_reason == REASON_OPERAND_NOT_READY and not any(c.nodesFailing for c in status.components):
+        # Rolling out, nothing failing: news, not a warning.
+        events.append(event("Normal", "Progressing", error.message if error else ""))
+    elif error is not None and error_reason:
+        events.append(event("Warning", error_reason, error.message))
+    events += [
+        event("Warning", note.reason, note) for note in notes if previous is None or note not in previous
+    ]
+    return events, signature

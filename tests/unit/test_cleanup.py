@@ -1,0 +1,154 @@
+"""`gpu-operator cleanup` (the chart's pre-delete hook) and the ServiceAccount kubeconfig writer, against
+a fake API (the real ones run end to end in tests/e2e/test_helm.py)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+import yaml
+
+from gpu_operator import cli
+from gpu_operator.cleanup import cleanup, operator_labels
+from gpu_operator.kube import ApiError, Kube
+from gpu_operator.kubeconfig import write_service_account_kubeconfig
+
+DEPLOY = "nvidia.com/gpu.deploy.driver"
+
+
+def node(name: str, labels: dict[str, str], owned: list[str]) -> dict[str, Any]:
+    fields: dict[str, Any] = {"f:metadata": {"f:labels": {f"f:{key}": {} for key in owned}}}
+    return {
+        "metadata": {
+            "name": name,
+            "labels": labels,
+            "managedFields": [{"manager": "gpu-operator", "operation": "Apply", "fieldsV1": fields}],
+        }
+    }
+
+
+class FakeKube:
+    """Node listings in turn (the last one repeats); each watch yields one event."""
+
+    def __init__(self, listings: list[list[dict[str, Any]]], delete: ApiError | None = None) -> None:
+        self.listings = listings
+        self.delete_error = delete
+        self.calls: list[tuple[str, str]] = []
+        self.watches = 0
+
+    def request(self, method: str, url: str, **_: Any) -> dict[str, Any]:
+        self.calls.append((method, url))
+        if method == "DELETE":
+            if self.delete_error is not None:
+                raise self.delete_error
+            return {}
+        items = self.listings.pop(0) if len(self.listings) > 1 else self.listings[0]
+        return {"metadata": {"resourceVersion": "7"}, "items": items}
+
+    def watch(self, api_version: str, kind: str, query: Mapping[str, str], timeout: int) -> Iterator[Any]:
+        assert query == {"resourceVersion": "7"} and timeout >= 1
+        self.watches += 1
+        yield {"type": "MODIFIED"}
+
+
+def run(fake: FakeKube, timeout: float = 30.0) -> list[dict[str, Any]]:
+    out = io.StringIO()
+    assert cleanup(cast(Kube, fake), "cluster-policy", timeout, out) == 0
+    return [json.loads(line) for line in out.getvalue().splitlines()]
+
+
+def test_only_labels_the_operator_owns_count() -> None:
+    hand = node("a", {DEPLOY: "true", "nvidia.com/gpu.present": "true", "team": "x"}, ["team"])
+    assert operator_labels(hand) == []
+    ours = node("b", {DEPLOY: "true", "nvidia.com/gpu.present": "true"}, [DEPLOY, "nvidia.com/gpu.present"])
+    assert operator_labels(ours) == [DEPLOY, "nvidia.com/gpu.present"]
+
+
+def test_deletes_the_policy_and_waits_for_the_labels_to_go() -> None:
+    labelled = node("gpu-0", {DEPLOY: "true"}, [DEPLOY])
+    fake = FakeKube([[labelled], [labelled], [node("gpu-0", {}, [])]])
+    lines = run(fake)
+    assert fake.calls[0] == ("DELETE", "/apis/nvidia.com/v1/clusterpolicies/cluster-policy")
+    assert fake.watches == 2  # woken by node events, no polling
+    assert [line["message"] for line in lines] == [
+        "deleted the ClusterPolicy",
+        "the operator removed its node labels",
+    ]
+
+
+def test_gives_up_at_the_deadline_and_still_succeeds() -> None:
+    labelled = node("gpu-0", {DEPLOY: "true"}, [DEPLOY])
+    lines = run(FakeKube([[labelled]]), timeout=0.001)
+    assert lines[-1]["nodes"] == {"gpu-0": [DEPLOY]}
+
+
+def test_a_missing_policy_is_fine_a_refused_delete_stops() -> None:
+    assert run(FakeKube([[]], delete=ApiError(404, "NotFound", "gone")))[-1]["message"].startswith(
+        "the operator removed"
+    )
+    refused = FakeKube([[]], delete=ApiError(403, "Forbidden", "no"))
+    lines = run(refused)
+    assert lines == [
+        {
+            "message": "cannot delete the ClusterPolicy",
+            "policy": "cluster-policy",
+            "error": "403 Forbidden: no",
+        }
+    ]
+    assert refused.calls == [("DELETE", "/apis/nvidia.com/v1/clusterpolicies/cluster-policy")]
+
+
+def test_service_account_kubeconfig(tmp_path: Path) -> None:
+    (tmp_path / "ca.crt").write_bytes(b"CA")
+    admin = {
+        "current-context": "admin",
+        "contexts": [{"name": "admin", "context": {"cluster": "local", "user": "admin"}}],
+        "clusters": [
+            {"name": "local", "cluster": {"server": "https://127.0.0.1:1", "certificate-authority": "ca.crt"}}
+        ],
+        "users": [{"name": "admin", "user": {"client-certificate": "admin.crt"}}],
+    }
+    (tmp_path / "admin.yaml").write_text(yaml.safe_dump(admin))
+
+    class TokenKube:
+        def request(self, method: str, url: str, body: Any = None, **_: Any) -> dict[str, Any]:
+            assert (method, url) == ("POST", "/api/v1/namespaces/ns/serviceaccounts/sa/token")
+            assert body["spec"] == {
+                "expirationSeconds": 600,
+                "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u"},
+            }
+            return {"status": {"token": "secret"}}
+
+    out = tmp_path / "sa.yaml"
+    write_service_account_kubeconfig(
+        cast(Kube, TokenKube()), tmp_path / "admin.yaml", "ns", "sa", out, 600, bound_pod=("p", "u")
+    )
+    written = yaml.safe_load(out.read_text())
+    assert out.stat().st_mode & 0o777 == 0o600
+    assert written["users"] == [{"name": "sa", "user": {"token": "secret"}}]
+    cluster = written["clusters"][0]["cluster"]
+    assert cluster == {
+        "server": "https://127.0.0.1:1",
+        "certificate-authority-data": base64.b64encode(b"CA").decode(),
+    }
+
+
+@pytest.mark.parametrize("account", ["sa", "ns/", "/sa", "a/b/c"])
+def test_kubeconfig_command_wants_namespace_and_name(account: str, tmp_path: Path) -> None:
+    assert cli.main(["kubeconfig", "--service-account", account, "-o", str(tmp_path / "x")]) == 2
+
+
+def test_kubeconfig_command_without_credentials_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = tmp_path / "none.yaml"
+    code = cli.main(
+        ["kubeconfig", "--service-account", "ns/sa", "-o", str(tmp_path / "x"), "--kubeconfig", str(missing)]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("kubeconfig: ") and len(err.strip().splitlines()) == 1
