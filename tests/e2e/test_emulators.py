@@ -87,7 +87,12 @@ def equal(seen: Any, want: Any) -> None:
 def test_gpu_pod_is_scheduled_once_a_device_plugin_is_ready(api: Any, namespace: str, node: str) -> None:
     """Driver, then device plugin: the kubelet advertises the plugin's GPUs and withdraws them."""
     core = client.CoreV1Api(api)
-    assert node_gpus(api, node)[0] in (None, "0"), node_gpus(api, node)
+
+    def no_gpus() -> None:
+        assert node_gpus(api, node)[0] in (None, "0"), node_gpus(api, node)
+
+    # An earlier test's device plugin may still be terminating (its operator cleaned up just now).
+    wait_for(no_gpus, timeout=60, what=f"{node} without a device plugin before the test")
     cuda = container("cuda", "example.invalid/cuda:1", [], resources={"limits": {GPU_RESOURCE: "1"}})
     consumer = {
         "apiVersion": "v1",

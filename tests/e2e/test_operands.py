@@ -251,7 +251,11 @@ def gpu_deployment(node: str) -> dict[str, Any]:
 @pytest.mark.usefixtures("clean")
 def test_driver_restart_evicts_gpu_pods_and_pauses_the_operands(cluster: Cluster, namespace: str) -> None:
     node = "gpu-node-1"
-    apply_policy(cluster, policy())
+    # A new driver pod with the digest the loaded driver recorded keeps it and its GPU pods
+    # (k8s-driver-manager v0.12.0 shouldSkipUninstall, cmd/driver-manager/main.go:368,872-883);
+    # FORCE_REINSTALL (main.go:226) makes a restart reinstall it, as a changed config would.
+    force = {"manager": {"env": [{"name": "FORCE_REINSTALL", "value": "true"}]}}
+    apply_policy(cluster, policy(driver=force))
     wait_state(cluster, "cluster-policy", "ready")
     client.AppsV1Api(cluster.api).create_namespaced_deployment(namespace, gpu_deployment(node))
 
