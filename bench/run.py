@@ -278,20 +278,22 @@ class SizeBench:
         nodes_file = self.work / "nodes.yaml"
         nodes_file.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
         self.rendered = self.work / "rendered.yaml"
-        self.rendered.write_text(
-            run(
-                [
-                    str(OPERATOR),
-                    "render",
-                    "-f",
-                    str(POLICY),
-                    "--nodes",
-                    str(nodes_file),
-                    "--namespace",
-                    NAMESPACE,
-                ]
-            )
-        )
+        render = [
+            str(OPERATOR),
+            "render",
+            "-f",
+            str(POLICY),
+            "--nodes",
+            str(nodes_file),
+            "--namespace",
+            NAMESPACE,
+        ]
+        # The operator renders ServiceMonitors only where their CRD is (the local cluster has none).
+        if not self.kc(
+            "get", "crd", "servicemonitors.monitoring.coreos.com", "--ignore-not-found", "-o", "name"
+        ):
+            render.append("--no-servicemonitor-crd")
+        self.rendered.write_text(run(render))
         # What the operator ends up owning on each node, once every dependency is ready.
         self.final_labels = {
             n["metadata"]["name"]: labels
