@@ -61,6 +61,7 @@ from gpu_operator.kube import ApiError
 from gpu_operator.nodes import GPU_PRESENT, MIG_CONFIG, desired_labels, node_info
 
 POLICY = ROOT / "examples" / "clusterpolicy.yaml"
+SEED_CONFIG_MAPS = (ROOT / "examples" / "device-plugin-config.yaml", ROOT / "examples" / "mig-config.yaml")
 POLICIES = "/apis/nvidia.com/v1/clusterpolicies"
 NODES = "/api/v1/nodes"
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
@@ -268,6 +269,10 @@ class SizeBench:
                 self.api, self.kubeconfig, self.work / "operator-kubeconfig"
             )
             excluded = ()
+        # The ConfigMaps the seed policy names (devicePlugin.config, migManager.config): without them
+        # the emulated kubelet leaves the device plugin and GFD waiting to mount them, as a kubelet does.
+        for path in SEED_CONFIG_MAPS:
+            self.kc("apply", "--server-side", "-f", str(path))
         self.audit = audit.AuditReader(self.cluster.audit_log, self.user, excluded)
         self.pod_audit = audit.AuditReader(
             self.cluster.audit_log, None, keep=lambda r: r.namespace == NAMESPACE, marker='"resource":"pods"'
@@ -397,7 +402,7 @@ class SizeBench:
         """One component at a time (about N pods each); a failed call is retried by the caller's loop."""
         for component in COMPONENTS:
             try:
-                kubeapi.delete_collection(self.api, PODS, f"{COMPONENT_LABEL}={component.name}")
+                kubeapi.delete_collection(self.api, PODS, f"{COMPONENT_LABEL}={component.component_label}")
             except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
                 log(f"N={self.n}: deleting {component.name} pods: {exc}; will retry")
 
@@ -405,7 +410,7 @@ class SizeBench:
     def join_node_body(self, with_labels: bool) -> tuple[dict[str, Any], frozenset[str]]:
         body: dict[str, Any] = self.gen_nodes.make_node("gpu", self.n, self.kubelet_version)
         final = desired_labels(node_info(body), self.spec, always_ready)
-        components = frozenset(c.name for c in COMPONENTS if final.get(c.deploy_label) == "true")
+        components = frozenset(c.component_label for c in COMPONENTS if final.get(c.deploy_label) == "true")
         if with_labels:
             body["metadata"]["labels"].update(final)
         return body, components
