@@ -410,7 +410,14 @@ class SizeBench:
     def join_node_body(self, with_labels: bool) -> tuple[dict[str, Any], frozenset[str]]:
         body: dict[str, Any] = self.gen_nodes.make_node("gpu", self.n, self.kubelet_version)
         final = desired_labels(node_info(body), self.spec, always_ready)
-        components = frozenset(c.component_label for c in COMPONENTS if final.get(c.deploy_label) == "true")
+        labels = {**body["metadata"]["labels"], **final}
+        # A component whose DaemonSet selects more than its deploy label (the MPS control daemon shares
+        # the device plugin's and wants nvidia.com/mps.capable) runs only where its filter matches.
+        components = frozenset(
+            c.component_label
+            for c in COMPONENTS
+            if final.get(c.deploy_label) == "true" and c.node_filter(labels)
+        )
         if with_labels:
             body["metadata"]["labels"].update(final)
         return body, components
