@@ -61,6 +61,7 @@ from gpu_operator.kube import ApiError
 from gpu_operator.nodes import GPU_PRESENT, MIG_CONFIG, desired_labels, node_info
 
 POLICY = ROOT / "examples" / "clusterpolicy.yaml"
+VALIDATOR_WORKLOADS = ("nvidia-cuda-validator", "nvidia-device-plugin-validator")
 SEED_CONFIG_MAPS = (ROOT / "examples" / "device-plugin-config.yaml", ROOT / "examples" / "mig-config.yaml")
 POLICIES = "/apis/nvidia.com/v1/clusterpolicies"
 NODES = "/api/v1/nodes"
@@ -405,6 +406,11 @@ class SizeBench:
                 kubeapi.delete_collection(self.api, PODS, f"{COMPONENT_LABEL}={component.component_label}")
             except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
                 log(f"N={self.n}: deleting {component.name} pods: {exc}; will retry")
+        try:
+            # The validator's workload pods (the emulated validator creates them, as NVIDIA's does).
+            kubeapi.delete_collection(self.api, PODS, f"app in ({','.join(VALIDATOR_WORKLOADS)})")
+        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+            log(f"N={self.n}: deleting validator workload pods: {exc}; will retry")
 
     # --- node join ---
     def join_node_body(self, with_labels: bool) -> tuple[dict[str, Any], frozenset[str]]:
