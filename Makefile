@@ -12,7 +12,7 @@ include hack/cluster.mk
 include hack/chart.mk
 include hack/bench.mk
 
-.PHONY: help venv lint typecheck test test-unit test-e2e crd demo down bench
+.PHONY: help venv lint typecheck test test-unit test-e2e test-chaos crd demo down bench
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | sort
@@ -33,15 +33,19 @@ lint: venv ## ruff and mypy
 test-unit: venv ## unit tests (no cluster)
 	$(BIN)/pytest -q tests/unit
 
-crd: venv ## regenerate crds/clusterpolicy.yaml and the chart's copy from the models
+crd: venv ## regenerate crds/clusterpolicy.yaml, the chart's copy, values schema and operand RBAC from the code
 	$(BIN)/gpu-operator crd > crds/clusterpolicy.yaml
 	cp crds/clusterpolicy.yaml charts/gpu-operator/crds/clusterpolicy.yaml
 	$(PY) hack/values_schema.py --write
+	$(PY) hack/operand_rbac.py --write
 
 test: lint chart-lint test-unit test-e2e ## every test: lint, types, unit and end to end
 
-test-e2e: venv tools ## end-to-end tests (local control plane, or the cluster in $$KUBECONFIG)
-	$(BIN)/pytest -q tests/e2e
+test-e2e: venv tools ## end-to-end tests (local control plane, or the cluster in $$KUBECONFIG), less the long chaos faults
+	$(BIN)/pytest -q tests/e2e -m "not chaos"
+
+test-chaos: venv tools ## the whole chaos suite (tests/e2e/test_chaos.py, local cluster only; about 30 min)
+	$(BIN)/pytest -q tests/e2e/test_chaos.py
 
 demo: venv tools ## the main job: local cluster, CRD, operator, the sample ClusterPolicy; waits until ready and shows it
 	@KUBECTL=$(KUBECTL) HELM=$(HELM) hack/demo.sh

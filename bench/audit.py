@@ -117,6 +117,12 @@ def writes(requests: Iterable[Request]) -> list[Request]:
     return [r for r in requests if r.is_write]
 
 
+def writes_at_rest(requests: Iterable[Request]) -> list[Request]:
+    """Writes, less the leader election's Lease renewals (one every retry period, gpu_operator/leader.py):
+    the cost of having a standby, reported apart (`lease_renewals_per_min`)."""
+    return [r for r in writes(requests) if r.resource != "leases"]
+
+
 def per_minute(count: int, seconds: float) -> float:
     if seconds <= 0:
         raise ValueError("a window must last longer than 0 s")

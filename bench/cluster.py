@@ -236,7 +236,7 @@ class OperatorProcess:
             KUBECONFIG=str(self.kubeconfig),
             PYTHONUNBUFFERED="1",
             OPERATOR_NAMESPACE=NAMESPACE,
-            GPU_OPERATOR_LIVENESS=f"http://127.0.0.1:{self.probe_port}/healthz",
+            GPU_OPERATOR_LISTEN=f"127.0.0.1:{self.probe_port}",
             **self.env,
         )
         # `python -m gpu_operator.cli run` is the `gpu-operator` entry point; with the settings in the

@@ -214,8 +214,9 @@ def pods_ready(components: frozenset[str]) -> Callable[[Objects], bool]:
 class SizeBench:
     """All runs at one size N, on one fresh cluster."""
 
-    def __init__(self, settings: Settings, nodes: int) -> None:
+    def __init__(self, settings: Settings, nodes: int, policy: Path = POLICY) -> None:
         self.s = settings
+        self.policy = policy
         self.n = nodes
         self.work = settings.work / f"n{nodes}"
         self.work.mkdir(parents=True, exist_ok=True)
@@ -232,7 +233,7 @@ class SizeBench:
         self.kubectl = str(self.tools / "kubectl")
         self.gen_nodes = load_gen_nodes()
         self.kubelet_version = versions()["K8S_VERSION"]
-        self.policy_doc: dict[str, Any] = yaml.safe_load(POLICY.read_text())
+        self.policy_doc: dict[str, Any] = yaml.safe_load(policy.read_text())
         self.policy_name = str(self.policy_doc["metadata"]["name"])
         self.spec: ClusterPolicySpec = parse_document(self.policy_doc)
         self.loads: list[float] = []
@@ -284,22 +285,22 @@ class SizeBench:
         nodes_file = self.work / "nodes.yaml"
         nodes_file.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
         self.rendered = self.work / "rendered.yaml"
-        render = [
-            str(OPERATOR),
-            "render",
-            "-f",
-            str(POLICY),
-            "--nodes",
-            str(nodes_file),
-            "--namespace",
-            NAMESPACE,
-        ]
-        # The operator renders ServiceMonitors only where their CRD is (the local cluster has none).
-        if not self.kc(
-            "get", "crd", "servicemonitors.monitoring.coreos.com", "--ignore-not-found", "-o", "name"
-        ):
-            render.append("--no-servicemonitor-crd")
-        self.rendered.write_text(run(render))
+        self.rendered.write_text(
+            run(
+                [
+                    str(OPERATOR),
+                    "render",
+                    "-f",
+                    str(self.policy),
+                    "--nodes",
+                    str(nodes_file),
+                    "--namespace",
+                    NAMESPACE,
+                    # What the operator renders there: the bench's cluster has no Prometheus operator.
+                    "--no-servicemonitor-crd",
+                ]
+            )
+        )
         # What the operator ends up owning on each node, once every dependency is ready.
         self.final_labels = {
             n["metadata"]["name"]: labels
@@ -563,7 +564,7 @@ class SizeBench:
         spy = self.start_profiler(proc, round_no) if self.s.profile else None
         cpu0, busy0 = self.control_plane_cpu(proc), procstat.machine_busy()
         t0 = time.time()
-        self.kc("apply", "--server-side", "-f", str(POLICY))
+        self.kc("apply", "--server-side", "-f", str(self.policy))
         t_ready = watcher.wait(self.timeout)
         shares = self.stop_profiler(spy) if spy is not None else None
         cpu1, busy1 = self.control_plane_cpu(proc), procstat.machine_busy()
@@ -612,7 +613,9 @@ class SizeBench:
             resting = audit.in_window(requests, settled, rest_end)
             result["rest_s"] = self.s.rest_s
             result["rest_requests_by_kind"] = audit.by_verb_resource(resting)
-            result["rest_writes"] = [audit.describe(r, settled) for r in audit.writes(resting)]
+            result["rest_writes"] = [audit.describe(r, settled) for r in audit.writes_at_rest(resting)]
+            renewals = len(audit.writes(resting)) - len(audit.writes_at_rest(resting))
+            result["lease_renewals_per_min"] = audit.per_minute(renewals, self.s.rest_s)
             result["rest_reads"] = [
                 f"{r.verb} {r.resource} {r.name} x{r.count}"
                 + (f" every {r.mean_interval_s:.0f}s" if r.mean_interval_s else "")
@@ -713,29 +716,43 @@ class SizeBench:
     # --- everything at this size ---
     def run(self) -> dict[str, Any]:
         started = time.time()
-        operator_runs: list[dict[str, Any]] = []
-        limit_runs: list[dict[str, Any]] = []
-        rounds = self.s.rounds.get(self.n, 3)
         try:
             self.setup()
-            # Alternate the order (limit first in odd rounds), so neither side always runs on the fresher
-            # cluster. The last run leaves its objects: the cluster goes away with them.
-            phases = [
-                (kind, round_no)
-                for round_no in range(1, rounds + 1)
-                for kind in (("limit", "operator") if round_no % 2 else ("operator", "limit"))
-            ]
-            for index, (kind, round_no) in enumerate(phases):
-                cleanup = index < len(phases) - 1
-                if kind == "limit":
-                    limit_runs.append(self.limit_round(round_no, cleanup))
-                else:
-                    operator_runs.append(
-                        self.operator_round(round_no, rest=not operator_runs, cleanup=cleanup)
-                    )
+            operator_runs, limit_runs = alternate(
+                self.s.rounds.get(self.n, 3),
+                self.limit_round,
+                # The first operator run (round 1) rests first: the cluster is fresh from its setup.
+                lambda round_no, cleanup: self.operator_round(round_no, rest=round_no == 1, cleanup=cleanup),
+            )
         finally:
             self.teardown()
         return summarise(self, operator_runs, limit_runs, time.time() - started)
+
+
+Round = Callable[[int, bool], dict[str, Any]]
+"""One run: (round number, clean up after it) → its result."""
+
+
+def alternate(
+    rounds: int, limit: Round, operator: Round
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The operator's and the limit's runs, `rounds` of each, in alternating order (limit first in odd
+    rounds), so neither side always runs on the fresher cluster. The last run leaves its objects: the
+    cluster goes away with them."""
+    operator_runs: list[dict[str, Any]] = []
+    limit_runs: list[dict[str, Any]] = []
+    phases = [
+        (kind, round_no)
+        for round_no in range(1, rounds + 1)
+        for kind in (("limit", "operator") if round_no % 2 else ("operator", "limit"))
+    ]
+    for index, (kind, round_no) in enumerate(phases):
+        cleanup = index < len(phases) - 1
+        if kind == "limit":
+            limit_runs.append(limit(round_no, cleanup))
+        else:
+            operator_runs.append(operator(round_no, cleanup))
+    return operator_runs, limit_runs
 
 
 def summarise(

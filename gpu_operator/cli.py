@@ -15,7 +15,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
+import socket
 import sys
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -320,6 +323,10 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         listen=args.listen,
         log_format=args.log_format,
         verbose=args.verbose,
+        create_crd=args.create_crd,
+        leader_election=args.leader_election,
+        lease_name=args.lease_name,
+        identity=f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}",
     )
     try:
         run(settings)
@@ -450,6 +457,12 @@ def _non_negative(value: str) -> int:
     return int(value)
 
 
+def _dns_label(value: str) -> str:
+    if not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a DNS-1123 label (a Lease name)")
+    return value
+
+
 def _listen_address(value: str) -> str:
     from gpu_operator.server import parse_address
 
@@ -485,6 +498,26 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         metavar="HOST:PORT",
         help="HTTP address of /metrics, /healthz and /readyz (env GPU_OPERATOR_LISTEN; default "
         "%(default)s; port 0 picks a free one; empty disables the server)",
+    )
+    run.add_argument(
+        "--create-crd",
+        action=argparse.BooleanOptionalAction,
+        default=environ.get("GPU_OPERATOR_CREATE_CRD", "true").lower() != "false",
+        help="create the ClusterPolicy CRD when it is absent (env GPU_OPERATOR_CREATE_CRD; default on); "
+        "it is kept at the operator's schema either way",
+    )
+    run.add_argument(
+        "--leader-election",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reconcile only while holding the Lease --lease-name in --namespace (default on; off: "
+        "run one replica only)",
+    )
+    run.add_argument(
+        "--lease-name",
+        default=environ.get("GPU_OPERATOR_LEASE") or "gpu-operator",
+        type=_dns_label,
+        help="the leader election Lease (env GPU_OPERATOR_LEASE; default %(default)s)",
     )
     run.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     run.set_defaults(handler=cmd_run)

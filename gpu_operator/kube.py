@@ -10,8 +10,8 @@ helpers all use it.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("v1", "Service"): ("services", True),
     ("v1", "Pod"): ("pods", True),
     ("v1", "Event"): ("events", True),
+    ("coordination.k8s.io/v1", "Lease"): ("leases", True),
     ("v1", "ResourceQuota"): ("resourcequotas", True),
     ("v1", "Node"): ("nodes", False),
     ("v1", "Namespace"): ("namespaces", False),
@@ -88,6 +89,9 @@ def load_api_client(
     $KUBECONFIG or ~/.kube/config. `pool_size`: connections kept per host, at least the number of
     threads that use the client at once. Raises config.ConfigException (or OSError) when none works."""
     configuration = client.Configuration()
+    # No retries inside urllib3: its default (3) turns one silent connection into four read timeouts
+    # (2 minutes) before a caller hears of it; every caller has its own retry with back-off.
+    configuration.retries = 0
     if pool_size is not None:
         configuration.connection_pool_maxsize = pool_size
     try:
@@ -106,9 +110,37 @@ def load_api_client(
     return api
 
 
+Timeout = tuple[float, float]
+"""(connect, read) seconds; read is the longest wait for the next bytes of an answer."""
+DEFAULT_TIMEOUT: Timeout = (5.0, 30.0)
+
+
+class NotLeader(ApiError):
+    """A write refused before it was sent: this replica does not hold the leader lease."""
+
+    def __init__(self) -> None:
+        super().__init__(0, "NotLeader", "this replica does not hold the leader lease; it writes nothing")
+
+
+def _always() -> bool:
+    return True
+
+
 @dataclass
 class Kube:
     api: client.ApiClient
+    timeout: Timeout = DEFAULT_TIMEOUT
+    """Every call's connect and read timeout, so that no call waits forever on a silent connection."""
+    may_write: Callable[[], bool] = _always
+    """Asked before every write; False refuses it with NotLeader (a standby replica writes nothing)."""
+
+    def fork(self) -> Kube:
+        """A client with the same credentials and a connection pool of its own (for a long watch in a
+        thread of its own, which would otherwise hold one of the writers' connections); the same
+        timeouts, and writes gated on the same leader lease."""
+        api = client.ApiClient(self.api.configuration)
+        api.user_agent = self.api.user_agent
+        return replace(self, api=api)
 
     def _call(
         self,
@@ -119,10 +151,12 @@ class Kube:
         content_type: str = "application/json",
         kind: str = "",
         accept: str = "application/json",
-        timeout: float | tuple[float, float] | None = None,
+        timeout: float | Timeout | None = None,
     ) -> Any:
         """The raw response, its body not read yet; ApiError for anything but a 2xx status.
         Writes (anything but GET) count in the metrics by `kind`."""
+        if method != "GET" and not self.may_write():
+            raise NotLeader()
         method_, full_url, headers, payload, _ = self.api.param_serialize(
             method=method,
             resource_path=url,
@@ -134,7 +168,11 @@ class Kube:
         status = 0
         try:
             response = self.api.call_api(
-                method_, full_url, header_params=headers, body=payload, _request_timeout=timeout
+                method_,
+                full_url,
+                header_params=headers,
+                body=payload,
+                _request_timeout=timeout or self.timeout,
             )
             status = response.status
         except urllib3.exceptions.HTTPError as exc:
@@ -185,7 +223,9 @@ class Kube:
         """The events of a watch of the collection at `url`, until the server ends it after
         `timeout_seconds`. A connection that goes quiet for longer raises ApiError(0, ...)."""
         params = {**query, "watch": "true", "timeoutSeconds": str(timeout_seconds)}
-        response = self._call("GET", url, query=params, timeout=(10, timeout_seconds + 30))
+        # The server ends the watch after timeout_seconds; a read timeout above that catches a connection
+        # that went silent (a black hole), which no server-side timeout can.
+        response = self._call("GET", url, query=params, timeout=(self.timeout[0], timeout_seconds + 30))
         try:
             buffer = b""
             for chunk in response.response.stream(amt=None, decode_content=False):
@@ -202,28 +242,44 @@ class Kube:
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
         return self.request("GET", path(api_version, kind, namespace, name))
 
-    def list(
-        self, api_version: str, kind: str, namespace: str = "", label_selector: str = ""
-    ) -> list[dict[str, Any]]:
-        """Every object of a kind (all namespaces when `namespace` is empty), fetched in pages."""
+    def list_at(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str = "",
+        label_selector: str = "",
+        field_selector: str = "",
+    ) -> tuple[list[dict[str, Any]], str]:
+        """`list` (narrowed by a field selector too), and the resourceVersion to watch from."""
         items: list[dict[str, Any]] = []
         query = {"limit": str(LIST_PAGE)}
         if label_selector:
             query["labelSelector"] = label_selector
+        if field_selector:
+            query["fieldSelector"] = field_selector
         while True:
             page = self.request("GET", path(api_version, kind, namespace), query=query)
             items.extend(page.get("items") or [])
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return items
-            query["continue"] = token
+            metadata = page.get("metadata") or {}
+            if not metadata.get("continue"):
+                return items, str(metadata.get("resourceVersion") or "")
+            query["continue"] = metadata["continue"]
+
+    def list(
+        self, api_version: str, kind: str, namespace: str = "", label_selector: str = ""
+    ) -> list[dict[str, Any]]:
+        """Every object of a kind (all namespaces when `namespace` is empty), fetched in pages."""
+        return self.list_at(api_version, kind, namespace, label_selector)[0]
 
     def pod_log(self, namespace: str, name: str, container: str, lines: int, previous: bool = False) -> str:
         """The last `lines` lines of a container's log (of its previous run when `previous`)."""
         query = {"container": container, "tailLines": str(lines)}
         if previous:
             query["previous"] = "true"
-        url = path("v1", "Pod", namespace, name, "log")
+        return self.text(path("v1", "Pod", namespace, name, "log"), query)
+
+    def text(self, url: str, query: Mapping[str, str] | None = None) -> str:
+        """A GET whose answer is text (logs, /readyz)."""
         data = self._read(self._call("GET", url, query=query, accept="text/plain"))
         return data.decode(errors="replace")
 
@@ -302,6 +358,26 @@ class Kube:
             if exc.status not in (404, 422):
                 raise
 
+    def patch_node(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        """A JSON merge patch of a Node (never creates one: a node that is gone is a 404)."""
+        return self.request(
+            "PATCH",
+            path("v1", "Node", name=name),
+            body=dict(body),
+            query={"fieldManager": FIELD_MANAGER},
+            content_type="application/merge-patch+json",
+            kind="Node",
+        )
+
+    def evict(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
+        """POST an Eviction: the API server deletes the pod unless a PodDisruptionBudget forbids it
+        (429), which is an ApiError like any refusal."""
+        self.request("POST", path("v1", "Pod", namespace, name, "eviction"), body=dict(body), kind="Eviction")
+
+    def delete_pod(self, namespace: str, name: str, options: Mapping[str, Any]) -> None:
+        """DELETE a pod with DeleteOptions (a UID precondition: 409 when the name is another pod's now)."""
+        self.request("DELETE", path("v1", "Pod", namespace, name), body=dict(options), kind="Pod")
+
     def patch_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         return self.request(
             "PATCH",
@@ -311,17 +387,26 @@ class Kube:
             kind="ClusterPolicy",
         )
 
-    def post_event(self, policy: Mapping[str, str], type_: str, reason: str, message: str, now: str) -> None:
-        """An Event on the (cluster-scoped) ClusterPolicy, where `kubectl describe clusterpolicy` finds it.
-        The API server requires Events about cluster-scoped objects to live in `default`."""
+    def post_event(
+        self,
+        policy: Mapping[str, str],
+        type_: str,
+        reason: str,
+        message: str,
+        now: str,
+        kind: tuple[str, str] = ("nvidia.com/v1", "ClusterPolicy"),
+    ) -> None:
+        """An Event on the (cluster-scoped) ClusterPolicy, or on another cluster-scoped object of `kind`
+        (a Node), where `kubectl describe` finds it. The API server requires Events about cluster-scoped
+        objects to live in `default`."""
         namespace = EVENTS_NAMESPACE
         body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": f"{policy['name']}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
             "involvedObject": {
-                "apiVersion": "nvidia.com/v1",
-                "kind": "ClusterPolicy",
+                "apiVersion": kind[0],
+                "kind": kind[1],
                 "name": policy["name"],
                 "uid": policy["uid"],
             },

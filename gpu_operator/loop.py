@@ -30,8 +30,16 @@ class RejectedWrites(Exception):
 
 
 class Loop:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Callable[[], float] = time.monotonic,
+        leading: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.settings = settings
+        self.clock = clock
+        self.leading = leading
+        """Whether this replica may reconcile now (holds the leader lease); a standby runs no pass."""
         self.wakeup = asyncio.Event()
         self.listed = asyncio.Event()
         """Set once Kopf has listed every watched kind (see gpu_operator/operator.py)."""
@@ -42,9 +50,40 @@ class Loop:
         self.passes = 0
         self.failures = 0
         self.last_error = ""
+        """The error of the last pass; empty once a pass succeeds."""
+        self.work_since: float | None = None
+        """Since when there is work no finished pass has taken up (a wake-up, or a pass running)."""
+        self.last_finished: float | None = None
+        """When the last pass ended, successful or not."""
+        self.timer: asyncio.TimerHandle | None = None
+        """The pass asked for by the last one (Outcome.wake_at): one at a time, the latest wins."""
 
     def wake(self) -> None:
+        if self.work_since is None and self.leading():
+            self.work_since = self.clock()
         self.wakeup.set()
+
+    def wake_at(self, when: float | None) -> None:
+        """A pass at `when` (Unix seconds), without a sleeping handler: a timer on the event loop."""
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if when is not None:
+            delay = max(0.0, when - time.time())
+            self.timer = asyncio.get_running_loop().call_later(delay, self.wake)
+
+    def wake_from(self, loop: asyncio.AbstractEventLoop) -> None:
+        """wake(), from another thread (the leader elector's)."""
+        loop.call_soon_threadsafe(self.wake)
+
+    def stuck_for(self) -> float:
+        """How long work has waited without any pass finishing (0 when there is none)."""
+        return 0.0 if self.work_since is None else max(0.0, self.clock() - self.work_since)
+
+    def _finished(self) -> None:
+        self.last_finished = self.clock()
+        # Work that arrived during the pass waits from now on: the pass that ends here did not see it.
+        self.work_since = self.last_finished if self.wakeup.is_set() else None
 
     async def run(self, one_pass: Callable[[], Outcome]) -> None:
         """Run `one_pass` whenever woken (at the latest after `resync_seconds`), until cancelled."""
@@ -55,9 +94,15 @@ class Loop:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wakeup.wait(), timeout=self.settings.resync_seconds)
             self.wakeup.clear()
+            if not self.leading():
+                self.work_since = None  # a standby has no work; the leader it becomes is woken
+                continue
+            if self.work_since is None:  # the resync: work as much as a wake-up
+                self.work_since = self.clock()
             try:
                 outcome = await asyncio.to_thread(_timed, one_pass)
                 self.completed.set()
+                self.wake_at(outcome.wake_at)
                 if outcome.stale:
                     # The watch may bring the node's new version without a change a pass would react
                     # to (a status update): look again shortly, without counting a failure.
@@ -78,7 +123,10 @@ class Loop:
                 backoff = min(backoff * 2, self.settings.max_backoff_seconds)
             else:
                 self.passes += 1
+                self.last_error = ""
                 backoff = 1.0
+            finally:
+                self._finished()
 
 
 def _timed(one_pass: Callable[[], Outcome]) -> Outcome:
@@ -97,14 +145,22 @@ def _timed(one_pass: Callable[[], Outcome]) -> Outcome:
 
 
 def health(loop: Loop, store: Store) -> tuple[bool, dict[str, Any]]:
-    """Liveness: the event loop answers. The body is what Kopf's probe endpoint used to show."""
+    """Liveness: the event loop answers, and work never waits longer than `stuck_after_seconds`
+    without a pass finishing. A pass that fails fast because the API server is unreachable finishes
+    too: an API outage alone never fails liveness (restarting would not bring the API server back)."""
     if not loop.started:
         return True, {"reconcile": {"started": False}}
-    return True, {
+    waiting = loop.stuck_for()
+    stuck = waiting > loop.settings.stuck_after_seconds
+    since = None if loop.last_finished is None else round(loop.clock() - loop.last_finished, 1)
+    return not stuck, {
         "reconcile": {
             "passes": loop.passes,
             "failures": loop.failures,
             "lastError": loop.last_error,
+            "secondsSinceLastPass": since,
+            "workWaitingSeconds": round(waiting, 1),
+            "stuck": stuck,
             "nodes": store.size("nodes"),
             "pods": store.size("pods"),
         }
@@ -112,7 +168,11 @@ def health(loop: Loop, store: Store) -> tuple[bool, dict[str, Any]]:
 
 
 def ready(loop: Loop) -> tuple[bool, dict[str, Any]]:
-    """Readiness: every watch has listed its kind, and a pass has run to its end since."""
+    """Readiness: every watch has listed its kind, and (leader) a pass has run to its end since. A
+    standby is ready with its caches warm: it is what a rolling update waits for before it stops the
+    leader."""
     listed = loop.listed.is_set()
     completed = loop.completed.is_set()
-    return listed and completed, {"watchesEstablished": listed, "firstPassDone": completed}
+    leading = loop.leading()
+    body = {"watchesEstablished": listed, "firstPassDone": completed, "leader": leading}
+    return listed and (completed or not leading), body

@@ -6,9 +6,10 @@ dashboards and the `GPUOperatorReconciliationFailed` alert (`gpu_operator_reconc
 calls `observe_pass` / `observe_aborted_pass` once per pass, kube.py calls `observe_write` per API
 write, the watch handlers call `observe_watch_event`; the HTTP server serves `REGISTRY`.
 
-NVIDIA's driver-upgrade gauges (`gpu_operator_nodes_upgrades_*`,
-`gpu_operator_driver_auto_upgrade_enabled`) belong to the upgrade controller and are not exported
-until it exists: a gauge stuck at 0 would tell dashboards "no upgrade failed" without anyone looking.
+NVIDIA's driver-upgrade gauges (`gpu_operator_driver_auto_upgrade_enabled`,
+`gpu_operator_nodes_upgrades_*`) are created once a pass knows their value and removed when it no
+longer does (no valid ClusterPolicy; the node counts also while autoUpgrade is off, when no upgrade
+runs): a gauge stuck at 0 would tell dashboards "no upgrade failed" without anyone looking.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from gpu_operator.api.status import ComponentStatus
 
 if TYPE_CHECKING:
     from gpu_operator.plan import Plan
+    from gpu_operator.upgrade import UpgradePlan
 
 # `_created` series double every counter for a timestamp nobody graphs (controller-runtime has none).
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -114,6 +116,11 @@ COMPONENT_READY = Gauge(
     registry=REGISTRY,
 )
 
+LEADER = Gauge(
+    "gpu_operator_leader",
+    "1 while this replica holds the leader lease (it reconciles and writes), else 0 (standby)",
+    registry=REGISTRY,
+)
 API_WRITES = Counter(
     "gpu_operator_api_writes_total",
     "Writes to the API server by verb (apply, patch, create, delete), kind and HTTP status "
@@ -130,6 +137,47 @@ WATCH_EVENTS = Counter(
 
 _components_seen: set[str] = set()
 
+AUTO_UPGRADE = "gpu_operator_driver_auto_upgrade_enabled"
+# NVIDIA's meanings (controllers/upgrade_controller.go, k8s-operator-libs pkg/upgrade/common_manager.go
+# GetUpgradesInProgress/Done/Failed/Pending/Available): in progress counts upgrade-failed nodes too;
+# available is taken before the pass starts any node.
+_UPGRADE_HELP = {
+    AUTO_UPGRADE: "1 if driver auto upgrade is enabled 0 if not",
+    "gpu_operator_nodes_upgrades_in_progress": "Nodes whose driver upgrade has started and not finished "
+    "(upgrade-failed ones included)",
+    "gpu_operator_nodes_upgrades_done": "Nodes whose driver is upgraded (upgrade-done)",
+    "gpu_operator_nodes_upgrades_failed": "Nodes whose driver upgrade failed (upgrade-failed)",
+    "gpu_operator_nodes_upgrades_available": "Nodes that may start their driver upgrade now, within "
+    "maxParallelUpgrades and maxUnavailable (0 while the upgrade is paused)",
+    "gpu_operator_nodes_upgrades_pending": "Nodes waiting to start their driver upgrade (upgrade-required)",
+}
+_upgrade_gauges: dict[str, Gauge] = {}
+
+
+def _set_upgrade(upgrade: UpgradePlan | None) -> None:
+    """NVIDIA's upgrade gauges from this pass's upgrade plan; None: unknown, so none is exported."""
+    values: dict[str, float] = {}
+    if upgrade is not None:
+        status = upgrade.status
+        values[AUTO_UPGRADE] = 1 if status["autoUpgrade"] else 0
+        if status["autoUpgrade"]:
+            values.update(
+                {
+                    "gpu_operator_nodes_upgrades_in_progress": status["nodesInProgress"]
+                    + status["nodesFailed"],
+                    "gpu_operator_nodes_upgrades_done": status["nodesDone"],
+                    "gpu_operator_nodes_upgrades_failed": status["nodesFailed"],
+                    "gpu_operator_nodes_upgrades_available": upgrade.available,
+                    "gpu_operator_nodes_upgrades_pending": status["nodesPending"],
+                }
+            )
+    for name in _upgrade_gauges.keys() - values.keys():
+        REGISTRY.unregister(_upgrade_gauges.pop(name))
+    for name, value in values.items():
+        if name not in _upgrade_gauges:
+            _upgrade_gauges[name] = Gauge(name, _UPGRADE_HELP[name], registry=REGISTRY)
+        _upgrade_gauges[name].set(value)
+
 
 def observe_pass(plan: Plan, errors: Mapping[str, str], gpu_nodes: int, seconds: float) -> None:
     """A pass that ran to its end (some writes may have been rejected: `errors`)."""
@@ -140,9 +188,11 @@ def observe_pass(plan: Plan, errors: Mapping[str, str], gpu_nodes: int, seconds:
         # NVIDIA: no ClusterPolicy, or one it cannot initialise from; not counted as a reconciliation.
         RECONCILIATION_STATUS.set(STATUS_POLICY_UNAVAILABLE)
         _set_components([])
+        _set_upgrade(None)
         return
     RECONCILIATION_TOTAL.inc()
     _set_components(status.components)
+    _set_upgrade(plan.upgrade)
     if errors or status.state != "ready":
         RECONCILIATION_STATUS.set(STATUS_NOT_READY)
         RECONCILIATION_FAILED.inc()

@@ -29,6 +29,8 @@ from gpu_operator.components import BY_NAME, COMPONENTS, MIG_CONFIG_LABEL, RUNTI
 from gpu_operator.images import KERNEL_LABEL, os_name, os_tag
 from gpu_operator.labels import FIELD_MANAGER
 from gpu_operator.render import ClusterFacts, runtimes_in_order
+from gpu_operator.upgrade.facts import node_ready
+from gpu_operator.upgrade.states import ANNOTATION_PREFIX
 
 GPU_PRESENT = "nvidia.com/gpu.present"
 DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
@@ -64,6 +66,14 @@ class NodeInfo:
     """Container runtime the kubelet reports (containerd, crio, docker); None if unknown."""
     os_image: str = ""
     """The kubelet's `status.nodeInfo.osImage`: the OS when NFD has not labelled the node."""
+    upgrade_annotations: Mapping[str, str] = field(default_factory=dict)
+    """The driver-upgrade annotations (`nvidia.com/gpu-driver-upgrade*`), the state machine's memory;
+    other annotations are not kept, so their changes cost nothing."""
+    unschedulable: bool = False
+    ready: bool = True
+    """The NodeReady condition (True when the node reports none)."""
+    uid: str = field(default="", compare=False)
+    """For Events about the node."""
 
     @property
     def is_gpu(self) -> bool:
@@ -142,6 +152,12 @@ def node_info(body: Mapping[str, Any]) -> NodeInfo:
         resource_version=str(metadata.get("resourceVersion") or ""),
         runtime=_runtime(str(node_status.get("containerRuntimeVersion") or "")),
         os_image=str(node_status.get("osImage") or ""),
+        upgrade_annotations={
+            k: v for k, v in (metadata.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)
+        },
+        unschedulable=bool((body.get("spec") or {}).get("unschedulable")),
+        ready=node_ready(body),
+        uid=str(metadata.get("uid") or ""),
     )
 
 

@@ -13,17 +13,19 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 import kopf
 
-from gpu_operator import metrics, safe_json, server
-from gpu_operator.api.crd import crd
-from gpu_operator.kube import ApiError, Kube, load_api_client
+from gpu_operator import metrics, safe_json, server, watch_guard
+from gpu_operator.kube import RESOURCES, Kube, load_api_client
 from gpu_operator.labels import FIELD_MANAGER, MANAGED_BY_LABEL
+from gpu_operator.leader import Elector, Leadership
 from gpu_operator.loop import Loop, health, ready
-from gpu_operator.plan import SERVICE_MONITOR_CRD, content_hash
+from gpu_operator.node_pods import NodePodWatches
+from gpu_operator.observed import ObjectKey
 from gpu_operator.reconciler import Reconciler
 from gpu_operator.settings import Settings
 from gpu_operator.store import Store
@@ -49,11 +51,27 @@ MANAGED = [
     # Served only while the Prometheus operator's CRD exists; Kopf starts the watch when it appears.
     ("monitoring.coreos.com", "v1", "servicemonitors"),
 ]
+REVISIONS = ("apps", "v1", "controllerrevisions")
+"""The driver DaemonSets' ControllerRevisions: an upgrade's target (they carry the pods' labels)."""
+_KINDS = {plural: kind for (_, kind), (plural, _namespaced) in RESOURCES.items()}
 CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
 NAMESPACES = ("", "namespaces")
 
 Recorder = Callable[[Mapping[str, Any], bool], bool]
 """(body, deleted) → whether the Store changed in a way that needs a pass."""
+Retainer = Callable[[set[tuple[str, str]]], bool]
+"""{(namespace or "", name)} of a complete listing → whether the Store forgot anything missing from it."""
+
+
+@dataclass(frozen=True)
+class Watch:
+    group: str
+    version: str
+    plural: str
+    record: Recorder
+    retain: Retainer
+    labels: dict[str, str] | None = None
+    """Server-side label selector (also set in Kopf's settings, at startup)."""
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -71,59 +89,74 @@ class NoDiffBase(kopf.DiffBaseStorage):
         return None
 
 
-def watches(store: Store) -> list[tuple[str, str, str, Recorder, dict[str, str] | None]]:
-    """(group, version, plural, recorder, label selector) of every watched kind."""
-    found: list[tuple[str, str, str, Recorder, dict[str, str] | None]] = [
-        ("nvidia.com", "v1", "clusterpolicies", store.record_policy, None),
-        ("", "v1", "nodes", store.record_node, None),
-        ("", "v1", "pods", store.record_pod, _OURS),
+def watches(store: Store) -> list[Watch]:
+    """Every watched kind: how its objects enter the Store, and how a fresh listing prunes it."""
+
+    def names(table: str) -> Retainer:
+        return lambda present: store.retain(table, {name for _, name in present})
+
+    def objects(api_version: str, kind: str) -> Retainer:
+        def retain(present: set[tuple[str, str]]) -> bool:
+            keys = {(api_version, kind, namespace, name) for namespace, name in present}
+            mine = partial(_of_kind, api_version, kind)
+            forgot = store.retain("objects", keys, mine) | store.retain("daemonsets", keys, mine)
+            if kind == "DaemonSet":
+                forgot |= store.retain_driver_daemonsets({name for _, name in present})
+            return forgot
+
+        return retain
+
+    def pods(present: set[tuple[str, str]]) -> bool:
+        keys = {f"{ns}/{name}" for ns, name in present}
+        # The driver's and the validator's pods are kept twice: as operands and as upgrade facts.
+        return (
+            store.retain("pods", keys)
+            | store.retain("driver_pods", keys)
+            | store.retain("validator_pods", keys)
+        )
+
+    def config_maps(present: set[tuple[str, str]]) -> bool:
+        return objects("v1", "ConfigMap")(present) | names("config_maps")(present)
+
+    found = [
+        Watch("nvidia.com", "v1", "clusterpolicies", store.record_policy, names("policies")),
+        Watch("", "v1", "nodes", store.record_node, names("nodes")),
+        Watch(
+            "",
+            "v1",
+            "pods",
+            store.record_pod,
+            pods,
+            _OURS,
+        ),
+        Watch(*REVISIONS, store.record_revision, names("revisions"), _OURS),
     ]
     for group, version, plural in MANAGED:
+        api_version = f"{group}/{version}" if group else version
         if (group, version, plural) == CONFIG_MAPS:
-            found.append((group, version, plural, store.record_config_map, None))
+            found.append(Watch(group, version, plural, store.record_config_map, config_maps))
         else:
-            found.append((group, version, plural, store.record_managed, _OURS))
-    # Both narrowed to one object by field selectors (startup, below): the ServiceMonitor CRD and the
-    # operand namespace.
-    found.append((CRDS[0], "v1", CRDS[1], store.record_crd, None))
-    found.append((NAMESPACES[0], "v1", NAMESPACES[1], store.record_namespace, None))
+            retain = objects(api_version, _KINDS[plural])
+            found.append(Watch(group, version, plural, store.record_managed, retain, _OURS))
+    found.append(
+        Watch(
+            CRDS[0],
+            "v1",
+            CRDS[1],
+            store.record_crd,
+            lambda present: store.crds_listed({n for _, n in present}),
+        )
+    )
+    # Narrowed to the operand namespace by a field selector (startup, below).
+    found.append(Watch(NAMESPACES[0], "v1", NAMESPACES[1], store.record_namespace, names("namespaces")))
     return found
 
 
-CRD_HASH_ANNOTATION = "nvidia.com/gpu-operator.crd-hash"
+def _of_kind(api_version: str, kind: str, key: ObjectKey) -> bool:
+    return key[0] == api_version and key[1] == kind
 
 
-def ensure_crd(kube: Kube) -> None:
-    """Server-side apply our own CRD when the cluster's differs, so a `helm upgrade` (Helm never
-    upgrades CRDs) or a new image never runs against a stale schema that prunes new fields."""
-    body = crd()
-    body["metadata"].setdefault("annotations", {})[CRD_HASH_ANNOTATION] = content_hash(body)
-    try:
-        current = kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", body["metadata"]["name"])
-    except ApiError as exc:
-        if exc.status != 404:
-            log.warning("cannot read the ClusterPolicy CRD (%s); leaving it as it is", exc)
-            return
-        current = {}
-    annotations = (current.get("metadata") or {}).get("annotations") or {}
-    if annotations.get(CRD_HASH_ANNOTATION) == body["metadata"]["annotations"][CRD_HASH_ANNOTATION]:
-        return
-    try:
-        kube.apply(body)
-        log.info("applied the ClusterPolicy CRD (schema changed)")
-    except ApiError as exc:
-        log.warning("cannot update the ClusterPolicy CRD (%s); it may be stale", exc)
-
-
-def _has_crd(kube: Kube, name: str) -> bool:
-    try:
-        kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name)
-    except ApiError:
-        return False
-    return True
-
-
-def registry(settings: Settings, store: Store, loop: Loop) -> kopf.OperatorRegistry:
+def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadership) -> kopf.OperatorRegistry:
     """Kopf's handlers for this operator, closed over its Store and loop.
 
     Each watched kind gets two handlers. An index handler records every listed or changed object in
@@ -133,50 +166,92 @@ def registry(settings: Settings, store: Store, loop: Loop) -> kopf.OperatorRegis
     them) and, by running at all, tells the loop that the initial listings are done.
     """
     handlers = kopf.OperatorRegistry()
+    every = watches(store)
 
-    def watch(group: str, version: str, plural: str, record: Recorder, labels: dict[str, str] | None) -> None:
+    def watch(spec: Watch) -> None:
         async def index(body: kopf.Body, **_: Any) -> None:
-            if record(body, False):
+            if spec.record(body, False):
                 loop.wake()
 
         async def event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-            metrics.observe_watch_event(body.get("kind") or plural, event["type"])
+            metrics.observe_watch_event(body.get("kind") or spec.plural, event["type"])
             loop.listed.set()
-            if event["type"] == "DELETED" and record(body, True):
+            if event["type"] == "DELETED" and spec.record(body, True):
                 loop.wake()
 
-        kopf.index(group, version, plural, id=f"store-{plural}", labels=labels, registry=handlers)(index)
-        kopf.on.event(group, version, plural, id=f"events-{plural}", labels=labels, registry=handlers)(event)
+        resource = (spec.group, spec.version, spec.plural)
+        options: dict[str, Any] = {"labels": spec.labels, "registry": handlers}
+        kopf.index(*resource, id=f"store-{spec.plural}", **options)(index)
+        kopf.on.event(*resource, id=f"events-{spec.plural}", **options)(event)
 
-    for group, version, plural, record, labels in watches(store):
-        watch(group, version, plural, record, labels)
+    for spec in every:
+        watch(spec)
+    retainers = {(spec.group, spec.plural): spec.retain for spec in every}
+
+    def listed(group: str, plural: str, present: set[tuple[str, str]]) -> None:
+        retain = retainers.get((group, plural))
+        if retain is not None and retain(present):
+            log.info("%s deleted while no watch was open: forgotten", plural)
+            loop.wake()
 
     async def on_startup(memo: kopf.Memo, **kwargs: Any) -> None:
         kopf_settings: kopf.OperatorSettings = kwargs["settings"]  # Kopf's own, not ours
         kopf_settings.posting.enabled = False  # we post our own Events, on the ClusterPolicy
         kopf_settings.persistence.diffbase_storage = NoDiffBase()
+        # Every Kopf request has a connect timeout and a total one; a watch ends on the server after
+        # server_timeout, on the client a little later, and after inactivity_timeout without any event
+        # (the API server sends bookmarks every minute): a silent connection is dropped and reopened.
         kopf_settings.watching.server_timeout = settings.watch_server_timeout_seconds
+        kopf_settings.watching.client_timeout = settings.watch_server_timeout_seconds + 30
+        kopf_settings.watching.connect_timeout = settings.api_timeout_seconds[0]
+        kopf_settings.networking.connect_timeout = settings.api_timeout_seconds[0]
         kopf_settings.networking.request_timeout = settings.request_timeout_seconds
         kopf_settings.watching.chunk_size = settings.list_chunk_size
-        for group, _version, plural in MANAGED:
-            if (group, _version, plural) != CONFIG_MAPS:
-                kopf_settings.watching.label_selectors[group, plural] = SELECTOR
-        kopf_settings.watching.label_selectors["", "pods"] = SELECTOR
-        # Kopf's scanning (its own CRD and namespace watches) stays on, narrowed to the two objects
-        # that matter: when the ServiceMonitor CRD appears, Kopf starts serving servicemonitors without
-        # a restart; the namespace watch serves both Kopf and psa.enabled. RBAC allows just these names.
-        kopf_settings.watching.field_selectors[CRDS] = f"metadata.name={SERVICE_MONITOR_CRD}"
+        for spec in every:
+            if spec.labels:
+                kopf_settings.watching.label_selectors[spec.group, spec.plural] = SELECTOR
+        # Kopf's scanning (its own CRD and namespace watches) stays on: when a CRD appears or goes
+        # (the Prometheus operator's, our own), Kopf starts or stops serving its kind without a restart.
+        # The namespace watch is narrowed to the operand namespace (RBAC allows just that name).
         kopf_settings.watching.field_selectors[NAMESPACES] = f"metadata.name={settings.namespace}"
-        kube = Kube(load_api_client())
-        await asyncio.to_thread(ensure_crd, kube)
-        nvidia_driver = await asyncio.to_thread(_has_crd, kube, "nvidiadrivers.nvidia.com")
-        reconciler = Reconciler(kube, store, settings, nvidia_driver_crd=nvidia_driver)
+        watch_guard.attach(kopf_settings, watch_guard.Hooks(listed, settings.watch_retry_seconds))
+        # One connection per writer thread, plus one: no "connection pool is full". Every write asks
+        # the leader lease first.
+        api = load_api_client(pool_size=settings.writers + 1)
+        kube = Kube(api, timeout=settings.api_timeout_seconds, may_write=leadership.leading)
+        event_loop = asyncio.get_running_loop()
+        # The pods of nodes a driver upgrade empties: watches of their own, started by the passes.
+        pod_watches = NodePodWatches(kube, store, partial(loop.wake_from, event_loop))
+        memo["pod_watches"] = pod_watches
+        reconciler = Reconciler(kube, store, settings, pod_watches=pod_watches)
+        if settings.leader_election:
+
+            def on_change(leading: bool) -> None:
+                if leading:
+                    reconciler.crd_current = False  # another leader may have run meanwhile
+                    loop.wake_from(event_loop)
+
+            lease_kube = Kube(load_api_client(pool_size=2), timeout=settings.lease_api_timeout_seconds)
+            leadership.elector = Elector(
+                lease_kube,
+                settings.namespace,
+                settings.lease_name,
+                settings.identity,
+                settings.lease,
+                on_change,
+            ).start()
         memo["task"] = asyncio.create_task(loop.run(reconciler.run_once))
 
     async def on_cleanup(memo: kopf.Memo, **_: Any) -> None:
         task = memo.get("task")
         if task is not None:
             task.cancel()
+        pod_watches = memo.get("pod_watches")
+        if pod_watches is not None:
+            pod_watches.stop()
+        if leadership.elector is not None:
+            # Hand the lease back: a standby takes over within one retry period, not a lease duration.
+            await asyncio.to_thread(leadership.elector.stop)
 
     # A registry of our own has none of the default one's login fallbacks: log in as the API client does
     # (in-cluster credentials, else the kubeconfig), the same credentials as kube.load_api_client.
@@ -195,15 +270,18 @@ def run(settings: Settings) -> None:
     if not settings.verbose:
         # Kopf logs every watch event's handler at INFO; our own log says what was done.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    # Before any watch starts: no policy content, however deep, can make Kopf's decoding raise.
+    # Before any watch starts: no policy content, however deep, can make Kopf's decoding raise, and no
+    # API failure or vanished CRD can make a watch stop the operator.
     safe_json.install()
+    watch_guard.install()
     with contextlib.suppress(asyncio.CancelledError):  # as kopf.run
         asyncio.run(_serve(settings))
 
 
 async def _serve(settings: Settings) -> None:
     store = Store()
-    loop = Loop(settings)
+    leadership = Leadership(settings.leader_election)
+    loop = Loop(settings, leading=leadership.leading)
     # The HTTP server first, so a busy port fails at once (server.ServerError) and the probes answer
     # while Kopf starts: /healthz says "not started", /readyz 503.
     running = None
@@ -212,7 +290,7 @@ async def _serve(settings: Settings) -> None:
         running = await server.start(settings.listen, *probes, metrics.REGISTRY)
     try:
         await kopf.operator(
-            registry=registry(settings, store, loop),
+            registry=registry(settings, store, loop, leadership),
             standalone=True,
             namespaces=[settings.namespace],
             memo=kopf.Memo(),

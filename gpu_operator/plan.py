@@ -50,10 +50,15 @@ from gpu_operator.status import (
     status_differs,
     with_apply_errors,
 )
+from gpu_operator.upgrade import Facts, UpgradePlan
+from gpu_operator.upgrade.facts import parse_time
+from gpu_operator.upgrades import driver_rolling, plan_driver_upgrade, with_upgrade_status
 
 __all__ = ["Observed", "Plan", "PolicyRef", "build", "conclude", "pods_by_node", "status_differs"]
 
+POLICY_CRD = f"clusterpolicies.{GROUP}"
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
+NVIDIA_DRIVER_CRD = f"nvidiadrivers.{GROUP}"
 """The Prometheus operator's CRD: ServiceMonitors are rendered only while it is established."""
 
 
@@ -79,6 +84,9 @@ class Observed:
     """Whether the Prometheus operator's ServiceMonitor CRD is installed and established."""
     operand_namespace: NamespaceInfo | None = None
     """The operand namespace as watched (None: not seen, e.g. not created yet)."""
+    upgrade: Facts = field(default_factory=lambda: Facts(nodes=()))
+    """The driver upgrade's facts but nodes and time: driver and validator pods, driver DaemonSets at
+    their revision, the pods of the nodes being emptied, and the answers to our evictions."""
 
 
 @dataclass
@@ -101,6 +109,8 @@ class Plan:
     """The operand namespace's pod-security labels to change (psa.enabled)."""
     gpu_nodes: int = 0
     """Nodes detected as GPU nodes (the metrics' gpu_operator_gpu_nodes_total)."""
+    upgrade: UpgradePlan | None = None
+    """The driver upgrade's writes, Events, status and wake-up (None: no valid active policy)."""
 
 
 @dataclass(frozen=True)
@@ -147,7 +157,9 @@ def _owned(obj: dict[str, Any], policy: PolicyRef) -> dict[str, Any]:
     return obj
 
 
-def build(observed: Observed, now: str) -> Plan:
+def build(observed: Observed, now: str, clock: float | None = None) -> Plan:
+    """`now` is the status timestamp; `clock` the same moment in Unix seconds (the driver upgrade's
+    timeouts), by default `now`'s."""
     policies = observed.policies
     active = active_policy(policies)
     statuses: dict[str, ClusterPolicyStatus] = {}
@@ -206,8 +218,13 @@ def build(observed: Observed, now: str) -> Plan:
         if obj["kind"] == "DaemonSet":
             daemonset = observed.daemonsets.get(obj["metadata"]["name"])
             daemonsets.setdefault(component_of(obj["metadata"]), []).append(daemonset)
-    statuses[active.name] = policy_status(
-        active, spec, planned, pods, observed.namespace, daemonsets, missing, notes, now
+    seconds = clock if clock is not None else parse_time(now) or 0.0
+    upgrade = plan_driver_upgrade(spec, nodes, observed.upgrade, objects, seconds)
+    statuses[active.name] = with_upgrade_status(
+        policy_status(active, spec, planned, pods, observed.namespace, daemonsets, missing, notes, now),
+        spec,
+        upgrade,
+        driver_rolling(objects, observed.upgrade),
     )
     return Plan(
         active,
@@ -221,6 +238,7 @@ def build(observed: Observed, now: str) -> Plan:
         _releases(observed.nodes, labels),
         namespace_write(observed.operand_namespace, spec.psa.enabled),
         count,
+        upgrade,
     )
 
 

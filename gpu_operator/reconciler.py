@@ -9,14 +9,17 @@ state differs from what the watches show, so a converged cluster costs the API s
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
+from gpu_operator.api.crd import crd
 from gpu_operator.kube import ApiError, Kube
 from gpu_operator.nodes import NodeInfo
 from gpu_operator.observed import (
@@ -26,13 +29,56 @@ from gpu_operator.observed import (
     object_info,
     object_key,
 )
-from gpu_operator.plan import Applied, Conclusion, Plan, build, conclude, in_sync
+from gpu_operator.plan import (
+    POLICY_CRD,
+    Applied,
+    Conclusion,
+    Observed,
+    Plan,
+    build,
+    conclude,
+    content_hash,
+    in_sync,
+)
 from gpu_operator.psa import PRIVILEGED, NamespaceInfo, NamespaceWrite
 from gpu_operator.settings import Settings
 from gpu_operator.status import Signature
 from gpu_operator.store import Store
+from gpu_operator.upgrade import DeletePod, EvictionResult, EvictPod, NodeActions, PatchNode
+from gpu_operator.upgrade.facts import format_time
 
 log = logging.getLogger("gpu_operator")
+
+
+CRD_HASH_ANNOTATION = "nvidia.com/gpu-operator.crd-hash"
+
+
+def ensure_crd(kube: Kube, create: bool) -> bool:
+    """Server-side apply our own CRD when the cluster's differs, so a `helm upgrade` (Helm never
+    upgrades CRDs) or a new image never runs against a stale schema that prunes new fields; create it
+    when it is absent only with `create` (the chart's operator.createCRD). True when it is current."""
+    body = crd()
+    body["metadata"].setdefault("annotations", {})[CRD_HASH_ANNOTATION] = content_hash(body)
+    try:
+        current = kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", body["metadata"]["name"])
+    except ApiError as exc:
+        if exc.status != 404:
+            log.warning("cannot read the ClusterPolicy CRD (%s); leaving it as it is", exc)
+            return False
+        if not create:
+            log.warning("the ClusterPolicy CRD is not installed; waiting for it (operator.createCRD is off)")
+            return False
+        current = {}
+    annotations = (current.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(CRD_HASH_ANNOTATION) == body["metadata"]["annotations"][CRD_HASH_ANNOTATION]:
+        return True
+    try:
+        kube.apply(body)
+    except ApiError as exc:
+        log.warning("cannot apply the ClusterPolicy CRD (%s); it may be stale", exc)
+        return False
+    log.info("%s the ClusterPolicy CRD", "updated" if current else "created")
+    return True
 
 
 def _by_component(objects: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
@@ -46,6 +92,19 @@ def now() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class PodWatches(Protocol):
+    """What the reconciler asks of gpu_operator/node_pods.py: watch the pods of exactly these nodes,
+    and wait (bounded) for the first listing of nodes newly watched."""
+
+    def follow(self, nodes: Iterable[str]) -> None: ...
+
+    def wait_listed(self, nodes: Iterable[str], timeout: float) -> bool: ...
+
+
+LISTING_SECONDS = 5.0
+"""How long a pass waits for the pods of nodes whose upgrade it starts, before it plans again."""
+
+
 @dataclass(frozen=True)
 class Outcome:
     plan: Plan
@@ -55,6 +114,9 @@ class Outcome:
     stale: tuple[str, ...] = ()
     """Objects (node/..., namespace/...) that changed between the snapshot and their write: a new
     pass should follow soon."""
+    wake_at: float | None = None
+    """Run a pass at this time (Unix seconds) even if no watch event comes: the driver upgrade's next
+    timeout or eviction retry."""
 
 
 @contextmanager
@@ -89,10 +151,18 @@ class Reconciler:
     kube: Kube
     store: Store
     settings: Settings
-    nvidia_driver_crd: bool = False
+    crd_current: bool = False
+    """Whether the ClusterPolicy CRD was found at our schema (checked again when its watch says it
+    went)."""
     applied: dict[ObjectKey, Applied] = field(default_factory=dict)
     reported: dict[str, Signature] = field(default_factory=dict)
     """Policy name → what the Events posted for it have said."""
+    pod_watches: PodWatches | None = None
+    """The pods of the nodes a driver upgrade empties (None: none are watched, as in unit tests that
+    feed the Store themselves)."""
+    evictions: dict[str, EvictionResult] = field(default_factory=dict)
+    """Pod UID → the API server's answer to our last Eviction of it: facts for the next pass."""
+    evictions_lock: threading.Lock = field(default_factory=threading.Lock)
     pool: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -104,9 +174,27 @@ class Reconciler:
 
         Writes run in parallel (a 1000-node rollout is 1000 label patches per stage), except that a
         component's own objects go in order: its ServiceAccount and RBAC before its DaemonSet."""
-        stamp = now()
-        observed = self.store.snapshot(self.settings.namespace, self.settings.environ, self.nvidia_driver_crd)
-        plan = build(observed, stamp)
+        if not self.crd_current or self.store.get("crds", POLICY_CRD) is False:
+            self.crd_current = ensure_crd(self.kube, self.settings.create_crd)
+            if self.crd_current:
+                self.store.put("crds", POLICY_CRD, True)
+        clock = time.time()
+        stamp = format_time(clock)
+        observed, plan = self._plan(stamp, clock)
+        known = observed.upgrade.pods_known
+        needed = plan.upgrade.pods_needed if plan.upgrade is not None else frozenset()
+        unlisted = needed - known if known is not None else frozenset()
+        if (
+            unlisted
+            and self.pod_watches is not None
+            and self.pod_watches.wait_listed(unlisted, LISTING_SECONDS)
+        ):
+            # Nodes about to start their upgrade (or met mid-way after a restart): with their pods
+            # listed, this pass takes them as far as they go (cordon, evictions, driver restart) instead
+            # of cordoning them and waiting for a pass of their own.
+            clock = time.time()
+            stamp = format_time(clock)
+            observed, plan = self._plan(stamp, clock)
         errors: dict[str, str] = {}
         stale: list[str] = []
         if plan.spec is not None:
@@ -122,9 +210,37 @@ class Reconciler:
         )
         if plan.namespace_write is not None and observed.operand_namespace is not None:
             self._write_namespace(observed.operand_namespace, plan.namespace_write, errors, stale)
+        upgrade = plan.upgrade
+        refused: list[str] = []
+        if upgrade is not None and plan.active is not None:
+            policy = {"name": plan.active.name, "uid": plan.active.uid}
+            # Starts last, and only once the others are written (gpu_operator/upgrade/writes.py).
+            failed: list[str] = []
+            for starts in (False, True):
+                if not failed:
+                    self._in_parallel(
+                        partial(self._upgrade_node, actions, observed.nodes, policy, errors, refused, failed)
+                        for actions in upgrade.actions
+                        if actions.starts == starts
+                    )
+        if self.pod_watches is not None:
+            self.pod_watches.follow(upgrade.pods_needed if upgrade is not None else ())
         conclusion = conclude(plan, observed.policies, errors, self.reported, stamp)
         self._write_statuses(conclusion)
-        return Outcome(conclusion.plan, errors, tuple(sorted(stale)))
+        wake_at = upgrade.wake_at if upgrade is not None else None
+        if refused:
+            # The status written above predates the refusal: say at once what the eviction waits for.
+            wake_at = clock
+        return Outcome(conclusion.plan, errors, tuple(sorted(stale)), wake_at)
+
+    def _plan(self, stamp: str, clock: float) -> tuple[Observed, Plan]:
+        observed = self.store.snapshot(self.settings.namespace, self.settings.environ)
+        with self.evictions_lock:
+            # Answers about pods no longer watched (gone, or their node done) are of no use any more.
+            known = {p.uid for p in observed.upgrade.pods}
+            self.evictions = {uid: e for uid, e in self.evictions.items() if uid in known}
+            observed = replace(observed, upgrade=replace(observed.upgrade, evictions=dict(self.evictions)))
+        return observed, build(observed, stamp, clock)
 
     def _in_parallel(self, jobs: Iterable[Callable[[], None]]) -> None:
         """Run the jobs on the worker pool; after all have finished, re-raise the first failure."""
@@ -170,6 +286,72 @@ class Reconciler:
             if _unless_changed(f"node/{node.name}", stale, apply) and releases:
                 log.info("node %s: removing shared labels %s", node.name, sorted(releases))
                 self.kube.rewrite_labels("Node", node.name, {k: (v, None) for k, v in releases.items()})
+
+    def _upgrade_node(
+        self,
+        actions: NodeActions,
+        nodes: Mapping[str, NodeInfo],
+        policy: Mapping[str, str],
+        errors: dict[str, str],
+        refused: list[str],
+        failed: list[str],
+    ) -> None:
+        """One node's driver-upgrade writes, in order, stopping at the first that fails (the node goes
+        to `failed`); then its Events. Refused evictions go to `refused`.
+        The node patch's result goes into the Store at once: the next pass must count this node as
+        cordoned and in progress even before the watch brings it."""
+        what = f"node/{actions.node}"
+        for write in actions.writes:
+            if isinstance(write, EvictPod):
+                if not self._evict(write).accepted:
+                    refused.append(write.uid)
+                continue
+            done = False
+            with _recorded(errors, what):
+                if isinstance(write, PatchNode):
+                    log.info("node %s: driver upgrade %s", write.node, write.body())
+                    self.store.record_node(self.kube.patch_node(write.node, write.body()), False)
+                else:
+                    self._delete_pod(write)
+                done = True
+            if not done:
+                failed.append(actions.node)
+                return
+        stamp = now()
+        for event in actions.events:
+            target, kind = policy, ("nvidia.com/v1", "ClusterPolicy")
+            if event.node is not None:
+                node = nodes.get(event.node)
+                target, kind = {"name": event.node, "uid": node.uid if node else ""}, ("v1", "Node")
+            try:
+                self.kube.post_event(target, event.type, event.reason, event.message, stamp, kind=kind)
+            except ApiError as exc:
+                log.warning(
+                    "could not post Event %s on %s: %s", event.reason, event.node or "the policy", exc
+                )
+
+    def _evict(self, write: EvictPod) -> EvictionResult:
+        """Whatever the answer (201, 429 from a PodDisruptionBudget, 404, no answer at all), it is a fact
+        for the next pass, never a failure: the state machine retries, waits or times out."""
+        try:
+            self.kube.evict(write.namespace, write.name, write.body())
+            result = EvictionResult(201, "", time.time())
+            log.info("evicted pod %s/%s (driver upgrade)", write.namespace, write.name)
+        except ApiError as exc:
+            result = EvictionResult(exc.status, str(exc).split(": ", 1)[-1], time.time())
+            log.info("eviction of pod %s/%s refused: %s", write.namespace, write.name, exc)
+        with self.evictions_lock:
+            self.evictions[write.uid] = result
+        return result
+
+    def _delete_pod(self, write: DeletePod) -> None:
+        log.info("deleting pod %s/%s (%s)", write.namespace, write.name, write.why)
+        try:
+            self.kube.delete_pod(write.namespace, write.name, write.body())
+        except ApiError as exc:
+            # Gone already, or the name is another pod's now (UID precondition): nothing to delete.
+            if exc.status not in (404, 409):
+                raise
 
     def _write_namespace(
         self, namespace: NamespaceInfo, write: NamespaceWrite, errors: dict[str, str], stale: list[str]

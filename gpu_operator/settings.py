@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Literal
 
+from gpu_operator.leader import Timing
+
 LogFormat = Literal["plain", "full", "json"]
 
 
@@ -23,6 +25,16 @@ class Settings:
     """HOST:PORT of /metrics, /healthz and /readyz; empty: no HTTP server."""
     log_format: LogFormat = "plain"
     verbose: bool = False
+
+    leader_election: bool = True
+    """Only the holder of the Lease `lease_name` (in `namespace`) reconciles and writes
+    (gpu_operator/leader.py); off, this process always does (one replica only)."""
+    lease_name: str = "gpu-operator"
+    identity: str = ""
+    """This replica's name in the Lease (the CLI sets the pod name plus a random suffix)."""
+    lease: Timing = field(default_factory=Timing)
+    lease_api_timeout_seconds: tuple[float, float] = (2.0, 3.0)
+    """(connect, read) of the lease's own calls: one round never outlasts the renew deadline."""
 
     resync_seconds: float = 600.0
     """A pass without any watch event after this long: a safety net only, since a pass with nothing
@@ -39,6 +51,19 @@ class Settings:
     """Watches end on the server after this long and are resumed from their resourceVersion."""
     request_timeout_seconds: float = 60.0
     """Kopf's own API requests (its watches and listings)."""
+    api_timeout_seconds: tuple[float, float] = (5.0, 30.0)
+    """(connect, read) of every API call of the operator's own client: a silent connection (a black hole,
+    a paused API server) fails the call instead of blocking the pass."""
+    stuck_after_seconds: float = 180.0
+    """Liveness fails when work has waited this long without any pass finishing. Every API call of a
+    pass has a read timeout, so a pass that still has not ended after this long is hung in the process
+    itself; a restart is then the one way out."""
+    watch_retry_seconds: float = 5.0
+    """A watch that failed (its CRD gone, the API server down past Kopf's retries) lists again after
+    this long (gpu_operator/watch_guard.py)."""
+    create_crd: bool = True
+    """Create the ClusterPolicy CRD when it is absent (the chart's operator.createCRD); it is updated
+    to the operator's schema either way."""
     list_chunk_size: int = 500
     """Initial listings in pages: 9000 operand pods at 1000 nodes are never one response in memory."""
 

@@ -8,7 +8,7 @@ The `record_*` methods turn a watched body into its slim record and say whether 
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,16 +22,30 @@ from gpu_operator.observed import (
     ObjectKey,
     PodInfo,
     PolicyRef,
+    component_of,
     config_map_keys,
     daemonset_info,
     object_info,
     object_key,
     pod_info,
 )
-from gpu_operator.plan import SERVICE_MONITOR_CRD, Observed
+from gpu_operator.plan import NVIDIA_DRIVER_CRD, POLICY_CRD, SERVICE_MONITOR_CRD, Observed
 from gpu_operator.psa import NamespaceInfo, namespace_info
+from gpu_operator.upgrade import (
+    DriverPod,
+    Facts,
+    Revision,
+    ValidatorPod,
+    WorkloadPod,
+    controller_revision,
+    driver_daemonset,
+    driver_pod,
+    validator_pod,
+    workload_pod,
+)
 
 Body = Mapping[str, Any]
+WATCHED_CRDS = frozenset({POLICY_CRD, SERVICE_MONITOR_CRD, NVIDIA_DRIVER_CRD})
 
 
 def policy_ref(body: Body) -> PolicyRef:
@@ -64,6 +78,16 @@ class Store:
     crds: dict[str, bool] = field(default_factory=dict)
     """CRD name → established (only the CRDs the operator watches)."""
     namespaces: dict[str, NamespaceInfo] = field(default_factory=dict)
+    # What the driver-upgrade state machine decides on (gpu_operator/upgrade/).
+    driver_pods: dict[str, DriverPod] = field(default_factory=dict)
+    validator_pods: dict[str, ValidatorPod] = field(default_factory=dict)
+    driver_daemonsets: dict[str, str] = field(default_factory=dict)
+    """Driver DaemonSet UID → its name; its target revision comes from `revisions`."""
+    revisions: dict[str, Revision] = field(default_factory=dict)
+    """The driver DaemonSets' ControllerRevisions, by name."""
+    node_pods: dict[str, dict[str, WorkloadPod]] = field(default_factory=dict)
+    """Node → its pods by UID, only for the nodes being emptied (gpu_operator/node_pods.py watches
+    them); a node is here once its pods have been listed."""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def _swap(self, table: str, key: Any, value: Any) -> Any:
@@ -82,6 +106,24 @@ class Store:
         before = self._swap(table, key, value)
         return before is not None if value is None else bool(before != value)
 
+    def retain(self, table: str, present: set[Any], applies: Callable[[Any], bool] = lambda _: True) -> bool:
+        """Forget the entries (those `applies` to) that a fresh listing no longer has: deletions that
+        happened while no watch was open. True when any was forgotten."""
+        with self.lock:
+            entries: dict[Any, Any] = getattr(self, table)
+            gone = [key for key in entries if applies(key) and key not in present]
+            for key in gone:
+                del entries[key]
+        return bool(gone)
+
+    def retain_driver_daemonsets(self, present: set[str]) -> bool:
+        """`retain` for the driver DaemonSets, kept by UID: those whose name a fresh listing lacks."""
+        with self.lock:
+            gone = [uid for uid, name in self.driver_daemonsets.items() if name not in present]
+            for uid in gone:
+                del self.driver_daemonsets[uid]
+        return bool(gone)
+
     def get(self, table: str, key: Any) -> Any:
         with self.lock:
             return getattr(self, table).get(key)
@@ -90,7 +132,7 @@ class Store:
         with self.lock:
             return len(getattr(self, table))
 
-    def snapshot(self, namespace: str, environ: Mapping[str, str], nvidia_driver_crd: bool) -> Observed:
+    def snapshot(self, namespace: str, environ: Mapping[str, str]) -> Observed:
         with self.lock:
             return Observed(
                 policies=tuple(self.policies.values()),
@@ -101,10 +143,24 @@ class Store:
                 config_maps=dict(self.config_maps),
                 namespace=namespace,
                 environ=dict(environ),
-                nvidia_driver_crd=nvidia_driver_crd,
+                nvidia_driver_crd=self.crds.get(NVIDIA_DRIVER_CRD, False),
                 service_monitor_crd=self.crds.get(SERVICE_MONITOR_CRD, False),
                 operand_namespace=self.namespaces.get(namespace),
+                upgrade=self._upgrade_facts(),
             )
+
+    def _upgrade_facts(self) -> Facts:
+        """The upgrade state machine's facts but the nodes and the time (the planner adds them)."""
+        revisions = list(self.revisions.values())
+        found = (driver_daemonset(name, uid, revisions) for uid, name in self.driver_daemonsets.items())
+        return Facts(
+            nodes=(),
+            driver_daemonsets=tuple(d for d in found if d is not None),
+            driver_pods=tuple(self.driver_pods.values()),
+            validator_pods=tuple(self.validator_pods.values()),
+            pods=tuple(p for pods in self.node_pods.values() for p in pods.values()),
+            pods_known=frozenset(self.node_pods),
+        )
 
     # --- what the watches report: (body, deleted) → whether a pass must follow -------------------
 
@@ -122,18 +178,73 @@ class Store:
         )
 
     def record_node(self, body: Body, deleted: bool) -> bool:
-        return self.put("nodes", body["metadata"]["name"], None if deleted else node_info(body))
+        """Also what our own node writes returned (the reconciler puts them in before the watch brings
+        them). A watch event older than the node we hold is dropped: taken, it would undo our upgrade
+        state until the next event, and a pass in between would count the limits wrongly."""
+        name = body["metadata"]["name"]
+        if deleted:
+            return self.put("nodes", name, None)
+        info = node_info(body)
+        with self.lock:
+            before = self.nodes.get(name)
+            if before is not None and _older(info.resource_version, before.resource_version):
+                return False
+            self.nodes[name] = info
+        return before != info
 
     def record_pod(self, body: Body, deleted: bool) -> bool:
         key = f"{body['metadata'].get('namespace')}/{body['metadata']['name']}"
-        return self.put("pods", key, None if deleted else pod_info(body))
+        info = None if deleted else pod_info(body)
+        changed = self.put("pods", key, info)
+        component = info.component if info is not None else component_of(body["metadata"])
+        if component == "driver":
+            changed |= self.put("driver_pods", key, None if deleted else driver_pod(body))
+        elif component == "operator-validator":
+            changed |= self.put("validator_pods", key, None if deleted else validator_pod(body))
+        return changed
 
     def record_managed(self, body: Body, deleted: bool) -> bool:
         key = object_key(body)
         changed = self.put("objects", key, None if deleted else object_info(body))
         if body["kind"] == "DaemonSet":
             changed |= self.put("daemonsets", key, None if deleted else daemonset_info(body))
+            if component_of(body["metadata"]) == "driver":
+                uid, name = body["metadata"].get("uid", ""), body["metadata"]["name"]
+                changed |= self.put("driver_daemonsets", uid, None if deleted else name)
         return changed
+
+    def record_revision(self, body: Body, deleted: bool) -> bool:
+        """ControllerRevisions of the operator's DaemonSets; only the driver's are kept."""
+        ours = component_of(body["metadata"]) == "driver"
+        revision = None if deleted or not ours else controller_revision(body)
+        return self.put("revisions", body["metadata"]["name"], revision)
+
+    # --- the pods of nodes being emptied (gpu_operator/node_pods.py) ------------------------------
+
+    def list_node_pods(self, node: str, bodies: Iterable[Body]) -> bool:
+        pods = {p.uid: p for p in map(workload_pod, bodies) if p is not None and p.node == node}
+        with self.lock:
+            before = self.node_pods.get(node)
+            self.node_pods[node] = pods
+        return before != pods
+
+    def record_node_pod(self, node: str, body: Body, deleted: bool) -> bool:
+        pod = None if deleted else workload_pod(body)
+        uid = body["metadata"].get("uid", "")
+        with self.lock:
+            pods = self.node_pods.get(node)
+            if pods is None:
+                return False
+            before = pods.get(uid)
+            if pod is None or pod.node != node:
+                pods.pop(uid, None)
+                return before is not None
+            pods[uid] = pod
+        return before != pod
+
+    def forget_node_pods(self, node: str) -> None:
+        with self.lock:
+            self.node_pods.pop(node, None)
 
     def record_config_map(self, body: Body, deleted: bool) -> bool:
         """ConfigMaps are watched without the label selector: the driver mounts the files of users'
@@ -144,9 +255,31 @@ class Store:
         return self.put("config_maps", body["metadata"]["name"], keys) or changed
 
     def record_crd(self, body: Body, deleted: bool) -> bool:
+        """Only the CRDs decisions read: the ClusterPolicy CRD (gone means every ClusterPolicy is gone,
+        and the reconciler may create it again), the Prometheus operator's and NVIDIADriver."""
+        name = body["metadata"]["name"]
+        if name not in WATCHED_CRDS:
+            return False
         conditions = (body.get("status") or {}).get("conditions") or []
         established = any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
-        return self.put("crds", body["metadata"]["name"], None if deleted else established)
+        changed = self.put("crds", name, False if deleted else established)
+        if deleted and name == POLICY_CRD:
+            changed |= self.retain("policies", set())
+        return changed
+
+    def crds_listed(self, present: set[str]) -> bool:
+        """A complete listing of CRDs: those decisions read that it lacks are gone."""
+        changed = False
+        for name in WATCHED_CRDS - present:
+            if self.get("crds", name) is not False:
+                changed |= self.record_crd({"metadata": {"name": name}}, deleted=True)
+        return changed
 
     def record_namespace(self, body: Body, deleted: bool) -> bool:
         return self.put("namespaces", body["metadata"]["name"], None if deleted else namespace_info(body))
+
+
+def _older(version: str, than: str) -> bool:
+    """resourceVersions are opaque to clients, but every API server in use writes etcd's revision: compare
+    them as numbers when both are, and take anything else as new."""
+    return version.isdigit() and than.isdigit() and int(version) < int(than)

@@ -32,3 +32,16 @@ bench: venv tools ## benchmarks vs the control plane's limit (NODES=10: one size
 	$(PY) -m bench.run --sizes $(BENCH_SIZES) --rounds $(BENCH_ROUNDS) --rest-seconds $(BENCH_REST_SECONDS) \
 		--cluster-name $(BENCH_CLUSTER_NAME) --port-base $(BENCH_PORT_BASE) \
 		--sim-profile $(BENCH_PROFILE) --sim-time-scale $(BENCH_TIME_SCALE) --out $(BENCH_OUT) $(BENCH_ARGS)
+
+# A driver upgrade of BENCH_UPGRADE_NODES nodes, maxParallelUpgrades BENCH_UPGRADE_PARALLEL, against the
+# DaemonSet controller's RollingUpdate (bench/upgrade.py); bench/results/upgrade.{json,md}.
+BENCH_UPGRADE_NODES ?= 100
+BENCH_UPGRADE_PARALLEL ?= 10
+BENCH_UPGRADE_ROUNDS ?= 2
+
+.PHONY: bench-upgrade
+
+bench-upgrade: venv tools ## driver upgrade of 100 nodes vs RollingUpdate; bench/results/upgrade.{json,md}
+	$(PY) -m bench.upgrade --nodes $(BENCH_UPGRADE_NODES) --parallel $(BENCH_UPGRADE_PARALLEL) \
+		--rounds $(BENCH_UPGRADE_ROUNDS) --cluster-name $(BENCH_CLUSTER_NAME) --port-base $(BENCH_PORT_BASE) \
+		$(BENCH_ARGS)

@@ -24,17 +24,35 @@ source "${HACK_DIR}/versions.env"
 MACHINE_CACHE="${GPU_OPERATOR_TOOLS_CACHE:-${HOME}/.cache/gpu-operator/tools}"
 TOOLS=(etcd etcdctl kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl helm)
 
-# Version stamps: upstream release builds inject these; without them kube binaries report
-# v0.0.0-master and kwokctl (which parses `--version` to pick flags) would misjudge them.
-# The fixed build date keeps the output reproducible.
+# Version stamps, as upstream's release builds inject them; without them kube binaries report
+# v0.0.0-master and kwokctl (which parses `--version` to pick flags) would misjudge them, and helm
+# assumes Kubernetes 1.20 (`helm template` then refuses a chart with kubeVersion >= 1.30).
+#
+# Kubernetes (hack/lib/version.sh kube::version::ldflags): gitVersion, gitMajor, gitMinor,
+# gitCommit, gitTreeState and buildDate in component-base/version and client-go/pkg/version. The
+# release commit is not in the module (built from the module proxy, no git): gitCommit is left
+# empty rather than the unexpanded "$Format:%H$"; the fixed build date keeps the output reproducible.
 k8s_minor="${K8S_VERSION#v1.}"
 k8s_minor="${k8s_minor%%.*}"
 K8S_LDFLAGS=""
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
   K8S_LDFLAGS+=" -X ${pkg}.gitVersion=${K8S_VERSION} -X ${pkg}.gitMajor=1 -X ${pkg}.gitMinor=${k8s_minor}"
-  K8S_LDFLAGS+=" -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
+  K8S_LDFLAGS+=" -X ${pkg}.gitCommit= -X ${pkg}.gitTreeState=clean -X ${pkg}.buildDate=1970-01-01T00:00:00Z"
 done
-HELM_LDFLAGS=" -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION} -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+# Helm (its Makefile, v3.21.4): version, metadata (empty for a tagged release), gitCommit (the tag's
+# commit, HELM_COMMIT in versions.env), gitTreeState; and the Kubernetes version it assumes without
+# a cluster (`helm template`, `helm lint`): major+1 and minor of the k8s.io/client-go it links
+# (`go list -m k8s.io/client-go`: v0.36.x -> 1.36), set in pkg/chartutil and pkg/lint/rules.
+client_go="${K8S_STAGING_VERSION#v}"
+client_go_major="$((${client_go%%.*} + 1))"
+client_go_minor="${client_go#*.}"
+client_go_minor="${client_go_minor%%.*}"
+HELM_LDFLAGS=" -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
+HELM_LDFLAGS+=" -X helm.sh/helm/v3/internal/version.metadata= -X helm.sh/helm/v3/internal/version.gitCommit=${HELM_COMMIT}"
+HELM_LDFLAGS+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+  HELM_LDFLAGS+=" -X ${pkg}.k8sVersionMajor=${client_go_major} -X ${pkg}.k8sVersionMinor=${client_go_minor}"
+done
 # -s -w: no symbol tables / DWARF; these binaries are never debugged and it halves their size.
 LDFLAGS="-s -w${K8S_LDFLAGS}${HELM_LDFLAGS}"
 # Without Go the key still resolves (make evaluates it on every run); building then fails clearly.
@@ -102,6 +120,8 @@ build_into() { # dest dir (must not exist)
   done
   "${out}/bin/kube-apiserver" --version | grep -qF "${K8S_VERSION}" ||
     { echo "build-tools: kube-apiserver does not report ${K8S_VERSION}" >&2; exit 1; }
+  "${out}/bin/helm" version --template '{{.Version}} {{.GitCommit}}' | grep -qxF "${HELM_VERSION} ${HELM_COMMIT}" ||
+    { echo "build-tools: helm does not report ${HELM_VERSION} ${HELM_COMMIT}" >&2; exit 1; }
   printf 'built in %ss on %s cores with %s\n' "$((SECONDS - start))" "$(nproc)" "$(go env GOVERSION)" >"${out}/build-info.txt"
   touch "${out}/.complete"
   mv "${out}" "${dest}"

@@ -88,9 +88,9 @@ def operator_schema() -> Schema:
             "replicas": {
                 "type": "integer",
                 "minimum": 0,
-                "maximum": 1,
-                "description": "1 runs the operator; 0 installs only the CRD, RBAC and ClusterPolicy. "
-                "More than one would reconcile twice in parallel (no leader election).",
+                "maximum": 10,
+                "description": "Operator replicas (one leads, by a Lease; the others stand by); 0 "
+                "installs only the CRD, RBAC and ClusterPolicy.",
             },
             "resources": _strict(
                 {"requests": _RESOURCE_LIST, "limits": _RESOURCE_LIST}, "The operator container's resources."
@@ -121,6 +121,14 @@ def operator_schema() -> Schema:
                 "The operator's Prometheus metrics.",
             ),
             "verbose": {"type": "boolean", "description": "Debug logging."},
+            "admissionPolicy": {
+                "type": "boolean",
+                "description": "Pin what the operator's token may create or change (admission policy).",
+            },
+            "createCRD": {
+                "type": "boolean",
+                "description": "Create the ClusterPolicy CRD when absent (it is kept current either way).",
+            },
             "env": {
                 "type": "array",
                 "description": "Extra environment, e.g. image fallbacks such as DRIVER_IMAGE.",

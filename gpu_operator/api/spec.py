@@ -204,8 +204,9 @@ class DriverSpec(ComponentSpec):
     rdma: RDMASpec | None = None
     """GPUDirect RDMA."""
     upgradePolicy: UpgradePolicySpec | None = None
-    """Driver upgrade policy: accepted, not acted on yet (autoUpgrade is reported). The driver DaemonSet
-    is OnDelete, so a changed driver reaches a node when its driver pod is deleted."""
+    """Driver upgrade policy. The driver DaemonSet is always OnDelete: with autoUpgrade the operator
+    replaces its pods node by node (status.driverUpgrade says where each node is); without it a changed
+    driver reaches a node when its driver pod is deleted."""
     manager: DriverManagerSpec | None = None
     """k8s-driver-manager init container."""
     repoConfig: RepoConfigSpec | None = None
@@ -564,12 +565,6 @@ class ClusterPolicySpec(Model):
         planner reports them; their CRD descriptions say so too)."""
         operator, driver = self.operator, self.driver
         checks = [
-            (
-                driver.upgradePolicy is not None and driver.upgradePolicy.autoUpgrade,
-                "spec.driver.upgradePolicy.autoUpgrade",
-                "there is no upgrade controller yet; a changed driver reaches a node when its driver pod "
-                "is deleted (the driver DaemonSet is OnDelete)",
-            ),
             (
                 bool(driver.useOpenKernelModules),
                 "spec.driver.useOpenKernelModules",

@@ -124,6 +124,17 @@ class Cluster:
                 self.spec = None
         self.daemonsets = {component_of(d.get("metadata") or {}): d for d in state.daemonsets}
 
+    def driver_upgrade(self) -> Obj:
+        """The active policy's `status.driverUpgrade` ({} when the operator wrote none)."""
+        status = (self.policy or {}).get("status") or {}
+        return status.get("driverUpgrade") or {}
+
+    def upgrade_reason(self, node: str) -> str:
+        """What the operator's status says the node's driver upgrade waits for, or why it failed."""
+        upgrade = self.driver_upgrade()
+        entries = [*(upgrade.get("inProgress") or []), *(upgrade.get("failed") or [])]
+        return next((str(e.get("reason") or "") for e in entries if e.get("node") == node), "")
+
     # --- the operator's rules ---
 
     def enabled(self, component: str) -> bool:

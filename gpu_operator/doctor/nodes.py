@@ -112,13 +112,16 @@ def _upgrade_findings(cluster: Cluster, name: str) -> list[Finding]:
         checklist.kubectl("describe", "node", name),
         *link_commands(cluster, driver, name)[:2],
     )
+    # The operator's status says why (gpu_operator/upgrade/): the step that failed, or what it waits for.
+    says = cluster.upgrade_reason(name)
     if state == "upgrade-failed":
+        why = f" ({says})" if says else ""
         findings.append(
             Finding(
                 "error",
                 "DriverUpgradeFailed",
                 what,
-                f"the driver upgrade failed on the node; driver: {driver.text}",
+                f"the driver upgrade failed on the node{why}; driver: {driver.text}",
                 name,
                 commands=commands,
             )
@@ -135,12 +138,13 @@ def _upgrade_findings(cluster: Cluster, name: str) -> list[Finding]:
         stuck = elapsed > UPGRADE_STUCK_SECONDS
         since = f" for {duration(elapsed)}" if elapsed else ""
         cordoned = " (the node is cordoned)" if (node.get("spec") or {}).get("unschedulable") else ""
+        waits = f"; the operator says: {says}" if says else ""
         findings.append(
             Finding(
                 "error" if stuck else "warning",
                 "DriverUpgradeStuck" if stuck else "DriverUpgradeInProgress",
                 what,
-                f"driver upgrade in state {state}{since}{cordoned}; driver: {driver.text}",
+                f"driver upgrade in state {state}{since}{cordoned}{waits}; driver: {driver.text}",
                 name,
                 commands=commands,
             )

@@ -70,6 +70,21 @@ def policy_findings(cluster: Cluster) -> list[Finding]:
                 commands=(describe, checklist.operand_daemonsets(cluster.namespace)),
             )
         )
+    upgrade = cluster.driver_upgrade()
+    if upgrade.get("paused"):
+        findings.append(
+            Finding(
+                "error",
+                "DriverUpgradePaused",
+                what,
+                f"the driver upgrade is paused: {upgrade.get('pausedReason') or 'a node failed'}",
+                details=tuple(f"{f.get('node')}: {f.get('reason')}" for f in upgrade.get("failed") or []),
+                commands=(
+                    describe,
+                    checklist.kubectl("get", "nodes", "-L", "nvidia.com/gpu-driver-upgrade-state"),
+                ),
+            )
+        )
     for other in cluster.ignored:
         findings.append(
             Finding(

@@ -22,6 +22,8 @@ UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
 UPGRADE_STARTED = (
     "nvidia.com/gpu-driver-upgrade-validation-start-time",
     "nvidia.com/gpu-driver-upgrade-wait-for-pod-completion-start-time",
+    # This operator's: when the node entered its current state (gpu_operator/upgrade/states.py).
+    "nvidia.com/gpu-driver-upgrade-state-start-time",
 )
 GFD_COUNT = "nvidia.com/gpu.count"
 GFD_REPLICAS = "nvidia.com/gpu.replicas"

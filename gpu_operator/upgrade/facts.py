@@ -53,21 +53,25 @@ class UpgradeNode:
     """Whether an operator-validator pod runs on this node (not opted out by its deploy label)."""
 
 
+def node_ready(body: Mapping[str, Any]) -> bool:
+    """The node's NodeReady condition (True when it reports none)."""
+    conditions = (body.get("status") or {}).get("conditions") or []
+    return next((c.get("status") == "True" for c in conditions if c.get("type") == "Ready"), True)
+
+
 def upgrade_node(body: Mapping[str, Any], validator_expected: bool = True) -> UpgradeNode:
     metadata = body.get("metadata") or {}
-    conditions = (body.get("status") or {}).get("conditions") or []
-    ready = next((c.get("status") == "True" for c in conditions if c.get("type") == "Ready"), True)
     return UpgradeNode(
         name=metadata["name"],
         labels=dict(metadata.get("labels") or {}),
         annotations=dict(metadata.get("annotations") or {}),
         unschedulable=bool((body.get("spec") or {}).get("unschedulable")),
-        ready=ready,
+        ready=node_ready(body),
         validator_expected=validator_expected,
     )
 
 
-def _config_digest(pod_spec: Mapping[str, Any]) -> str:
+def config_digest(pod_spec: Mapping[str, Any]) -> str:
     """DRIVER_CONFIG_DIGEST of a pod spec: init containers first, then containers (NVIDIA's order,
     internal/config/driver_config_digest.go DriverConfigDigestFromPodSpec)."""
     for key in ("initContainers", "containers"):
@@ -78,9 +82,50 @@ def _config_digest(pod_spec: Mapping[str, Any]) -> str:
     return ""
 
 
-def _tag(image: str) -> str:
+def image_tag(image: str) -> str:
     name = image.split("@", 1)[0]
     return name.rsplit(":", 1)[1] if ":" in name.rsplit("/", 1)[-1] else ""
+
+
+@dataclass(frozen=True)
+class Revision:
+    """A ControllerRevision of a driver DaemonSet, slim: its owner, number, hash, and what its pod
+    template installs. The DaemonSet controller writes it once the DaemonSet's template changed; the
+    target of an upgrade is read from the newest one, never from the DaemonSet itself, so the hash and
+    the template it stands for always belong together (the DaemonSet's own watch event may arrive
+    before or after the revision's)."""
+
+    owner_uid: str
+    number: int
+    hash: str
+    config_digest: str = ""
+    version: str = ""
+
+
+def controller_revision(body: Mapping[str, Any]) -> Revision | None:
+    """The slim record of a DaemonSet's ControllerRevision (None when no DaemonSet owns it)."""
+    metadata = body.get("metadata") or {}
+    owner = _controller(metadata)
+    if owner.get("kind", "DaemonSet") != "DaemonSet" or not owner.get("uid"):
+        return None
+    template = (((body.get("data") or {}).get("spec") or {}).get("template") or {}).get("spec") or {}
+    containers = template.get("containers") or [{}]
+    return Revision(
+        owner_uid=str(owner["uid"]),
+        number=int(body.get("revision") or 0),
+        hash=str(
+            (metadata.get("labels") or {}).get(REVISION_LABEL)
+            or str(metadata.get("name", "")).removeprefix(f"{owner.get('name', '')}-")
+        ),
+        config_digest=config_digest(template),
+        version=image_tag(str(containers[0].get("image") or "")),
+    )
+
+
+def current_revision(daemonset_uid: str, revisions: Iterable[Revision]) -> Revision | None:
+    """The DaemonSet's newest ControllerRevision, as NVIDIA's PodManager
+    GetDaemonsetControllerRevisionHash finds it (highest `revision` among those it owns)."""
+    return max((r for r in revisions if r.owner_uid == daemonset_uid), key=lambda r: r.number, default=None)
 
 
 @dataclass(frozen=True)
@@ -96,37 +141,13 @@ class DriverDaemonSet:
     """Image tag of the driver container (for status and Events)."""
 
 
-def current_revision(daemonset: Mapping[str, Any], revisions: Iterable[Mapping[str, Any]]) -> str:
-    """The hash of the DaemonSet's newest ControllerRevision, as NVIDIA's PodManager
-    GetDaemonsetControllerRevisionHash finds it (highest `revision` among those it owns)."""
-    metadata = daemonset.get("metadata") or {}
-    name, uid = metadata.get("name", ""), metadata.get("uid", "")
-    owned = [
-        r
-        for r in revisions
-        if any(o.get("uid") == uid for o in (r.get("metadata") or {}).get("ownerReferences") or [])
-    ]
-    if not owned:
-        return ""
-    newest = max(owned, key=lambda r: int(r.get("revision") or 0))
-    newest_meta = newest.get("metadata") or {}
-    return str(
-        (newest_meta.get("labels") or {}).get(REVISION_LABEL)
-        or str(newest_meta.get("name", "")).removeprefix(f"{name}-")
-    )
-
-
-def driver_daemonset(body: Mapping[str, Any], revisions: Iterable[Mapping[str, Any]]) -> DriverDaemonSet:
-    metadata = body.get("metadata") or {}
-    template = ((body.get("spec") or {}).get("template") or {}).get("spec") or {}
-    containers = template.get("containers") or [{}]
-    return DriverDaemonSet(
-        name=metadata.get("name", ""),
-        uid=metadata.get("uid", ""),
-        revision=current_revision(body, revisions),
-        config_digest=_config_digest(template),
-        version=_tag(str(containers[0].get("image") or "")),
-    )
+def driver_daemonset(name: str, uid: str, revisions: Iterable[Revision]) -> DriverDaemonSet | None:
+    """The DaemonSet at its newest revision; None while no revision of it is known (then nothing can be
+    said about its pods being up to date, so none of its nodes is marked for an upgrade)."""
+    newest = current_revision(uid, revisions)
+    if newest is None or not newest.hash:
+        return None
+    return DriverDaemonSet(name, uid, newest.hash, newest.config_digest, newest.version)
 
 
 def _controller(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -169,7 +190,7 @@ def driver_pod(body: Mapping[str, Any]) -> DriverPod | None:
         node=info.node,
         daemonset_uid=owner.get("uid", "") if owner.get("kind") == "DaemonSet" else "",
         revision=(metadata.get("labels") or {}).get(REVISION_LABEL, ""),
-        config_digest=_config_digest(body.get("spec") or {}),
+        config_digest=config_digest(body.get("spec") or {}),
         ready=info.ready,
         terminating=info.terminating,
         restarts=max((int(s.get("restartCount") or 0) for s in statuses if not s.get("ready")), default=0),
@@ -285,6 +306,10 @@ class Facts:
     driver_pods: Sequence[DriverPod] = ()
     validator_pods: Sequence[ValidatorPod] = ()
     pods: Sequence[WorkloadPod] = ()
+    pods_known: frozenset[str] | None = None
+    """The nodes whose pods `pods` lists completely (None: every node's). Pods are looked up only for the
+    nodes being emptied, so a node that has just started waits for its list rather than taking an
+    unknown list for an empty one."""
     evictions: Mapping[str, EvictionResult] = field(default_factory=dict)
     """Results of our eviction requests, by pod UID."""
     now: float = 0.0

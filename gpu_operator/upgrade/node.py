@@ -67,6 +67,8 @@ class NodeView:
     """The DaemonSet that owns `driver` (None: no driver pod, or an orphaned one)."""
     validator: ValidatorPod | None = None
     pods: tuple[WorkloadPod, ...] = ()
+    pods_known: bool = True
+    """`pods` is the node's complete list (the caller lists pods only on nodes being emptied)."""
 
     @property
     def name(self) -> str:
@@ -513,9 +515,13 @@ def _failed(draft: Draft, ctx: Context) -> Wait | None:
     elif failure is not None and failure.revision and view.target_revision not in ("", failure.revision):
         resume = failure.step if failure.step in BEFORE_RESTART else State.POD_RESTART_REQUIRED
         why = f"the target revision changed to {view.target_revision}"
-    elif failure is not None and (
-        (failure.step == State.POD_DELETION_REQUIRED and not gpu_pods(view))
-        or (failure.step == State.DRAIN_REQUIRED and not drained_pods(view, ctx.policy))
+    elif (
+        failure is not None
+        and view.pods_known
+        and (
+            (failure.step == State.POD_DELETION_REQUIRED and not gpu_pods(view))
+            or (failure.step == State.DRAIN_REQUIRED and not drained_pods(view, ctx.policy))
+        )
     ):
         resume, why = failure.step, "the pods that blocked it are gone"
     if resume is None:
@@ -525,6 +531,12 @@ def _failed(draft: Draft, ctx: Context) -> Wait | None:
     draft.annotate(FAILURE_ANNOTATION, None)
     draft.move(resume, f"resuming: {why}")
     return None
+
+
+NEEDS_PODS = frozenset({State.WAIT_FOR_JOBS_REQUIRED, State.POD_DELETION_REQUIRED, State.DRAIN_REQUIRED})
+"""The steps that decide on the node's pods: they wait while the pods are not listed, since an unknown
+list read as empty would restart the driver under running GPU workloads."""
+WAITING_FOR_PODS = "listing the pods on the node"
 
 
 STEPS: dict[State, Step] = {
@@ -550,6 +562,8 @@ def advance(draft: Draft, ctx: Context) -> Wait | None:
         step = STEPS.get(state)
         if step is None:
             return None
+        if state in NEEDS_PODS and not draft.view.pods_known:
+            return Wait(WAITING_FOR_PODS)
         wait = step(draft, ctx)
         if wait is not None:
             return wait

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 from gpu_operator.api.upgrade_policy import CanarySpec, UpgradePolicySpec
 from gpu_operator.upgrade.facts import DriverPod, Facts, UpgradeNode, ValidatorPod, WorkloadPod, format_time
 from gpu_operator.upgrade.node import (
+    NEEDS_PODS,
     Context,
     Draft,
     Failure,
@@ -57,6 +58,12 @@ class UpgradePlan:
     wake_at: float | None
     """Plan again at this time (Unix seconds) even if nothing changes: the earliest timeout, retry or
     soak end. None: only a change in the cluster can move anything."""
+    pods_needed: frozenset[str] = frozenset()
+    """Nodes whose pods the next pass needs (Facts.pods, pods_known): those being emptied, and failed
+    ones that resume once the pods that blocked them are gone. No other node's pods are ever read."""
+    available: int = 0
+    """NVIDIA's "upgrades available", counted before this pass started any node: how many could start,
+    within maxParallelUpgrades and maxUnavailable (0 while paused)."""
 
     @property
     def writes(self) -> list[Write]:
@@ -85,6 +92,7 @@ def build_views(facts: Facts) -> list[NodeView]:
     pods: dict[str, list[WorkloadPod]] = {}
     for pod in facts.pods:
         pods.setdefault(pod.node, []).append(pod)
+    known = facts.pods_known
     views = []
     for node in sorted(facts.nodes, key=lambda n: n.name):
         driver = drivers.get(node.name)
@@ -97,6 +105,7 @@ def build_views(facts: Facts) -> list[NodeView]:
                 daemonset=daemonsets.get(driver.daemonset_uid) if driver is not None else None,
                 validator=validators.get(node.name),
                 pods=tuple(pods.get(node.name, ())),
+                pods_known=known is None or node.name in known,
             )
         )
     return views
@@ -145,6 +154,15 @@ class Limits:
     def take(self, draft: Draft) -> None:
         self.in_progress.add(draft.view.name)
         self.unavailable.add(draft.view.name)
+
+    def room(self, pending: int) -> int:
+        """NVIDIA's GetUpgradesAvailable (k8s-operator-libs pkg/upgrade/common_manager.go): free slots
+        (every pending node when maxParallelUpgrades is 0), at most what maxUnavailable leaves."""
+        if self.failed:
+            return 0
+        parallel = self.policy.maxParallelUpgrades
+        slots = parallel - len(self.in_progress) if parallel else pending
+        return max(0, min(slots, self.allowed - len(self.unavailable)))
 
 
 @dataclass
@@ -270,7 +288,9 @@ def plan_upgrade(
     canary = Canary(policy.canary, drafts, facts.now)
     pending_reason: dict[str, str] = {}
     pending = [d for d in drafts if d.state == State.UPGRADE_REQUIRED]
+    room = limits.room(sum(1 for d in pending if not d.view.skipped))
     pending.sort(key=lambda d: (d.view.name not in canary.candidates, not d.unschedulable, d.view.name))
+    started: set[str] = set()
     for draft in pending:
         name = draft.view.name
         reason = (
@@ -282,6 +302,7 @@ def plan_upgrade(
             pending_reason[name] = reason
             continue
         waits[name] = start(draft, ctx)
+        started.add(name)
         limits.take(draft)
         if draft.state == State.FAILED:
             limits.failed.append(draft)
@@ -297,7 +318,9 @@ def plan_upgrade(
         patch = draft.patch()
         writes = ([patch] if patch is not None else []) + draft.pod_writes
         if writes or events:
-            actions.append(NodeActions(draft.view.name, tuple(writes), tuple(events)))
+            actions.append(
+                NodeActions(draft.view.name, tuple(writes), tuple(events), draft.view.name in started)
+            )
     actions.sort(key=lambda a: a.node)
 
     status = _status(drafts, waits, pending_reason, limits, target_version)
@@ -305,7 +328,17 @@ def plan_upgrade(
     times = [w.until for w in waits.values() if w is not None and w.until is not None]
     if not canary.complete and canary.soak_until is not None and pending_reason:
         times.append(canary.soak_until)
-    return UpgradePlan(tuple(actions), status, min(times, default=None))
+    return UpgradePlan(tuple(actions), status, min(times, default=None), _pods_needed(drafts), room)
+
+
+def _pods_needed(drafts: list[Draft]) -> frozenset[str]:
+    def needs(draft: Draft) -> bool:
+        if draft.state == State.FAILED:
+            failure = Failure.read(draft.annotations.get(FAILURE_ANNOTATION))
+            return failure is not None and failure.step in NEEDS_PODS
+        return draft.state in NEEDS_PODS or draft.state == State.CORDON_REQUIRED
+
+    return frozenset(d.view.name for d in drafts if needs(d))
 
 
 def _entry(draft: Draft, reason: str) -> dict[str, Any]:

@@ -65,5 +65,8 @@ soak and the status' `since`."""
 FAILURE_ANNOTATION = "nvidia.com/gpu-driver-upgrade-failure"
 """JSON {step, revision, reason} of an upgrade-failed node: what failed, at which target, and why."""
 
+ANNOTATION_PREFIX = "nvidia.com/gpu-driver-upgrade"
+"""Every annotation above starts with it: the node annotations the caller keeps for the machine."""
+
 EVENT_REASON = "GPUDriverUpgrade"
 """NVIDIA's Event reason for every upgrade step on a node (k8s-operator-libs pkg/upgrade/util.go)."""

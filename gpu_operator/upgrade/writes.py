@@ -6,7 +6,10 @@ effects) always comes first, so a pod is evicted only from a node that is alread
 label already says so. An eviction's answer, whatever it is, is an observation, not a failure: the
 caller records it in Facts.evictions (by pod UID) and goes on. After a node patch the caller must
 put the returned Node into its cache before the next pass, or the limits would be counted on a stale
-view. Different nodes' writes may run in parallel.
+view. Different nodes' writes may run in parallel, except that the nodes that start their upgrade in
+this pass (`NodeActions.starts`) go after all the others, and only once those succeeded: the slot
+and the cordon they take may be the ones a finishing node gives back in the same pass, and the
+API server must never show both at once.
 
 | write      | API call                                                                  | body            |
 |------------|---------------------------------------------------------------------------|-----------------|
@@ -99,3 +102,5 @@ class NodeActions:
     node: str
     writes: tuple[Write, ...]
     events: tuple[UpgradeEvent, ...] = ()
+    starts: bool = False
+    """The node starts its upgrade in this pass (see the module docstring for the order)."""

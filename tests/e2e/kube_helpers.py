@@ -11,8 +11,8 @@ that matches pods by their ``app.kubernetes.io/component`` label and ``spec.node
 then gives every such pod that starts *afterwards* the failure state instead of Running/Ready:
 
 * ``CrashLoopBackOff``: phase Running, Ready=False, each container ``waiting.reason``
-  CrashLoopBackOff, ``lastState.terminated`` exit code 1, ``restartCount`` 3, a Warning event
-  ``BackOff``;
+  CrashLoopBackOff, ``lastState.terminated`` exit code 1, ``restartCount`` 3 (or ``restarts``: a
+  pod that has been crash-looping for a while), a Warning event ``BackOff``;
 * ``ImagePullBackOff``: phase Pending, Ready=False, each container ``waiting.reason``
   ImagePullBackOff (message ``Back-off pulling image "<image>"``), ``restartCount`` 0.
 
@@ -401,14 +401,18 @@ def _failure_labels(component: str, node: str | None) -> dict[str, str]:
 
 
 def failure_stage(
-    component: str, node: str | None, reason: FailureReason, container: str | None = None
+    component: str,
+    node: str | None,
+    reason: FailureReason,
+    container: str | None = None,
+    restarts: int = CRASH_RESTART_COUNT,
 ) -> dict[str, Any]:
     """The kwok Stage that gives new pods of ``component`` on ``node`` (None: any node) ``reason``."""
     if reason not in FAILURE_REASONS:
         raise ValueError(f"reason must be one of {FAILURE_REASONS}, not {reason!r}")
     header = _CONTAINER_FILTER % _go_string(container or "")
     if reason == "CrashLoopBackOff":
-        template = _CRASH_LOOP_TEMPLATE % (header, CRASH_RESTART_COUNT, _ADDRESSES)
+        template = _CRASH_LOOP_TEMPLATE % (header, restarts, _ADDRESSES)
         event = {"type": "Warning", "reason": "BackOff", "message": "Back-off restarting failed container"}
     else:
         template = _IMAGE_PULL_TEMPLATE % (header, _ADDRESSES)
@@ -481,12 +485,14 @@ def inject_failure(
     *,
     container: str | None = None,
     recreate: bool = False,
+    restarts: int = CRASH_RESTART_COUNT,
 ) -> str:
     """Make pods of ``component`` on ``node`` fail with ``reason`` from now on.
 
     ``component`` is matched against the pod label ``app.kubernetes.io/component``; ``node``
     against ``spec.nodeName`` (None: every node). ``container`` limits the failure to one
-    container (default: all). Only pods that start after this call fail; ``recreate=True``
+    container (default: all); ``restarts`` is the crash-looping containers' ``restartCount``.
+    Only pods that start after this call fail; ``recreate=True``
     deletes the matching pods now so their controller replaces them with failing ones.
     Replaces an earlier injection for the same component and node. Returns the Stage name.
     Raises :class:`FailureInjectionUnsupported` without the kwok Stage API.
@@ -494,7 +500,7 @@ def inject_failure(
     if not failure_injection_supported(api):
         raise FailureInjectionUnsupported("this cluster has no kwok Stage API (kwok --enable-crds=Stage)")
     _delete_stages(api, component, node)
-    body = failure_stage(component, node, reason, container)
+    body = failure_stage(component, node, reason, container, restarts)
     _stages(api).create_cluster_custom_object(STAGE_GROUP, STAGE_VERSION, STAGE_PLURAL, body)
     if recreate:
         _delete_pods(api, component, node)

@@ -3,12 +3,15 @@ call it makes is checked against that account's RBAC, exactly as in a cluster.""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -61,8 +64,11 @@ class OperatorProcess:
         log: Path,
         env: dict[str, str] | None = None,
         listen: str = "127.0.0.1:0",
+        args: tuple[str, ...] = (),
     ) -> None:
         self.kubeconfig = kubeconfig
+        self.args = args
+        """More `gpu-operator run` flags."""
         self.namespace = namespace
         self.log_path = log
         self.env = env or {}
@@ -78,7 +84,7 @@ class OperatorProcess:
         self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [str(OPERATOR), "run", "--namespace", self.namespace, "--listen", self.listen],
+                [str(OPERATOR), "run", "--namespace", self.namespace, "--listen", self.listen, *self.args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=environ,
@@ -113,6 +119,24 @@ class OperatorProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def probe(self, which: str) -> tuple[int, dict[str, Any]]:
+        """(HTTP status, JSON body) of /healthz or /readyz of this run."""
+        try:
+            with urllib.request.urlopen(f"{self.url()}/{which}", timeout=5) as answer:
+                return answer.status, json.loads(answer.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    def metric(self, name: str) -> float:
+        """The sum of a metric's samples in this run's /metrics."""
+        with urllib.request.urlopen(f"{self.url()}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name) and line[len(name)] in " {"
+        )
 
     def assert_clean_log(self) -> None:
         """No tracebacks and no RBAC denials: either would mean a bug or a missing chart rule."""

@@ -195,7 +195,7 @@ def test_upgrade_brings_the_new_crd(cluster: Cluster, operator: OperatorProcess,
     The cluster gets an older CRD (another description, another hash annotation: what an older release
     left behind); then the release is upgraded and the operator restarted, as a new image would be.
     """
-    from gpu_operator.operator import CRD_HASH_ANNOTATION
+    from gpu_operator.reconciler import CRD_HASH_ANNOTATION
 
     new = chart_crd()
     old = copy.deepcopy(new)

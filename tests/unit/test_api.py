@@ -257,14 +257,13 @@ def test_fields_accepted_but_not_acted_on_are_reported() -> None:
         }
     )
     assert [line.split(":")[0] for line in spec.ignored_fields()] == [
-        "spec.driver.upgradePolicy.autoUpgrade",
         "spec.driver.useOpenKernelModules",
         "spec.operator.labels",
         "spec.psp.enabled",
         "spec.validator.vfioPCI.env",
     ]
     # What the operator does act on is never listed, however it is set.
-    acted_on = {"driver": {"upgradePolicy": {"autoUpgrade": False}}, "operator": {"defaultRuntime": "crio"}}
+    acted_on = {"driver": {"upgradePolicy": {"autoUpgrade": True}}, "operator": {"defaultRuntime": "crio"}}
     assert parse_spec(acted_on).ignored_fields() == []
 
 

@@ -410,3 +410,52 @@ def test_rounds_option() -> None:
     from bench import run
 
     assert run.parse_rounds(["10=3", "1000=1"]) == {10: 3, 1000: 1}
+
+
+# --- the driver upgrade bench (bench/upgrade.py, bench/pod_memory.py) --------------------------------
+
+
+def test_upgrade_conditions() -> None:
+    from bench import upgrade
+
+    done = upgrade.upgraded("p", 2, "580.95.05")
+    upgraded = {"targetVersion": "580.95.05-ubuntu22.04", "nodesDone": 2, "summary": "up to date"}
+    status: dict[str, Any] = {"observedGeneration": 3, "driverUpgrade": upgraded}
+    body: dict[str, Any] = {"metadata": {"name": "p", "generation": 3}, "status": status}
+    assert done({"/p": body})
+    # A status of the previous generation, or still waiting for the new revision, is not done.
+    assert not done({"/p": {**body, "metadata": {"name": "p", "generation": 4}}})
+    waiting = {**upgraded, "summary": "waiting for the driver DaemonSet's new revision"}
+    assert not done({"/p": {**body, "status": {**status, "driverUpgrade": waiting}}})
+    rolled = upgrade.rolled_to("nvidia-driver-daemonset", "driver:b")
+    ds: dict[str, Any] = {
+        "metadata": {"name": "nvidia-driver-daemonset", "generation": 2},
+        "spec": {"template": {"spec": {"containers": [{"image": "driver:b"}]}}},
+        "status": {"observedGeneration": 2, **dict.fromkeys(upgrade.ROLLED, 5)},
+    }
+    key = "gpu-operator/nvidia-driver-daemonset"
+    assert rolled({key: ds})
+    assert not rolled({key: {**ds, "status": {**ds["status"], "numberReady": 4}}})
+    assert not rolled({key: {**ds, "status": {**ds["status"], "observedGeneration": 1}}})
+
+
+def test_concurrency_counts_nodes_in_progress_and_cordoned() -> None:
+    from bench import upgrade
+
+    def node(state: str, cordoned: bool) -> dict[str, Any]:
+        labels = {"nvidia.com/gpu-driver-upgrade-state": state}
+        return {"metadata": {"labels": labels}, "spec": {"unschedulable": True} if cordoned else {}}
+
+    seen = upgrade.Concurrency()
+    assert not seen({"/a": node("pod-restart-required", True), "/b": node("upgrade-required", False)})
+    assert not seen({"/a": node("upgrade-done", False), "/b": node("upgrade-failed", True)})
+    assert (seen.most_in_progress, seen.most_cordoned) == (1, 1)
+
+
+def test_pod_memory_per_node_watches_hold_a_fraction() -> None:
+    from bench import pod_memory
+
+    found = pod_memory.measure(nodes=20, per_node=5, watched=2)
+    assert found["pods"] == 100 and found["watched_pods"] == 10
+    assert 0 < found["per_node_records_mib"] < found["cluster_wide_records_mib"] / 5
+    assert found["pod_json_bytes"] > 1000  # a real pod, managedFields and all

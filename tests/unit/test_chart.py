@@ -24,12 +24,13 @@ import yaml
 
 from gpu_operator import cli
 from gpu_operator.api import parse_spec
-from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.api.spec import ClusterPolicySpec, OperatorSpec
 from gpu_operator.components import COMPONENTS
 from gpu_operator.discovery import NFD_CRD
 from gpu_operator.kube import RESOURCES
 from gpu_operator.nodes import PCI_LABELS
 from gpu_operator.render import ClusterFacts, render
+from hack import operand_rbac
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gpu-operator"
@@ -37,7 +38,7 @@ POLICIES = ROOT / "tests" / "data" / "policies"
 NAMESPACE = "gpu-operator"
 RELEASE = "gpu-operator"
 AGENT = f"{RELEASE}-node-discovery"
-KUBE_VERSION = "1.36.0"  # helm built from source defaults to v1.20, below the chart's kubeVersion
+KUBE_VERSION = "1.36.0"  # the cluster version the chart is rendered for (the pinned toolchain's)
 
 Obj = dict[str, Any]
 # (namespace or "" for cluster-wide, apiGroup, resource, resourceName or "" for any) → verbs
@@ -102,14 +103,10 @@ def everything_spec() -> Obj:
 
 @cache
 def operand_objects(namespace: str = NAMESPACE) -> tuple[Obj, ...]:
-    """What the operator applies for a policy with every component on (data/policies/everything.yaml)."""
-    facts = ClusterFacts(
-        namespace=namespace,
-        os_tag="ubuntu22.04",
-        kernels=(("5.15.0-105-generic", "ubuntu22.04"),),
-        config_maps={"kernel-module-params": ("nvidia.conf",)},
-    )
-    objects = render(parse_spec(everything_spec()), facts)
+    """What the operator applies for a policy with every component on (data/policies/everything.yaml),
+    with the chart's default RuntimeClass: the rendering the chart's files/operand-rbac.yaml is
+    generated from (hack/operand_rbac.py)."""
+    objects = operand_rbac.operand_objects(namespace, runtime_class=OperatorSpec().runtimeClass)
     daemonsets = [o["metadata"]["name"] for o in objects if o["kind"] == "DaemonSet"]
     missing = {c.daemonset for c in COMPONENTS if not any(n.startswith(c.daemonset) for n in daemonsets)}
     assert not missing, f"everything.yaml no longer enables every component: {sorted(missing)}"
@@ -134,6 +131,16 @@ def test_helm_lint_is_clean(strict: bool) -> None:
     assert "[WARNING]" not in proc.stdout and "[ERROR]" not in proc.stdout, proc.stdout
 
 
+@needs_helm
+def test_the_projects_helm_knows_its_kubernetes_version() -> None:
+    """hack/build-tools.sh builds helm with upstream's version settings: without a cluster it assumes
+    the Kubernetes of the client-go it links (not 1.20), so `helm template` takes the chart as is."""
+    proc = helm("template", RELEASE, str(CHART))
+    assert proc.returncode == 0, proc.stderr
+    version = helm("version", "--template", "{{.Version}} {{.GitTreeState}}").stdout
+    assert version == "v3.21.4 clean"
+
+
 def test_default_render_has_the_chart_objects(default_objects: list[Obj]) -> None:
     kinds = sorted((o["kind"], o["metadata"]["name"]) for o in default_objects)
     assert kinds == sorted(
@@ -146,6 +153,9 @@ def test_default_render_has_the_chart_objects(default_objects: list[Obj]) -> Non
             ("Role", f"{RELEASE}-events"),
             ("RoleBinding", f"{RELEASE}-events"),
             ("Deployment", RELEASE),
+            ("PodDisruptionBudget", RELEASE),
+            ("ValidatingAdmissionPolicy", f"{RELEASE}-writes"),
+            ("ValidatingAdmissionPolicyBinding", f"{RELEASE}-writes"),
             ("Service", f"{RELEASE}-metrics"),
             ("ClusterRole", f"{RELEASE}-doctor"),
             ("ClusterPolicy", "cluster-policy"),
@@ -333,9 +343,24 @@ def test_operand_sections_are_strict() -> None:
 def test_deployment(default_objects: list[Obj]) -> None:
     deployment = find(default_objects, "Deployment")
     spec = deployment["spec"]
-    assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    # Two replicas, one leading by a Lease; a new one is ready before an old one stops.
+    assert spec["replicas"] == 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = spec["template"]["spec"]
+    (term,) = pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"] == spec["selector"]["matchLabels"] | {
+        "app.kubernetes.io/component": "gpu-operator"
+    }
+    assert (
+        term["podAffinityTerm"]["labelSelector"]["matchLabels"].items()
+        <= spec["template"]["metadata"]["labels"].items()
+    )
+    budget = find(default_objects, "PodDisruptionBudget")
+    assert budget["spec"] == {"maxUnavailable": 1, "selector": term["podAffinityTerm"]["labelSelector"]}
     assert spec["template"]["metadata"]["labels"]["nvidia.com/gpu-driver-upgrade-drain.skip"] == "true"
     assert pod["serviceAccountName"] == RELEASE
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -346,7 +371,11 @@ def test_deployment(default_objects: list[Obj]) -> None:
         "--namespace=$(OPERATOR_NAMESPACE)",
         "--log-format=json",
         "--listen=0.0.0.0:8080",
+        "--create-crd",
+        f"--lease-name={RELEASE}",
     ]
+    parsed = cli.build_parser({}).parse_args(container["args"])
+    assert parsed.create_crd is True and parsed.leader_election is True and parsed.lease_name == RELEASE
     assert {
         "name": "OPERATOR_NAMESPACE",
         "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
@@ -465,20 +494,33 @@ REQUIRED_EXTRA: Grants = {
     ("", "nvidia.com", "clusterpolicies/status", ""): {"patch"},
     # plan.py: controller ownerReference with blockOwnerDeletion (OwnerReferencesPermissionEnforcement).
     ("", "nvidia.com", "clusterpolicies/finalizers", ""): {"update"},
-    # operator.py node_event (watch) and kube.py apply_node_labels (server-side apply on existing nodes).
+    # operator.py node_event (watch), kube.py apply_node_labels (server-side apply on existing nodes)
+    # and patch_node (the driver upgrade's merge patch).
     ("", "", "nodes", ""): {"list", "watch", "patch"},
     # operator.py pod_event and prime: operand pods, for readiness and waiting reasons.
     (NAMESPACE, "", "pods", ""): {"list", "watch"},
+    # operator.py REVISIONS: the driver DaemonSets' ControllerRevisions (the upgrade's target).
+    (NAMESPACE, "apps", "controllerrevisions", ""): {"list", "watch"},
+    # node_pods.py (list_at and watch of spec.nodeName=<node>, all namespaces) and kube.py delete_pod.
+    ("", "", "pods", ""): {"list", "watch", "delete"},
+    # kube.py evict.
+    ("", "", "pods/eviction", ""): {"create"},
     # kube.py post_event: Events about the cluster-scoped ClusterPolicy live in `default`.
     ("default", "", "events", ""): {"create"},
-    # operator.py ensure_crd (get, server-side apply) and _has_crd (get).
+    # reconciler.py ensure_crd: get, server-side apply, create when absent (operator.createCRD).
     ("", *CRDS, "clusterpolicies.nvidia.com"): {"get", "patch"},
-    ("", *CRDS, "nvidiadrivers.nvidia.com"): {"get"},
-    # operator.py: the ServiceMonitor CRD's watch (Kopf's scanning and our index), by field selector.
-    ("", *CRDS, "servicemonitors.monitoring.coreos.com"): {"list", "watch"},
+    ("", *CRDS, ""): {"list", "watch", "create"},
+    # leader.py: the release's Lease (read, renewed; created when absent, which needs no name).
+    (NAMESPACE, "coordination.k8s.io", "leases", RELEASE): {"get", "update"},
+    (NAMESPACE, "coordination.k8s.io", "leases", ""): {"create"},
     # operator.py: the operand namespace's watch; reconciler.py _write_namespace (psa.enabled).
     ("", "", "namespaces", NAMESPACE): {"list", "watch", "patch"},
 }
+
+
+# Kinds the operator may change and delete only by name (resourceNames), the rest of their kind being
+# someone else's: cluster-scoped objects, and the operands' roles and bindings.
+BY_NAME_ONLY = frozenset({"ClusterRole", "ClusterRoleBinding", "RuntimeClass", "Role", "RoleBinding"})
 
 
 def required_grants() -> Grants:
@@ -493,11 +535,17 @@ def required_grants() -> Grants:
     for obj in operand_objects():
         plural, namespaced = RESOURCES[(obj["apiVersion"], obj["kind"])]
         scope = NAMESPACE if namespaced else ""
+        group, name = group_of(obj["apiVersion"]), obj["metadata"]["name"]
         # kube.py apply (server-side apply creates when missing) and delete (disabled components).
-        add(scope, group_of(obj["apiVersion"]), plural, {"create", "patch", "delete"})
+        if obj["kind"] in BY_NAME_ONLY:
+            # Changed and deleted by name only; created under the chart's admission policy.
+            add(scope, group, plural, {"create"})
+            add(scope, group, plural, {"patch", "delete"}, name)
+        else:
+            add(scope, group, plural, {"create", "patch", "delete"})
         if obj["kind"] in ("ClusterRole", "Role"):
             # Creating a role with permissions the operator lacks, and binding it.
-            add(scope, "rbac.authorization.k8s.io", plural, {"bind", "escalate"}, obj["metadata"]["name"])
+            add(scope, "rbac.authorization.k8s.io", plural, {"bind", "escalate"}, name)
     for group, _version, plural in MANAGED:
         namespaced = next(ns for (_av, _k), (p, ns) in RESOURCES.items() if p == plural)
         add(NAMESPACE if namespaced else "", group, plural, {"list", "watch"})
@@ -625,17 +673,110 @@ def test_no_cleanup_hook_without_a_cluster_policy() -> None:
         assert not [o for o in render_chart(*args) if o["kind"] == "Job"]
 
 
-def test_operand_role_names_match_the_operator() -> None:
-    """bind/escalate names = the roles the operator renders, whatever the namespace and the policy."""
-    objects = render_chart()
-    cluster_roles = {k: v for k, v in granted(objects).items() if not k[0]}
-    roles = {k: v for k, v in granted(objects).items() if k[0] == NAMESPACE}
-    assert sorted(n for (_, _, r, n) in cluster_roles if r == "clusterroles" and n) == operand_role_names(
-        "ClusterRole"
+def test_operand_rbac_file_is_generated_from_the_templates() -> None:
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "hack" / "operand_rbac.py"), "--check"], capture_output=True, text=True
     )
-    assert sorted(n for (_, _, r, n) in roles if r == "roles" and n) == operand_role_names("Role")
+    assert result.returncode == 0, result.stderr
+
+
+def test_operand_rbac_is_the_same_for_every_policy_and_namespace() -> None:
+    """The admission policy pins each operand role and binding to one content, rendered from
+    everything.yaml: every other policy must render the same (or leave the object out)."""
+
+    def rbac(objects: Iterable[Obj]) -> dict[tuple[str, str], Any]:
+        return {
+            (o["kind"], o["metadata"]["name"]): {k: o.get(k) for k in ("rules", "roleRef", "subjects")}
+            for o in objects
+            if o["kind"] in operand_rbac.RBAC_KINDS
+        }
+
+    pinned = rbac(operand_objects())
+    facts = [ClusterFacts(namespace=NAMESPACE, runtimes=r) for r in (("containerd",), ("crio",), ("docker",))]
+    for path in POLICIES.glob("*.yaml"):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc or doc.get("kind") != "ClusterPolicy":
+                continue
+            spec = parse_spec(doc.get("spec") or {})
+            for each in facts:
+                found = rbac(render(spec, each))
+                assert {k: v for k, v in pinned.items() if k in found} == found, path.name
+
+    # In another namespace only the subjects' namespace differs (the policy checks it separately).
+    def without_namespace(found: dict[tuple[str, str], Any]) -> dict[tuple[str, str], Any]:
+        return {
+            key: {**value, "subjects": [{**s, "namespace": ""} for s in value["subjects"] or []]}
+            for key, value in found.items()
+        }
+
+    assert without_namespace(rbac(operand_objects("other"))) == without_namespace(pinned)
+
+
+@needs_helm
+def test_operand_names_match_the_operator() -> None:
+    """resourceNames = the objects the operator renders, whatever the namespace and the policy."""
+    objects = render_chart()
+    have = granted(objects)
+    for kind, resource in (("ClusterRole", "clusterroles"), ("ClusterRoleBinding", "clusterrolebindings")):
+        names = sorted(
+            n for (ns, _, r, n), verbs in have.items() if not ns and r == resource and "delete" in verbs
+        )
+        assert names == operand_role_names(kind)
+    for kind, resource in (("Role", "roles"), ("RoleBinding", "rolebindings")):
+        names = sorted(n for (ns, _, r, n), verbs in have.items() if ns == NAMESPACE and r == resource and n)
+        assert names == operand_role_names(kind)
     other_namespace = {o["metadata"]["name"] for o in operand_objects("other") if o["kind"].endswith("Role")}
     assert other_namespace == {o["metadata"]["name"] for o in operand_objects() if o["kind"].endswith("Role")}
+
+
+@needs_helm
+def test_runtime_class_names_follow_the_policy() -> None:
+    objects = render_chart("--set", "clusterPolicy.operator.runtimeClass=nvidia-gpu")
+    names = sorted(n for (_, _, r, n), v in granted(objects).items() if r == "runtimeclasses" and n)
+    assert names == ["nvidia-cdi", "nvidia-gpu", "nvidia-legacy"]
+    policy = find(objects, "ValidatingAdmissionPolicy", f"{RELEASE}-writes")
+    assert any(
+        '["nvidia-gpu","nvidia-cdi","nvidia-legacy"]' in v["expression"]
+        for v in policy["spec"]["validations"]
+    )
+
+
+def test_admission_policy_pins_the_operators_writes(default_objects: list[Obj]) -> None:
+    policy = find(default_objects, "ValidatingAdmissionPolicy", f"{RELEASE}-writes")
+    binding = find(default_objects, "ValidatingAdmissionPolicyBinding", f"{RELEASE}-writes")
+    assert binding["spec"] == {"policyName": f"{RELEASE}-writes", "validationActions": ["Deny"]}
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (condition,) = spec["matchConditions"]
+    assert (
+        condition["expression"]
+        == f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:{RELEASE}"'
+    )
+    matched = {r for rule in spec["matchConstraints"]["resourceRules"] for r in rule["resources"]}
+    # Every kind the operator may create without a name in RBAC is pinned here.
+    creatable = {r for (_, _, r, n), verbs in granted(default_objects).items() if "create" in verbs and not n}
+    # pods/eviction (the driver upgrade): an Eviction deletes a pod as `delete pods`, which the
+    # operator holds anyway (workload pods, names unknown in advance), does, but only where
+    # PodDisruptionBudgets allow it: it grants nothing more.
+    assert creatable - matched - {"pods/eviction"} == {
+        "serviceaccounts",
+        "configmaps",
+        "services",
+        "daemonsets",
+        "servicemonitors",
+        "events",
+    }, "namespaced operand kinds, which grant nothing by themselves"
+    expressions = [v["expression"] for v in spec["validations"]]
+    generated = yaml.safe_load((CHART / "files" / "operand-rbac.yaml").read_text())
+    for kind in operand_rbac.RBAC_KINDS:
+        assert any(generated[kind]["content"] in e for e in expressions), kind
+    assert all(v.get("reason") == "Forbidden" and v.get("message") for v in spec["validations"])
+
+
+@needs_helm
+def test_admission_policy_can_be_left_out() -> None:
+    objects = render_chart("--set", "operator.admissionPolicy=false")
+    assert not [o for o in objects if o["metadata"]["name"] == f"{RELEASE}-writes"]
 
 
 def test_bindings_point_at_the_chart_roles(default_objects: list[Obj]) -> None:

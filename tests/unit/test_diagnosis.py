@@ -148,8 +148,19 @@ def test_node_symptoms() -> None:
     stuck = by(findings, "DriverUpgradeStuck")
     assert stuck.node == "gpu-b" and stuck.severity == "error"
     assert stuck.cause.startswith("driver upgrade in state validation-required for 2h (the node is cordoned)")
+    # What the operator's status.driverUpgrade says comes with it.
+    assert "the operator says: validation gate: waiting for operator-validator pod" in stuck.cause
     failed = by(findings, "DriverUpgradeFailed")
     assert failed.node == "gpu-c" and "CrashLoopBackOff" in failed.cause
+    assert "(failed at pod-restart-required: driver pod nvidia-driver-daemonset-ccccc is crash-looping)" in (
+        failed.cause
+    )
+    paused = by(findings, "DriverUpgradePaused")
+    assert paused.object == "clusterpolicy cluster-policy" and paused.severity == "error"
+    assert paused.cause.startswith("the driver upgrade is paused: node gpu-c failed at pod-restart-required")
+    assert paused.details == (
+        "gpu-c: failed at pod-restart-required: driver pod nvidia-driver-daemonset-ccccc is crash-looping",
+    )
     assert by(findings, "OperandsPaused").node == "gpu-d"
     assert "nvidia.com/gpu.deploy.dcgm=paused-for-driver-upgrade" in by(findings, "OperandsPaused").cause
     assert by(findings, "MigConfigFailed").cause.startswith("MIG reconfiguration to all-1g.10gb failed")

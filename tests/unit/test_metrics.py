@@ -288,7 +288,7 @@ def test_operator_probes() -> None:
         return seen
 
     before_listing, not_started, listed, done, healthy = asyncio.run(scenario())
-    assert before_listing == (False, {"watchesEstablished": False, "firstPassDone": False})
+    assert before_listing == (False, {"watchesEstablished": False, "firstPassDone": False, "leader": True})
     assert not_started == (True, {"reconcile": {"started": False}})
     assert listed[0] is False and done[0] is True
     assert healthy[0] is True and healthy[1]["reconcile"]["passes"] == 0

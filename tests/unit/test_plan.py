@@ -292,14 +292,16 @@ def test_status_counts_every_daemonset_of_a_component() -> None:
 
 
 def test_fields_not_acted_on_are_in_the_status() -> None:
-    plan = build(observed(policy(driver={"upgradePolicy": {"autoUpgrade": True}})), NOW)
+    plan = build(observed(policy(driver={"useOpenKernelModules": True})), NOW)
     assert any(
-        n.startswith("accepted but not acted on: spec.driver.upgradePolicy.autoUpgrade") for n in plan.notes
+        n.startswith("accepted but not acted on: spec.driver.useOpenKernelModules") for n in plan.notes
     )
     assert (
-        "spec.driver.upgradePolicy.autoUpgrade"
-        in condition(status_of(plan, "cluster-policy"), "Ready")["message"]
+        "spec.driver.useOpenKernelModules" in condition(status_of(plan, "cluster-policy"), "Ready")["message"]
     )
+    # The driver upgrade is acted on now: no note about it.
+    upgrading = build(observed(policy(driver={"upgradePolicy": {"autoUpgrade": True}})), NOW)
+    assert not any("upgradePolicy" in n for n in upgrading.notes)
 
 
 def test_service_monitors_only_where_the_prometheus_crd_is() -> None:

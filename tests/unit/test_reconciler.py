@@ -48,6 +48,9 @@ class FakeKube:
         }
         return result
 
+    def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
+        raise ApiError(404, "NotFound", f"{kind} {name}")
+
     def apply_node_labels(
         self, node: str, labels: Mapping[str, str], resource_version: str = ""
     ) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from gpu_operator.upgrade import (
     PatchNode,
     State,
     UpgradePlan,
+    controller_revision,
     current_revision,
     driver_daemonset,
     driver_pod,
@@ -220,35 +221,40 @@ def test_facts_from_bodies() -> None:
         }
     )
     assert (node.name, node.unschedulable, node.ready) == ("n1", True, False)
-    ds = {"metadata": {"name": "nvidia-driver-daemonset", "uid": "u1"}}
-    revisions = [
-        {
-            "metadata": {"name": f"nvidia-driver-daemonset-h{i}", "ownerReferences": [{"uid": "u1"}]},
-            "revision": i,
-        }
-        for i in (1, 3, 2)
-    ] + [{"metadata": {"name": "other-x", "ownerReferences": [{"uid": "u2"}]}, "revision": 9}]
-    assert current_revision(ds, revisions) == "h3"
     template = {
         "spec": {
-            "template": {
-                "spec": {
-                    "initContainers": [
-                        {"name": "m", "env": [{"name": "DRIVER_CONFIG_DIGEST", "value": "d1"}]}
-                    ],
-                    "containers": [
-                        {"name": "driver", "image": "nvcr.io/nvidia/driver:595.58.03-ubuntu24.04"}
-                    ],
-                }
-            }
+            "initContainers": [{"name": "m", "env": [{"name": "DRIVER_CONFIG_DIGEST", "value": "d1"}]}],
+            "containers": [{"name": "driver", "image": "nvcr.io/nvidia/driver:595.58.03-ubuntu24.04"}],
         }
     }
-    daemonset = driver_daemonset({**ds, **template}, revisions)
+    owner = {"controller": True, "kind": "DaemonSet", "name": "nvidia-driver-daemonset", "uid": "u1"}
+    bodies = [
+        {
+            "metadata": {"name": f"nvidia-driver-daemonset-h{i}", "ownerReferences": [owner]},
+            "revision": i,
+            "data": {"spec": {"template": {**template, "$patch": "replace"}}},
+        }
+        for i in (1, 3, 2)
+    ] + [
+        {
+            "metadata": {"name": "other-x", "ownerReferences": [{**owner, "uid": "u2", "name": "other"}]},
+            "revision": 9,
+        },
+        {"metadata": {"name": "orphan", "ownerReferences": []}, "revision": 12},
+    ]
+    revisions = [r for r in map(controller_revision, bodies) if r is not None]
+    assert len(revisions) == 4  # the orphan is nobody's revision
+    newest = current_revision("u1", revisions)
+    assert newest is not None and (newest.hash, newest.number) == ("h3", 3)
+    daemonset = driver_daemonset("nvidia-driver-daemonset", "u1", revisions)
+    assert daemonset is not None
     assert (daemonset.revision, daemonset.config_digest, daemonset.version) == (
         "h3",
         "d1",
         "595.58.03-ubuntu24.04",
     )
+    # Without a known revision nothing can be said about its pods: no DaemonSet to compare with.
+    assert driver_daemonset("nvidia-driver-daemonset", "u3", revisions) is None
     pod = driver_pod(
         {
             "metadata": {
@@ -362,6 +368,61 @@ def test_out_of_date_node_is_cordoned_and_its_gpu_pods_evicted_in_one_pass() -> 
     assert event.node == "node-0" and event.type == "Normal" and event.reason == "GPUDriverUpgrade"
     assert "upgrade-done → upgrade-required → cordon-required" in event.message
     assert result.wake_at == START + EVICTION_RETRY_SECONDS
+
+
+def test_unlisted_pods_are_waited_for_never_taken_for_none() -> None:
+    """The caller lists pods only on nodes being emptied: a node that starts is cordoned and waits
+    for its list, and its pods are asked for (pods_needed); with the list it goes on."""
+    world = World.make(2, gpu_pods=1)
+    world.revision = "r2"
+    unlisted = replace(world.facts(), pods=[], pods_known=frozenset())
+    first = plan_upgrade(policy(), unlisted, target_version="v-r2")
+    (patch,) = node_writes(first, "node-0")
+    assert patch.labels == {STATE_LABEL: "wait-for-jobs-required"} and patch.unschedulable
+    assert first.status["inProgress"][0]["reason"] == "listing the pods on the node"
+    assert first.pods_needed == {"node-0"} and first.wake_at is None
+    world.apply(first)
+    listed = replace(world.facts(), pods_known=first.pods_needed)
+    second = plan_upgrade(policy(), listed, target_version="v-r2")
+    evicted = [w for w in node_writes(second, "node-0") if isinstance(w, EvictPod)]
+    assert [w.name for w in evicted] == ["train-node-0-0"]
+    assert second.pods_needed == {"node-0"}
+
+
+def test_failed_node_resumes_on_gone_pods_only_once_they_are_listed() -> None:
+    world = World.make(2, gpu_pods=0)
+    world.revision = "r2"
+    failure = {"step": "pod-deletion-required", "revision": "r2", "reason": "eviction timed out"}
+    put_state(world, "node-0", State.FAILED, annotations={FAILURE_ANNOTATION: json.dumps(failure)})
+    unlisted = plan_upgrade(policy(), replace(world.facts(), pods_known=frozenset()))
+    assert node_writes(unlisted, "node-0") == [] and unlisted.pods_needed == {"node-0"}
+    listed = plan_upgrade(policy(), replace(world.facts(), pods_known=frozenset({"node-0"})))
+    assert node_writes(listed, "node-0")[0].labels == {STATE_LABEL: "pod-restart-required"}
+
+
+@pytest.mark.parametrize(
+    ("parallel", "unavailable", "available"), [(1, 1, 0), (3, 4, 2), (0, 2, 1), (0, "100%", 5)]
+)
+def test_available_upgrades_as_nvidia_counts_them(
+    parallel: int, unavailable: int | str, available: int
+) -> None:
+    """NVIDIA's gauge, taken before the pass starts anything: free slots (every pending node with
+    maxParallelUpgrades 0) within what maxUnavailable leaves; exactly that many nodes start."""
+    world = World.make(6)
+    midway(world, "node-0", State.POD_RESTART_REQUIRED)
+    upgrade = policy(maxParallelUpgrades=parallel, maxUnavailable=unavailable)
+    result = plan(world, upgrade)
+    assert result.available == available
+    world.apply(result)
+    assert len(world.in_progress() - {"node-0"}) == available
+
+
+def test_no_upgrade_is_available_while_paused() -> None:
+    world = World.make(3)
+    world.revision = "r2"
+    failure = {"step": "validation-required", "revision": "r2", "reason": "validator not Ready"}
+    put_state(world, "node-0", State.FAILED, annotations={FAILURE_ANNOTATION: json.dumps(failure)})
+    assert plan(world, policy(maxParallelUpgrades=0, maxUnavailable="100%")).available == 0
 
 
 def test_initially_cordoned_node_is_recorded_and_left_cordoned() -> None:

@@ -80,30 +80,24 @@ daemonsets driver toolkit devicePlugin dcgmExporter dcgm nodeStatusExporter gfd 
 {{- end }}
 
 {{/*
-Names of the ClusterRoles and Roles the operator creates for its operands. The operator may bind
-and create exactly these without holding their permissions itself (`bind`/`escalate` restricted by
-resourceNames). tests/unit/test_chart.py keeps them equal to what `gpu-operator render` produces.
+The RBAC objects and RuntimeClasses the operator creates for its operands: their names (the only
+ones its RBAC lets it change or delete) and the CEL that pins their content (templates/
+admission-policy.yaml). Generated from the operator's templates by hack/operand_rbac.py (make crd);
+tests/unit/test_chart.py fails when it is stale.
 */}}
-{{- define "gpu-operator.operandClusterRoles" -}}
-- nvidia-dcgm-exporter-read-pods
-- nvidia-device-plugin
-- nvidia-device-plugin-mps-control-daemon
-- nvidia-driver
-- nvidia-gpu-feature-discovery
-- nvidia-mig-manager
-- nvidia-node-status-exporter
-- nvidia-operator-validator
+{{- define "gpu-operator.operandRBAC" -}}
+{{- .Files.Get "files/operand-rbac.yaml" }}
 {{- end }}
 
-{{- define "gpu-operator.operandRoles" -}}
-- nvidia-container-toolkit
-- nvidia-dcgm
-- nvidia-dcgm-exporter
-- nvidia-device-plugin
-- nvidia-device-plugin-mps-control-daemon
-- nvidia-driver
-- nvidia-gpu-feature-discovery
-- nvidia-mig-manager
-- nvidia-node-status-exporter
-- nvidia-operator-validator
+{{/* Names of one kind of operand object, as a YAML list. */}}
+{{- define "gpu-operator.operandNames" -}}
+{{- $all := include "gpu-operator.operandRBAC" .root | fromYaml }}
+{{- toYaml (index $all .kind "names") }}
+{{- end }}
+
+{{/* The RuntimeClasses the operator creates: the ClusterPolicy's operator.runtimeClass and the CDI ones. */}}
+{{- define "gpu-operator.runtimeClasses" -}}
+{{- $all := include "gpu-operator.operandRBAC" . | fromYaml }}
+{{- $own := .Values.clusterPolicy.operator.runtimeClass | default $all.RuntimeClass.default }}
+{{- toYaml (uniq (prepend $all.RuntimeClass.names $own)) }}
 {{- end }}

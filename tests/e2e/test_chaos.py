@@ -1,0 +1,425 @@
+"""The chaos suite (issue 16): the operator, logged in as the chart's ServiceAccount, under faults of
+its own process, of the control plane and of the network, on the local cluster only (loopback).
+
+After each fault, the invariants: operands that ran still run (the same DaemonSets, same uid and
+generation, unless the fault changed the policy), no duplicate object, no Node created, the status
+honest (observedGeneration = generation, Ready only when every operand DaemonSet is rolled out), and
+convergence within a bound. Recovery times go to .cache/chaos-results.json (README: production).
+
+`make test` runs the quick faults; `make test-chaos` all of them (marker `chaos`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_operator.kube import ApiError, Kube, path
+from gpu_operator.plan import POLICY_CRD
+
+from .chaos import (
+    Component,
+    api_ready,
+    assert_survived,
+    cluster_dir,
+    compact_etcd,
+    record,
+    relay_to,
+    relayed_kubeconfig,
+    timed,
+)
+from .kube_helpers import Cluster, wait_for
+from .operator_process import OPERATOR, ROOT, OperatorProcess, chart_operator
+from .test_operator import NS, apply_policy, assert_cleaned_up, policy_from
+
+POLICY = "cluster-policy"
+BOUND = 180.0
+"""Convergence after a fault (fresh pods on kwok nodes are ready in seconds)."""
+MANAGED = "app.kubernetes.io/managed-by=gpu-operator"
+chaos = pytest.mark.chaos
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    daemonsets: dict[str, tuple[str, int]]
+    """Operand DaemonSet name → (uid, generation)."""
+    nodes: frozenset[str]
+
+
+def snapshot(admin: Kube) -> Snapshot:
+    daemonsets = admin.list("apps/v1", "DaemonSet", NS, MANAGED)
+    nodes = admin.list("v1", "Node")
+    return Snapshot(
+        {d["metadata"]["name"]: (d["metadata"]["uid"], d["metadata"]["generation"]) for d in daemonsets},
+        frozenset(n["metadata"]["name"] for n in nodes),
+    )
+
+
+def honest_and_converged(admin: Kube) -> None:
+    policy = admin.get("nvidia.com/v1", "ClusterPolicy", POLICY)
+    status = policy.get("status") or {}
+    assert status.get("observedGeneration") == policy["metadata"]["generation"], "status is stale"
+    ready: dict[str, Any] = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), {})
+    assert status.get("state") == "ready" and ready.get("status") == "True", status.get("conditions")
+    # Ready only when it really is: every operand DaemonSet rolled out on every node it targets.
+    for ds in admin.list("apps/v1", "DaemonSet", NS, MANAGED):
+        st = ds.get("status") or {}
+        desired = st.get("desiredNumberScheduled", 0)
+        assert st.get("observedGeneration") == ds["metadata"]["generation"], ds["metadata"]["name"]
+        # The driver is OnDelete (its pods are replaced by upgrades, not by a template change).
+        on_delete = ds["spec"]["updateStrategy"]["type"] == "OnDelete"
+        updated = desired if on_delete else st.get("updatedNumberScheduled", 0)
+        assert st.get("numberReady", 0) == desired and updated == desired, (
+            f"{ds['metadata']['name']} not rolled out but the status says ready: {st}"
+        )
+
+
+def assert_invariants(
+    admin: Kube, before: Snapshot, changed: bool = False, nodes: frozenset[str] | None = None
+) -> float:
+    """The invariants after a fault; seconds until converged."""
+    seconds = timed(lambda: honest_and_converged(admin), BOUND, "converged and honest after the fault")
+    after = snapshot(admin)
+    assert sorted(after.daemonsets) == sorted(before.daemonsets), "operand DaemonSets added or lost"
+    uids = {name: uid for name, (uid, _) in after.daemonsets.items()}
+    assert uids == {name: uid for name, (uid, _) in before.daemonsets.items()}, (
+        "an operand DaemonSet was replaced"
+    )
+    if not changed:
+        assert after.daemonsets == before.daemonsets, "an operand DaemonSet rolled, the policy did not change"
+    assert after.nodes <= (nodes if nodes is not None else before.nodes), "a Node was created"
+    return seconds
+
+
+@pytest.fixture(scope="module")
+def admin(cluster: Cluster) -> Kube:
+    if not cluster.local:
+        pytest.skip("faults of the control plane need the local cluster")
+    return Kube(cluster.api)
+
+
+@pytest.fixture(scope="module")
+def operator(
+    cluster: Cluster, admin: Kube, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    with chart_operator(cluster, tmp_path_factory.mktemp("chaos"), NS) as process:
+        yield process
+
+
+@pytest.fixture
+def converged(cluster: Cluster, admin: Kube, operator: OperatorProcess) -> Iterator[Snapshot]:
+    """The seed sample applied and converged; removed (and the operator healthy) afterwards."""
+    if not operator.running:
+        operator.start()
+    apply_policy(cluster, policy_from("seed-sample", POLICY))
+    wait_for(lambda: honest_and_converged(admin), timeout=BOUND, what="converged before the fault")
+    try:
+        yield snapshot(admin)
+    finally:
+        wait_for(lambda: api_ready(admin), timeout=120, what="API server back")
+        if not operator.running:
+            operator.start()
+        with contextlib.suppress(ApiError):
+            admin.delete(("nvidia.com/v1", "ClusterPolicy", "", POLICY))
+        wait_for(lambda: assert_cleaned_up(cluster), timeout=BOUND, what="cleanup after the fault")
+        assert_survived(operator)
+
+
+def edit_policy(admin: Kube) -> None:
+    """A policy change (a new generation) that every operand DaemonSet follows: a label of ours on
+    them, so each rolls (a new generation) without being replaced."""
+    body = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": POLICY}}
+    spec = {"daemonsets": {"labels": {"chaos": str(int(time.time()))}}}
+    admin.apply({**body, "spec": spec}, manager="chaos-edit")
+
+
+def wanted_daemonsets(admin: Kube, policy: dict[str, Any], scratch: Path) -> list[str]:
+    """The operand DaemonSets the planner wants for `policy` on the cluster's nodes, from
+    `gpu-operator render` (offline): after the faults there must be exactly these, once each."""
+    (scratch / "policy.yaml").write_text(yaml.safe_dump(policy))
+    nodes = {"apiVersion": "v1", "kind": "List", "items": admin.list("v1", "Node")}
+    (scratch / "nodes.yaml").write_text(yaml.safe_dump(nodes))
+    command = [str(OPERATOR), "render", "-f", "policy.yaml", "--nodes", "nodes.yaml", "--namespace", NS]
+    rendered = subprocess.run(command, cwd=scratch, check=True, capture_output=True, text=True).stdout
+    objects = [o for o in yaml.safe_load_all(rendered) if o]
+    return sorted(o["metadata"]["name"] for o in objects if o["kind"] == "DaemonSet")
+
+
+def restore_nodes(cluster: Cluster, gpu: int = 4) -> None:
+    subprocess.run(["make", "-s", "-C", str(ROOT), "cluster-up", f"NODES={gpu}", "CPU_NODES=1"], check=True)
+
+
+# --- quick faults (make test) ---------------------------------------------------------------------
+
+
+def test_deletions_missed_while_no_watch_was_open_are_forgotten(
+    cluster: Cluster, admin: Kube, operator: OperatorProcess, converged: Snapshot
+) -> None:
+    """The operator is frozen, a GPU node is deleted, etcd compacted and the API server restarted (its
+    watch cache gone): the operator's watches resume from a resourceVersion that is too old (410
+    Gone), Kopf lists again without reporting the deletion; the Store must forget the node anyway."""
+    apiserver = Component.of(cluster_dir(cluster), "kube-apiserver")
+    gone = "gpu-node-3"
+    assert operator.process is not None
+    try:
+        operator.process.send_signal(signal.SIGSTOP)
+        try:
+            # Its connections go first (it does not notice, frozen), then the node, then the history.
+            restart(apiserver, admin)
+            admin.delete(("v1", "Node", "", gone))
+            wait_for(lambda: node_gone(admin, gone), timeout=60, what=f"{gone} deleted")
+            compact_etcd(cluster)
+            restart(apiserver, admin)
+        finally:
+            operator.process.send_signal(signal.SIGCONT)
+
+        def three_gpu_nodes() -> None:
+            status = admin.get("nvidia.com/v1", "ClusterPolicy", POLICY).get("status") or {}
+            assert status.get("gpuNodes") == 3, (
+                f"the operator still counts {status.get('gpuNodes')} GPU nodes"
+            )
+            _, body = operator.probe("healthz")
+            assert body["reconcile"]["nodes"] == len(converged.nodes) - 1, body
+
+        seconds = timed(three_gpu_nodes, BOUND, "the deleted node forgotten")
+        record("missed-deletion", forgotten_after_s=seconds)
+        assert_invariants(admin, converged, nodes=converged.nodes - {gone})
+    finally:
+        restore_nodes(cluster)
+
+
+def restart(component: Component, admin: Kube) -> None:
+    component.kill()
+    component.start()
+    wait_for(lambda: api_ready(admin), timeout=120, what="API server back")
+
+
+def node_gone(admin: Kube, name: str) -> None:
+    try:
+        admin.get("v1", "Node", name)
+    except ApiError as exc:
+        if exc.status == 404:
+            return
+        raise
+    raise AssertionError(f"{name} still there")
+
+
+def test_crd_deleted_and_restored(
+    cluster: Cluster, admin: Kube, operator: OperatorProcess, converged: Snapshot
+) -> None:
+    """Deleting the CRD deletes every ClusterPolicy (and the garbage collector their operands): the
+    operator keeps running, creates the CRD again (operator.createCRD, the chart's default) and
+    converges when a policy comes back."""
+    crd_path = path("apiextensions.k8s.io/v1", "CustomResourceDefinition", name=POLICY_CRD)
+    started = time.monotonic()
+    admin.request("DELETE", crd_path)
+
+    def recreated() -> None:
+        try:
+            crd = admin.request("GET", crd_path)
+        except ApiError as exc:
+            raise AssertionError(f"no CRD: {exc}") from None
+        assert not crd["metadata"].get("deletionTimestamp"), "still being deleted"
+        conditions = (crd.get("status") or {}).get("conditions") or []
+        established = {c["type"]: c["status"] for c in conditions}
+        assert established.get("Established") == "True"
+
+    wait_for(recreated, timeout=BOUND, what="the CRD created again by the operator")
+    recreated_s = round(time.monotonic() - started, 1)
+    assert operator.running, "the operator exited"
+    assert operator.probe("healthz")[0] == 200
+    apply_policy(cluster, policy_from("seed-sample", POLICY))
+    seconds = timed(lambda: honest_and_converged(admin), BOUND, "converged on the policy re-created")
+    record("crd-deleted", crd_recreated_s=recreated_s, converged_after_policy_s=seconds)
+    after = snapshot(admin)
+    assert sorted(after.daemonsets) == sorted(converged.daemonsets) and after.nodes <= converged.nodes
+
+
+def test_standby_takes_over_when_the_leader_is_killed(
+    cluster: Cluster, admin: Kube, operator: OperatorProcess, converged: Snapshot
+) -> None:
+    standby = OperatorProcess(operator.kubeconfig, NS, operator.log_path.with_name("standby.log")).start()
+    try:
+        wait_for(
+            lambda: ready_as(standby, leader=False), timeout=60, what="the second replica a ready standby"
+        )
+        assert ready_as(operator, leader=True)
+        # The standby writes nothing while the lease is held (not even the Lease): its own metrics.
+        assert standby.metric("gpu_operator_api_writes_total") == 0
+        operator.kill()
+        killed = time.monotonic()
+        wait_for(lambda: ready_as(standby, leader=True), timeout=30, what="the standby leading")
+        takeover = round(time.monotonic() - killed, 1)
+        assert takeover <= 15.0 + 5.0, f"takeover took {takeover}s (lease 10 s, retry 2 s; the probe adds)"
+        edit_policy(admin)
+        seconds = assert_invariants(admin, converged, changed=True)
+        record("leader-killed", takeover_s=takeover, converged_after_edit_s=seconds)
+        operator.start()  # the old leader comes back as a standby
+        wait_for(lambda: ready_as(operator, leader=False), timeout=60, what="the restarted replica a standby")
+    finally:
+        standby.stop()
+
+
+def ready_as(process: OperatorProcess, leader: bool) -> bool:
+    status, body = process.probe("readyz")
+    assert status == 200 and body.get("leader") is leader, (status, body)
+    return True
+
+
+def test_black_hole_between_operator_and_api_server(
+    cluster: Cluster, admin: Kube, operator: OperatorProcess, converged: Snapshot
+) -> None:
+    """A relay that stops forwarding without closing: every call of the operator hangs until its
+    timeout. The loop keeps making progress (passes fail fast), liveness holds, and an edit made
+    during the black hole is acted on soon after it ends."""
+    server = yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    with relay_to(server) as relay:
+        operator.stop()
+        relayed = relayed_kubeconfig(operator.kubeconfig, relay, operator.kubeconfig.with_name("relayed"))
+        through = OperatorProcess(relayed, NS, operator.log_path.with_name("relayed.log")).start()
+        try:
+            wait_for(lambda: ready_as(through, leader=True), timeout=90, what="the relayed operator leading")
+            wait_for(lambda: honest_and_converged(admin), timeout=BOUND, what="converged through the relay")
+            relay.black_hole()
+            edit_policy(admin)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                assert through.running and through.probe("healthz")[0] == 200, (
+                    "liveness failed in a black hole"
+                )
+                time.sleep(5)  # the black hole is the fault itself; this only observes it
+            relay.restore()
+            seconds = assert_invariants(admin, converged, changed=True)
+            record("black-hole-60s", converged_after_restore_s=seconds)
+        finally:
+            through.stop()
+            operator.start()
+
+
+# --- the long faults (make test-chaos) -----------------------------------------------------------
+
+
+@chaos
+def test_api_server_killed_and_restarted(
+    cluster: Cluster, admin: Kube, operator: OperatorProcess, converged: Snapshot
+) -> None:
+    apiserver = Component.of(cluster_dir(cluster), "kube-apiserver")
+    apiserver.kill()
+    edit_after = time.monotonic()
+    apiserver.start()
+    wait_for(lambda: api_ready(admin), timeout=120, what="API server back")
+    back = round(time.monotonic() - edit_after, 1)
+    edit_policy(admin)
+    seconds = assert_invariants(admin, converged, changed=True)
+    assert operator.running
+    record("apiserver-restart", apiserver_back_s=back, converged_after_edit_s=seconds)
+
+
+@chaos
+def test_api_server_paused_90_seconds(
+    cluster: Cluster, admin: Kube, operator: OperatorProcess, converged: Snapshot
+) -> None:
+    apiserver = Component.of(cluster_dir(cluster), "kube-apiserver")
+    managers = [Component.of(cluster_dir(cluster), n) for n in ("kube-controller-manager", "kube-scheduler")]
+    apiserver.signal(signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            # No restart storm: liveness holds however long the API server is silent.
+            assert operator.running and operator.probe("healthz")[0] == 200
+            time.sleep(5)  # the pause is the fault itself; this only observes it
+    finally:
+        apiserver.signal(signal.SIGCONT)
+    resumed = time.monotonic()
+    wait_for(lambda: api_ready(admin), timeout=60, what="API server answering")
+    # kube-controller-manager and kube-scheduler exit when they lose their own leases in the pause;
+    # the kubelet would restart them (static pods), here the test does.
+    for manager in managers:
+        if not manager.running():
+            manager.start()
+    edit_policy(admin)
+    seconds = assert_invariants(admin, converged, changed=True)
+    record(
+        "apiserver-sigstop-90s", converged_after_resume_s=round(time.monotonic() - resumed, 1), edit_s=seconds
+    )
+
+
+@chaos
+def test_etcd_restarted(
+    cluster: Cluster, admin: Kube, operator: OperatorProcess, converged: Snapshot
+) -> None:
+    etcd = Component.of(cluster_dir(cluster), "etcd")
+    etcd.kill()
+    started = time.monotonic()
+    etcd.start()
+    wait_for(lambda: api_ready(admin), timeout=120, what="API server ready again")
+    back = round(time.monotonic() - started, 1)
+    edit_policy(admin)
+    seconds = assert_invariants(admin, converged, changed=True)
+    record("etcd-restart", api_ready_s=back, converged_after_edit_s=seconds)
+
+
+@chaos
+@pytest.mark.parametrize("gpu_nodes", [4, 50])
+def test_sigkill_ten_times_while_converging(
+    cluster: Cluster, admin: Kube, operator: OperatorProcess, gpu_nodes: int, tmp_path: Path
+) -> None:
+    restore_nodes(cluster, gpu_nodes)
+    chance = random.Random(gpu_nodes)
+    try:
+        nodes = snapshot(admin).nodes
+        policy = policy_from("seed-sample", POLICY)
+        wanted = wanted_daemonsets(admin, policy, tmp_path)
+        apply_policy(cluster, policy)
+        started = time.monotonic()
+        for _ in range(10):
+            time.sleep(chance.uniform(0.5, 6.0))  # a random moment of the convergence
+            operator.kill()
+            operator.start()
+        seconds = timed(lambda: honest_and_converged(admin), BOUND * 2, "converged after 10 SIGKILLs")
+        after = snapshot(admin)
+        assert sorted(after.daemonsets) == wanted, "operand DaemonSets missing or left over"
+        assert after.nodes == nodes, "a Node was created"
+        record(
+            f"sigkill-x10-{gpu_nodes}-nodes",
+            converged_after_last_kill_s=seconds,
+            total_s=round(time.monotonic() - started, 1),
+        )
+    finally:
+        with contextlib.suppress(ApiError):
+            admin.delete(("nvidia.com/v1", "ClusterPolicy", "", POLICY))
+        wait_for(lambda: assert_cleaned_up(cluster), timeout=BOUND * 2, what="cleanup")
+        restore_nodes(cluster)
+
+
+@chaos
+def test_fifty_nodes_added_and_deleted_while_converging(
+    cluster: Cluster, admin: Kube, operator: OperatorProcess
+) -> None:
+    try:
+        nodes = snapshot(admin).nodes
+        apply_policy(cluster, policy_from("seed-sample", POLICY))
+        restore_nodes(cluster, 54)
+        restore_nodes(cluster, 4)
+        seconds = timed(
+            lambda: honest_and_converged(admin), BOUND * 2, "converged after 50 nodes came and went"
+        )
+        status = admin.get("nvidia.com/v1", "ClusterPolicy", POLICY)["status"]
+        assert status["gpuNodes"] == 4, status["gpuNodes"]
+        assert snapshot(admin).nodes == nodes, "a Node was created (or one of ours is left)"
+        record("50-nodes-churn", converged_s=seconds)
+    finally:
+        with contextlib.suppress(ApiError):
+            admin.delete(("nvidia.com/v1", "ClusterPolicy", "", POLICY))
+        wait_for(lambda: assert_cleaned_up(cluster), timeout=BOUND * 2, what="cleanup")
+        restore_nodes(cluster)

@@ -1,0 +1,236 @@
+"""Least privilege, proven with the operator's own token (the chart's ServiceAccount): it creates every
+operand object it needs, and nothing it could try gains it anything beyond the operand rules. RBAC
+limits changes and deletions by name; the chart's ValidatingAdmissionPolicy pins creates and the
+content of roles and bindings (`escalate`/`bind` cannot be turned into anything else)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_operator.kube import ApiError, Kube, load_api_client, path
+from gpu_operator.labels import FIELD_MANAGER
+
+from .kube_helpers import Cluster, wait_for
+from .operator_process import OperatorProcess, chart_operator
+from .test_operator import NS, RELEASE, apply_policy, assert_cleaned_up, get_policy, policy_from
+
+RBAC = "rbac.authorization.k8s.io/v1"
+ME = {"kind": "ServiceAccount", "name": RELEASE, "namespace": NS}
+EVERYTHING = {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}
+
+
+@pytest.fixture(scope="module")
+def converged(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Kube, Kube]]:
+    """The operator, converged on a policy with every component (every operand role and binding
+    exists); (the operator's token, the admin)."""
+    folder = tmp_path_factory.mktemp("least-privilege")
+    # everything.yaml names its own RuntimeClass: the chart must be told (its RBAC names it).
+    runtime_class = "clusterPolicy.operator.runtimeClass=nvidia-gpu"
+    with chart_operator(cluster, folder, NS, "--set", runtime_class) as operator:
+        admin = Kube(cluster.api)
+        token = Kube(load_api_client(folder / "kubeconfig"))
+        apply_policy(cluster, policy_from("everything", "cluster-policy"))
+        try:
+            wait_for(
+                lambda: all_rbac_applied(admin, operator), timeout=180, what="every operand role applied"
+            )
+            yield token, admin
+        finally:
+            admin.request("DELETE", path("nvidia.com/v1", "ClusterPolicy", name="cluster-policy"))
+            wait_for(lambda: assert_cleaned_up(cluster), timeout=180, what="cleanup")
+            operator.assert_clean_log()
+
+
+GENERATED = Path(__file__).resolve().parents[2] / "charts" / "gpu-operator" / "files" / "operand-rbac.yaml"
+
+
+def all_rbac_applied(admin: Kube, operator: OperatorProcess) -> None:
+    wanted = yaml.safe_load(GENERATED.read_text())
+    for kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
+        namespace = NS if kind in ("Role", "RoleBinding") else ""
+        found = {
+            o["metadata"]["name"]
+            for o in admin.list(RBAC, kind, namespace, f"app.kubernetes.io/managed-by={FIELD_MANAGER}")
+        }
+        assert set(wanted[kind]["names"]) <= found, (
+            f"{kind}: {sorted(set(wanted[kind]['names']) - found)} missing"
+        )
+    assert "Forbidden" not in operator.log() and "denied" not in operator.log(), operator.log()[-3000:]
+
+
+def refused(write: Any, *args: Any, **kwargs: Any) -> ApiError:
+    """`write(*args, **kwargs)` fails with 403 (RBAC) or 422 (the admission policy)."""
+    with pytest.raises(ApiError) as caught:
+        write(*args, **kwargs)
+    assert caught.value.status in (403, 422), caught.value
+    return caught.value
+
+
+def apply(kube: Kube, body: dict[str, Any]) -> dict[str, Any]:
+    return kube.apply(body, manager=FIELD_MANAGER, force=True)
+
+
+def role(admin: Kube, kind: str, name: str) -> dict[str, Any]:
+    return admin.get(RBAC, kind, name, NS if kind in ("Role", "RoleBinding") else "")
+
+
+def test_the_operator_created_everything_it_needs(converged: tuple[Kube, Kube], cluster: Cluster) -> None:
+    def no_write_refused() -> None:
+        status = get_policy(cluster, "cluster-policy").get("status", {})
+        error = next((c for c in status.get("conditions", []) if c["type"] == "Error"), None)
+        assert error is not None and error["reason"] in ("OperandNotReady", "Ready"), error
+
+    wait_for(no_write_refused, timeout=60, what="a status without refused writes")
+
+
+def test_rewriting_an_operand_role_to_everything_is_refused(converged: tuple[Kube, Kube]) -> None:
+    token, admin = converged
+    for kind in ("ClusterRole", "Role"):
+        before = role(admin, kind, "nvidia-driver")
+        metadata = {"name": "nvidia-driver", **({"namespace": NS} if kind == "Role" else {})}
+        body: dict[str, Any] = {"apiVersion": RBAC, "kind": kind, "metadata": metadata, "rules": [EVERYTHING]}
+        error = refused(apply, token, body)
+        assert "exactly the operator's rules" in str(error)
+        # Nor by aggregating other roles into it.
+        aggregated = {**body, "rules": before["rules"], "aggregationRule": {"clusterRoleSelectors": [{}]}}
+        if kind == "ClusterRole":
+            refused(apply, token, aggregated)
+        assert role(admin, kind, "nvidia-driver")["rules"] == before["rules"]
+
+
+def test_binding_an_operand_role_to_itself_is_refused(converged: tuple[Kube, Kube]) -> None:
+    token, admin = converged
+    driver_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "nvidia-driver"}
+    attempts: list[dict[str, Any]] = [
+        # a new binding of an operand role
+        {
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "escalation"},
+            "roleRef": driver_ref,
+            "subjects": [ME],
+        },
+        # the operand's own binding, with the operator added
+        {
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "nvidia-driver"},
+            "roleRef": driver_ref,
+            "subjects": [{**ME, "name": "nvidia-driver"}, ME],
+        },
+        # a namespaced binding of the ClusterRole, under an operand binding's name
+        {
+            "kind": "RoleBinding",
+            "metadata": {"name": "nvidia-driver", "namespace": NS},
+            "roleRef": driver_ref,
+            "subjects": [ME],
+        },
+    ]
+    for attempt in attempts:
+        before = (
+            role(admin, attempt["kind"], attempt["metadata"]["name"])
+            if attempt["metadata"]["name"] != "escalation"
+            else None
+        )
+        refused(apply, token, {"apiVersion": RBAC, **attempt})
+        if before is not None:
+            after = role(admin, attempt["kind"], attempt["metadata"]["name"])
+            assert (after["roleRef"], after["subjects"]) == (before["roleRef"], before["subjects"])
+    with pytest.raises(ApiError) as gone:
+        admin.get(RBAC, "ClusterRoleBinding", "escalation")
+    assert gone.value.status == 404
+
+
+def test_foreign_objects_are_out_of_reach(converged: tuple[Kube, Kube]) -> None:
+    token, admin = converged
+    new_role = {
+        "apiVersion": RBAC,
+        "kind": "ClusterRole",
+        "metadata": {"name": "escalation"},
+        "rules": [EVERYTHING],
+    }
+    refused(apply, token, new_role)
+    cluster_admin = admin.get(RBAC, "ClusterRole", "cluster-admin")
+    merge = {"metadata": {"labels": {"escalation": "true"}}}
+    url = path(RBAC, "ClusterRole", name="cluster-admin")
+    refused(token.request, "PATCH", url, body=merge, content_type="application/merge-patch+json")
+    refused(token.delete, (RBAC, "ClusterRoleBinding", "", "cluster-admin"))
+    assert (
+        admin.get(RBAC, "ClusterRole", "cluster-admin")["metadata"]["resourceVersion"]
+        == (cluster_admin["metadata"]["resourceVersion"])
+    )
+    foreign = {
+        "apiVersion": "node.k8s.io/v1",
+        "kind": "RuntimeClass",
+        "metadata": {"name": "kata-user"},
+        "handler": "kata",
+    }
+    apply(admin, foreign)
+    try:
+        refused(token.delete, ("node.k8s.io/v1", "RuntimeClass", "", "kata-user"))
+        refused(apply, token, {**foreign, "handler": "runc"})
+        assert admin.get("node.k8s.io/v1", "RuntimeClass", "kata-user")["handler"] == "kata"
+        # Not even a RuntimeClass of its own name with another handler.
+        refused(apply, token, {**foreign, "metadata": {"name": "nvidia"}, "handler": "runc"})
+    finally:
+        admin.delete(("node.k8s.io/v1", "RuntimeClass", "", "kata-user"))
+
+
+def test_its_crd_cannot_get_a_conversion_webhook(converged: tuple[Kube, Kube]) -> None:
+    token, admin = converged
+    name = "clusterpolicies.nvidia.com"
+    crd = admin.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name)
+    webhook = {
+        "strategy": "Webhook",
+        "webhook": {
+            "conversionReviewVersions": ["v1"],
+            "clientConfig": {"url": "https://127.0.0.1:1/convert"},
+        },
+    }
+    body = {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": name},
+        "spec": {**crd["spec"], "conversion": webhook},
+    }
+    refused(token.apply, body, manager="escalation", force=True)
+    other = {**body, "metadata": {"name": "escalations.example.com"}}
+    refused(token.apply, other, manager="escalation", force=True)
+
+
+def test_what_the_token_can_do_is_no_more_than_before(converged: tuple[Kube, Kube]) -> None:
+    token, _admin = converged
+    checks = [
+        ("*", "*", "*", ""),
+        ("get", "", "secrets", ""),
+        ("patch", "rbac.authorization.k8s.io", "clusterrolebindings", "cluster-admin"),
+        ("escalate", "rbac.authorization.k8s.io", "clusterroles", "cluster-admin"),
+        ("impersonate", "", "users", ""),
+        ("create", "", "pods/exec", NS),
+    ]
+    for verb, group, resource, name_or_ns in checks:
+        attributes: dict[str, str] = {"verb": verb, "group": group, "resource": resource}
+        if resource == "pods/exec":
+            attributes = {
+                "verb": verb,
+                "group": group,
+                "resource": "pods",
+                "subresource": "exec",
+                "namespace": name_or_ns,
+            }
+        elif name_or_ns:
+            attributes["name"] = name_or_ns
+        review = token.request(
+            "POST",
+            "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+            body={
+                "apiVersion": "authorization.k8s.io/v1",
+                "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": attributes},
+            },
+        )
+        assert not review["status"].get("allowed"), json.dumps(attributes)

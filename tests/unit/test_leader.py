@@ -1,0 +1,172 @@
+"""Leader election (gpu_operator/leader.py) on a fake clock and an in-memory Lease with optimistic
+concurrency: one leader at a time, a standby takes over within 15 s of the leader's death, a leader
+cut off from the API server stops writing before anyone else may start, a released lease is taken at
+once."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, cast
+
+import pytest
+
+from gpu_operator.kube import ApiError, Kube, NotLeader
+from gpu_operator.leader import Election, Elector, Leadership, Record, Timing, lease_body, record_of
+
+TIMING = Timing()
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class LeaseServer:
+    """One Lease, with resourceVersions and 409 on a stale one; `down` makes every call fail."""
+
+    def __init__(self) -> None:
+        self.lease: dict[str, Any] | None = None
+        self.version = 0
+        self.down = False
+        self.writes = 0
+
+    def client(self) -> Kube:
+        return cast(Kube, FakeKube(self))
+
+
+class FakeKube:
+    timeout = (2.0, 3.0)
+
+    def __init__(self, server: LeaseServer) -> None:
+        self.server = server
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
+        if self.server.down:
+            raise ApiError(0, "ConnectionError", "refused")
+        if self.server.lease is None:
+            raise ApiError(404, "NotFound", "no lease")
+        return self.server.lease
+
+    def request(self, method: str, url: str, body: Mapping[str, Any], kind: str = "") -> dict[str, Any]:
+        server = self.server
+        if server.down:
+            raise ApiError(0, "ConnectionError", "refused")
+        if method == "POST" and server.lease is not None:
+            raise ApiError(409, "AlreadyExists", "exists")
+        if method == "PUT":
+            current = (server.lease or {}).get("metadata", {}).get("resourceVersion")
+            if body["metadata"].get("resourceVersion") != current:
+                raise ApiError(409, "Conflict", "the object has been modified")
+        server.version += 1
+        server.writes += 1
+        server.lease = {**body, "metadata": {**body["metadata"], "resourceVersion": str(server.version)}}
+        return server.lease
+
+
+def elector(server: LeaseServer, clock: Clock, name: str) -> Elector:
+    return Elector(server.client(), "ns", "gpu-operator", name, TIMING, clock=clock)
+
+
+def run(clock: Clock, electors: list[Elector], seconds: float) -> list[set[str]]:
+    """Step every elector each retry period for `seconds`; who leads after each round."""
+    leaders = []
+    end = clock.now + seconds
+    while clock.now < end:
+        for each in electors:
+            each.step()
+        leaders.append({e.election.identity for e in electors if e.leading()})
+        clock.now += TIMING.retry
+    return leaders
+
+
+def test_timing_must_leave_a_margin() -> None:
+    with pytest.raises(ValueError, match="retry < renew deadline < duration"):
+        Timing(duration=10, renew_deadline=10, retry=2)
+
+
+def test_one_leader_and_a_standby_takes_over_within_15_seconds_of_its_death() -> None:
+    clock, server = Clock(), LeaseServer()
+    a, b = elector(server, clock, "a"), elector(server, clock, "b")
+    rounds = run(clock, [a, b], 30)
+    assert all(len(leaders) == 1 for leaders in rounds), rounds
+    assert rounds[-1] == {"a"}, "the first one keeps it while it renews"
+    died = clock.now - TIMING.retry  # a's last renewal was in the last round
+    taken = None
+    while taken is None:
+        b.step()
+        if b.leading():
+            taken = clock.now
+        clock.now += 0.5
+    assert taken - died <= 15.0
+    assert record_of(cast(dict[str, Any], server.lease)).transitions == 1
+
+
+def test_a_leader_cut_off_stops_before_a_standby_may_start() -> None:
+    clock, server = Clock(), LeaseServer()
+    a, b = elector(server, clock, "a"), elector(server, clock, "b")
+    run(clock, [a, b], 10)
+    assert a.leading()
+    last_renewal = clock.now - TIMING.retry
+    server.down = True
+    stopped = None
+    while stopped is None:
+        a.step()
+        if not a.leading():
+            stopped = clock.now
+        clock.now += 0.5
+    server.down = False
+    started = None
+    while started is None:
+        b.step()
+        if b.leading():
+            started = clock.now
+        clock.now += 0.5
+    assert stopped - last_renewal <= TIMING.renew_deadline + 0.5
+    assert started > stopped + 2, "no overlap: the old leader stopped writing well before"
+
+
+def test_a_released_lease_is_taken_at_the_next_round() -> None:
+    clock, server = Clock(), LeaseServer()
+    a, b = elector(server, clock, "a"), elector(server, clock, "b")
+    run(clock, [a, b], 6)
+    a.stop(release=True)
+    assert not a.leading() and record_of(cast(dict[str, Any], server.lease)).holder == ""
+    b.step()
+    assert b.leading()
+
+
+def test_a_standby_writes_nothing_while_the_lease_is_held() -> None:
+    clock, server = Clock(), LeaseServer()
+    a = elector(server, clock, "a")
+    run(clock, [a], 4)
+    writes = server.writes
+    b = elector(server, clock, "b")
+    run(clock, [b], 8)  # a is silent but its lease is not yet expired
+    assert server.writes == writes and not b.leading()
+
+
+def test_election_rules_on_their_own() -> None:
+    election = Election("me", TIMING)
+    assert election.wanted(0.0, "t0") == Record("me", 10, "t0", "t0", 0)  # no lease: create it
+    theirs = Record("other", 10, "t0", "t0", 3, "7")
+    election.observe(theirs, 0.0)
+    assert election.wanted(9.9, "t1") is None
+    election.observe(theirs, 9.9)  # unchanged: still counted from 0
+    assert election.wanted(10.0, "t2") == Record("me", 10, "t2", "t2", 4, "7")
+    assert not election.leading(10.0) and election.released("t3") is None
+
+
+def test_leadership_gates_writes() -> None:
+    assert Leadership(enabled=False).leading()
+    assert not Leadership(enabled=True).leading(), "no elector yet: a standby"
+    kube = Kube(cast(Any, None), may_write=lambda: False)
+    with pytest.raises(NotLeader):
+        kube.delete(("v1", "ConfigMap", "ns", "x"))
+
+
+def test_lease_body_round_trip() -> None:
+    record = Record("me", 10, "a", "b", 2, "9")
+    assert record_of(lease_body("ns", "l", record)) == record

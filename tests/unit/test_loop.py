@@ -1,0 +1,104 @@
+"""The reconcile loop and its probes: liveness fails only when work waits with no pass finishing (an
+API outage that makes passes fail fast is progress), lastError clears after a good pass."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from gpu_operator.kube import ApiError
+from gpu_operator.loop import Loop, health, ready
+from gpu_operator.reconciler import Outcome
+from gpu_operator.settings import Settings
+from gpu_operator.store import Store
+
+SETTINGS = Settings(stuck_after_seconds=100.0, max_backoff_seconds=0.01, resync_seconds=3600.0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def outcome() -> Outcome:
+    plan: Any = type("P", (), {"statuses": {}, "active": None, "spec": None, "gpu_nodes": 0})()
+    return Outcome(plan, {})
+
+
+def live(loop: Loop) -> bool:
+    return health(loop, Store())[0]
+
+
+def test_work_waiting_without_a_finished_pass_fails_liveness() -> None:
+    clock = Clock()
+    loop = Loop(SETTINGS, clock)
+    loop.started = True
+    clock.now += 1000  # idle for long: nothing to do is not stuck
+    assert live(loop)
+    loop.wake()
+    clock.now += 99
+    assert live(loop)
+    clock.now += 2
+    healthy, body = health(loop, Store())
+    assert not healthy and body["reconcile"]["stuck"] and body["reconcile"]["workWaitingSeconds"] == 101
+    loop._finished()  # a pass ends: what it was woken for is done
+    assert live(loop) and loop.stuck_for() == 0
+
+
+def test_work_arriving_during_a_pass_waits_from_its_end() -> None:
+    clock = Clock()
+    loop = Loop(SETTINGS, clock)
+    loop.started = True
+    loop.wake()
+    loop.wakeup.clear()  # the pass starts
+    clock.now += 50
+    loop.wake()  # an event during the pass
+    clock.now += 10
+    loop._finished()
+    assert loop.stuck_for() == 0  # counted from the end of the pass that could not see it
+    clock.now += 101
+    assert not live(loop)
+
+
+def scenario(passes: list[Exception | None]) -> tuple[Loop, list[tuple[bool, dict[str, Any]]]]:
+    """Run the loop over passes that raise or succeed in turn; the probes after each."""
+    seen: list[tuple[bool, dict[str, Any]]] = []
+    done = threading.Event()
+
+    async def main() -> Loop:
+        loop = Loop(SETTINGS)
+        remaining = list(passes)
+
+        def one_pass() -> Outcome:
+            error = remaining.pop(0)
+            if not remaining:
+                done.set()
+            if error is not None:
+                raise error
+            return outcome()
+
+        loop.listed.set()
+        loop.wake()
+        task = asyncio.create_task(loop.run(one_pass))
+        while not done.is_set() or loop.work_since is not None:
+            await asyncio.sleep(0.01)
+            if loop.last_finished is not None:
+                seen.append(health(loop, Store()))
+        task.cancel()
+        return loop
+
+    return asyncio.run(main()), seen
+
+
+def test_an_unreachable_api_server_is_progress_and_a_good_pass_clears_last_error() -> None:
+    down = ApiError(0, "ConnectionError", "connection refused")
+    loop, seen = scenario([down, down, down, None])
+    assert loop.failures == 3 and loop.passes == 1
+    assert all(healthy for healthy, _ in seen), "an API outage never fails liveness"
+    assert any("connection refused" in body["reconcile"]["lastError"] for _, body in seen)
+    assert loop.last_error == ""
+    assert ready(loop)[0]

@@ -1,0 +1,606 @@
+"""The driver upgrade wired into the operator, against a fake API: the Store keeps what the state machine
+decides on, the planner runs it every pass, the reconciler carries out its writes in the safe order and
+feeds the API's answers back, the metrics and the pod watches of the nodes being emptied."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any, cast
+
+import pytest
+from test_reconciler import FakeKube
+
+from gpu_operator import metrics
+from gpu_operator.kube import ApiError, Kube
+from gpu_operator.loop import Loop
+from gpu_operator.node_pods import NodePodWatches, _NodeWatch
+from gpu_operator.plan import PolicyRef, build
+from gpu_operator.reconciler import Reconciler
+from gpu_operator.settings import Settings
+from gpu_operator.status import status_body
+from gpu_operator.store import Store
+from gpu_operator.upgrade.states import (
+    AUTO_UPGRADE_ANNOTATION,
+    FAILURE_ANNOTATION,
+    STATE_LABEL,
+    STATE_START_ANNOTATION,
+)
+
+PCI = "feature.node.kubernetes.io/pci-10de.present"
+OURS = {"app.kubernetes.io/managed-by": "gpu-operator"}
+NOW = time.time()
+PDB = "Cannot evict pod as it would violate the pod's disruption budget."
+
+
+def stamp(seconds: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(seconds))
+
+
+def node_body(
+    name: str, version: int, state: str = "upgrade-done", unschedulable: bool = False, **annotations: str
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "uid": f"uid-{name}",
+            "resourceVersion": str(version),
+            "labels": {PCI: "true", STATE_LABEL: state},
+            "annotations": {
+                AUTO_UPGRADE_ANNOTATION: "true",
+                STATE_START_ANNOTATION: str(int(NOW - 60)),
+                "other.example.com/note": "not the upgrade's",
+                **annotations,
+            },
+        },
+        "spec": {"unschedulable": True} if unschedulable else {},
+        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+def driver_daemonset() -> dict[str, Any]:
+    labels = {**OURS, "app.kubernetes.io/component": "nvidia-driver"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": "nvidia-driver-daemonset",
+            "namespace": "gpu-operator",
+            "uid": "ds",
+            "labels": labels,
+        },
+        "spec": {
+            "template": {"spec": {"containers": [{"name": "nvidia-driver-ctr", "image": "driver:stale"}]}}
+        },
+    }
+
+
+def revision(number: int, digest: str = "") -> dict[str, Any]:
+    env = [{"name": "DRIVER_CONFIG_DIGEST", "value": digest}] if digest else []
+    template = {
+        "spec": {"containers": [{"name": "nvidia-driver-ctr", "image": f"driver:v{number}", "env": env}]}
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "ControllerRevision",
+        "metadata": {
+            "name": f"nvidia-driver-daemonset-h{number}",
+            "namespace": "gpu-operator",
+            "labels": {
+                **OURS,
+                "app.kubernetes.io/component": "nvidia-driver",
+                "controller-revision-hash": f"h{number}",
+            },
+            "ownerReferences": [
+                {
+                    "apiVersion": "apps/v1",
+                    "kind": "DaemonSet",
+                    "name": "nvidia-driver-daemonset",
+                    "uid": "ds",
+                    "controller": True,
+                }
+            ],
+        },
+        "revision": number,
+        "data": {"spec": {"template": {**template, "$patch": "replace"}}},
+    }
+
+
+def pod_body(
+    name: str,
+    node: str,
+    component: str = "",
+    *,
+    revision_hash: str = "",
+    ready: bool = True,
+    created: float = NOW - 600,
+    restarts: int = 0,
+    gpu: bool = False,
+) -> dict[str, Any]:
+    labels: dict[str, str] = {}
+    owner: dict[str, Any] = {"kind": "ReplicaSet", "uid": "rs", "controller": True}
+    if component:
+        labels = {**OURS, "app.kubernetes.io/component": component}
+        owner = {
+            "kind": "DaemonSet",
+            "uid": "ds" if component == "nvidia-driver" else "other",
+            "controller": True,
+        }
+    if revision_hash:
+        labels["controller-revision-hash"] = revision_hash
+    resources = {"limits": {"nvidia.com/gpu": "1"}} if gpu else {}
+    statuses = [{"name": "c", "ready": ready, "restartCount": restarts}]
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": "gpu-operator" if component else "ml",
+            "uid": f"uid-{name}",
+            "labels": labels,
+            "ownerReferences": [owner],
+            "creationTimestamp": stamp(created),
+        },
+        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": resources}]},
+        "status": {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
+            "containerStatuses": statuses,
+        },
+    }
+
+
+def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, Mapping):
+            _merge(target.setdefault(key, {}), value)
+        else:
+            target[key] = value
+
+
+class UpgradeKube(FakeKube):
+    """Also answers the upgrade's calls: node merge patches (applied, resourceVersion bumped),
+    evictions (refused for `refuse`), pod deletions, Events with their involved object."""
+
+    def __init__(
+        self, nodes: dict[str, dict[str, Any]], refuse: frozenset[str] = frozenset(), **kw: Any
+    ) -> None:
+        super().__init__(**kw)
+        self.nodes = nodes
+        self.refuse = refuse
+        self.calls: list[tuple[str, str]] = []
+        self.targets: list[tuple[str, str, str, str]] = []
+
+    def patch_node(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        if name in self.reject:
+            raise self.reject[name]
+        self.calls.append(("patch", name))
+        node = self.nodes[name]
+        _merge(node, body)
+        node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 100)
+        return copy.deepcopy(node)
+
+    def evict(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
+        self.calls.append(("evict", name))
+        if name in self.refuse:
+            raise ApiError(429, "TooManyRequests", PDB)
+
+    def delete_pod(self, namespace: str, name: str, options: Mapping[str, Any]) -> None:
+        self.calls.append(("delete", name))
+
+    def post_event(
+        self,
+        policy: Mapping[str, str],
+        type_: str,
+        reason: str,
+        message: str,
+        now: str,
+        kind: tuple[str, str] = ("nvidia.com/v1", "ClusterPolicy"),
+    ) -> None:
+        self.events.append((type_, reason))
+        self.targets.append((kind[1], policy["name"], policy["uid"], message))
+
+
+class Follow:
+    """The pod watches: what the pods of a node are once listed (`listing`; nodes not in it are never
+    listed in time)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.nodes: list[frozenset[str]] = []
+        self.listing: dict[str, list[dict[str, Any]]] = {}
+
+    def follow(self, nodes: Any) -> None:
+        self.nodes.append(frozenset(nodes))
+
+    def wait_listed(self, nodes: Any, timeout: float) -> bool:
+        listed = [node for node in nodes if node in self.listing]
+        for node in listed:
+            self.store.list_node_pods(node, self.listing[node])
+        return bool(listed)
+
+
+def world(
+    nodes: dict[str, dict[str, Any]], pods: list[dict[str, Any]], upgrade: dict[str, Any] | None = None
+) -> tuple[Reconciler, Follow]:
+    """A Store as the watches would fill it: the policy, the nodes, the driver DaemonSet at revision 2."""
+    store = Store()
+    spec = {"driver": {"upgradePolicy": {"autoUpgrade": True, **(upgrade or {})}}}
+    store.put("policies", "p", PolicyRef("p", "uid-p", 1, "2026-01-01T00:00:00Z", spec, {}))
+    for body in nodes.values():
+        store.record_node(copy.deepcopy(body), False)
+    store.record_managed(driver_daemonset(), False)
+    for number in (1, 2):
+        store.record_revision(revision(number), False)
+    for body in pods:
+        store.record_pod(body, False)
+    follow = Follow(store)
+    return Reconciler(cast(Kube, None), store, Settings(), pod_watches=follow), follow
+
+
+def with_kube(rec: Reconciler, kube: UpgradeKube) -> Reconciler:
+    rec.kube = cast(Kube, kube)
+    return rec
+
+
+# --- the Store ------------------------------------------------------------------------------------
+
+
+def test_store_keeps_the_driver_revision_pods_and_upgrade_annotations_only() -> None:
+    nodes = {"gpu-0": node_body("gpu-0", 10)}
+    rec, _ = world(nodes, [pod_body("drv-0", "gpu-0", "nvidia-driver", revision_hash="h1")])
+    rec.store.record_revision({**revision(7), "metadata": {**revision(7)["metadata"], "labels": OURS}}, False)
+    facts = rec.store.snapshot("gpu-operator", {}).upgrade
+    (daemonset,) = facts.driver_daemonsets
+    assert (daemonset.revision, daemonset.version) == ("h2", "v2")  # the newest revision of the driver's
+    (driver,) = facts.driver_pods
+    assert (driver.node, driver.revision, driver.daemonset_uid) == ("gpu-0", "h1", "ds")
+    node = rec.store.get("nodes", "gpu-0")
+    assert set(node.upgrade_annotations) == {AUTO_UPGRADE_ANNOTATION, STATE_START_ANNOTATION}
+    assert facts.pods_known == frozenset()  # no node's pods are watched at rest
+
+
+def test_store_drops_a_node_event_older_than_what_it_holds() -> None:
+    store = Store()
+    assert store.record_node(node_body("gpu-0", 20, "pod-restart-required", unschedulable=True), False)
+    # The watch brings the node as it was before our write: kept out, it would un-cordon it for a pass.
+    assert not store.record_node(node_body("gpu-0", 19), False)
+    assert store.get("nodes", "gpu-0").unschedulable
+    assert store.record_node(node_body("gpu-0", 21), False)
+    assert not store.get("nodes", "gpu-0").unschedulable
+
+
+def test_node_pods_are_known_from_their_listing_until_forgotten() -> None:
+    store = Store()
+    train = pod_body("train", "gpu-0", gpu=True)
+    assert not store.record_node_pod("gpu-0", train, False)  # not listed: an event alone says nothing
+    assert store.list_node_pods("gpu-0", [train, pod_body("elsewhere", "gpu-1")])
+    facts = store.snapshot("gpu-operator", {}).upgrade
+    assert facts.pods_known == frozenset({"gpu-0"}) and [p.name for p in facts.pods] == ["train"]
+    assert store.record_node_pod("gpu-0", train, True)
+    assert store.snapshot("gpu-operator", {}).upgrade.pods == ()
+    store.forget_node_pods("gpu-0")
+    assert store.snapshot("gpu-operator", {}).upgrade.pods_known == frozenset()
+
+
+# --- the planner ----------------------------------------------------------------------------------
+
+
+def test_every_pass_plans_the_upgrade_and_writes_its_status() -> None:
+    nodes = {"gpu-0": node_body("gpu-0", 10), "gpu-1": node_body("gpu-1", 11)}
+    pods = [pod_body(f"drv-{i}", f"gpu-{i}", "nvidia-driver", revision_hash="h1") for i in (0, 1)]
+    rec, _ = world(nodes, pods)
+    plan = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW)
+    assert plan.upgrade is not None
+    first = plan.upgrade.actions[0]
+    assert first.node == "gpu-0" and first.starts
+    assert plan.upgrade.pods_needed == {"gpu-0"}
+    status = status_body(plan.statuses["p"])["driverUpgrade"]
+    assert status["autoUpgrade"] and status["nodesInProgress"] == 1 and status["nodesPending"] == 1
+    assert status["inProgress"][0]["reason"] == "listing the pods on the node"
+    # With the driver off the operator upgrades nothing and its status says nothing about upgrades.
+    rec.store.put(
+        "policies",
+        "p",
+        PolicyRef("p", "uid-p", 2, "2026-01-01T00:00:00Z", {"driver": {"enabled": False}}, {}),
+    )
+    off = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW)
+    assert status_body(off.statuses["p"])["driverUpgrade"] is None
+
+
+def test_no_node_is_up_to_date_while_the_driver_daemonset_rolls_to_a_new_template() -> None:
+    """Between our apply of a new driver DaemonSet and the DaemonSet controller's new revision, every
+    pod still matches the previous revision: the status must not call that up to date."""
+    nodes = {"gpu-0": node_body("gpu-0", 10)}
+    rec, _ = world(nodes, [pod_body("drv-0", "gpu-0", "nvidia-driver", revision_hash="h2")])
+
+    def summary() -> str:
+        plan = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW)
+        return str(status_body(plan.statuses["p"])["driverUpgrade"]["summary"])
+
+    # The newest revision (h2) is driver:v2, not what the policy renders.
+    assert summary().startswith("waiting for the driver DaemonSet's new revision (595.91.07")
+    plan = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW)
+    (desired,) = [o for o in plan.objects if o["metadata"]["name"] == "nvidia-driver-daemonset"]
+    newest = revision(3)
+    newest["data"]["spec"]["template"] = {**copy.deepcopy(desired["spec"]["template"]), "$patch": "replace"}
+    rec.store.record_revision(newest, False)
+    assert summary() == "0/1 upgraded"  # h3 now: gpu-0 is behind, its upgrade starts
+    rec.store.record_pod(pod_body("drv-0", "gpu-0", "nvidia-driver", revision_hash="h3"), False)
+    assert summary() == "up to date"
+
+
+# --- the reconciler -------------------------------------------------------------------------------
+
+
+def finishing_and_pending() -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """gpu-0 validated at revision 2 (it finishes this pass), gpu-1 still at revision 1 (it starts)."""
+    nodes = {
+        "gpu-0": node_body("gpu-0", 10, "validation-required", unschedulable=True),
+        "gpu-1": node_body("gpu-1", 11, "upgrade-required"),
+    }
+    pods = [
+        pod_body("drv-0", "gpu-0", "nvidia-driver", revision_hash="h2", created=NOW - 30),
+        pod_body("val-0", "gpu-0", "operator-validator", created=NOW - 20),
+        pod_body("drv-1", "gpu-1", "nvidia-driver", revision_hash="h1"),
+        pod_body("val-1", "gpu-1", "operator-validator"),
+    ]
+    return nodes, pods
+
+
+def test_a_start_is_written_after_the_node_that_frees_its_slot() -> None:
+    nodes, pods = finishing_and_pending()
+    kube = UpgradeKube(nodes)
+    rec, follow = world(nodes, pods)
+    outcome = with_kube(rec, kube).run_once()
+    assert [c for c in kube.calls if c[0] == "patch"] == [("patch", "gpu-0"), ("patch", "gpu-1")]
+    # The Store holds what the patches returned before any watch event: the next pass counts right.
+    started = rec.store.get("nodes", "gpu-1")
+    assert started.unschedulable and started.labels[STATE_LABEL] == "wait-for-jobs-required"
+    assert not rec.store.get("nodes", "gpu-0").unschedulable
+    assert follow.nodes[-1] == {"gpu-1"}  # its pods are watched from now on
+    assert not outcome.errors and outcome.wake_at is None
+    # Node Events are about the Node (its UID), the resumption-free pass posts none on the policy.
+    kinds = {(kind, name, uid) for kind, name, uid, _ in kube.targets}
+    assert ("Node", "gpu-0", "uid-gpu-0") in kinds and ("Node", "gpu-1", "uid-gpu-1") in kinds
+
+
+def test_a_starting_node_goes_as_far_as_it_can_once_its_pods_are_listed() -> None:
+    nodes, pods = finishing_and_pending()
+    kube = UpgradeKube(nodes)
+    rec, follow = world(nodes, pods)
+    follow.listing["gpu-1"] = [pod_body("train", "gpu-1", gpu=True)]
+    with_kube(rec, kube).run_once()
+    # One pass: cordoned and at pod-deletion-required in one patch, then its GPU pod evicted.
+    assert kube.calls[-2:] == [("patch", "gpu-1"), ("evict", "train")]
+    node = kube.nodes["gpu-1"]
+    assert (
+        node["spec"]["unschedulable"] and node["metadata"]["labels"][STATE_LABEL] == "pod-deletion-required"
+    )
+
+
+def test_no_start_when_the_finishing_node_could_not_be_written() -> None:
+    nodes, pods = finishing_and_pending()
+    kube = UpgradeKube(nodes, reject={"gpu-0": ApiError(422, "Invalid", "no")})
+    rec, _ = world(nodes, pods)
+    outcome = with_kube(rec, kube).run_once()
+    assert ("patch", "gpu-1") not in kube.calls  # gpu-0 still counts as in progress on the API server
+    assert "node/gpu-0" in outcome.errors
+
+
+def test_a_refused_eviction_is_a_fact_for_the_next_pass() -> None:
+    nodes = {"gpu-0": node_body("gpu-0", 10, "pod-deletion-required", unschedulable=True)}
+    pods = [
+        pod_body("drv-0", "gpu-0", "nvidia-driver", revision_hash="h1"),
+        pod_body("val-0", "gpu-0", "operator-validator"),
+    ]
+    kube = UpgradeKube(nodes, refuse=frozenset({"train"}))
+    rec, _ = world(nodes, pods, {"podDeletion": {"timeoutSeconds": 300}})
+    rec.store.list_node_pods("gpu-0", [pod_body("train", "gpu-0", gpu=True)])
+    outcome = with_kube(rec, kube).run_once()
+    assert kube.calls == [("evict", "train")]
+    assert rec.evictions["uid-train"].status == 429
+    assert outcome.wake_at is not None and outcome.wake_at <= time.time()  # say why at once
+    kube.calls.clear()
+    again = rec.run_once()
+    assert kube.calls == []  # not asked again before the retry time
+    reason = status_body(again.plan.statuses["p"])["driverUpgrade"]["inProgress"][0]["reason"]
+    assert f"eviction refused (429: {PDB})" in reason
+    assert again.wake_at is not None and again.wake_at > time.time()
+
+
+def test_a_failure_is_told_on_the_node_and_on_the_policy() -> None:
+    nodes = {
+        "gpu-0": node_body("gpu-0", 10, "pod-restart-required", unschedulable=True),
+        "gpu-1": node_body("gpu-1", 11),
+    }
+    pods = [
+        pod_body("drv-0", "gpu-0", "nvidia-driver", revision_hash="h2", ready=False, restarts=11),
+        pod_body("drv-1", "gpu-1", "nvidia-driver", revision_hash="h1"),
+    ]
+    kube = UpgradeKube(nodes)
+    rec, _ = world(nodes, pods)
+    with_kube(rec, kube).run_once()
+    failure = json.loads(kube.nodes["gpu-0"]["metadata"]["annotations"][FAILURE_ANNOTATION])
+    assert failure["step"] == "pod-restart-required" and "crash-looping" in failure["reason"]
+    warnings = [(kind, name) for kind, name, _, message in kube.targets if "failed" in message]
+    assert ("Node", "gpu-0") in warnings and ("ClusterPolicy", "p") in warnings
+    assert ("patch", "gpu-1") in kube.calls  # marked upgrade-required, but not started: paused
+    assert not kube.nodes["gpu-1"]["spec"].get("unschedulable")
+
+
+# --- metrics, the loop's wake-up, the pod watches ---------------------------------------------------
+
+
+def gauge(name: str) -> float | None:
+    return metrics.REGISTRY.get_sample_value(name)
+
+
+def test_upgrade_gauges_exist_only_while_known() -> None:
+    nodes, pods = finishing_and_pending()
+    rec, _ = world(nodes, pods)
+    plan = build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW)
+    metrics.observe_pass(plan, {}, 2, 0.1)
+    assert gauge("gpu_operator_driver_auto_upgrade_enabled") == 1
+    # As the pass leaves the nodes: gpu-0 done, gpu-1 started in the slot gpu-0 gave back.
+    assert gauge("gpu_operator_nodes_upgrades_done") == 1
+    assert gauge("gpu_operator_nodes_upgrades_in_progress") == 1
+    assert gauge("gpu_operator_nodes_upgrades_pending") == 0
+    assert gauge("gpu_operator_nodes_upgrades_available") == 1
+    off = {"driver": {"upgradePolicy": {"autoUpgrade": False}}}
+    rec.store.put("policies", "p", PolicyRef("p", "uid-p", 2, "2026-01-01T00:00:00Z", off, {}))
+    metrics.observe_pass(build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW), {}, 2, 0.1)
+    assert gauge("gpu_operator_driver_auto_upgrade_enabled") == 0
+    assert gauge("gpu_operator_nodes_upgrades_done") is None
+    rec.store.put("policies", "p", None)
+    metrics.observe_pass(build(rec.store.snapshot("gpu-operator", {}), stamp(NOW), NOW), {}, 2, 0.1)
+    assert gauge("gpu_operator_driver_auto_upgrade_enabled") is None
+
+
+def test_the_loop_wakes_itself_at_the_asked_time() -> None:
+    async def scenario() -> None:
+        loop = Loop(Settings())
+        loop.wake_at(time.time() + 0.05)
+        await asyncio.wait_for(loop.wakeup.wait(), timeout=10)
+        loop.wakeup.clear()
+        loop.wake_at(time.time() + 3600)
+        loop.wake_at(None)  # the latest answer wins: no timer left
+        assert loop.timer is None
+
+    asyncio.run(scenario())
+
+
+class WatchKube:
+    """A node's pods: one listing, then the watch events given, then the server ends the watch."""
+
+    def __init__(self, listing: list[dict[str, Any]], events: list[dict[str, Any]], on_end: Any) -> None:
+        self.listing = listing
+        self.events = events
+        self.on_end = on_end
+        self.queries: list[Mapping[str, str]] = []
+        self.api = self
+
+    def list_at(
+        self,
+        api_version: str,
+        kind: str,
+        namespace: str = "",
+        label_selector: str = "",
+        field_selector: str = "",
+    ) -> tuple[list[dict[str, Any]], str]:
+        assert field_selector == "spec.nodeName=gpu-0" and not namespace  # every namespace, one node
+        return self.listing, "100"
+
+    def watch(
+        self, api_version: str, kind: str, query: Mapping[str, str], timeout_seconds: int
+    ) -> Iterator[dict[str, Any]]:
+        self.queries.append(query)
+        yield from self.events
+        self.on_end()
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_node_watch_lists_then_follows_its_pods() -> None:
+    store = Store()
+    wakes: list[bool] = []
+    train = pod_body("train", "gpu-0", gpu=True)
+    gone = {**train, "metadata": {**train["metadata"], "resourceVersion": "105"}}
+    events = [{"type": "ADDED", "object": pod_body("new", "gpu-0")}, {"type": "DELETED", "object": gone}]
+    seen: list[list[str]] = []
+
+    def end() -> None:
+        seen.append(sorted(p.name for p in store.snapshot("gpu-operator", {}).upgrade.pods))
+        watch.stop()
+
+    kube = WatchKube([train], events, end)
+    watch = _NodeWatch("gpu-0", cast(Kube, kube), store, lambda: wakes.append(True))
+    watch._run()
+    assert seen == [["new"]]  # listed train, then new came and train went
+    assert kube.queries[0]["resourceVersion"] == "100"
+    assert len(wakes) == 3  # the listing, and each change
+    assert store.snapshot("gpu-operator", {}).upgrade.pods_known == frozenset()  # stopped: forgotten
+
+
+def test_pod_watches_follow_exactly_the_nodes_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    started: list[str] = []
+    monkeypatch.setattr("gpu_operator.node_pods._NodeWatch.__init__", _fake_init(started))
+    watches = NodePodWatches(cast(Kube, _Forkable()), Store(), lambda: None)
+    watches.follow({"gpu-0", "gpu-1"})
+    watches.follow({"gpu-1", "gpu-2"})
+    assert sorted(watches.watches) == ["gpu-1", "gpu-2"] and started == ["gpu-0", "gpu-1", "gpu-2"]
+    # Waiting for a listing follows the node too; a node not listed in time is a False, not a hang.
+    assert watches.wait_listed({"gpu-0"}, timeout=5)
+    assert sorted(watches.watches) == ["gpu-0", "gpu-1", "gpu-2"]
+    assert not watches.wait_listed({"gpu-3"}, timeout=0.01)
+    # A watch that is running and not listed yet (failing) is not waited for again.
+    watches.watches["gpu-3"].listed.wait = _never_called  # type: ignore[method-assign]
+    assert not watches.wait_listed({"gpu-3"}, timeout=5)
+    watches.stop()
+    assert watches.watches == {}
+
+
+class _Forkable:
+    def fork(self) -> _Forkable:
+        return self
+
+
+def _fake_init(started: list[str]) -> Any:
+    class Thread:
+        def start(self) -> None:
+            pass
+
+    def init(self: Any, node: str, kube: Any, store: Any, wake: Any) -> None:
+        started.append(node)
+        self.node = node
+        self.thread = Thread()
+        self.stop = lambda: None
+        self.listed = threading.Event()
+        if node != "gpu-3":
+            self.listed.set()
+
+    return init
+
+
+def _never_called(timeout: float | None = None) -> bool:
+    raise AssertionError("waited for a watch that was already running")
+
+
+def test_a_forked_client_keeps_the_timeouts_and_the_leader_gate() -> None:
+    from kubernetes import client
+
+    def gate() -> bool:
+        return False
+
+    kube = Kube(client.ApiClient(client.Configuration()), timeout=(1.0, 2.0), may_write=gate)
+    forked = kube.fork()
+    assert forked.api is not kube.api and forked.timeout == (1.0, 2.0) and forked.may_write is gate
+
+
+def test_a_relisting_forgets_the_upgrade_facts_that_vanished() -> None:
+    from gpu_operator.operator import watches
+
+    store = Store()
+    store.record_managed(driver_daemonset(), False)
+    store.record_revision(revision(1), False)
+    store.record_pod(pod_body("driver-a", "gpu-0", "nvidia-driver", revision_hash="h1"), False)
+    store.record_pod(pod_body("validator-a", "gpu-0", "operator-validator"), False)
+    retain = {w.plural: w.retain for w in watches(store)}
+    facts = store.snapshot("gpu-operator", {}).upgrade
+    assert facts.driver_daemonsets and facts.driver_pods and facts.validator_pods
+    # Deleted while no watch was open: a fresh listing without them forgets them as upgrade facts too.
+    assert retain["pods"]({("gpu-operator", "validator-a")})
+    assert retain["daemonsets"](set())
+    assert retain["controllerrevisions"](set())
+    facts = store.snapshot("gpu-operator", {}).upgrade
+    assert facts.driver_daemonsets == () and facts.driver_pods == () and len(facts.validator_pods) == 1
+    assert store.size("revisions") == 0
