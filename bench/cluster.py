@@ -62,6 +62,9 @@ class Cluster:
     port_base: int
     nodes: int
     log_file: Path
+    sim_profile: str = "instant"
+    """The emulators' timing profile (hack/emulators/profile.py) and its scale."""
+    sim_time_scale: float = 1.0
 
     def _make(self, *args: str, capture: bool = False) -> str:
         command = [
@@ -75,6 +78,8 @@ class Cluster:
             "CPU_NODES=1",
             f"CLUSTER_NAME={self.name}",
             f"CLUSTER_PORT_BASE={self.port_base}",
+            f"SIM_PROFILE={self.sim_profile}",
+            f"SIM_TIME_SCALE={self.sim_time_scale:g}",
         ]
         if capture:
             return subprocess.run(
@@ -106,7 +111,7 @@ class Cluster:
         return Path(self._make("audit-log", capture=True).strip())
 
     def pids(self) -> dict[str, int]:
-        """The control plane's processes (kwokctl's pid files and the device simulator's)."""
+        """The control plane's processes (kwokctl's pid files and the emulators')."""
         found = {}
         for pid_file in sorted((self.kubeconfig.parent / "pids").glob("*.pid")):
             text = pid_file.read_text().strip()

@@ -93,6 +93,11 @@ def markdown(document: Mapping[str, Any]) -> str:
         f"({machine.get('cpu_model')}), {machine.get('memory_gib')} GiB; load average "
         f"{fmt(loads.get('min'), 1)} to {fmt(loads.get('max'), 1)} during the run."
     )
+    settings = document.get("settings", {})
+    header += (
+        f" Emulated operand images: `{settings.get('sim_profile', 'instant')}` profile"
+        f" (time scale {settings.get('sim_time_scale', 1.0):g}, hack/emulators/profile.py)."
+    )
     notes = (
         "Times are medians over the runs; ratio is the median of per-run ratios (each operator run "
         "paired with the limit run next to it on the same cluster). Limit: `gpu-operator render` "

@@ -61,8 +61,8 @@ from gpu_operator.kube import ApiError
 from gpu_operator.nodes import GPU_PRESENT, MIG_CONFIG, desired_labels, node_info
 
 POLICY = ROOT / "examples" / "clusterpolicy.yaml"
-POLICY_CONFIG_MAPS = ROOT / "examples" / "clusterpolicy-configmaps.yaml"
-"""The ConfigMaps the policy names (the operator refuses a policy whose references are missing)."""
+VALIDATOR_WORKLOADS = ("nvidia-cuda-validator", "nvidia-device-plugin-validator")
+SEED_CONFIG_MAPS = (ROOT / "examples" / "device-plugin-config.yaml", ROOT / "examples" / "mig-config.yaml")
 POLICIES = "/apis/nvidia.com/v1/clusterpolicies"
 NODES = "/api/v1/nodes"
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
@@ -115,6 +115,8 @@ class Settings:
     profile: bool = False
     tracemalloc: bool = False
     env: dict[str, str] = field(default_factory=dict)
+    sim_profile: str = "instant"
+    sim_time_scale: float = 1.0
 
 
 # --- predicates over watched collections -------------------------------------------------------------
@@ -219,7 +221,14 @@ class SizeBench:
         self.work = settings.work / f"n{nodes}"
         self.work.mkdir(parents=True, exist_ok=True)
         self.log_file = self.work / "bench.log"
-        self.cluster = Cluster(settings.cluster_name, settings.port_base, nodes, self.log_file)
+        self.cluster = Cluster(
+            settings.cluster_name,
+            settings.port_base,
+            nodes,
+            self.log_file,
+            sim_profile=settings.sim_profile,
+            sim_time_scale=settings.sim_time_scale,
+        )
         self.tools = bin_dir()
         self.kubectl = str(self.tools / "kubectl")
         self.gen_nodes = load_gen_nodes()
@@ -262,7 +271,10 @@ class SizeBench:
                 self.api, self.kubeconfig, self.work / "operator-kubeconfig"
             )
             excluded = ()
-        self.kc("apply", "--server-side", "-f", str(POLICY_CONFIG_MAPS))
+        # The ConfigMaps the seed policy names (devicePlugin.config, migManager.config): without them
+        # the emulated kubelet leaves the device plugin and GFD waiting to mount them, as a kubelet does.
+        for path in SEED_CONFIG_MAPS:
+            self.kc("apply", "--server-side", "-f", str(path))
         self.audit = audit.AuditReader(self.cluster.audit_log, self.user, excluded)
         self.pod_audit = audit.AuditReader(
             self.cluster.audit_log, None, keep=lambda r: r.namespace == NAMESPACE, marker='"resource":"pods"'
@@ -392,15 +404,27 @@ class SizeBench:
         """One component at a time (about N pods each); a failed call is retried by the caller's loop."""
         for component in COMPONENTS:
             try:
-                kubeapi.delete_collection(self.api, PODS, f"{COMPONENT_LABEL}={component.name}")
+                kubeapi.delete_collection(self.api, PODS, f"{COMPONENT_LABEL}={component.component_label}")
             except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
                 log(f"N={self.n}: deleting {component.name} pods: {exc}; will retry")
+        try:
+            # The validator's workload pods (the emulated validator creates them, as NVIDIA's does).
+            kubeapi.delete_collection(self.api, PODS, f"app in ({','.join(VALIDATOR_WORKLOADS)})")
+        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+            log(f"N={self.n}: deleting validator workload pods: {exc}; will retry")
 
     # --- node join ---
     def join_node_body(self, with_labels: bool) -> tuple[dict[str, Any], frozenset[str]]:
         body: dict[str, Any] = self.gen_nodes.make_node("gpu", self.n, self.kubelet_version)
         final = desired_labels(node_info(body), self.spec, always_ready)
-        components = frozenset(c.name for c in COMPONENTS if final.get(c.deploy_label) == "true")
+        labels = {**body["metadata"]["labels"], **final}
+        # A component whose DaemonSet selects more than its deploy label (the MPS control daemon shares
+        # the device plugin's and wants nvidia.com/mps.capable) runs only where its filter matches.
+        components = frozenset(
+            c.component_label
+            for c in COMPONENTS
+            if final.get(c.deploy_label) == "true" and c.node_filter(labels)
+        )
         if with_labels:
             body["metadata"]["labels"].update(final)
         return body, components
@@ -805,6 +829,8 @@ def write(settings: Settings, results: dict[str, dict[str, Any]], loads: list[fl
             "settle_s": settings.settle_s,
             "policy": str(POLICY.relative_to(ROOT)),
             "cluster": f"{settings.cluster_name} (ports from {settings.port_base})",
+            "sim_profile": settings.sim_profile,
+            "sim_time_scale": settings.sim_time_scale,
         },
         "results": results,
     }
@@ -854,6 +880,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--tracemalloc", action="store_true", help="run the operator under tracemalloc; report what it holds"
     )
+    parser.add_argument(
+        "--sim-profile",
+        choices=["instant", "realistic"],
+        default="instant",
+        help="timing of the emulated operand images (hack/emulators/profile.py)",
+    )
+    parser.add_argument(
+        "--sim-time-scale", type=float, default=1.0, help="multiplies every emulated duration (realistic)"
+    )
     args = parser.parse_args(argv)
     settings = Settings(
         sizes=args.sizes,
@@ -868,6 +903,8 @@ def main(argv: list[str] | None = None) -> int:
         admin=args.admin,
         profile=args.profile,
         tracemalloc=args.tracemalloc,
+        sim_profile=args.sim_profile,
+        sim_time_scale=args.sim_time_scale,
     )
     started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     results: dict[str, dict[str, Any]] = {}

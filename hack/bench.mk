@@ -4,6 +4,7 @@
 #   make bench                      every size (about 30 minutes on 2 cores)
 #   make bench NODES=10             one size only
 #   make bench BENCH_ROUNDS="10=5"  runs per size (default 3 at 10 and 100, 1 at 1000)
+#   make bench BENCH_PROFILE=realistic BENCH_TIME_SCALE=0.2   emulated images take (scaled) real time
 #
 # Writes bench/results/latest.json and bench/results/latest.md; logs under .cache/bench/.
 
@@ -18,12 +19,19 @@ BENCH_REST_SECONDS ?= 300
 BENCH_CLUSTER_NAME ?= bench
 BENCH_PORT_BASE ?= 29500
 BENCH_ARGS ?=
+# Timing of the emulated operand images (hack/emulators/profile.py): instant, or realistic (driver
+# build/load tens of seconds, toolkit a few, the rest about one) scaled by BENCH_TIME_SCALE.
+# Results go to bench/results/latest.* (instant) or latest-realistic.* (realistic).
+BENCH_PROFILE ?= instant
+BENCH_TIME_SCALE ?= 1
+BENCH_OUT := bench/results/latest$(if $(filter realistic,$(BENCH_PROFILE)),-realistic,)
 
 .PHONY: bench
 
 bench: venv tools ## benchmarks vs the control plane's limit (NODES=10: one size); bench/results/latest.{json,md}
 	$(PY) -m bench.run --sizes $(BENCH_SIZES) --rounds $(BENCH_ROUNDS) --rest-seconds $(BENCH_REST_SECONDS) \
-		--cluster-name $(BENCH_CLUSTER_NAME) --port-base $(BENCH_PORT_BASE) $(BENCH_ARGS)
+		--cluster-name $(BENCH_CLUSTER_NAME) --port-base $(BENCH_PORT_BASE) \
+		--sim-profile $(BENCH_PROFILE) --sim-time-scale $(BENCH_TIME_SCALE) --out $(BENCH_OUT) $(BENCH_ARGS)
 
 # A driver upgrade of BENCH_UPGRADE_NODES nodes, maxParallelUpgrades BENCH_UPGRADE_PARALLEL, against the
 # DaemonSet controller's RollingUpdate (bench/upgrade.py); bench/results/upgrade.{json,md}.

@@ -17,10 +17,14 @@ NODES ?=
 CPU_NODES ?=
 CLUSTER_NAME ?= gpu-operator
 CLUSTER_PORT_BASE ?= 26000
+# Emulator timing (hack/emulators/profile.py): instant (default, tests) or realistic; SIM_TIME_SCALE
+# multiplies every emulated duration. A running cluster restarts its emulators when these change.
+SIM_PROFILE ?= instant
+SIM_TIME_SCALE ?= 1
 CLUSTER_KUBECONFIG := $(CURDIR)/.cache/kwok/clusters/$(CLUSTER_NAME)/kubeconfig.yaml
 CLUSTER_AUDIT_LOG := $(CURDIR)/.cache/kwok/clusters/$(CLUSTER_NAME)/logs/audit.log
 CLUSTER_ENV := NODES=$(NODES) CPU_NODES=$(CPU_NODES) CLUSTER_NAME=$(CLUSTER_NAME) \
-	CLUSTER_PORT_BASE=$(CLUSTER_PORT_BASE) PYTHON=$(CURDIR)/$(PY)
+	CLUSTER_PORT_BASE=$(CLUSTER_PORT_BASE) PYTHON=$(CURDIR)/$(PY) SIM_PROFILE=$(SIM_PROFILE) SIM_TIME_SCALE=$(SIM_TIME_SCALE)
 
 .PHONY: tools cluster-up cluster-down cluster-status kubeconfig audit-log
 

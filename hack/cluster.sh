@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The local e2e cluster: etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok,
 # run as plain processes by kwokctl's `binary` runtime from the toolchain built by
-# hack/build-tools.sh, plus simulated GPU nodes and a simulated device manager (device_sim.py).
+# hack/build-tools.sh, plus simulated GPU nodes and the emulators of NVIDIA's operand images
+# (hack/emulators: they run the operator's pods as a kubelet and NVIDIA's images would).
 #
 #   hack/cluster.sh up          start, or converge an existing cluster (idempotent)
 #   hack/cluster.sh down        stop every process of this cluster (by pid file) and delete its state
@@ -17,8 +18,10 @@
 #                               +257 controller-manager, +259 scheduler, +247 kwok (below the
 #                               Linux ephemeral range, so no outgoing connection can hold them)
 #   POD_CIDR=127.2.0.0/16       simulated pod IPs (nodes get 127.1.x.y): loopback only
+#   SIM_PROFILE=instant         emulator timing: instant (tests) or realistic (hack/emulators/profile.py)
+#   SIM_TIME_SCALE=1            multiplies every emulated duration (0.2: realistic, five times faster)
 #
-# Every process is started with setsid by kwokctl (or here, for the simulator) and tracked by a
+# Every process is started with setsid by kwokctl (or here, for the emulators) and tracked by a
 # pid file under the cluster directory. Stopping goes by those pids only, after checking that each
 # pid still runs one of our binaries with this cluster's directory on its command line: other
 # clusters and unrelated processes are never touched, and no process is looked up by name.
@@ -34,6 +37,8 @@ CPU_NODES="${CPU_NODES:-}"
 CLUSTER_NAME="${CLUSTER_NAME:-gpu-operator}"
 CLUSTER_PORT_BASE="${CLUSTER_PORT_BASE:-26000}"
 POD_CIDR="${POD_CIDR:-127.2.0.0/16}"
+SIM_PROFILE="${SIM_PROFILE:-instant}"
+SIM_TIME_SCALE="${SIM_TIME_SCALE:-1}"
 PYTHON="${PYTHON:-${ROOT_DIR}/.venv/bin/python}"
 
 # kwokctl keeps clusters under $KWOK_WORKDIR/clusters/<name>; keep them in this work tree so two
@@ -42,8 +47,10 @@ export KWOK_WORKDIR="${ROOT_DIR}/.cache/kwok"
 CLUSTER_DIR="${KWOK_WORKDIR}/clusters/${CLUSTER_NAME}"
 KUBECONFIG_PATH="${CLUSTER_DIR}/kubeconfig.yaml"
 AUDIT_LOG="${CLUSTER_DIR}/logs/audit.log"
-SIM_PID_FILE="${CLUSTER_DIR}/pids/device-sim.pid"
-SIM_READY_FILE="${CLUSTER_DIR}/device-sim.ready"
+SIM_PID_FILE="${CLUSTER_DIR}/pids/emulators.pid"
+SIM_READY_FILE="${CLUSTER_DIR}/emulators.ready"
+# The profile the running emulators were started with: another one means a restart of them.
+SIM_SETTINGS_FILE="${CLUSTER_DIR}/emulators.settings"
 FINGERPRINT_FILE="${CLUSTER_DIR}/gpu-operator.fingerprint"
 
 APISERVER_PORT=$((CLUSTER_PORT_BASE + 443))
@@ -121,7 +128,7 @@ drop_stale_pid_files() {
   fi
 }
 
-# All live pids of this cluster (components and simulator).
+# All live pids of this cluster (components and emulators).
 cluster_pids() {
   local c
   for c in "${COMPONENTS[@]}"; do owned_pid "${CLUSTER_DIR}/pids/${c%%:*}.pid" "${c#*:}"; done
@@ -144,34 +151,39 @@ wait_gone() {
   done
 }
 
-stop_simulator() {
+stop_emulators() {
   local pid
   pid="$(owned_pid "${SIM_PID_FILE}" python)"
   if [[ -n "${pid}" ]]; then
     kill -TERM "${pid}" 2>/dev/null || true
     wait_gone "${pid}"
   fi
-  rm -f "${SIM_PID_FILE}" "${SIM_READY_FILE}"
+  rm -f "${SIM_PID_FILE}" "${SIM_READY_FILE}" "${SIM_SETTINGS_FILE}"
 }
 
-start_simulator() {
-  [[ -x "${PYTHON}" ]] || die "${PYTHON} not found: run 'make venv' (the device-manager simulator needs the kubernetes client)"
-  if [[ -n "$(owned_pid "${SIM_PID_FILE}" python)" && -f "${SIM_READY_FILE}" ]]; then
+start_emulators() {
+  [[ -x "${PYTHON}" ]] || die "${PYTHON} not found: run 'make venv' (the emulators need aiohttp and PyYAML)"
+  local settings="profile=${SIM_PROFILE} scale=${SIM_TIME_SCALE}"
+  if [[ -n "$(owned_pid "${SIM_PID_FILE}" python)" && -f "${SIM_READY_FILE}" ]] \
+    && [[ "$(cat "${SIM_SETTINGS_FILE}" 2>/dev/null)" == "${settings}" ]]; then
     return
   fi
-  stop_simulator
+  stop_emulators
   mkdir -p "${CLUSTER_DIR}/pids" "${CLUSTER_DIR}/logs"
+  log "starting the emulators (${settings})"
   # setsid: detached from make's process group, like the kwokctl components; stopped by pid.
-  setsid "${PYTHON}" "${HACK_DIR}/device_sim.py" --kubeconfig "${KUBECONFIG_PATH}" \
-    --ready-file "${SIM_READY_FILE}" >>"${CLUSTER_DIR}/logs/device-sim.log" 2>&1 </dev/null 8>&- &
+  PYTHONPATH="${ROOT_DIR}" setsid "${PYTHON}" -m hack.emulators --kubeconfig "${KUBECONFIG_PATH}" \
+    --profile "${SIM_PROFILE}" --time-scale "${SIM_TIME_SCALE}" \
+    --ready-file "${SIM_READY_FILE}" >>"${CLUSTER_DIR}/logs/emulators.log" 2>&1 </dev/null 8>&- &
   # setsid execs python in place (same pid); until it has, the pid's executable is setsid.
   local pid=$! deadline=$((SECONDS + 60))
   echo "${pid}" >"${SIM_PID_FILE}"
   until [[ -f "${SIM_READY_FILE}" ]]; do
-    alive "${pid}" || die "device simulator exited; see ${CLUSTER_DIR}/logs/device-sim.log"
-    ((SECONDS < deadline)) || die "device simulator not ready after 60s; see ${CLUSTER_DIR}/logs/device-sim.log"
+    alive "${pid}" || die "the emulators exited; see ${CLUSTER_DIR}/logs/emulators.log"
+    ((SECONDS < deadline)) || die "the emulators are not ready after 60s; see ${CLUSTER_DIR}/logs/emulators.log"
     sleep 0.2 # waits on a file another process writes; nothing to block on
   done
+  echo "${settings}" >"${SIM_SETTINGS_FILE}"
 }
 
 # --- control plane --------------------------------------------------------------------------
@@ -268,7 +280,7 @@ create_cluster() {
 
 restart_cluster() {
   log "cluster ${CLUSTER_NAME} exists but is not healthy: restarting its processes"
-  stop_simulator
+  stop_emulators
   drop_stale_pid_files
   local pids
   mapfile -t pids < <(cluster_pids)
@@ -291,6 +303,8 @@ apply_stages() {
     sleep 0.2 # polling the API server; nothing to block on
   done
   kc apply --server-side --field-manager=gpu-operator-cluster -f "${HACK_DIR}/kwok/stages.yaml" >/dev/null
+  # NFD's NodeFeature API, through which GFD publishes its labels (the emulators play nfd-master).
+  kc apply --server-side --field-manager=gpu-operator-cluster -f "${HACK_DIR}/nfd/nodefeature-crd.yaml" >/dev/null
 }
 
 # Converge the simulated nodes to NODES GPU nodes and CPU_NODES CPU-only nodes.
@@ -369,7 +383,7 @@ cmd_up() {
     echo "${fingerprint}" >"${FINGERPRINT_FILE}"
   fi
   apply_stages
-  start_simulator
+  start_emulators
   reconcile_nodes
   log "up in $((SECONDS - start))s"
   cat >&2 <<EOF
@@ -388,7 +402,7 @@ cmd_down() {
     log "cluster ${CLUSTER_NAME} is not there"
     return
   fi
-  stop_simulator
+  stop_emulators
   drop_stale_pid_files
   local pids
   mapfile -t pids < <(cluster_pids)

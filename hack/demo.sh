@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # `make demo`: local cluster with simulated GPU nodes, the CRD and the chart's RBAC, the operator
-# running as the chart's ServiceAccount, the seed article's ClusterPolicy; waits for Ready and shows it.
-# `make down` (this script with `down`) stops the operator and the cluster.
+# running as the chart's ServiceAccount, the seed article's ClusterPolicy and the ConfigMaps it refers
+# to; waits until the policy is ready and GFD has labelled every GPU node, and shows it.
+# `make down` (this script with `down`) stops the operator and the cluster; `hack/demo.sh stop` stops
+# the operator and removes what the demo installed, leaving the cluster up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +13,9 @@ PIDFILE=$STATE/operator.pid
 LOG=$STATE/operator.log
 NS=gpu-operator
 POLICY=${POLICY:-examples/clusterpolicy.yaml}
+# The ConfigMaps examples/clusterpolicy.yaml names (devicePlugin.config, migManager.config).
+CONFIGS=${CONFIGS:-examples/device-plugin-config.yaml examples/mig-config.yaml}
+TIMEOUT=${DEMO_TIMEOUT:-300}
 OPERATOR_KUBECONFIG=$STATE/operator-kubeconfig.yaml
 
 stop_operator() {
@@ -29,9 +34,26 @@ stop_operator() {
   fi
 }
 
+policy_name() {
+  .venv/bin/python -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["metadata"]["name"])' "$POLICY"
+}
+
 if [[ ${1:-up} == down ]]; then
   stop_operator
   make --no-print-directory cluster-down
+  exit 0
+fi
+if [[ ${1:-up} == stop ]]; then
+  export KUBECONFIG
+  KUBECONFIG=$(make --no-print-directory -s kubeconfig)
+  # The operator removes the operands of a deleted policy: delete it while the operator still runs.
+  "$KUBECTL" delete clusterpolicy "$(policy_name)" --ignore-not-found --wait >/dev/null
+  "$KUBECTL" wait --for=delete pods -n "$NS" -l app.kubernetes.io/managed-by=gpu-operator --timeout=120s >/dev/null 2>&1 || true
+  stop_operator
+  # shellcheck disable=SC2086 # a list of files
+  for f in $CONFIGS; do "$KUBECTL" delete -f "$f" --ignore-not-found >/dev/null; done
+  "$HELM" uninstall gpu-operator --namespace "$NS" --wait >/dev/null 2>&1 || true
+  echo "demo: stopped the operator and removed the demo's policy, ConfigMaps and chart; the cluster keeps running"
   exit 0
 fi
 
@@ -54,9 +76,10 @@ KUBECONFIG=$OPERATOR_KUBECONFIG setsid .venv/bin/gpu-operator run --namespace "$
   >"$LOG" 2>&1 < /dev/null &
 echo $! > "$PIDFILE"
 
-name=$(.venv/bin/python -c 'import sys, yaml; print(yaml.safe_load(open(sys.argv[1]))["metadata"]["name"])' "$POLICY")
-echo "demo: applying $POLICY (ClusterPolicy $name) and the ConfigMaps it names"
-"$KUBECTL" apply --server-side -f examples/clusterpolicy-configmaps.yaml >/dev/null
+name=$(policy_name)
+# shellcheck disable=SC2086 # a list of files
+for f in $CONFIGS; do "$KUBECTL" apply --server-side -f "$f" >/dev/null; done
+echo "demo: applying $POLICY (ClusterPolicy $name) and its ConfigMaps ($CONFIGS)"
 "$KUBECTL" apply --server-side -f "$POLICY" >/dev/null
 start=$(date +%s)
 until [[ $("$KUBECTL" get clusterpolicy "$name" -o jsonpath='{.status.state}') == ready ]]; do
@@ -65,8 +88,8 @@ until [[ $("$KUBECTL" get clusterpolicy "$name" -o jsonpath='{.status.state}') =
     tail -30 "$LOG" >&2
     exit 1
   fi
-  if (( $(date +%s) - start > 300 )); then
-    echo "demo: the ClusterPolicy did not become ready in 300s; status and operator log:" >&2
+  if (( $(date +%s) - start > TIMEOUT )); then
+    echo "demo: the ClusterPolicy did not become ready in ${TIMEOUT}s; status and operator log:" >&2
     "$KUBECTL" get clusterpolicy "$name" -o yaml >&2
     tail -30 "$LOG" >&2
     exit 1
@@ -74,13 +97,19 @@ until [[ $("$KUBECTL" get clusterpolicy "$name" -o jsonpath='{.status.state}') =
   "$KUBECTL" wait --for=jsonpath='{.status.state}'=ready "clusterpolicy/$name" --timeout=5s >/dev/null 2>&1 || true
 done
 echo "demo: ready after $(( $(date +%s) - start ))s"
+# GFD publishes its labels once its pod runs; the policy can be ready a moment before nfd-master copied them.
+gpu_nodes=$("$KUBECTL" get nodes -l feature.node.kubernetes.io/pci-10de.present=true -o name | wc -l)
+until (( $("$KUBECTL" get nodes -l nvidia.com/gpu.product -o name | wc -l) == gpu_nodes )); do
+  (( $(date +%s) - start > TIMEOUT )) && { echo "demo: GFD labels missing on some GPU nodes after ${TIMEOUT}s" >&2; exit 1; }
+  sleep 1 # polling node labels another process writes; nothing to block on
+done
 echo
 "$KUBECTL" get clusterpolicy -o wide
 echo
 "$KUBECTL" get daemonsets -n "$NS"
 echo
-"$KUBECTL" get nodes -L nvidia.com/gpu.present,nvidia.com/gpu.deploy.driver,nvidia.com/gpu.deploy.device-plugin,nvidia.com/gpu.deploy.mig-manager \
-  -o custom-columns='NODE:.metadata.name,GPU-PRESENT:.metadata.labels.nvidia\.com/gpu\.present,DRIVER:.metadata.labels.nvidia\.com/gpu\.deploy\.driver,DEVICE-PLUGIN:.metadata.labels.nvidia\.com/gpu\.deploy\.device-plugin,MIG-MANAGER:.metadata.labels.nvidia\.com/gpu\.deploy\.mig-manager,GPUS:.status.allocatable.nvidia\.com/gpu'
+# What GPU Feature Discovery found on each node (the seed article, section 4.5) and what it advertises.
+"$KUBECTL" get nodes -o custom-columns='NODE:.metadata.name,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product,MEMORY-MIB:.metadata.labels.nvidia\.com/gpu\.memory,COUNT:.metadata.labels.nvidia\.com/gpu\.count,FAMILY:.metadata.labels.nvidia\.com/gpu\.family,MIG-CAPABLE:.metadata.labels.nvidia\.com/mig\.capable,CUDA:.metadata.labels.nvidia\.com/cuda\.runtime-version\.full,DRIVER:.metadata.labels.nvidia\.com/cuda\.driver-version\.full,GPUS:.status.allocatable.nvidia\.com/gpu'
 echo
 url=$(grep -o 'serving /metrics, /healthz and /readyz on http://[^ ]*' "$LOG" | tail -1 | awk '{print $NF}')
 echo "The cluster and the operator keep running: export KUBECONFIG=$KUBECONFIG, then try"

@@ -2,7 +2,9 @@
 """Write the simulated nodes of the local e2e cluster as kubectl-ready JSON Lists.
 
 GPU nodes ``gpu-node-<i>`` and CPU-only nodes ``cpu-node-<j>``, labelled the way Node Feature
-Discovery and GPU Feature Discovery would label them (see hack/README.md for the exact set).
+Discovery's worker labels a fresh node (PCI and OS labels only; GPU Feature Discovery's labels come
+from the emulated GFD once it runs). The simulated hardware is in annotations the emulators read:
+``gpu-operator.sim/gpu-model`` and ``gpu-operator.sim/gpu-count`` (see hack/README.md).
 Nodes are created with their status (addresses, capacity), as a kubelet registers itself: kwok's
 node-initialize stage keeps what is there and only adds conditions.
 
@@ -24,9 +26,11 @@ from typing import Any
 
 SIMULATED_LABEL = "gpu-operator.sim/simulated"
 GPU_COUNT_ANNOTATION = "gpu-operator.sim/gpu-count"
+GPU_MODEL_ANNOTATION = "gpu-operator.sim/gpu-model"
 GPUS_PER_NODE = 8
-MIG_NODE_PRODUCT = "NVIDIA-H100-80GB-HBM3"
-GPU_NODE_PRODUCT = "NVIDIA-L4"
+# Keys of hack/emulators/gpus.py MODELS: gpu-node-0 has MIG-capable GPUs, the others do not.
+MIG_NODE_MODEL = "H100-80GB-HBM3"
+GPU_NODE_MODEL = "L4"
 
 OS_LABELS = {
     "feature.node.kubernetes.io/system-os_release.ID": "ubuntu",
@@ -61,11 +65,7 @@ def make_node(kind: str, index: int, kubelet_version: str) -> dict[str, Any]:
     if kind == "gpu":
         labels["feature.node.kubernetes.io/pci-10de.present"] = "true"
         annotations[GPU_COUNT_ANNOTATION] = str(GPUS_PER_NODE)
-        if index == 0:
-            labels["nvidia.com/mig.capable"] = "true"
-            labels["nvidia.com/gpu.product"] = MIG_NODE_PRODUCT
-        else:
-            labels["nvidia.com/gpu.product"] = GPU_NODE_PRODUCT
+        annotations[GPU_MODEL_ANNOTATION] = MIG_NODE_MODEL if index == 0 else GPU_NODE_MODEL
         if index % 2 == 1:
             taints.append({"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"})
     resources = {"cpu": "64", "memory": "512Gi", "pods": "110", "ephemeral-storage": "1Ti"}

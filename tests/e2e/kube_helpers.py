@@ -40,6 +40,7 @@ T = TypeVar("T")
 COMPONENT_LABEL = "app.kubernetes.io/component"
 GPU_NODE_LABEL = "feature.node.kubernetes.io/pci-10de.present"
 GPU_COUNT_ANNOTATION = "gpu-operator.sim/gpu-count"
+GPU_MODEL_ANNOTATION = "gpu-operator.sim/gpu-model"
 SIMULATED_NODE_LABEL = "gpu-operator.sim/simulated"
 GPU_RESOURCE = "nvidia.com/gpu"
 
@@ -49,6 +50,8 @@ STAGE_PLURAL = "stages"
 FAILURE_LABEL = "gpu-operator.sim/failure"
 FAILURE_COMPONENT_LABEL = "gpu-operator.sim/component"
 FAILURE_NODE_LABEL = "gpu-operator.sim/node"
+FAILURE_CONTAINER_ANNOTATION = "gpu-operator.sim/container"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 # Any weight > 0 beats pod-ready (weight 0): kwok never picks a weight-0 stage over a weighted one.
 FAILURE_WEIGHT = 1000
 CRASH_RESTART_COUNT = 3
@@ -151,6 +154,28 @@ def describe_pod(pod: Any) -> str:
 
 def describe_pods(pods: Iterable[Any]) -> str:
     return "; ".join(describe_pod(p) for p in pods) or "no pods"
+
+
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def daemonset_manifest(
+    name: str, labels: dict[str, str], node_selector: dict[str, str], **pod_spec: Any
+) -> dict[str, Any]:
+    """A DaemonSet selecting `app=<name>`, its pods labelled `labels`, tolerating the GPU taint."""
+    labels = {"app": name, **labels}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"nodeSelector": node_selector, "tolerations": [GPU_TOLERATION], **pod_spec},
+            },
+        },
+    }
 
 
 def create_object(api: client.ApiClient, body: dict[str, Any], namespace: str | None = None) -> None:
@@ -394,6 +419,10 @@ def failure_stage(
         event = {"type": "Warning", "reason": "Failed", "message": "Error: ImagePullBackOff"}
     expressions: list[dict[str, Any]] = [
         {"key": ".metadata.deletionTimestamp", "operator": "DoesNotExist"},
+        # Operand pods are run by the emulators (hack/emulators), which read this Stage themselves
+        # and make the pod's containers fail for real (restarts with back-off, a pull that never
+        # succeeds); kwok gives the failure state to every other pod.
+        {"key": f'.metadata.labels["{MANAGED_BY_LABEL}"]', "operator": "NotIn", "values": ["gpu-operator"]},
         # Only pods that kwok has not started yet, and never twice (the result stays Pending for
         # ImagePullBackOff, so also skip pods that already carry a waiting reason).
         {"key": ".status.phase", "operator": "In", "values": ["Pending"]},
@@ -409,6 +438,7 @@ def failure_stage(
         "metadata": {
             "name": failure_stage_name(component, node, reason),
             "labels": {**_failure_labels(component, node), "gpu-operator.sim/reason": reason},
+            "annotations": {FAILURE_CONTAINER_ANNOTATION: container or ""},
         },
         "spec": {
             "resourceRef": {"apiGroup": "v1", "kind": "Pod"},
@@ -512,3 +542,83 @@ def clear_all_failures(api: client.ApiClient) -> None:
     """Delete every injected failure Stage (pods are left alone). Safe without the Stage API."""
     if failure_injection_supported(api):
         _delete_stages(api, None, None)
+
+
+# --- the emulated nodes (hack/emulators) -----------------------------------------------------
+
+
+SIM_PREFIX = "gpu-operator.sim/"
+UNSCHEDULABLE = "spec.unschedulable"
+
+
+def emulated_host(api: client.ApiClient, node: str) -> dict[str, str]:
+    """The emulators' mirror of a node's host (`gpu-operator.sim/...` annotations, prefix removed):
+    `validations` (files in /run/nvidia/validations), `driver` (the loaded module), `mig`,
+    `runtime-handlers`, `toolkit`, `host-files` (JSON), `gpu-model`, `gpu-count`."""
+    found: Any = client.CoreV1Api(api).read_node(node)
+    annotations = found.metadata.annotations or {}
+    return {k.removeprefix(SIM_PREFIX): v for k, v in annotations.items() if k.startswith(SIM_PREFIX)}
+
+
+class LabelHistory:
+    """Every value a node's labels (and `spec.unschedulable`) took while recording (a watch in a
+    thread), to check transitions a poll could miss, e.g. a deploy label paused and restored within a
+    second."""
+
+    def __init__(
+        self, api: client.ApiClient, node: str, prefixes: tuple[str, ...] = ("nvidia.com/",)
+    ) -> None:
+        import threading
+
+        from kubernetes import watch
+
+        self.node = node
+        self.values: dict[str, list[str | None]] = {}
+        self._prefixes = prefixes
+        self._stop = threading.Event()
+        self._watch = watch.Watch()  # type: ignore[no-untyped-call]
+        self._api = client.CoreV1Api(api)
+        listed: Any = self._api.list_node(field_selector=f"metadata.name={node}")
+        self._record(listed.items[0])
+        self._version = listed.metadata.resource_version
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _record(self, node: Any) -> None:
+        labels = dict(node.metadata.labels or {})
+        labels[UNSCHEDULABLE] = str(bool(node.spec.unschedulable)).lower()
+        keys = {k for k in labels if k.startswith(self._prefixes)} | set(self.values) | {UNSCHEDULABLE}
+        for key in keys:
+            seen = self.values.setdefault(key, [])
+            value = labels.get(key)
+            if not seen or seen[-1] != value:
+                seen.append(value)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                for event in self._watch.stream(  # type: ignore[no-untyped-call]
+                    self._api.list_node,
+                    field_selector=f"metadata.name={self.node}",
+                    resource_version=self._version,
+                    timeout_seconds=30,
+                ):
+                    obj = event["object"]
+                    self._version = obj.metadata.resource_version
+                    self._record(obj)
+                    if self._stop.is_set():
+                        return
+            except ApiException as exc:
+                if exc.status != 410:
+                    raise
+                listed: Any = self._api.list_node(field_selector=f"metadata.name={self.node}")
+                self._version = listed.metadata.resource_version
+
+    def stop(self) -> dict[str, list[str | None]]:
+        """Stop recording (again: a no-op) and return what was seen."""
+        if self._stop.is_set():
+            return self.values
+        self._stop.set()
+        self._watch.stop()  # type: ignore[no-untyped-call]
+        self._thread.join(timeout=35)
+        return self.values

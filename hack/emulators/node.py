@@ -1,0 +1,280 @@
+"""What lives on one emulated node: its host files, loaded driver, MIG layout and advertised devices.
+
+The images communicate through the host more than through the API: the validator writes
+``/run/nvidia/validations/*-ready``, the driver container puts its root filesystem under
+``/run/nvidia/driver`` and loads the kernel module, the toolkit writes a containerd drop-in and
+restarts containerd, mig-manager repartitions the GPUs, the device plugin registers resources with
+the kubelet. :class:`NodeState` holds all of that as a small host filesystem (a dict of paths) plus
+the few things that are not files (the module version, the MIG layout, the runtime handlers
+containerd has loaded, the device plugins' resources).
+
+The state is mirrored to node annotations (``gpu-operator.sim/...``), written at most every
+:data:`FLUSH_DELAY` seconds per node, so tests and people can read it (``kubectl get node -o yaml``)
+and an emulator restart recovers it (:meth:`NodeState.restore`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import posixpath
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .gpus import COUNT_ANNOTATION, MODEL_ANNOTATION, MODELS, GpuModel
+
+PREFIX = "gpu-operator.sim/"
+FILES_ANNOTATION = PREFIX + "host-files"
+DRIVER_ANNOTATION = PREFIX + "driver"
+MIG_ANNOTATION = PREFIX + "mig"
+HANDLERS_ANNOTATION = PREFIX + "runtime-handlers"
+VALIDATIONS_ANNOTATION = PREFIX + "validations"
+TOOLKIT_ANNOTATION = PREFIX + "toolkit"
+FLUSH_DELAY = 0.2
+
+VALIDATIONS = "/run/nvidia/validations"
+DRIVER_ROOT = "/run/nvidia/driver"
+MODULE_REFCNT = "/sys/module/nvidia/refcnt"
+CONTAINERD_CONFIG = "/etc/containerd/config.toml"
+CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
+CRIO_SOCKET = "/var/run/crio/crio.sock"
+
+
+@dataclass(frozen=True)
+class Symlink:
+    target: str
+
+
+Entry = str | Symlink
+
+
+@dataclass
+class MigGpu:
+    """One GPU's MIG mode and the MIG devices on it (profile names, one per device)."""
+
+    enabled: bool = False
+    devices: list[str] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "devices": self.devices}
+
+
+def _baseline(model: GpuModel | None, runtime: str) -> dict[str, Entry]:
+    """Files a freshly installed GPU node has before any operand ran."""
+    files: dict[str, Entry] = {
+        "/etc/os-release": 'NAME="Ubuntu"\nVERSION_ID="22.04"\nID=ubuntu\n',
+        "/sys/class/dmi/id/product_name": (model.machine if model else "Standard PC") + "\n",
+        "/var/lib/kubelet/device-plugins/kubelet.sock": "",
+        "/var/lib/kubelet/pod-resources/kubelet.sock": "",
+        "/dev/log": "",
+        "/sys/module/firmware_class/parameters/path": "\n",
+        "/sys/devices/system/memory/auto_online_blocks": "online\n",
+    }
+    if runtime == "cri-o":
+        files["/etc/crio/crio.conf"] = "[crio]\n"
+        files[CRIO_SOCKET] = ""
+    else:
+        # containerd 1.7's default config is version 2 (fidelity reference B4).
+        files[CONTAINERD_CONFIG] = "version = 2\n"
+        files[CONTAINERD_SOCKET] = ""
+    return files
+
+
+# Host directories that exist on any node (hostPath type checks and `stat` of a directory).
+BASE_DIRS = frozenset(
+    {"/", "/etc", "/run", "/sys", "/dev", "/dev/char", "/var", "/var/log", "/var/run", "/usr", "/usr/local"}
+)
+
+
+class NodeState:
+    """One node's emulated host. Methods that change it call :meth:`changed`."""
+
+    def __init__(self, name: str, on_dirty: Callable[[NodeState], None]) -> None:
+        self.name = name
+        self._on_dirty = on_dirty
+        self.labels: dict[str, str] = {}
+        self.annotations: dict[str, str] = {}
+        self.unschedulable = False
+        self.host_ip = ""
+        self.runtime = "containerd"
+        self.capacity: dict[str, str] = {}
+        self.model: GpuModel | None = None
+        self.gpu_count = 0
+        self.files: dict[str, Entry] = {}
+        self.baseline: dict[str, Entry] = {}
+        self.driver: str | None = None
+        """Version of the loaded kernel module (None: not loaded)."""
+        self.mig: list[MigGpu] = []
+        self.runtime_handlers: set[str] = set()
+        """Runtime handlers containerd loaded at its last (re)start."""
+        self.resources: dict[str, int] = {}
+        """Extended resources the device plugins registered (the kubelet's device manager)."""
+        self.known_resources: set[str] = set()
+        """Resource names ever advertised here: the kubelet keeps them, at 0, when a plugin goes."""
+        self.restored = False
+        self._changed = asyncio.Event()
+        self.deleted = False
+
+    # --- from the API ---------------------------------------------------------------------------
+
+    def observe(self, body: Mapping[str, Any]) -> bool:
+        """Take the node object's current labels, status and hardware; True if relevant fields changed."""
+        metadata = body.get("metadata") or {}
+        status = body.get("status") or {}
+        before = (self.labels, self.unschedulable, self.host_ip, self.capacity)
+        self.labels = dict(metadata.get("labels") or {})
+        self.annotations = dict(metadata.get("annotations") or {})
+        self.unschedulable = bool((body.get("spec") or {}).get("unschedulable"))
+        addresses = status.get("addresses") or []
+        self.host_ip = next((a["address"] for a in addresses if a.get("type") == "InternalIP"), self.host_ip)
+        runtime = ((status.get("nodeInfo") or {}).get("containerRuntimeVersion") or "containerd://").split(
+            ":"
+        )[0]
+        self.runtime = "cri-o" if runtime == "cri-o" else "containerd"
+        self.capacity = {
+            k: str(v) for k, v in (status.get("capacity") or {}).items() if k.startswith("nvidia.com/")
+        }
+        self.model = MODELS.get(self.annotations.get(MODEL_ANNOTATION, ""))
+        try:
+            self.gpu_count = int(self.annotations.get(COUNT_ANNOTATION, "0"))
+        except ValueError:
+            self.gpu_count = 0
+        if self.model is None and self.gpu_count:
+            self.model = MODELS["L4"]
+        if not self.restored:
+            self.restore()
+        after = (self.labels, self.unschedulable, self.host_ip, self.capacity)
+        if after != before:
+            self.notify()
+        return after != before
+
+    def restore(self) -> None:
+        """Rebuild the host from the annotations (an emulator restart), or start a fresh node."""
+        self.restored = True
+        self.baseline = _baseline(self.model, self.runtime)
+        self.files = dict(self.baseline)
+        saved = self.annotations.get(FILES_ANNOTATION)
+        if saved:
+            for path, value in json.loads(saved).items():
+                self.files[path] = Symlink(value["symlink"]) if isinstance(value, dict) else value
+        self.driver = self.annotations.get(DRIVER_ANNOTATION) or None
+        if self.driver:
+            self.files[MODULE_REFCNT] = "0\n"
+        self.runtime_handlers = set(filter(None, self.annotations.get(HANDLERS_ANNOTATION, "").split(",")))
+        mig = self.annotations.get(MIG_ANNOTATION)
+        self.mig = [MigGpu(g["enabled"], list(g["devices"])) for g in json.loads(mig)] if mig else []
+        if len(self.mig) != self.gpu_count:
+            self.mig = [MigGpu() for _ in range(self.gpu_count)]
+        self.known_resources = {
+            k for k in self.capacity if k == "nvidia.com/gpu" or k.startswith("nvidia.com/")
+        }
+
+    # --- change notification --------------------------------------------------------------------
+
+    def notify(self) -> None:
+        """Wake everything waiting on this node (an image polling a file, a kubelet waiting on a runtime)."""
+        event, self._changed = self._changed, asyncio.Event()
+        event.set()
+
+    def changed(self) -> None:
+        """The emulated host changed: wake waiters and schedule the annotation mirror."""
+        self.notify()
+        self._on_dirty(self)
+
+    async def wait_change(self, timeout: float | None = None) -> None:
+        # asyncio.timeout, not wait_for: wait_for can swallow a cancellation that races the event.
+        event = self._changed
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await event.wait()
+
+    # --- the host filesystem --------------------------------------------------------------------
+
+    def read(self, path: str) -> Entry | None:
+        return self.files.get(posixpath.normpath(path))
+
+    def exists(self, path: str) -> bool:
+        return self.read(path) is not None or self.is_dir(path)
+
+    def is_dir(self, path: str) -> bool:
+        path = posixpath.normpath(path)
+        if path in BASE_DIRS:
+            return True
+        prefix = path.rstrip("/") + "/"
+        return any(p.startswith(prefix) for p in self.files)
+
+    def listdir(self, path: str) -> list[str]:
+        prefix = posixpath.normpath(path).rstrip("/") + "/"
+        return sorted({p[len(prefix) :].split("/")[0] for p in self.files if p.startswith(prefix)})
+
+    def write(self, path: str, content: Entry) -> None:
+        path = posixpath.normpath(path)
+        if self.files.get(path) != content:
+            self.files[path] = content
+            self.changed()
+
+    def remove(self, paths: Iterable[str]) -> None:
+        gone = [p for p in (posixpath.normpath(p) for p in paths) if p in self.files]
+        for path in gone:
+            del self.files[path]
+        if gone:
+            self.changed()
+
+    def remove_tree(self, root: str) -> None:
+        prefix = posixpath.normpath(root).rstrip("/") + "/"
+        self.remove([p for p in self.files if p.startswith(prefix) or p == root])
+
+    def validation(self, name: str) -> bool:
+        return f"{VALIDATIONS}/{name}" in self.files
+
+    # --- what is not a file ---------------------------------------------------------------------
+
+    def set_driver(self, version: str | None) -> None:
+        if self.driver != version:
+            self.driver = version
+            if version:
+                self.files[MODULE_REFCNT] = "0\n"
+            else:
+                self.files.pop(MODULE_REFCNT, None)
+            self.changed()
+
+    def set_handlers(self, handlers: set[str]) -> None:
+        if handlers != self.runtime_handlers:
+            self.runtime_handlers = set(handlers)
+            self.changed()
+
+    def set_mig(self, layout: list[MigGpu]) -> None:
+        if [g.as_json() for g in layout] != [g.as_json() for g in self.mig]:
+            self.mig = layout
+            self.changed()
+
+    def set_resources(self, resources: Mapping[str, int]) -> None:
+        if dict(resources) != self.resources:
+            self.resources = dict(resources)
+            self.known_resources |= set(resources)
+            self.changed()
+
+    # --- the annotation mirror ------------------------------------------------------------------
+
+    def annotation_patch(self) -> dict[str, str | None]:
+        """The `gpu-operator.sim/...` annotations describing this host (None: remove)."""
+        extra = {
+            path: ({"symlink": value.target} if isinstance(value, Symlink) else value)
+            for path, value in sorted(self.files.items())
+            if self.baseline.get(path) != value and path != MODULE_REFCNT
+        }
+        validations = sorted(p.rsplit("/", 1)[1] for p in self.files if p.startswith(VALIDATIONS + "/"))
+        toolkit = "installed" if any(p.startswith("/usr/local/nvidia/toolkit/") for p in self.files) else None
+        wanted: dict[str, str | None] = {
+            FILES_ANNOTATION: json.dumps(extra, sort_keys=True) if extra else None,
+            DRIVER_ANNOTATION: self.driver,
+            HANDLERS_ANNOTATION: ",".join(sorted(self.runtime_handlers)) or None,
+            MIG_ANNOTATION: json.dumps([g.as_json() for g in self.mig])
+            if any(g.enabled for g in self.mig)
+            else None,
+            VALIDATIONS_ANNOTATION: ",".join(validations) or None,
+            TOOLKIT_ANNOTATION: toolkit,
+        }
+        return {k: v for k, v in wanted.items() if self.annotations.get(k) != v}

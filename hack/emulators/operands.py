@@ -1,0 +1,9 @@
+"""Importing this registers every emulated program (one module per operand image)."""
+
+from __future__ import annotations
+
+from . import dcgm, device_plugin, driver, gfd, mig_manager, toolkit, validator
+from .process import PROGRAMS
+
+MODULES = (driver, toolkit, validator, device_plugin, gfd, mig_manager, dcgm)
+NAMES: tuple[str, ...] = tuple(sorted(PROGRAMS))
