@@ -403,6 +403,14 @@ cmd_down() {
     return
   fi
   stop_emulators
+  # A cluster started before the emulators existed still runs the old device simulator, which would
+  # go on writing GPU capacities into the next cluster of this name.
+  local legacy
+  legacy=$(owned_pid "${CLUSTER_DIR}/pids/device-sim.pid" python)
+  if [[ -n "${legacy}" ]]; then
+    kill -TERM "${legacy}" 2>/dev/null || true
+    wait_gone "${legacy}"
+  fi
   drop_stale_pid_files
   local pids
   mapfile -t pids < <(cluster_pids)

@@ -145,6 +145,9 @@ class NodeState:
             self.model = MODELS["L4"]
         if not self.restored:
             self.restore()
+        elif len(self.mig) != self.gpu_count:
+            # The hardware changed (GPUs added or removed, gpu-count annotation): one fresh GPU each.
+            self.mig = [MigGpu() for _ in range(self.gpu_count)]
         after = (self.labels, self.unschedulable, self.host_ip, self.capacity)
         if after != before:
             self.notify()

@@ -213,12 +213,14 @@ def assert_absent(found: dict[str, Any], key: str) -> None:
 
 
 TEXT = "GPU \U0001f600 ready ✓ ẞ 中文 \u2028 del\x7f"
+ARG = f"/bin/entrypoint.sh # {TEXT}"
+"""The device plugin runs `/bin/sh -c <args>` (NVIDIA's command): its entrypoint, the text a comment."""
 
 
 def test_any_unicode_reaches_the_daemonset_intact(cluster: Cluster, clean: OperatorProcess) -> None:
     body = policy_from("empty")
     body["spec"] = {
-        "devicePlugin": {"env": [{"name": "GREETING", "value": TEXT}], "args": [TEXT]},
+        "devicePlugin": {"env": [{"name": "GREETING", "value": TEXT}], "args": [ARG]},
         "daemonsets": {"annotations": {"example.com/note": TEXT}},
     }
     # Created as JSON: kubectl's server-side apply sends YAML, which cannot carry a raw DEL.
@@ -227,6 +229,6 @@ def test_any_unicode_reaches_the_daemonset_intact(cluster: Cluster, clean: Opera
     plugin = daemonsets(cluster)["device-plugin"]
     container = plugin.spec.template.spec.containers[0]
     assert {e.name: e.value for e in container.env}["GREETING"] == TEXT
-    assert container.args == [TEXT]
+    assert container.args == [ARG]
     assert plugin.spec.template.metadata.annotations["example.com/note"] == TEXT
     assert get_policy(cluster, "cluster-policy")["spec"]["devicePlugin"]["env"][0]["value"] == TEXT

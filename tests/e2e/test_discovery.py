@@ -139,7 +139,10 @@ def wait_policy_ready(cluster: Cluster, gpu_nodes: int) -> None:
     wait_for(ready, timeout=CONVERGE, what=f"ClusterPolicy {POLICY} ready on {gpu_nodes} GPU nodes")
 
 
-def start_agent(setup: Setup) -> None:
+def start_agent(setup: Setup, mode: str = "builtin") -> None:
+    """`builtin` by default: the local cluster runs NFD's master (the emulated GFD publishes through
+    NodeFeature objects, hack/emulators/nfd.py) but no nfd-worker, so nobody else labels PCI devices;
+    in `auto` mode the agent would rightly leave that to NFD (test_auto_mode_idles_while_nfd_is_installed)."""
     environ = {**os.environ, "KUBECONFIG": str(setup.agent_kubeconfig), "PYTHONUNBUFFERED": "1"}
     environ.pop("NODE_NAME", None)
     command = [
@@ -151,9 +154,18 @@ def start_agent(setup: Setup) -> None:
         str(setup.sysfs),
         "--rescan-seconds",
         "1",
+        "--mode",
+        mode,
     ]
     with setup.agent_log.open("ab") as log:
         setup.agent = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=environ, cwd=ROOT)
+
+
+def restart_agent(setup: Setup, mode: str) -> None:
+    assert setup.agent is not None
+    setup.agent.send_signal(signal.SIGTERM)
+    assert setup.agent.wait(timeout=30) == 0
+    start_agent(setup, mode)
 
 
 def agent_log(setup: Setup) -> str:
@@ -365,34 +377,47 @@ def nfd_crd() -> dict[str, Any]:
 
 def test_auto_mode_idles_while_nfd_is_installed(cluster: Cluster, setup: Setup) -> None:
     extensions: Any = client.ApiextensionsV1Api(cluster.api)
-    if extensions.list_custom_resource_definition(field_selector=f"metadata.name={NFD_CRD}").items:
-        pytest.skip("NFD is installed in this cluster")
-    extensions.create_custom_resource_definition(nfd_crd())
+    # NFD's CRD may be there already (the local cluster's emulated nfd-master): then it stays.
+    installed = bool(
+        extensions.list_custom_resource_definition(field_selector=f"metadata.name={NFD_CRD}").items
+    )
+    log_size = len(agent_log(setup))
+    restart_agent(setup, "auto")
+    if not installed:
+        extensions.create_custom_resource_definition(nfd_crd())
     try:
 
         def idle() -> None:
-            assert "idle: Node Feature Discovery is installed" in agent_log(setup), agent_log(setup)[-1000:]
+            text = agent_log(setup)[log_size:]
+            assert "idle: Node Feature Discovery is installed" in text, text[-1000:]
 
         wait_for(idle, timeout=60, what="the agent idle while NFD's CRD exists")
     finally:
-        extensions.delete_custom_resource_definition(NFD_CRD)
-    log_size = len(agent_log(setup))
+        if not installed:
+            extensions.delete_custom_resource_definition(NFD_CRD)
+    if not installed:
+        log_size = len(agent_log(setup))
 
-    def resumed() -> None:
-        assert "labels in place" in agent_log(setup)[log_size:], agent_log(setup)[-1000:]
+        def resumed() -> None:
+            assert "labels in place" in agent_log(setup)[log_size:], agent_log(setup)[-1000:]
 
-    wait_for(resumed, timeout=60, what="the agent back at work once NFD's CRD is gone")
+        wait_for(resumed, timeout=60, what="the agent back at work once NFD's CRD is gone")
+    restart_agent(setup, "builtin")
 
 
 def test_a_node_whose_gpus_disappear_loses_the_label_and_its_operands(cluster: Cluster, setup: Setup) -> None:
     write_sysfs(setup.sysfs, OTHER)  # the NVIDIA audio function stays: it is not a GPU
-    # What the device plugin sees too: the simulated device manager advertises no GPU any more.
+    # What the device plugin sees too: the emulated host has no GPU any more, and its device plugin,
+    # restarted as after the reboot that removed them, advertises none.
     core(cluster).patch_node(NODE, {"metadata": {"annotations": {"gpu-operator.sim/gpu-count": "0"}}})
+    for pod in list_pods(cluster.api, NS, labels="app.kubernetes.io/component=device-plugin", node=NODE):
+        core(cluster).delete_namespaced_pod(pod.metadata.name, NS)
 
     def gone() -> None:
         labels = node_labels(cluster)
         prefixes = ("nvidia.com/gpu.deploy.", GPU_PRESENT, NFD_PREFIX + "pci-")
-        ours = {k: v for k, v in labels.items() if k.startswith(prefixes)}
+        # Left alone: the "" marks k8s-driver-manager writes for components it found unset.
+        ours = {k: v for k, v in labels.items() if k.startswith(prefixes) and v != ""}
         assert ours == {CLASS_0300: "false"}, ours
         pods = list_pods(cluster.api, NS, labels=MANAGED, node=NODE)
         assert not pods, [p.metadata.name for p in pods]

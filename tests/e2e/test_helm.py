@@ -26,6 +26,7 @@ from gpu_operator.components import BY_LABEL
 
 from .kube_helpers import SIMULATED_NODE_LABEL, Cluster, wait_for
 from .operator_process import OPERATOR, ROOT, OperatorProcess, helm, sa_kubeconfig
+from .test_operator import operator_labels, owned_labels
 
 pytestmark = pytest.mark.e2e
 
@@ -114,14 +115,6 @@ def chart_crd() -> dict[str, Any]:
     return body
 
 
-def operator_labels(labels: dict[str, str]) -> dict[str, str]:
-    return {
-        k: v
-        for k, v in labels.items()
-        if k.startswith("nvidia.com/gpu.deploy.") or k == "nvidia.com/gpu.present"
-    }
-
-
 def leftovers(cluster: Cluster) -> list[str]:
     """Objects the operator created and node labels it set that still exist."""
     core: Any = client.CoreV1Api(cluster.api)
@@ -146,7 +139,9 @@ def leftovers(cluster: Cluster) -> list[str]:
     for kind, list_all in cluster_wide:
         found += [f"{kind} {o.metadata.name}" for o in list_all(label_selector=MANAGED).items]
     for node in core.list_node().items:
-        labels = operator_labels(node.metadata.labels or {})
+        # Only what the operator set: the driver manager's own "" marks for components the operator
+        # does not run (k8s-driver-manager v0.12.0) are not ours to remove.
+        labels = operator_labels(node.metadata.labels or {}) & owned_labels(node)
         if labels:
             found.append(f"node {node.metadata.name} labels {sorted(labels)}")
     return found

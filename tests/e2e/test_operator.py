@@ -274,7 +274,8 @@ def test_failing_driver_blocks_only_its_node(
     policy = wait_for(others_ready_and_reported, timeout=CONVERGE, what="other nodes converge")
     driver = next(c for c in policy["status"]["components"] if c["name"] == "driver")
     assert driver["nodesFailing"] == 1 and driver["problems"][0]["node"] == "gpu-node-1"
-    assert "nvidia.com/gpu.deploy.container-toolkit" not in node_labels(cluster, "gpu-node-1")
+    # Not deployed there: no label, or the "" k8s-driver-manager writes on a node it first sees.
+    assert node_labels(cluster, "gpu-node-1").get("nvidia.com/gpu.deploy.container-toolkit", "") == ""
     assert not list_pods(cluster.api, NS, labels=f"{COMPONENT}=container-toolkit", node="gpu-node-1")
     clear_failure(cluster.api, DRIVER, "gpu-node-1")
     wait_state(cluster, "cluster-policy", "ready")
@@ -458,7 +459,9 @@ def test_invalid_update_keeps_operands_and_names_the_field(cluster: Cluster, cle
 
 
 def test_deleting_the_policy_removes_everything_it_added(cluster: Cluster, clean: OperatorProcess) -> None:
-    label_node(cluster, "gpu-node-0", **{"nvidia.com/gpu.deploy.dcgm": "false"})
+    # The user opts one node out of dcgm-exporter (not of DCGM: the exporter there would then have no
+    # host engine to connect to, and crash-loop as the real image does).
+    label_node(cluster, "gpu-node-0", **{"nvidia.com/gpu.deploy.dcgm-exporter": "false"})
     try:
         apply_policy(cluster, policy_from("empty"))
         wait_state(cluster, "cluster-policy", "ready")
@@ -467,11 +470,11 @@ def test_deleting_the_policy_removes_everything_it_added(cluster: Cluster, clean
             GROUP, VERSION, PLURAL, "cluster-policy"
         )
         wait_for(lambda: assert_cleaned_up(cluster), timeout=CONVERGE, what="everything removed")
-        assert node_labels(cluster, "gpu-node-0")["nvidia.com/gpu.deploy.dcgm"] == "false", (
+        assert node_labels(cluster, "gpu-node-0")["nvidia.com/gpu.deploy.dcgm-exporter"] == "false", (
             "user label removed"
         )
     finally:
-        label_node(cluster, "gpu-node-0", **{"nvidia.com/gpu.deploy.dcgm": None})
+        label_node(cluster, "gpu-node-0", **{"nvidia.com/gpu.deploy.dcgm-exporter": None})
 
 
 def test_driver_waits_for_the_config_map_it_mounts(cluster: Cluster, clean: OperatorProcess) -> None:
