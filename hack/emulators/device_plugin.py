@@ -22,6 +22,7 @@ called ``default``; ``single``: the only one; ``empty``), links ``CONFIG_FILE_DS
 
 from __future__ import annotations
 
+import asyncio
 import signal
 from collections import Counter
 from typing import Any
@@ -72,8 +73,10 @@ def mig_strategy(env: dict[str, str], config: JSON) -> str:
 
 
 def base_resources(node: NodeState, strategy: str) -> dict[str, int]:
-    """Devices per resource name before sharing, for the node's GPUs and their MIG layout."""
-    layout = node.mig or [MigGpu() for _ in range(node.gpu_count)]
+    """Devices per resource name before sharing, for the node's healthy GPUs and their MIG layout: the
+    host's GPUs as NVML enumerates them (node.mig), of which the first gpu-operator.sim/gpu-count are
+    healthy (fewer: some fell off the bus or failed their health check; GFD still counts them all)."""
+    layout = (node.mig or [MigGpu() for _ in range(node.gpu_count)])[: node.gpu_count]
     enabled = [g for g in layout if g.enabled]
     if strategy == "none" or not enabled:
         return {GPU: len(layout)} if layout else {}
@@ -102,6 +105,25 @@ def advertised(node: NodeState, strategy: str, config: JSON) -> dict[str, int]:
     return result
 
 
+async def _sighup_or_new_gpu_count(proc: Proc, count: int) -> bool:
+    """True on SIGHUP (other signals are ignored); False once the node's GPU count is no longer `count`:
+    the plugin's health check (internal/rm/health.go) withdraws GPUs that fall off the bus, and the
+    emulated host's count (gpu-operator.sim/gpu-count) says how many are left."""
+    signals = asyncio.ensure_future(proc.signals.get())
+    try:
+        while proc.node.gpu_count == count:
+            change = asyncio.ensure_future(proc.node.wait_change())
+            done, _ = await asyncio.wait({signals, change}, return_when=asyncio.FIRST_COMPLETED)
+            change.cancel()
+            if signals in done:
+                if signals.result() == "SIGHUP":
+                    return True
+                signals = asyncio.ensure_future(proc.signals.get())
+        return False
+    finally:
+        signals.cancel()
+
+
 @program("nvidia-device-plugin")
 async def device_plugin(proc: Proc, argv: tuple[str, ...]) -> None:
     env = proc.env
@@ -126,9 +148,10 @@ async def device_plugin(proc: Proc, argv: tuple[str, ...]) -> None:
                 proc.out(f"Registered with the kubelet: {resources}")
                 proc.node.set_resources(resources)
             # SIGHUP (config-manager) restarts the plugins with the new config; a kubelet restart too.
-            while await proc.signals.get() != "SIGHUP":
-                pass
-            proc.out("Received SIGHUP, restarting.")
+            if await _sighup_or_new_gpu_count(proc, proc.node.gpu_count):
+                proc.out("Received SIGHUP, restarting.")
+            else:
+                proc.out(f"GPU health changed: {proc.node.gpu_count} GPUs found, re-registering.")
     finally:
         # The plugin's gRPC socket goes away with the container (also on a crash), not with the emulators.
         if proc.sigterm or not proc.emu.stopping:

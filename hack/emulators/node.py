@@ -123,7 +123,7 @@ class NodeState:
         """Take the node object's current labels, status and hardware; True if relevant fields changed."""
         metadata = body.get("metadata") or {}
         status = body.get("status") or {}
-        before = (self.labels, self.unschedulable, self.host_ip, self.capacity)
+        before = (self.labels, self.unschedulable, self.host_ip, self.capacity, self.gpu_count)
         self.labels = dict(metadata.get("labels") or {})
         self.annotations = dict(metadata.get("annotations") or {})
         self.unschedulable = bool((body.get("spec") or {}).get("unschedulable"))
@@ -145,10 +145,7 @@ class NodeState:
             self.model = MODELS["L4"]
         if not self.restored:
             self.restore()
-        elif len(self.mig) != self.gpu_count:
-            # The hardware changed (GPUs added or removed, gpu-count annotation): one fresh GPU each.
-            self.mig = [MigGpu() for _ in range(self.gpu_count)]
-        after = (self.labels, self.unschedulable, self.host_ip, self.capacity)
+        after = (self.labels, self.unschedulable, self.host_ip, self.capacity, self.gpu_count)
         if after != before:
             self.notify()
         return after != before
