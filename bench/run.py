@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import dataclasses
-import importlib.util
 import json
 import signal
 import subprocess
@@ -31,7 +30,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import urllib3
@@ -59,6 +57,7 @@ from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.components import COMPONENTS
 from gpu_operator.kube import ApiError
 from gpu_operator.nodes import GPU_PRESENT, MIG_CONFIG, desired_labels, node_info
+from hack import gen_nodes
 
 POLICY = ROOT / "examples" / "clusterpolicy.yaml"
 VALIDATOR_WORKLOADS = ("nvidia-cuda-validator", "nvidia-device-plugin-validator")
@@ -89,15 +88,6 @@ LABEL_WORKERS = 8
 
 def always_ready(component: str, node: str) -> bool:
     return True
-
-
-def load_gen_nodes() -> ModuleType:
-    """hack/gen_nodes.py, so a joining node is made exactly like the cluster's own."""
-    spec = importlib.util.spec_from_file_location("gen_nodes", ROOT / "hack" / "gen_nodes.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @dataclass
@@ -231,7 +221,6 @@ class SizeBench:
         )
         self.tools = bin_dir()
         self.kubectl = str(self.tools / "kubectl")
-        self.gen_nodes = load_gen_nodes()
         self.kubelet_version = versions()["K8S_VERSION"]
         self.policy_doc: dict[str, Any] = yaml.safe_load(policy.read_text())
         self.policy_name = str(self.policy_doc["metadata"]["name"])
@@ -415,7 +404,7 @@ class SizeBench:
 
     # --- node join ---
     def join_node_body(self, with_labels: bool) -> tuple[dict[str, Any], frozenset[str]]:
-        body: dict[str, Any] = self.gen_nodes.make_node("gpu", self.n, self.kubelet_version)
+        body: dict[str, Any] = gen_nodes.make_node("gpu", self.n, self.kubelet_version)
         final = desired_labels(node_info(body), self.spec, always_ready)
         labels = {**body["metadata"]["labels"], **final}
         # A component whose DaemonSet selects more than its deploy label (the MPS control daemon shares

@@ -11,7 +11,6 @@ fake sysfs directory. The tests run in file order on one release and one node.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -28,6 +27,7 @@ from gpu_operator.components import BY_NAME
 from gpu_operator.discovery import FIELD_MANAGER, NFD_CRD
 from gpu_operator.kube import ApiError, Kube
 from gpu_operator.nodes import GPU_PRESENT, NFD_PREFIX, owned_label_keys
+from hack import gen_nodes
 
 from .kube_helpers import Cluster, list_pods, pod_is_ready, wait_for
 from .operator_process import OPERATOR, ROOT, OperatorProcess, helm, sa_kubeconfig
@@ -90,10 +90,6 @@ def core(cluster: Cluster) -> Any:
 
 def fresh_node(cluster: Cluster) -> dict[str, Any]:
     """hack/gen_nodes.py's tainted GPU node, renamed, without a single NFD label."""
-    spec = importlib.util.spec_from_file_location("gen_nodes", ROOT / "hack" / "gen_nodes.py")
-    assert spec is not None and spec.loader is not None
-    gen_nodes = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gen_nodes)
     kubelet = core(cluster).list_node(limit=1).items[0].status.node_info.kubelet_version
     body: dict[str, Any] = gen_nodes.make_node("gpu", 1, kubelet)
     labels = {k: v for k, v in body["metadata"]["labels"].items() if not k.startswith(NFD_PREFIX)}

@@ -9,7 +9,6 @@ edit converges."""
 # ruff: noqa: F811  (the operator and clean fixtures come from test_operator and are parameters here)
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,9 +18,10 @@ from kubernetes.client import ApiException
 
 from gpu_operator.kube import ApiError, Kube, gone_or_changed
 from gpu_operator.observed import ADOPT_ANNOTATION
+from hack import gen_nodes
 
 from .kube_helpers import Cluster, wait_for
-from .operator_process import ROOT, OperatorProcess
+from .operator_process import OperatorProcess
 from .test_bad_input import running_operands
 from .test_operator import (  # noqa: F401  (fixtures)
     CONVERGE,
@@ -57,14 +57,6 @@ def not_ready_with(cluster: Cluster, reason: str, *words: str) -> dict[str, Any]
     return wait_for(check, timeout=CONVERGE, what=f"Error={reason} naming {words}")
 
 
-def gen_nodes() -> Any:
-    spec = importlib.util.spec_from_file_location("gen_nodes", ROOT / "hack" / "gen_nodes.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture
 def new_gpu_node(cluster: Cluster) -> Iterator[str]:
     """A simulated GPU node, deleted afterwards (the caller creates it when the test wants it)."""
@@ -79,7 +71,7 @@ def new_gpu_node(cluster: Cluster) -> Iterator[str]:
 
 def create_gpu_node(cluster: Cluster, name: str) -> None:
     kubelet = client.CoreV1Api(cluster.api).list_node(limit=1).items[0].status.node_info.kubelet_version
-    body: dict[str, Any] = gen_nodes().make_node("gpu", 7, kubelet)
+    body: dict[str, Any] = gen_nodes.make_node("gpu", 7, kubelet)
     body["metadata"]["name"] = name
     body["metadata"]["labels"]["kubernetes.io/hostname"] = name
     client.CoreV1Api(cluster.api).create_node(body)
