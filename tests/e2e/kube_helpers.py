@@ -16,6 +16,10 @@ then gives every such pod that starts *afterwards* the failure state instead of 
 * ``ImagePullBackOff``: phase Pending, Ready=False, each container ``waiting.reason``
   ImagePullBackOff (message ``Back-off pulling image "<image>"``), ``restartCount`` 0.
 
+Operand pods are run by the emulators (hack/emulators), whose containers then fail for real: a
+crash-looping one starts at ``restartCount`` ``restarts`` and goes on restarting with the kubelet's
+back-off for that count.
+
 Pods that are already running are not changed (pass ``recreate=True`` to delete them so their
 DaemonSet recreates them with the failure). :func:`clear_failure` deletes the Stage and, by
 default, the failing pods, so the DaemonSet's replacement pods become Ready (a simulated pod does
@@ -54,6 +58,7 @@ FAILURE_LABEL = "gpu-operator.sim/failure"
 FAILURE_COMPONENT_LABEL = "gpu-operator.sim/component"
 FAILURE_NODE_LABEL = "gpu-operator.sim/node"
 FAILURE_CONTAINER_ANNOTATION = "gpu-operator.sim/container"
+FAILURE_RESTARTS_ANNOTATION = "gpu-operator.sim/restarts"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 # Any weight > 0 beats pod-ready (weight 0): kwok never picks a weight-0 stage over a weighted one.
 FAILURE_WEIGHT = 1000
@@ -497,7 +502,11 @@ def failure_stage(
         "metadata": {
             "name": failure_stage_name(component, node, reason),
             "labels": {**_failure_labels(component, node), "gpu-operator.sim/reason": reason},
-            "annotations": {FAILURE_CONTAINER_ANNOTATION: container or ""},
+            # The emulators read these; kwok, the status template.
+            "annotations": {
+                FAILURE_CONTAINER_ANNOTATION: container or "",
+                **({FAILURE_RESTARTS_ANNOTATION: str(restarts)} if reason == "CrashLoopBackOff" else {}),
+            },
         },
         "spec": {
             "resourceRef": {"apiGroup": "v1", "kind": "Pod"},

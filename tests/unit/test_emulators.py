@@ -6,14 +6,24 @@ import asyncio
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hack.emulators import device_plugin, gfd, gpus, images, mig_manager, podspec, profile, shell
-from hack.emulators.kubelet import ContainerState, render_status
+from hack.emulators.cluster import IpPool
+from hack.emulators.emulator import (
+    FAILURE_COMPONENT_LABEL,
+    FAILURE_CONTAINER_ANNOTATION,
+    FAILURE_NODE_LABEL,
+    FAILURE_REASON_LABEL,
+    FAILURE_RESTARTS_ANNOTATION,
+    Emulator,
+    failure_of,
+)
+from hack.emulators.kubelet import ContainerState, Failure, PodRunner, render_status
 from hack.emulators.node import MigGpu, NodeState, Symlink
 from hack.emulators.vfs import ContainerFS
 
@@ -227,6 +237,66 @@ def test_status_of_a_ready_and_of_a_crash_looping_pod() -> None:
     assert status["containerStatuses"][0]["restartCount"] == 2
     assert status["containerStatuses"][0]["lastState"] == {"terminated": {"exitCode": 1}}
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "False"
+
+
+class FailingPodEmulator:
+    """What a PodRunner asks of its Emulator, for one pod with an injected failure (no API)."""
+
+    def __init__(self, failure: Failure, timing: profile.Profile) -> None:
+        self.failure = failure
+        self.profile = timing
+        self.ips = IpPool()
+        self.statuses: list[dict[str, Any]] = []
+
+    def failures_for(self, pod: podspec.Pod) -> list[Failure]:
+        return [self.failure]
+
+    def status_changed(self, runner: PodRunner) -> None:
+        self.statuses.append(runner.status())
+
+    def post_event(self, pod: podspec.Pod, kind: str, reason: str, message: str) -> None:
+        return None
+
+    def config_map(self, namespace: str, name: str) -> None:
+        return None
+
+
+def test_an_injected_crash_loop_starts_at_its_restart_count_and_backs_off_from_there() -> None:
+    # The Stage as tests/e2e/kube_helpers.py inject_failure(..., restarts=11) creates it.
+    labels = {FAILURE_COMPONENT_LABEL: "nvidia-driver", FAILURE_NODE_LABEL: "n"}
+    annotations = {FAILURE_CONTAINER_ANNOTATION: "", FAILURE_RESTARTS_ANNOTATION: "11"}
+    stage = {
+        "metadata": {
+            "labels": {**labels, FAILURE_REASON_LABEL: "CrashLoopBackOff"},
+            "annotations": annotations,
+        }
+    }
+    _, node, failure = failure_of(stage)
+    assert (node, failure) == ("n", Failure("CrashLoopBackOff", "", 11))
+    timing = profile.realistic(0.2)
+    main = {"name": "driver", "image": "x"}
+    body = pod_body([main], [])
+    body["spec"]["initContainers"] = [{"name": "init", "image": "x", "command": ["sh", "-c", "exit 0"]}]
+
+    async def run() -> list[dict[str, Any]]:
+        emu = FailingPodEmulator(failure, timing)
+        runner = PodRunner(cast(Emulator, emu), podspec.parse(body), node_state(), body)
+        runner.start()
+        while not any(c["restartCount"] == 12 for s in emu.statuses for c in s["containerStatuses"]):
+            await asyncio.sleep(0.01)
+        assert runner.task is not None
+        runner.task.cancel()
+        return emu.statuses
+
+    statuses = asyncio.run(asyncio.wait_for(run(), 10))
+    first = statuses[0]
+    assert first["containerStatuses"][0]["restartCount"] == 11
+    assert first["initContainerStatuses"][0]["restartCount"] == 0  # the failure is the containers'
+    crashed = next(c for s in statuses for c in s["containerStatuses"] if c["restartCount"] == 12)
+    assert crashed["lastState"]["terminated"]["exitCode"] == 1
+    # The kubelet's back-off for a 12th restart: the 5 min maximum (x0.2), not the first 10 s.
+    assert crashed["state"]["waiting"]["message"].startswith("back-off 1m0s restarting failed container")
+    assert timing.backoff(12) == 60.0 and timing.backoff(1) == 2.0
 
 
 def test_no_sandbox_no_pod_ip() -> None:
