@@ -177,15 +177,11 @@ def node_start_s(timing: Profile) -> float:
     )
 
 
-def wait_timeout(seconds: float, *, node_starts: int = 1, crash_restarts: int = 0) -> float:
+def wait_timeout(seconds: float, *, node_starts: int = 1) -> float:
     """A wait timeout: ``seconds`` (enough under the instant profile) plus ``node_starts`` times the
     emulators' worst operand-stack start on a node (:func:`node_start_s`; nodes start in parallel,
-    so a rollout over every node is one, a rolling upgrade one per node it restarts in turn), plus
-    the kubelet's back-off until a crash-looping container has restarted ``crash_restarts`` times
-    (the emulated kubelet counts real restarts: an injected ``restarts`` is reached in that time)."""
-    timing = emulator_profile()
-    back_off = sum(timing.backoff(n) for n in range(1, crash_restarts + 1))
-    return seconds + node_starts * node_start_s(timing) + back_off
+    so a rollout over every node is one, a rolling upgrade one per node it restarts in turn)."""
+    return seconds + node_starts * node_start_s(emulator_profile())
 
 
 # --- reading state ---------------------------------------------------------------------------

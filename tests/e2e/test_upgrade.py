@@ -608,9 +608,8 @@ def test_canary_failure_pauses_the_rest_then_rollback(
         assert status.get("paused") and [f["node"] for f in status["failed"]] == ["gpu-node-2"], status
         return status
 
-    # The canary fails once its driver pod has restarted 11 times: the kubelet's back-off before that.
-    crash_looped = UPGRADE + wait_timeout(0, node_starts=0, crash_restarts=11)
-    status = wait_for(paused, timeout=crash_looped, what="the canary failing and the upgrade paused")
+    # The canary's new driver pod starts at 11 restarts (crash-looping a while): failing at once.
+    status = wait_for(paused, timeout=UPGRADE, what="the canary failing and the upgrade paused")
     assert "crash-looping" in status["failed"][0]["reason"]
     assert "pod-restart-required" in status["failed"][0]["reason"]
     others = ("gpu-node-0", "gpu-node-1", "gpu-node-3")
