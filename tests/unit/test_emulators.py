@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
@@ -25,6 +26,7 @@ from hack.emulators.emulator import (
 )
 from hack.emulators.kubelet import ContainerState, Failure, PodRunner, render_status
 from hack.emulators.node import MigGpu, NodeState, Symlink
+from hack.emulators.process import Proc
 from hack.emulators.vfs import ContainerFS
 
 # --- shell -----------------------------------------------------------------------------------
@@ -438,3 +440,52 @@ def test_driver_version_from_the_image_tag() -> None:
     assert gpus.driver_version("nvcr.io/nvidia/driver:595.91.07-ubuntu22.04") == "595.91.07"
     assert gpus.driver_version("nvcr.io/nvidia/driver:535-5.4.0-ubuntu22.04").startswith("535.")
     assert gpus.cuda_version("535.274.02") == (12, 2)
+
+
+class LoggingProc:
+    """What follow_mig_config asks of its Proc: the node and the log."""
+
+    def __init__(self, node: NodeState) -> None:
+        self.node = node
+        self.log: list[str] = []
+
+    def out(self, message: str) -> None:
+        self.log.append(message)
+
+
+def test_mig_manager_logs_waiting_once_per_change_not_per_node_update() -> None:
+    waiting = "Waiting for change to 'nvidia.com/mig.config' label"
+    proc = LoggingProc(node_state())
+    applied: list[str] = []
+
+    async def reconfigure(value: str) -> None:
+        applied.append(value)
+
+    async def until(done: Callable[[], bool]) -> None:
+        while not done():
+            await asyncio.sleep(0)
+
+    async def run() -> None:
+        task = asyncio.create_task(
+            mig_manager.follow_mig_config(cast(Proc, proc), "all-disabled", reconfigure)
+        )
+        await until(lambda: proc.log[-1:] == [waiting] and applied == ["all-disabled"])
+        for i in range(3):  # other changes of the node (files, other labels): no new value
+            proc.node.labels["other"] = str(i)
+            proc.node.notify()
+            await asyncio.sleep(0)
+        proc.node.labels[mig_manager.MIG_CONFIG] = "all-1g.10gb"
+        proc.node.notify()
+        await until(lambda: len(applied) == 2 and proc.log[-1] == waiting)
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+    assert proc.log == [
+        waiting,
+        "Updating to MIG config: all-disabled",
+        "Successfully updated to MIG config: all-disabled",
+        waiting,
+        "Updating to MIG config: all-1g.10gb",
+        "Successfully updated to MIG config: all-1g.10gb",
+        waiting,
+    ]
