@@ -12,7 +12,7 @@ include hack/cluster.mk
 include hack/chart.mk
 include hack/bench.mk
 
-.PHONY: help venv lint typecheck test test-unit test-e2e test-chaos crd demo down bench
+.PHONY: help venv lint typecheck test test-unit test-e2e test-e2e-realistic test-chaos crd demo down bench
 
 help: ## list targets
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | sort
@@ -43,6 +43,9 @@ test: lint chart-lint test-unit test-e2e ## every test: lint, types, unit and en
 
 test-e2e: venv tools ## end-to-end tests (local control plane, or the cluster in $$KUBECONFIG), less the long chaos faults
 	$(BIN)/pytest -q tests/e2e -m "not chaos"
+
+test-e2e-realistic: venv tools ## test-e2e with the emulated images taking (5x scaled) real time: SIM_PROFILE=realistic SIM_TIME_SCALE=0.2; not in `make test`
+	SIM_PROFILE=realistic SIM_TIME_SCALE=0.2 $(BIN)/pytest -q tests/e2e -m "not chaos"
 
 test-chaos: venv tools ## the whole chaos suite (tests/e2e/test_chaos.py, local cluster only; about 30 min)
 	$(BIN)/pytest -q tests/e2e/test_chaos.py

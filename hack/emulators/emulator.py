@@ -38,6 +38,7 @@ FAILURE_COMPONENT_LABEL = "gpu-operator.sim/component"
 FAILURE_NODE_LABEL = "gpu-operator.sim/node"
 FAILURE_REASON_LABEL = "gpu-operator.sim/reason"
 FAILURE_CONTAINER_ANNOTATION = "gpu-operator.sim/container"
+FAILURE_RESTARTS_ANNOTATION = "gpu-operator.sim/restarts"
 MANAGED_SELECTOR = "app.kubernetes.io/managed-by=gpu-operator"
 
 
@@ -356,15 +357,10 @@ class Emulator:
         if kind == "SYNC":
             self.failures = []
         for stage in stages:
-            metadata = stage["metadata"]
-            labels = metadata.get("labels") or {}
-            key = (labels.get(FAILURE_COMPONENT_LABEL, ""), labels.get(FAILURE_NODE_LABEL, ""))
-            self.failures = [f for f in self.failures if (f[0], f[1]) != key]
+            component, node, failure = failure_of(stage)
+            self.failures = [f for f in self.failures if (f[0], f[1]) != (component, node)]
             if kind != "DELETED":
-                container = (metadata.get("annotations") or {}).get(FAILURE_CONTAINER_ANNOTATION, "")
-                self.failures.append(
-                    (*key, Failure(labels.get(FAILURE_REASON_LABEL, "CrashLoopBackOff"), container))
-                )
+                self.failures.append((component, node, failure))
 
     # --- running --------------------------------------------------------------------------------
 
@@ -401,3 +397,16 @@ class Emulator:
         if self.ready_file is not None:
             self.ready_file.touch()
         await asyncio.gather(*tasks)
+
+
+def failure_of(stage: Mapping[str, Any]) -> tuple[str, str, Failure]:
+    """The component, node ('all-nodes': any) and failure of a Stage that inject_failure created."""
+    metadata = stage["metadata"]
+    labels = metadata.get("labels") or {}
+    annotations = metadata.get("annotations") or {}
+    failure = Failure(
+        labels.get(FAILURE_REASON_LABEL, "CrashLoopBackOff"),
+        annotations.get(FAILURE_CONTAINER_ANNOTATION, ""),
+        int(annotations.get(FAILURE_RESTARTS_ANNOTATION) or 0),
+    )
+    return labels.get(FAILURE_COMPONENT_LABEL, ""), labels.get(FAILURE_NODE_LABEL, ""), failure

@@ -63,6 +63,9 @@ class Failure:
     """CrashLoopBackOff or ImagePullBackOff."""
     container: str = ""
     """Only this container ('' = every container)."""
+    restarts: int = 0
+    """CrashLoopBackOff: the restartCount the failing containers start at, as on a pod that has been
+    crash-looping that long (its back-off goes on from there, see :meth:`PodRunner._back_off`)."""
 
 
 @dataclass
@@ -188,6 +191,10 @@ class PodRunner:
             "" if pod.host_network else emu.ips.allocate(pod.uid, (body.get("status") or {}).get("podIP", ""))
         )
         self.failures: list[Failure] = emu.failures_for(pod)
+        for c in pod.containers:
+            failure = self._failure(c)
+            if failure and failure.reason == "CrashLoopBackOff":
+                self.states[c.name].restarts = failure.restarts
         self.task: asyncio.Task[None] | None = None
         self.sidecars: list[asyncio.Task[None]] = []
         self.terminating = False
@@ -356,6 +363,8 @@ class PodRunner:
         state.restarts += 1
         state.ready = False
         state.started = False
+        # The kubelet's back-off grows with every restart of the container, whatever its count
+        # started at (an injected failure's), so it is the one for this restart number.
         delay = self.emu.profile.backoff(state.restarts)
         state.state = {"waiting": {
             "reason": "CrashLoopBackOff",

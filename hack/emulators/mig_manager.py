@@ -25,6 +25,7 @@ pkg/mig/builder/builder.go:43-146, balanced.go), published as the ConfigMap ``<n
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import yaml
@@ -334,17 +335,26 @@ async def mig_manager(proc: Proc, argv: tuple[str, ...]) -> None:
                 f"{host}{driver_root}: not found"
             )
     manager = MigManager(proc, api, config)
-    value = await node_label(proc, api, MIG_CONFIG)
+    await follow_mig_config(proc, await node_label(proc, api, MIG_CONFIG), manager.reconfigure)
+
+
+async def follow_mig_config(proc: Proc, value: str, reconfigure: Callable[[str], Awaitable[None]]) -> None:
+    """Apply the label's value, then each new one (cmd/nvidia-mig-manager/main.go:436-446).
+
+    "Waiting for change" once per wait for a new value (l.437: before each, so at the start and
+    after each change handled), not on every other change of the node that wakes the emulator.
+    """
     last_read = ""
+    proc.out(f"Waiting for change to '{MIG_CONFIG}' label")
     while True:
         if value and value != last_read:
             last_read = value
             proc.out(f"Updating to MIG config: {value}")
             try:
-                await manager.reconfigure(value)
+                await reconfigure(value)
                 proc.out(f"Successfully updated to MIG config: {value}")
             except (Failed, ApiError) as exc:
                 proc.out(f"Error: {exc}")
-        proc.out(f"Waiting for change to '{MIG_CONFIG}' label")
+            proc.out(f"Waiting for change to '{MIG_CONFIG}' label")
         await proc.node.wait_change()
         value = proc.node.labels.get(MIG_CONFIG, "") or value

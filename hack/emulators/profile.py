@@ -57,7 +57,13 @@ class Profile:
         return seconds * self.scale if self.sleeps else 0.0
 
     def backoff(self, restarts: int) -> float:
-        """The kubelet's CrashLoopBackOff delay before restart number `restarts` (1, 2, ...)."""
+        """The kubelet's CrashLoopBackOff delay before restart number `restarts` (1, 2, ...).
+
+        The kubelet keeps one back-off per container (pkg/kubelet/kuberuntime/kuberuntime_manager.go
+        doBackOff, client-go util/flowcontrol/backoff.go Next): the first exit waits the base, each
+        further one twice the last, up to the maximum (reset only after 2 x maximum without an exit).
+        So a container that keeps crashing waits ``base * 2**(n-1)`` before its n-th restart.
+        """
         delay = self.backoff_base * 2.0 ** max(0, restarts - 1)
         return min(delay, self.backoff_max) * self.scale
 

@@ -22,7 +22,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client import ApiException
 
-from .kube_helpers import Cluster, clear_all_failures, failure_injection_supported, wait_for
+from .kube_helpers import Cluster, clear_all_failures, emulator_profile, failure_injection_supported, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "clusterpolicy.yaml"
@@ -84,6 +84,19 @@ def install_crds(cluster: Cluster, path: Path) -> None:
     wait_for(established, timeout=60, what=f"CRDs {names} established")
 
 
+def check_emulator_profile(settings_file: Path) -> None:
+    """The emulators run with the profile the tests scale their timeouts by (kube_helpers.wait_timeout).
+
+    hack/cluster.sh restarts a kept cluster's emulators when SIM_PROFILE/SIM_TIME_SCALE changed and
+    records what they run with in ``emulators.settings`` (``profile=NAME scale=FACTOR``).
+    """
+    recorded = dict(item.split("=", 1) for item in settings_file.read_text().split())
+    want = emulator_profile()
+    if recorded.get("profile") != want.name or float(recorded.get("scale", "nan")) != want.scale:
+        expected = f"profile={want.name} scale={want.scale:g}"
+        pytest.fail(f"the emulators run with {recorded}, the tests expect {expected}")
+
+
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Cluster]:
     external = os.environ.get("KUBECONFIG", "").strip()
@@ -100,6 +113,7 @@ def cluster() -> Iterator[Cluster]:
         started_here = not was_up
         kubeconfig = Path(_make_output("kubeconfig"))
         audit_log = Path(_make_output("audit-log"))
+        check_emulator_profile(kubeconfig.parent / "emulators.settings")
     api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
     found = Cluster(
         kubeconfig=kubeconfig, api=api, kubectl_path=_kubectl_path(), local=not external, audit_log=audit_log

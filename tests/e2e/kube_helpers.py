@@ -16,6 +16,10 @@ then gives every such pod that starts *afterwards* the failure state instead of 
 * ``ImagePullBackOff``: phase Pending, Ready=False, each container ``waiting.reason``
   ImagePullBackOff (message ``Back-off pulling image "<image>"``), ``restartCount`` 0.
 
+Operand pods are run by the emulators (hack/emulators), whose containers then fail for real: a
+crash-looping one starts at ``restartCount`` ``restarts`` and goes on restarting with the kubelet's
+back-off for that count.
+
 Pods that are already running are not changed (pass ``recreate=True`` to delete them so their
 DaemonSet recreates them with the failure). :func:`clear_failure` deletes the Stage and, by
 default, the failing pods, so the DaemonSet's replacement pods become Ready (a simulated pod does
@@ -24,6 +28,7 @@ not heal in place).
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
@@ -34,6 +39,8 @@ from typing import Any, Literal, TypeVar
 
 from kubernetes import client, utils
 from kubernetes.client import ApiException
+
+from hack.emulators.profile import STARTUP_DEFAULT, Profile, profile
 
 T = TypeVar("T")
 
@@ -51,6 +58,7 @@ FAILURE_LABEL = "gpu-operator.sim/failure"
 FAILURE_COMPONENT_LABEL = "gpu-operator.sim/component"
 FAILURE_NODE_LABEL = "gpu-operator.sim/node"
 FAILURE_CONTAINER_ANNOTATION = "gpu-operator.sim/container"
+FAILURE_RESTARTS_ANNOTATION = "gpu-operator.sim/restarts"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 # Any weight > 0 beats pod-ready (weight 0): kwok never picks a weight-0 stage over a weighted one.
 FAILURE_WEIGHT = 1000
@@ -122,6 +130,58 @@ def wait_for(
         if time.monotonic() >= deadline:
             raise WaitTimeout(f"{what}: not met after {timeout:.0f}s; last observed: {last}")
         time.sleep(interval)
+
+
+# --- how long the emulated images take -----------------------------------------------------
+
+# What the rendered operand pods make a real node wait for (manifests/templates): the driver's
+# startupProbe (initialDelaySeconds 60, periodSeconds 10), the longest readiness probe
+# (dcgm-exporter's initialDelaySeconds 45), the init containers' `sleep 5` wait loops.
+DRIVER_STARTUP_PROBE_S = 60.0
+DRIVER_PROBE_PERIOD_S = 10.0
+LONGEST_READINESS_DELAY_S = 45.0
+INIT_POLL_S = 5.0
+# Operands that wait on the one before (driver, toolkit, validator, device plugin, GFD/DCGM, exporter).
+STACK_STAGES = 6
+
+
+def emulator_profile() -> Profile:
+    """The timing profile of the local cluster's emulators.
+
+    ``SIM_PROFILE`` and ``SIM_TIME_SCALE`` are what ``make cluster-up`` passes to hack/cluster.sh,
+    which restarts the emulators when they run with other ones (the conftest checks they match).
+    """
+    return profile(os.environ.get("SIM_PROFILE", "instant"), float(os.environ.get("SIM_TIME_SCALE", "1")))
+
+
+def node_start_s(timing: Profile) -> float:
+    """The longest the operand stack takes to come up on one node under ``timing`` (0 s-ish: instant).
+
+    Each stage's worst start-up (mean + spread) and init-container poll, the driver's build and
+    startup probe, the toolkit, a MIG change, the slowest readiness probe and one crash-loop back-off.
+    """
+
+    def worst(operand: str) -> float:
+        mean, spread = timing.startup.get(operand, timing.startup[STARTUP_DEFAULT])
+        return (mean + spread) * timing.scale
+
+    return (
+        worst("driver")
+        + timing.probe_delay(DRIVER_STARTUP_PROBE_S + DRIVER_PROBE_PERIOD_S)
+        + worst("toolkit")
+        + worst("mig")
+        + timing.probe_delay(LONGEST_READINESS_DELAY_S)
+        + STACK_STAGES * (worst(STARTUP_DEFAULT) + timing.sleep_time(INIT_POLL_S))
+        + timing.backoff(1)
+        + sum(timing.termination) * timing.scale
+    )
+
+
+def wait_timeout(seconds: float, *, node_starts: int = 1) -> float:
+    """A wait timeout: ``seconds`` (enough under the instant profile) plus ``node_starts`` times the
+    emulators' worst operand-stack start on a node (:func:`node_start_s`; nodes start in parallel,
+    so a rollout over every node is one, a rolling upgrade one per node it restarts in turn)."""
+    return seconds + node_starts * node_start_s(emulator_profile())
 
 
 # --- reading state ---------------------------------------------------------------------------
@@ -438,7 +498,11 @@ def failure_stage(
         "metadata": {
             "name": failure_stage_name(component, node, reason),
             "labels": {**_failure_labels(component, node), "gpu-operator.sim/reason": reason},
-            "annotations": {FAILURE_CONTAINER_ANNOTATION: container or ""},
+            # The emulators read these; kwok, the status template.
+            "annotations": {
+                FAILURE_CONTAINER_ANNOTATION: container or "",
+                **({FAILURE_RESTARTS_ANNOTATION: str(restarts)} if reason == "CrashLoopBackOff" else {}),
+            },
         },
         "spec": {
             "resourceRef": {"apiGroup": "v1", "kind": "Pod"},

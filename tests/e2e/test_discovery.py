@@ -29,7 +29,7 @@ from gpu_operator.kube import ApiError, Kube
 from gpu_operator.nodes import GPU_PRESENT, NFD_PREFIX, owned_label_keys
 from hack import gen_nodes
 
-from .kube_helpers import Cluster, list_pods, pod_is_ready, wait_for
+from .kube_helpers import Cluster, list_pods, pod_is_ready, wait_for, wait_timeout
 from .operator_process import OPERATOR, ROOT, OperatorProcess, helm, sa_kubeconfig
 
 pytestmark = pytest.mark.e2e
@@ -45,7 +45,8 @@ VENDOR_ONLY = f"{NFD_PREFIX}pci-10de.present"
 CLASS_0302 = f"{NFD_PREFIX}pci-0302_10de.present"
 CLASS_0300 = f"{NFD_PREFIX}pci-0300_10de.present"
 MANAGED = "app.kubernetes.io/managed-by=gpu-operator"
-CONVERGE = 120.0
+CONVERGE = wait_timeout(120.0)
+"""Seconds a policy may take to converge: 120 under the instant profile, plus one operand start."""
 
 # The fake sysfs: two H100s (3D controller), an RTX (VGA) and its HDMI audio function, a host bridge.
 H100 = {"vendor": "0x10de", "device": "0x2330", "class": "0x030200"}

@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from gpu_operator.components import BY_LABEL
 
-from .kube_helpers import SIMULATED_NODE_LABEL, Cluster, wait_for
+from .kube_helpers import SIMULATED_NODE_LABEL, Cluster, wait_for, wait_timeout
 from .operator_process import OPERATOR, ROOT, OperatorProcess, helm, sa_kubeconfig
 from .test_operator import operator_labels, owned_labels
 
@@ -38,7 +38,8 @@ CRD_NAME = "clusterpolicies.nvidia.com"
 GROUP, VERSION, PLURAL = "nvidia.com", "v1", "clusterpolicies"
 MANAGED = "app.kubernetes.io/managed-by=gpu-operator"
 COMPONENT = "app.kubernetes.io/component"
-CONVERGE = 120.0
+CONVERGE = wait_timeout(120.0)
+"""Seconds a policy may take to converge: 120 under the instant profile, plus one operand start."""
 
 
 def test_chart_passes_a_server_side_dry_run(cluster: Cluster) -> None:

@@ -15,7 +15,16 @@ import yaml
 
 from gpu_operator.components import BY_LABEL, BY_NAME
 
-from .kube_helpers import Cluster, clear_failure, gpu_nodes, inject_failure, list_pods, pod_is_ready, wait_for
+from .kube_helpers import (
+    Cluster,
+    clear_failure,
+    gpu_nodes,
+    inject_failure,
+    list_pods,
+    pod_is_ready,
+    wait_for,
+    wait_timeout,
+)
 from .operator_process import ROOT, OperatorProcess, chart_operator
 
 # The generated models type every field Optional; these tests read live objects whose fields are set,
@@ -32,7 +41,8 @@ DRIVER = BY_NAME["driver"].component_label
 POLICIES = ROOT / "tests" / "data" / "policies"
 SEED_CONFIG_MAPS = (ROOT / "examples" / "device-plugin-config.yaml", ROOT / "examples" / "mig-config.yaml")
 """The ConfigMaps the seed sample (seed-sample.yaml, examples/clusterpolicy.yaml) names."""
-CONVERGE = 120.0
+CONVERGE = wait_timeout(120.0)
+"""Seconds a policy may take to converge: 120 under the instant profile, plus one operand start."""
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,15 @@ from gpu_operator.upgrade.states import (
     STATE_START_ANNOTATION,
 )
 
-from .kube_helpers import Cluster, clear_failure, inject_failure, list_pods, pod_is_ready, wait_for
+from .kube_helpers import (
+    Cluster,
+    clear_failure,
+    inject_failure,
+    list_pods,
+    pod_is_ready,
+    wait_for,
+    wait_timeout,
+)
 from .operator_process import OperatorProcess, chart_operator
 from .test_metrics import scrape, value
 from .test_operator import apply_policy, assert_cleaned_up, get_policy, wait_state
@@ -68,8 +76,9 @@ GAUGES = (
     "gpu_operator_nodes_upgrades_available",
     "gpu_operator_nodes_upgrades_pending",
 )
-UPGRADE = 120.0
-"""Seconds an upgrade of the 4 nodes may take (it takes a few here; the CI machine is slower)."""
+UPGRADE = wait_timeout(120.0, node_starts=4)
+"""Seconds an upgrade of the 4 nodes may take (a few under the instant profile, the CI machine is
+slower; one driver restart after the other under the realistic one)."""
 
 
 def upgrade_policy(version: str, **upgrade: Any) -> dict[str, Any]:
@@ -599,6 +608,7 @@ def test_canary_failure_pauses_the_rest_then_rollback(
         assert status.get("paused") and [f["node"] for f in status["failed"]] == ["gpu-node-2"], status
         return status
 
+    # The canary's new driver pod starts at 11 restarts (crash-looping a while): failing at once.
     status = wait_for(paused, timeout=UPGRADE, what="the canary failing and the upgrade paused")
     assert "crash-looping" in status["failed"][0]["reason"]
     assert "pod-restart-required" in status["failed"][0]["reason"]

@@ -5,16 +5,28 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hack.emulators import device_plugin, gfd, gpus, images, mig_manager, podspec, profile, shell
-from hack.emulators.kubelet import ContainerState, render_status
+from hack.emulators.cluster import IpPool
+from hack.emulators.emulator import (
+    FAILURE_COMPONENT_LABEL,
+    FAILURE_CONTAINER_ANNOTATION,
+    FAILURE_NODE_LABEL,
+    FAILURE_REASON_LABEL,
+    FAILURE_RESTARTS_ANNOTATION,
+    Emulator,
+    failure_of,
+)
+from hack.emulators.kubelet import ContainerState, Failure, PodRunner, render_status
 from hack.emulators.node import MigGpu, NodeState, Symlink
+from hack.emulators.process import Proc
 from hack.emulators.vfs import ContainerFS
 
 # --- shell -----------------------------------------------------------------------------------
@@ -229,6 +241,66 @@ def test_status_of_a_ready_and_of_a_crash_looping_pod() -> None:
     assert {c["type"]: c["status"] for c in status["conditions"]}["Ready"] == "False"
 
 
+class FailingPodEmulator:
+    """What a PodRunner asks of its Emulator, for one pod with an injected failure (no API)."""
+
+    def __init__(self, failure: Failure, timing: profile.Profile) -> None:
+        self.failure = failure
+        self.profile = timing
+        self.ips = IpPool()
+        self.statuses: list[dict[str, Any]] = []
+
+    def failures_for(self, pod: podspec.Pod) -> list[Failure]:
+        return [self.failure]
+
+    def status_changed(self, runner: PodRunner) -> None:
+        self.statuses.append(runner.status())
+
+    def post_event(self, pod: podspec.Pod, kind: str, reason: str, message: str) -> None:
+        return None
+
+    def config_map(self, namespace: str, name: str) -> None:
+        return None
+
+
+def test_an_injected_crash_loop_starts_at_its_restart_count_and_backs_off_from_there() -> None:
+    # The Stage as tests/e2e/kube_helpers.py inject_failure(..., restarts=11) creates it.
+    labels = {FAILURE_COMPONENT_LABEL: "nvidia-driver", FAILURE_NODE_LABEL: "n"}
+    annotations = {FAILURE_CONTAINER_ANNOTATION: "", FAILURE_RESTARTS_ANNOTATION: "11"}
+    stage = {
+        "metadata": {
+            "labels": {**labels, FAILURE_REASON_LABEL: "CrashLoopBackOff"},
+            "annotations": annotations,
+        }
+    }
+    _, node, failure = failure_of(stage)
+    assert (node, failure) == ("n", Failure("CrashLoopBackOff", "", 11))
+    timing = profile.realistic(0.2)
+    main = {"name": "driver", "image": "x"}
+    body = pod_body([main], [])
+    body["spec"]["initContainers"] = [{"name": "init", "image": "x", "command": ["sh", "-c", "exit 0"]}]
+
+    async def run() -> list[dict[str, Any]]:
+        emu = FailingPodEmulator(failure, timing)
+        runner = PodRunner(cast(Emulator, emu), podspec.parse(body), node_state(), body)
+        runner.start()
+        while not any(c["restartCount"] == 12 for s in emu.statuses for c in s["containerStatuses"]):
+            await asyncio.sleep(0.01)
+        assert runner.task is not None
+        runner.task.cancel()
+        return emu.statuses
+
+    statuses = asyncio.run(asyncio.wait_for(run(), 10))
+    first = statuses[0]
+    assert first["containerStatuses"][0]["restartCount"] == 11
+    assert first["initContainerStatuses"][0]["restartCount"] == 0  # the failure is the containers'
+    crashed = next(c for s in statuses for c in s["containerStatuses"] if c["restartCount"] == 12)
+    assert crashed["lastState"]["terminated"]["exitCode"] == 1
+    # The kubelet's back-off for a 12th restart: the 5 min maximum (x0.2), not the first 10 s.
+    assert crashed["state"]["waiting"]["message"].startswith("back-off 1m0s restarting failed container")
+    assert timing.backoff(12) == 60.0 and timing.backoff(1) == 2.0
+
+
 def test_no_sandbox_no_pod_ip() -> None:
     main = ContainerState("main", "img", init=False, state={"waiting": {"reason": "ContainerCreating"}})
     status = render_status([main], sandbox=False, host_ip="h", pod_ip="p", start_time="t", transitions={})
@@ -368,3 +440,52 @@ def test_driver_version_from_the_image_tag() -> None:
     assert gpus.driver_version("nvcr.io/nvidia/driver:595.91.07-ubuntu22.04") == "595.91.07"
     assert gpus.driver_version("nvcr.io/nvidia/driver:535-5.4.0-ubuntu22.04").startswith("535.")
     assert gpus.cuda_version("535.274.02") == (12, 2)
+
+
+class LoggingProc:
+    """What follow_mig_config asks of its Proc: the node and the log."""
+
+    def __init__(self, node: NodeState) -> None:
+        self.node = node
+        self.log: list[str] = []
+
+    def out(self, message: str) -> None:
+        self.log.append(message)
+
+
+def test_mig_manager_logs_waiting_once_per_change_not_per_node_update() -> None:
+    waiting = "Waiting for change to 'nvidia.com/mig.config' label"
+    proc = LoggingProc(node_state())
+    applied: list[str] = []
+
+    async def reconfigure(value: str) -> None:
+        applied.append(value)
+
+    async def until(done: Callable[[], bool]) -> None:
+        while not done():
+            await asyncio.sleep(0)
+
+    async def run() -> None:
+        task = asyncio.create_task(
+            mig_manager.follow_mig_config(cast(Proc, proc), "all-disabled", reconfigure)
+        )
+        await until(lambda: proc.log[-1:] == [waiting] and applied == ["all-disabled"])
+        for i in range(3):  # other changes of the node (files, other labels): no new value
+            proc.node.labels["other"] = str(i)
+            proc.node.notify()
+            await asyncio.sleep(0)
+        proc.node.labels[mig_manager.MIG_CONFIG] = "all-1g.10gb"
+        proc.node.notify()
+        await until(lambda: len(applied) == 2 and proc.log[-1] == waiting)
+        task.cancel()
+
+    asyncio.run(asyncio.wait_for(run(), 10))
+    assert proc.log == [
+        waiting,
+        "Updating to MIG config: all-disabled",
+        "Successfully updated to MIG config: all-disabled",
+        waiting,
+        "Updating to MIG config: all-1g.10gb",
+        "Successfully updated to MIG config: all-1g.10gb",
+        waiting,
+    ]
