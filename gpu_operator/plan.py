@@ -47,6 +47,7 @@ from gpu_operator.status import (
     invalid_status,
     pods_by_node,
     policy_status,
+    progress_only,
     readiness,
     status_body,
     status_differs,
@@ -429,6 +430,8 @@ class Conclusion:
     """Policy name → the Events to post once its status is written."""
     reported: dict[str, Signature]
     """Policy name → what its Events have now said (the `reported` of the next pass)."""
+    progress: frozenset[str] = frozenset()
+    """The policies of `status_writes` whose write only tells a rollout's progress (status.progress_only)."""
 
 
 def conclude(
@@ -454,14 +457,17 @@ def conclude(
     writes: dict[str, dict[str, Any]] = {}
     events: dict[str, list[Event]] = {}
     signatures: dict[str, Signature] = {}
+    progress: set[str] = set()
     for policy in policies:
         status = statuses.get(policy.name)
         if status is None:
             continue
         if status_differs(policy.status, status):
             writes[policy.name] = status_body(status)
+            if progress_only(policy.status, status):
+                progress.add(policy.name)
         active = plan.active is not None and plan.active.name == policy.name
         events[policy.name], signatures[policy.name] = events_for(
             policy, status, plan.notes if active else [], reported.get(policy.name)
         )
-    return Conclusion(replace(plan, statuses=statuses), writes, events, signatures)
+    return Conclusion(replace(plan, statuses=statuses), writes, events, signatures, frozenset(progress))

@@ -44,6 +44,11 @@ class Settings:
     stale_retry_seconds: float = 0.5
     """A write that found its object changed since the snapshot (409) asks for another pass this soon:
     the watch may bring the new version without a change a pass would react to."""
+    status_interval_seconds: float = 2.0
+    """A status write that only tells a rollout's progress (node counts, messages) waits until this
+    long after the policy's last one; a changed state, condition or generation goes out at once. A
+    1000-node rollout runs hundreds of passes: without it each would patch the ClusterPolicy (whose
+    schema the API server validates on every write) and wait for it before the next labels."""
     writers: int = 16
     """Concurrent API writes in one pass: enough to label 1000 nodes quickly, few enough for the API
     server."""

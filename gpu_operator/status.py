@@ -82,6 +82,27 @@ def status_differs(current: Mapping[str, Any], desired: ClusterPolicyStatus) -> 
     return any(current.get(key) != value for key, value in status_body(desired).items())
 
 
+def progress_only(current: Mapping[str, Any], desired: ClusterPolicyStatus) -> bool:
+    """Whether writing `desired` over `current` would change only how far a rollout has got (node
+    counts, the problems listed, messages), not what the status says: its state, generation and GPU
+    nodes, each component's state, each condition's type, status and reason. Such a write may wait a
+    little (Settings.status_interval_seconds); any other goes out at once."""
+    body = status_body(desired)
+    said = ("state", "observedGeneration", "gpuNodes", "namespace")
+    if any(current.get(key) != body.get(key) for key in said):
+        return False
+
+    def states(value: Any) -> list[tuple[Any, ...]]:
+        return [(c.get("name"), c.get("enabled"), c.get("state")) for c in value or []]
+
+    def conditions(value: Any) -> list[tuple[Any, ...]]:
+        return [(c.get("type"), c.get("status"), c.get("reason")) for c in value or []]
+
+    return states(current.get("components")) == states(body.get("components")) and conditions(
+        current.get("conditions")
+    ) == conditions(body.get("conditions"))
+
+
 # --- pods and readiness --------------------------------------------------------------------------
 
 
