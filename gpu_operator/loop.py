@@ -57,6 +57,8 @@ class Loop:
         """When the last pass ended, successful or not."""
         self.timer: asyncio.TimerHandle | None = None
         """The pass asked for by the last one (Outcome.wake_at): one at a time, the latest wins."""
+        self.soon: asyncio.TimerHandle | None = None
+        """The pass asked for by a change that only shows in the status (wake_soon)."""
 
     def wake(self) -> None:
         if self.work_since is None and self.leading():
@@ -71,6 +73,13 @@ class Loop:
         if when is not None:
             delay = max(0.0, when - time.time())
             self.timer = asyncio.get_running_loop().call_later(delay, self.wake)
+
+    def wake_soon(self) -> None:
+        """A pass within `status_interval_seconds`, for a change that only shows in the status: the
+        changes of that while coalesce into one pass instead of one pass each (on the event loop)."""
+        if self.soon is None and not self.wakeup.is_set():
+            delay = self.settings.status_interval_seconds
+            self.soon = asyncio.get_running_loop().call_later(delay, self.wake)
 
     def wake_from(self, loop: asyncio.AbstractEventLoop) -> None:
         """wake(), from another thread (the leader elector's)."""
@@ -94,6 +103,9 @@ class Loop:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wakeup.wait(), timeout=self.settings.resync_seconds)
             self.wakeup.clear()
+            if self.soon is not None:  # this pass sees what it was asked for
+                self.soon.cancel()
+                self.soon = None
             if not self.leading():
                 self.work_since = None  # a standby has no work; the leader it becomes is woken
                 continue

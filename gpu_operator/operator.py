@@ -282,6 +282,7 @@ async def _serve(settings: Settings) -> None:
     store = Store()
     leadership = Leadership(settings.leader_election)
     loop = Loop(settings, leading=leadership.leading)
+    store.shown = loop.wake_soon
     # The HTTP server first, so a busy port fails at once (server.ServerError) and the probes answer
     # while Kopf starts: /healthz says "not started", /readyz 503.
     running = None

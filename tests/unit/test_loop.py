@@ -102,3 +102,34 @@ def test_an_unreachable_api_server_is_progress_and_a_good_pass_clears_last_error
     assert any("connection refused" in body["reconcile"]["lastError"] for _, body in seen)
     assert loop.last_error == ""
     assert ready(loop)[0]
+
+
+def test_changes_that_only_show_coalesce_into_one_pass_soon() -> None:
+    settings = Settings(status_interval_seconds=0.2, resync_seconds=3600.0)
+    started: list[float] = []
+
+    async def main() -> None:
+        loop = Loop(settings)
+        loop.listed.set()
+
+        def one_pass() -> Outcome:
+            started.append(loop.clock())
+            return outcome()
+
+        task = asyncio.create_task(loop.run(one_pass))
+        await asyncio.sleep(0.05)
+        for _ in range(20):  # pods going Init:1/4, Init:2/4, ... on many nodes
+            loop.wake_soon()
+        await asyncio.sleep(0.1)
+        assert started == [], "not at once"
+        await asyncio.sleep(0.3)
+        assert len(started) == 1, "one pass for them all"
+        loop.wake_soon()
+        loop.wake()  # a change that decides: at once, and it takes the pending one along
+        await asyncio.sleep(0.05)
+        assert len(started) == 2 and loop.soon is None
+        await asyncio.sleep(0.3)
+        assert len(started) == 2
+        task.cancel()
+
+    asyncio.run(main())

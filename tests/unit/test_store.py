@@ -1,0 +1,52 @@
+"""What the Store's recorders say about a watched change: that a decision may change (a pass at once),
+that it only shows in the status (a pass soon), or nothing at all (a DaemonSet's status counts)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpu_operator.labels import COMPONENT_LABEL
+from gpu_operator.store import Store
+
+
+def test_a_pod_whose_reason_alone_changed_only_asks_for_a_pass_soon() -> None:
+    shown: list[bool] = []
+    store = Store(shown=lambda: shown.append(True))
+    meta = {"name": "t1", "namespace": "gpu-operator", "labels": {COMPONENT_LABEL: "container-toolkit"}}
+
+    def pod(ready: bool, waiting: str = "") -> dict[str, Any]:
+        status: dict[str, Any] = {"conditions": [{"type": "Ready", "status": str(ready)}]}
+        if waiting:
+            status["initContainerStatuses"] = [{"state": {"waiting": {"reason": waiting}}}]
+        return {"metadata": meta, "spec": {"nodeName": "gpu-0"}, "status": status}
+
+    assert store.record_pod(pod(False, "PodInitializing"), False), "a new pod decides"
+    assert not store.record_pod(pod(False, "CrashLoopBackOff"), False) and shown == [True]
+    assert store.get("pods", "gpu-operator/t1").reason == "CrashLoopBackOff", "kept, to be shown"
+    assert not store.record_pod(pod(False, "CrashLoopBackOff"), False) and len(shown) == 1
+    assert store.record_pod(pod(True), False), "ready decides"
+    assert store.record_pod(pod(True), True), "so does a pod gone"
+
+
+def test_a_daemonsets_status_counts_only_when_its_rollout_changes() -> None:
+    store = Store()
+    meta = {
+        "name": "nvidia-dcgm",
+        "namespace": "gpu-operator",
+        "generation": 1,
+        "labels": {COMPONENT_LABEL: "dcgm"},
+    }
+
+    def ds(version: int, ready: int, desired: int = 3) -> dict[str, Any]:
+        status = {"observedGeneration": 1, "desiredNumberScheduled": desired, "numberReady": ready}
+        status |= {"updatedNumberScheduled": desired, "numberAvailable": ready}
+        body = {"apiVersion": "apps/v1", "kind": "DaemonSet", "status": status}
+        return body | {"metadata": meta | {"resourceVersion": str(version)}}
+
+    assert store.record_managed(ds(1, 0), False)
+    assert not store.record_managed(ds(2, 1), False), "1 of 3 ready: nothing the plan reads changed"
+    assert store.get("daemonsets", ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-dcgm")).ready == 1
+    assert not store.record_managed(ds(3, 2, desired=4), False)
+    assert store.record_managed(ds(4, 4, desired=4), False), "rolled out"
+    assert store.record_managed(ds(5, 5, desired=5), False), "rolled out on another node count"
+    assert store.record_managed(ds(6, 5, desired=5) | {"metadata": meta | {"generation": 2}}, False), "edited"
