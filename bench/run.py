@@ -552,17 +552,20 @@ class SizeBench:
         assert not watcher.held_before_start, "a ready ClusterPolicy before the run"
         spy = self.start_profiler(proc, round_no) if self.s.profile else None
         cpu0, busy0 = self.control_plane_cpu(proc), procstat.machine_busy()
+        passes0 = _passes(proc)
         t0 = time.time()
         self.kc("apply", "--server-side", "-f", str(self.policy))
         t_ready = watcher.wait(self.timeout)
         shares = self.stop_profiler(spy) if spy is not None else None
         cpu1, busy1 = self.control_plane_cpu(proc), procstat.machine_busy()
+        passes = _passes(proc) - passes0
         peaks: list[float] = []
         self.operator_usage(proc, peaks)
         result: dict[str, Any] = {
             "round": round_no,
             "converge_s": t_ready - t0,
             "converge_cpu_s": cpu1.get("operator", 0.0) - cpu0.get("operator", 0.0),
+            "passes": passes,
             "cpu_by_process": procstat.cpu_delta(cpu0, cpu1),
             "machine_busy": procstat.busy_fraction(busy0, busy1),
             "pods": self.pipeline(t0, t_ready),
@@ -796,6 +799,11 @@ def summarise(
 
 
 # --- the whole run -------------------------------------------------------------------------------------
+
+
+def _passes(proc: OperatorProcess) -> int:
+    """The reconcile passes the operator has run (its /healthz answer)."""
+    return int(proc.probe().get("reconcile", {}).get("passes", 0))
 
 
 def git(*args: str) -> str:

@@ -49,6 +49,11 @@ class Settings:
     long after the policy's last one; a changed state, condition or generation goes out at once. A
     1000-node rollout runs hundreds of passes: without it each would patch the ClusterPolicy (whose
     schema the API server validates on every write) and wait for it before the next labels."""
+    pass_spacing: float = 2.0
+    """After a pass, the next waits this many times the CPU seconds the pass took (at most
+    max_pass_spacing_seconds): planning never takes more than a third of a core, and the events of
+    the wait are planned together."""
+    max_pass_spacing_seconds: float = 1.0
     writers: int = 16
     """Concurrent API writes in one pass: enough to label 1000 nodes quickly, few enough for the API
     server."""

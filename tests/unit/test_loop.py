@@ -4,7 +4,9 @@ API outage that makes passes fail fast is progress), lastError clears after a go
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
+import time
 from typing import Any
 
 from gpu_operator.kube import ApiError
@@ -133,3 +135,33 @@ def test_changes_that_only_show_coalesce_into_one_pass_soon() -> None:
         task.cancel()
 
     asyncio.run(main())
+
+
+def test_the_next_pass_waits_twice_the_cpu_the_last_one_took() -> None:
+    settings = Settings(pass_spacing=2.0, max_pass_spacing_seconds=5.0, resync_seconds=3600.0)
+    started: list[float] = []
+    burnt: list[float] = []
+
+    async def main() -> None:
+        loop = Loop(settings)
+        loop.listed.set()
+
+        def one_pass() -> Outcome:
+            started.append(time.monotonic())
+            cpu = time.thread_time()
+            while time.thread_time() - cpu < 0.05:  # a pass planning 1000 nodes
+                pass
+            burnt.append(time.thread_time() - cpu)
+            loop.wake()  # events keep coming
+            return outcome()
+
+        loop.wake()
+        task = asyncio.create_task(loop.run(one_pass))
+        while len(started) < 3:
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    asyncio.run(main())
+    gaps = [b - a for a, b in itertools.pairwise(started)]
+    # Each gap: the pass itself (at least its CPU), then twice its CPU of spacing.
+    assert all(gap >= 3.0 * cpu for gap, cpu in zip(gaps, burnt, strict=False)), (gaps, burnt)
