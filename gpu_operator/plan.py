@@ -91,6 +91,8 @@ class Observed:
     """Whether the Prometheus operator's ServiceMonitor CRD is installed and established."""
     operand_namespace: NamespaceInfo | None = None
     """The operand namespace as watched (None: not seen, e.g. not created yet)."""
+    speaking: Mapping[tuple[str, str], PodInfo] | None = None
+    """pods_by_node(pods), when the Store kept it (None: computed from `pods`)."""
     upgrade: Facts = field(default_factory=lambda: Facts(nodes=()))
     """The driver upgrade's facts but nodes and time: driver and validator pods, driver DaemonSets at
     their revision, the pods of the nodes being emptied, and the answers to our evictions."""
@@ -232,7 +234,7 @@ def build(
     for other in policies:
         if active is not None and other.name != active.name:
             statuses[other.name] = ignored_status(other, active, observed.namespace, now)
-    pods = pods_by_node(observed.pods)
+    pods = observed.speaking if observed.speaking is not None else pods_by_node(observed.pods)
     is_ready = readiness(pods)
     nodes = list(observed.nodes.values())
     count = len(gpu_nodes(nodes))

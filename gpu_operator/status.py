@@ -108,14 +108,19 @@ def progress_only(current: Mapping[str, Any], desired: ClusterPolicyStatus) -> b
 
 
 def pods_by_node(pods: Iterable[PodInfo]) -> dict[tuple[str, str], PodInfo]:
-    """The pod that speaks for (component, node): a live one over a terminating one, then the newest."""
+    """The pod that speaks for (component, node): a live one over a terminating one, then the newest
+    (then the last by name, so that the answer never depends on the order pods come in)."""
     best: dict[tuple[str, str], PodInfo] = {}
     for pod in pods:
         key = (pod.component, pod.node)
         current = best.get(key)
-        if current is None or (not pod.terminating, pod.created) > (not current.terminating, current.created):
+        if current is None or _precedence(pod) > _precedence(current):
             best[key] = pod
     return best
+
+
+def _precedence(pod: PodInfo) -> tuple[bool, str, str]:
+    return (not pod.terminating, pod.created, pod.name)
 
 
 def readiness(pods: Mapping[tuple[str, str], PodInfo]) -> IsReady:

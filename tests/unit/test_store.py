@@ -3,9 +3,12 @@ that it only shows in the status (a pass soon), or nothing at all (a DaemonSet's
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from gpu_operator.labels import COMPONENT_LABEL
+from gpu_operator.observed import PodInfo
+from gpu_operator.status import pods_by_node
 from gpu_operator.store import Store
 
 
@@ -50,3 +53,29 @@ def test_a_daemonsets_status_counts_only_when_its_rollout_changes() -> None:
     assert store.record_managed(ds(4, 4, desired=4), False), "rolled out"
     assert store.record_managed(ds(5, 5, desired=5), False), "rolled out on another node count"
     assert store.record_managed(ds(6, 5, desired=5) | {"metadata": meta | {"generation": 2}}, False), "edited"
+
+
+def test_the_pod_that_speaks_for_each_slot_is_kept_as_pods_come_and_go() -> None:
+    rng = random.Random(7)
+    store = Store()
+    for step in range(400):
+        key = f"gpu-operator/p{rng.randrange(12)}"
+        if rng.random() < 0.2:
+            store.put("pods", key, None)
+        else:
+            pod = PodInfo(
+                key,
+                rng.choice(["driver", "dcgm"]),
+                rng.choice(["gpu-0", "gpu-1"]),
+                rng.random() < 0.5,
+                "",
+                "",
+                rng.random() < 0.3,
+                f"2026-12-01T00:00:{rng.randrange(60):02d}Z",
+            )
+            store.put("pods", key, pod)
+        if step % 50 == 0:
+            store.retain("pods", {k for k in store.pods if rng.random() < 0.8})
+        assert store.speaking == pods_by_node(store.pods.values())
+        assert {k for keys in store.slots.values() for k in keys} == set(store.pods)
+    assert store.snapshot("gpu-operator", {}).speaking == pods_by_node(store.pods.values())
