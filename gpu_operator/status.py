@@ -87,8 +87,11 @@ def progress_only(current: Mapping[str, Any], desired: ClusterPolicyStatus) -> b
     """Whether writing `desired` over `current` would change only how far a rollout has got (node
     counts, the problems listed, messages), not what the status says: its state, generation and GPU
     nodes, each component's state, each condition's type, status and reason. Such a write may wait a
-    little (Settings.status_interval_seconds); any other goes out at once."""
+    little (Settings.status_interval_seconds); any other goes out at once, and so does every write of a
+    ready status (the last word of a rollout: nothing may trail it into the cluster's rest)."""
     body = status_body(desired)
+    if body.get("state") == "ready":
+        return False
     said = ("state", "observedGeneration", "gpuNodes", "namespace")
     if any(current.get(key) != body.get(key) for key in said):
         return False

@@ -497,3 +497,7 @@ def test_only_progress_counts_as_progress() -> None:
     for changed in ({"state": "ready"}, {"observedGeneration": 2}, {"gpuNodes": 3}):
         assert not progress_only(before, same_state.model_copy(update=changed))
     assert not progress_only({}, same_state), "no status yet"
+    ready = status_body(ClusterPolicyStatus(state="ready", observedGeneration=1, gpuNodes=2))
+    assert not progress_only(
+        ready, ClusterPolicyStatus(state="ready", observedGeneration=1, gpuNodes=2, componentsReady="9/9")
+    )
