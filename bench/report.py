@@ -102,7 +102,7 @@ def markdown(document: Mapping[str, Any]) -> str:
         "Times are medians over the runs; ratio is the median of per-run ratios (each operator run "
         "paired with the limit run next to it on the same cluster). Limit: `gpu-operator render` "
         "applied with `kubectl apply --server-side` plus every deploy label at once. ✓/✗: target met or "
-        "missed (ratio ≤ 1.25 up to 100 nodes, ≤ 1.5 at 1000; 0 writes/min at rest; peak RSS "
+        "missed (ratio ≤ 1.25 up to 100 nodes, ≤ 1 at 1000; 0 writes/min at rest; peak RSS "
         "< 150 MiB at 1000 nodes). See bench/README.md."
     )
     results = document.get("results", {})

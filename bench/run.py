@@ -84,6 +84,7 @@ OPERATOR_LABELS = (GPU_PRESENT, MIG_CONFIG, *(c.deploy_label for c in COMPONENTS
 # Watches the operator must have open before a timed run starts (the rest open at the same moment).
 OPERATOR_WATCHES = frozenset({"clusterpolicies", "nodes", "pods", "daemonsets"})
 LABEL_WORKERS = 8
+MERGE_PATCH = "application/merge-patch+json"
 
 
 def always_ready(component: str, node: str) -> bool:
@@ -369,9 +370,23 @@ class SizeBench:
             found.append(f"node {join_node}")
         return found
 
-    def clean_up(self, join_node: str | None) -> float:
+    def strip_labels(self) -> None:
+        """The operator labels an emulated operand manager still owns once the limit's apply released its
+        own: k8s-driver-manager writes "" for the operand labels it finds absent when a driver pod
+        starts, and restores "true" after a pause, under its own field manager."""
+        for node in kubeapi.items(self.api, NODES):
+            left = {key: None for key in OPERATOR_LABELS if key in (node["metadata"].get("labels") or {})}
+            if left:
+                url = f"{NODES}/{node['metadata']['name']}"
+                query = {"fieldManager": LIMIT_MANAGER}
+                body = {"metadata": {"labels": left}}
+                self.api.request("PATCH", url, body=body, query=query, content_type=MERGE_PATCH, kind="Node")
+
+    def clean_up(self, join_node: str | None, strip: bool = False) -> float:
         """Remove pods without their grace period once the DaemonSets are gone (bench housekeeping:
-        nothing here is timed), delete the joined node, and wait until nothing of a run is left."""
+        nothing here is timed), delete the joined node, and wait until nothing of a run is left.
+        `strip`: remove the operator labels left on the nodes too (after the limit, which has no
+        operator to release them)."""
         start = time.time()
         deadline = start + self.timeout
         while kubeapi.exists(self.api, DAEMONSETS, SELECTOR):
@@ -386,6 +401,8 @@ class SizeBench:
                 raise TimeoutError(f"N={self.n}: still there after {self.timeout:.0f}s: {left}")
             if "pods" in left:
                 self.delete_pods()
+            if strip and any(item.startswith("label ") for item in left):
+                self.strip_labels()
             time.sleep(1.0)
         return time.time() - start
 
@@ -552,17 +569,20 @@ class SizeBench:
         assert not watcher.held_before_start, "a ready ClusterPolicy before the run"
         spy = self.start_profiler(proc, round_no) if self.s.profile else None
         cpu0, busy0 = self.control_plane_cpu(proc), procstat.machine_busy()
+        passes0 = _passes(proc)
         t0 = time.time()
         self.kc("apply", "--server-side", "-f", str(self.policy))
         t_ready = watcher.wait(self.timeout)
         shares = self.stop_profiler(spy) if spy is not None else None
         cpu1, busy1 = self.control_plane_cpu(proc), procstat.machine_busy()
+        passes = _passes(proc) - passes0
         peaks: list[float] = []
         self.operator_usage(proc, peaks)
         result: dict[str, Any] = {
             "round": round_no,
             "converge_s": t_ready - t0,
             "converge_cpu_s": cpu1.get("operator", 0.0) - cpu0.get("operator", 0.0),
+            "passes": passes,
             "cpu_by_process": procstat.cpu_delta(cpu0, cpu1),
             "machine_busy": procstat.busy_fraction(busy0, busy1),
             "pods": self.pipeline(t0, t_ready),
@@ -699,7 +719,7 @@ class SizeBench:
         if cleanup:
             self.kc("delete", "--ignore-not-found", "--wait=false", "-f", str(self.rendered))
             self.label_nodes({name: {} for name in self.final_labels})
-            result["cleanup_s"] = self.clean_up(joined["node"])
+            result["cleanup_s"] = self.clean_up(joined["node"], strip=True)
         return result
 
     # --- everything at this size ---
@@ -796,6 +816,11 @@ def summarise(
 
 
 # --- the whole run -------------------------------------------------------------------------------------
+
+
+def _passes(proc: OperatorProcess) -> int:
+    """The reconcile passes the operator has run (its /healthz answer)."""
+    return int(proc.probe().get("reconcile", {}).get("passes", 0))
 
 
 def git(*args: str) -> str:

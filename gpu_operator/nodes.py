@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
+from functools import cached_property
 from typing import Any
 
 from gpu_operator.api.spec import ClusterPolicySpec
@@ -76,9 +77,10 @@ class NodeInfo:
     ready: bool = True
     """The NodeReady condition (True when the node reports none)."""
 
-    @property
+    @cached_property
     def is_gpu(self) -> bool:
-        """NFD saw an NVIDIA PCI device, someone else marked it as a GPU node, or it advertises GPUs."""
+        """NFD saw an NVIDIA PCI device, someone else marked it as a GPU node, or it advertises GPUs.
+        Kept once asked (a pass asks it of every node several times; a NodeInfo never changes)."""
         if any(self.labels.get(key) == "true" for key in PCI_LABELS):
             return True
         if self.labels.get(GPU_PRESENT) == "true" and GPU_PRESENT not in self.own_labels:

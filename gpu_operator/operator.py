@@ -72,6 +72,8 @@ class Watch:
     retain: Retainer
     labels: dict[str, str] | None = None
     """Server-side label selector (also set in Kopf's settings, at startup)."""
+    direct: bool = False
+    """Recorded by the watch guard itself, without Kopf's per-event handling (gpu_operator/watch_guard.py)."""
 
 
 class NoDiffBase(kopf.DiffBaseStorage):
@@ -120,15 +122,8 @@ def watches(store: Store) -> list[Watch]:
 
     found = [
         Watch("nvidia.com", "v1", "clusterpolicies", store.record_policy, names("policies")),
-        Watch("", "v1", "nodes", store.record_node, names("nodes")),
-        Watch(
-            "",
-            "v1",
-            "pods",
-            store.record_pod,
-            pods,
-            _OURS,
-        ),
+        Watch("", "v1", "nodes", store.record_node, names("nodes"), direct=True),
+        Watch("", "v1", "pods", store.record_pod, pods, _OURS, direct=True),
         Watch(*REVISIONS, store.record_revision, names("revisions"), _OURS),
     ]
     for group, version, plural in MANAGED:
@@ -164,6 +159,9 @@ def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadershi
     runs any event handler, so the Store is complete before the first pass, and a pass never mistakes
     "not listed yet" for "deleted". An event handler records deletions (index handlers do not see
     them) and, by running at all, tells the loop that the initial listings are done.
+
+    The kinds the watch guard records itself (`Watch.direct`) keep both handlers, which Kopf never
+    calls for them: they make Kopf watch the kind and wait for its listing before any event handler.
     """
     handlers = kopf.OperatorRegistry()
     every = watches(store)
@@ -214,7 +212,9 @@ def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadershi
         # (the Prometheus operator's, our own), Kopf starts or stops serving its kind without a restart.
         # The namespace watch is narrowed to the operand namespace (RBAC allows just that name).
         kopf_settings.watching.field_selectors[NAMESPACES] = f"metadata.name={settings.namespace}"
-        watch_guard.attach(kopf_settings, watch_guard.Hooks(listed, settings.watch_retry_seconds))
+        direct = {(spec.group, spec.plural): spec.record for spec in every if spec.direct}
+        hooks = watch_guard.Hooks(listed, settings.watch_retry_seconds, direct, loop.wake)
+        watch_guard.attach(kopf_settings, hooks)
         # One connection per writer thread, plus one: no "connection pool is full". Every write asks
         # the leader lease first.
         api = load_api_client(pool_size=settings.writers + 1)
@@ -282,6 +282,7 @@ async def _serve(settings: Settings) -> None:
     store = Store()
     leadership = Leadership(settings.leader_election)
     loop = Loop(settings, leading=leadership.leading)
+    store.shown = loop.wake_soon
     # The HTTP server first, so a busy port fails at once (server.ServerError) and the probes answer
     # while Kopf starts: /healthz says "not started", /readyz 503.
     running = None

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from typing import Any
 
 from gpu_operator.api import GROUP, KIND, VERSION, FieldError, PolicyError, parse_spec
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.api.status import REASON_CONFLICT, REASON_RECONCILE_FAILED, ClusterPolicyStatus
 from gpu_operator.components import COMPONENTS
+from gpu_operator.memo import Memo
 from gpu_operator.nodes import (
     IsReady,
     NodeInfo,
@@ -47,6 +49,7 @@ from gpu_operator.status import (
     invalid_status,
     pods_by_node,
     policy_status,
+    progress_only,
     readiness,
     status_body,
     status_differs,
@@ -88,6 +91,8 @@ class Observed:
     """Whether the Prometheus operator's ServiceMonitor CRD is installed and established."""
     operand_namespace: NamespaceInfo | None = None
     """The operand namespace as watched (None: not seen, e.g. not created yet)."""
+    speaking: Mapping[tuple[str, str], PodInfo] | None = None
+    """pods_by_node(pods), when the Store kept it (None: computed from `pods`)."""
     upgrade: Facts = field(default_factory=lambda: Facts(nodes=()))
     """The driver upgrade's facts but nodes and time: driver and validator pods, driver DaemonSets at
     their revision, the pods of the nodes being emptied, and the answers to our evictions."""
@@ -229,7 +234,7 @@ def build(
     for other in policies:
         if active is not None and other.name != active.name:
             statuses[other.name] = ignored_status(other, active, observed.namespace, now)
-    pods = pods_by_node(observed.pods)
+    pods = observed.speaking if observed.speaking is not None else pods_by_node(observed.pods)
     is_ready = readiness(pods)
     nodes = list(observed.nodes.values())
     count = len(gpu_nodes(nodes))
@@ -241,7 +246,7 @@ def build(
         deletes = sorted(k for k, info in observed.objects.items() if created_by_us(info, None, uids))
         return Plan(None, None, [], [], deletes, labels, statuses, [], releases, psa, count)
     try:
-        current: ClusterPolicySpec | None = parse_spec(active.spec)
+        current: ClusterPolicySpec | None = _parsed(active.spec)
     except PolicyError as exc:
         current, problems = None, Problems(invalid=tuple(exc.errors))
     # The spec that runs (None: leave everything as it is), its source and generation.
@@ -249,7 +254,7 @@ def build(
     source, spec = active.spec, current
     if problems:
         if good is not None and good.uid == active.uid and good.spec != active.spec:
-            running, source, spec = good.generation, good.spec, parse_spec(good.spec)
+            running, source, spec = good.generation, good.spec, _parsed(good.spec)
         else:
             running, spec = None, None
     shown = spec or current
@@ -357,6 +362,23 @@ def build(
 
 
 _RENDERED: dict[str, list[dict[str, Any]]] = {}
+_PARSED: Memo[ClusterPolicySpec | list[FieldError]] = Memo()
+
+
+def _parsed(spec: Mapping[str, Any]) -> ClusterPolicySpec:
+    """parse_spec, once per spec content: the same parsed spec (one object) for every pass of a
+    generation, so the per-node memos see it unchanged. Parsed specs are never mutated."""
+
+    def parse() -> ClusterPolicySpec | list[FieldError]:
+        try:
+            return parse_spec(spec)
+        except PolicyError as exc:
+            return list(exc.errors)
+
+    found = _PARSED.get("spec", (spec,), parse)
+    if isinstance(found, list):
+        raise PolicyError(found)  # a new one each time: a raised exception keeps its traceback
+    return found
 
 
 def _rendered(policy: PolicyRef, spec: ClusterPolicySpec, facts: ClusterFacts) -> list[dict[str, Any]]:
@@ -375,15 +397,22 @@ def _with_labels(node: NodeInfo, owned: Mapping[str, str]) -> NodeInfo:
     return replace(node, labels=labels, own_labels=frozenset(owned))
 
 
+_LABELS: Memo[dict[str, str]] = Memo()
+"""Node name → its desired labels, while the node, the spec and which components are ready on it stay
+the same (gpu_operator/memo.py)."""
+
+
 def _label_changes(
-    nodes: Iterable[NodeInfo], spec: ClusterPolicySpec | None, is_ready: IsReady
+    nodes: Collection[NodeInfo], spec: ClusterPolicySpec | None, is_ready: IsReady
 ) -> dict[str, dict[str, str]]:
     changes: dict[str, dict[str, str]] = {}
     for node in nodes:
-        want = desired_labels(node, spec, is_ready)
+        ready = tuple(is_ready(c.name, node.name) for c in COMPONENTS)
+        want = _LABELS.get(node.name, (node, spec, ready), partial(desired_labels, node, spec, is_ready))
         have = {key: node.labels[key] for key in node.own_labels if key in node.labels}
         if want != have:
             changes[node.name] = want
+    _LABELS.keep({node.name for node in nodes})
     return changes
 
 
@@ -429,6 +458,8 @@ class Conclusion:
     """Policy name → the Events to post once its status is written."""
     reported: dict[str, Signature]
     """Policy name → what its Events have now said (the `reported` of the next pass)."""
+    progress: frozenset[str] = frozenset()
+    """The policies of `status_writes` whose write only tells a rollout's progress (status.progress_only)."""
 
 
 def conclude(
@@ -454,14 +485,17 @@ def conclude(
     writes: dict[str, dict[str, Any]] = {}
     events: dict[str, list[Event]] = {}
     signatures: dict[str, Signature] = {}
+    progress: set[str] = set()
     for policy in policies:
         status = statuses.get(policy.name)
         if status is None:
             continue
         if status_differs(policy.status, status):
             writes[policy.name] = status_body(status)
+            if progress_only(policy.status, status):
+                progress.add(policy.name)
         active = plan.active is not None and plan.active.name == policy.name
         events[policy.name], signatures[policy.name] = events_for(
             policy, status, plan.notes if active else [], reported.get(policy.name)
         )
-    return Conclusion(replace(plan, statuses=statuses), writes, events, signatures)
+    return Conclusion(replace(plan, statuses=statuses), writes, events, signatures, frozenset(progress))

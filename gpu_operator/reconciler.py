@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
+from math import inf
 from typing import Any, Protocol, TypeVar
 
 from gpu_operator.api.crd import crd
@@ -188,6 +189,8 @@ class Reconciler:
     evictions_lock: threading.Lock = field(default_factory=threading.Lock)
     good: Good | None = None
     """The last generation of the active policy written in full (see plan.Good)."""
+    status_written: dict[str, float] = field(default_factory=dict)
+    """Policy name → when (monotonic) its status was last written: progress-only writes wait."""
     pool: ThreadPoolExecutor = field(init=False)
 
     def __post_init__(self) -> None:
@@ -255,8 +258,10 @@ class Reconciler:
         active = plan.active
         if active is not None and plan.spec is not None and not plan.problems and not errors:
             self.good = Good(active.uid, active.generation, active.spec)
-        self._write_statuses(conclusion)
+        status_due = self._write_statuses(conclusion)
         wake_at = upgrade.wake_at if upgrade is not None else None
+        if status_due is not None:
+            wake_at = status_due if wake_at is None else min(wake_at, status_due)
         if refused:
             # The status written above predates the refusal: say at once what the eviction waits for.
             wake_at = clock
@@ -483,9 +488,18 @@ class Reconciler:
             )
             _unless_changed(what, stale, partial(self.kube.apply, body))
 
-    def _write_statuses(self, conclusion: Conclusion) -> None:
+    def _write_statuses(self, conclusion: Conclusion) -> float | None:
+        """Write the statuses that differ and post their Events; a progress-only write made too soon
+        after the last one is left to a later pass: when that is due (Unix seconds), or None."""
+        due: float | None = None
         for name, events in conclusion.events.items():
             body = conclusion.status_writes.get(name)
+            if body is not None and name in conclusion.progress:
+                wait = self.status_written.get(name, -inf) + self.settings.status_interval_seconds
+                wait -= time.monotonic()
+                if wait > 0:
+                    body = None
+                    due = min(due or inf, time.time() + wait)
             if body is not None:
                 try:
                     self.kube.patch_status(name, body)
@@ -493,6 +507,7 @@ class Reconciler:
                     if exc.status != 404:
                         raise
                     continue  # deleted meanwhile; its DELETED event is on the way
+                self.status_written[name] = time.monotonic()
             self.reported[name] = conclusion.reported[name]
             stamp = now()
             for event in events:
@@ -508,3 +523,4 @@ class Reconciler:
                     )
                 except ApiError as exc:
                     log.warning("could not post Event %s on ClusterPolicy %s: %s", event.reason, name, exc)
+        return due

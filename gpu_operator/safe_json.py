@@ -3,10 +3,12 @@
 The API server stores custom resources nested up to 10000 levels deep where the CRD lets a field keep
 unknown content (an older CRD, another version). Python's C decoder gives up with RecursionError at
 about 1000 levels; raised inside Kopf's LIST or watch stream, that stops the operator, and again at
-every restart. `loads` takes the fast C decoder and, only when that runs out of recursion, parses
-again with a small iterative parser that keeps at most MAX_DEPTH levels (deeper content becomes
-None). The policy models refuse anything that deep (api.MAX_DEPTH) with the field's path, so a
-truncated policy is reported as InvalidSpec and never acted on.
+every restart. `loads` takes orjson (faster than the standard C decoder on API objects: every watch
+event is decoded, 50,000 of them in a 1000-node rollout) and, for what orjson refuses (deeper than
+1024 levels, a lone surrogate escape the API server may store), the standard decoder; only when that
+runs out of recursion does it parse again with a small iterative parser that keeps at most MAX_DEPTH
+levels (deeper content becomes None). The policy models refuse anything that deep (api.MAX_DEPTH)
+with the field's path, so a truncated policy is reported as InvalidSpec and never acted on.
 
 `install()` routes Kopf's two decoding points through `loads`: the watch stream
 (kopf/_cogs/clients/api.py, `json.loads` per line) and the LIST responses (aiohttp's
@@ -22,6 +24,7 @@ import types
 from typing import Any
 
 import aiohttp
+import orjson
 
 MAX_DEPTH = 100
 """Levels kept by the iterative parser: more than any model accepts, so truncation is always reported."""
@@ -33,6 +36,10 @@ _LITERALS = {"true": True, "false": False, "null": None}
 
 def loads(text: str | bytes | bytearray) -> Any:
     """json.loads, except that nesting depth never raises RecursionError."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        pass
     try:
         return json.loads(text)
     except RecursionError:

@@ -44,6 +44,16 @@ class Settings:
     stale_retry_seconds: float = 0.5
     """A write that found its object changed since the snapshot (409) asks for another pass this soon:
     the watch may bring the new version without a change a pass would react to."""
+    status_interval_seconds: float = 2.0
+    """A status write that only tells a rollout's progress (node counts, messages) waits until this
+    long after the policy's last one; a changed state, condition or generation goes out at once. A
+    1000-node rollout runs hundreds of passes: without it each would patch the ClusterPolicy (whose
+    schema the API server validates on every write) and wait for it before the next labels."""
+    pass_spacing: float = 2.0
+    """After a pass, the next waits this many times the CPU seconds the pass took (at most
+    max_pass_spacing_seconds): planning never takes more than a third of a core, and the events of
+    the wait are planned together."""
+    max_pass_spacing_seconds: float = 1.0
     writers: int = 16
     """Concurrent API writes in one pass: enough to label 1000 nodes quickly, few enough for the API
     server."""

@@ -30,6 +30,7 @@ from gpu_operator.api.status import (
     NodeProblem,
 )
 from gpu_operator.components import BY_LABEL, COMPONENTS, Component
+from gpu_operator.memo import Memo
 from gpu_operator.nodes import (
     Deploy,
     IsReady,
@@ -82,18 +83,47 @@ def status_differs(current: Mapping[str, Any], desired: ClusterPolicyStatus) -> 
     return any(current.get(key) != value for key, value in status_body(desired).items())
 
 
+def progress_only(current: Mapping[str, Any], desired: ClusterPolicyStatus) -> bool:
+    """Whether writing `desired` over `current` would change only how far a rollout has got (node
+    counts, the problems listed, messages), not what the status says: its state, generation and GPU
+    nodes, each component's state, each condition's type, status and reason. Such a write may wait a
+    little (Settings.status_interval_seconds); any other goes out at once, and so does every write of a
+    ready status (the last word of a rollout: nothing may trail it into the cluster's rest)."""
+    body = status_body(desired)
+    if body.get("state") == "ready":
+        return False
+    said = ("state", "observedGeneration", "gpuNodes", "namespace")
+    if any(current.get(key) != body.get(key) for key in said):
+        return False
+
+    def states(value: Any) -> list[tuple[Any, ...]]:
+        return [(c.get("name"), c.get("enabled"), c.get("state")) for c in value or []]
+
+    def conditions(value: Any) -> list[tuple[Any, ...]]:
+        return [(c.get("type"), c.get("status"), c.get("reason")) for c in value or []]
+
+    return states(current.get("components")) == states(body.get("components")) and conditions(
+        current.get("conditions")
+    ) == conditions(body.get("conditions"))
+
+
 # --- pods and readiness --------------------------------------------------------------------------
 
 
 def pods_by_node(pods: Iterable[PodInfo]) -> dict[tuple[str, str], PodInfo]:
-    """The pod that speaks for (component, node): a live one over a terminating one, then the newest."""
+    """The pod that speaks for (component, node): a live one over a terminating one, then the newest
+    (then the last by name, so that the answer never depends on the order pods come in)."""
     best: dict[tuple[str, str], PodInfo] = {}
     for pod in pods:
         key = (pod.component, pod.node)
         current = best.get(key)
-        if current is None or (not pod.terminating, pod.created) > (not current.terminating, current.created):
+        if current is None or _precedence(pod) > _precedence(current):
             best[key] = pod
     return best
+
+
+def _precedence(pod: PodInfo) -> tuple[bool, str, str]:
+    return (not pod.terminating, pod.created, pod.name)
 
 
 def readiness(pods: Mapping[tuple[str, str], PodInfo]) -> IsReady:
@@ -107,45 +137,86 @@ def readiness(pods: Mapping[tuple[str, str], PodInfo]) -> IsReady:
 # --- the active policy ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Standing:
+    """Where one enabled component stands on one GPU node, as its status counts it."""
+
+    eligible: bool
+    """It belongs on the node (runs_on)."""
+    labelled: bool = False
+    """Its deploy label there is `true`."""
+    ready: bool = False
+    failing: bool = False
+    problem: NodeProblem | None = None
+    """Why it is not ready there (None when it is, or does not belong)."""
+
+
+_ELSEWHERE = Standing(eligible=False)
+_STANDINGS: Memo[tuple[Standing | None, ...]] = Memo()
+"""Node name → where each component stands on it (None: disabled), while the node, the spec and the
+node's operand pods stay the same (gpu_operator/memo.py)."""
+
+
+def standing(
+    component: Component, spec: ClusterPolicySpec, node: NodeInfo, pods: Mapping[tuple[str, str], PodInfo]
+) -> Standing:
+    if not runs_on(component, node):
+        return _ELSEWHERE
+    if deploy_state(component, node) != Deploy.DEPLOYED:
+        return Standing(eligible=True, problem=_waiting_problem(component, spec, node, pods))
+    pod = pods.get((component.name, node.name))
+    if pod is not None and pod.ready:
+        return Standing(eligible=True, labelled=True, ready=True)
+    problem = NodeProblem(
+        node=node.name,
+        reason=pod.reason if pod is not None else "PodNotCreated",
+        message=pod.message if pod is not None else "",
+    )
+    return Standing(eligible=True, labelled=True, failing=pod is not None and pod.failing, problem=problem)
+
+
+def standings(
+    spec: ClusterPolicySpec, node: NodeInfo, pods: Mapping[tuple[str, str], PodInfo]
+) -> tuple[Standing | None, ...]:
+    """Where every component (COMPONENTS order; None: disabled) stands on `node`."""
+    mine = tuple(pods.get((c.name, node.name)) for c in COMPONENTS)
+    return _STANDINGS.get(
+        node.name,
+        (node, spec, mine),
+        lambda: tuple(standing(c, spec, node, pods) if c.enabled(spec) else None for c in COMPONENTS),
+    )
+
+
 def _component_status(
     component: Component,
     spec: ClusterPolicySpec,
-    nodes: list[NodeInfo],
-    pods: Mapping[tuple[str, str], PodInfo],
+    column: list[Standing | None],
     daemonsets: list[DaemonSetInfo | None],
 ) -> ComponentStatus:
+    """One component's status from where it stands on each GPU node (`column`, in node order)."""
     if not component.enabled(spec):
         return ComponentStatus(name=component.name, enabled=False, state="disabled")
-    eligible = [n for n in nodes if runs_on(component, n)]
-    labelled = [n for n in eligible if deploy_state(component, n) == Deploy.DEPLOYED]
-    waiting = [n for n in eligible if deploy_state(component, n) != Deploy.DEPLOYED]
-    ready = [n for n in labelled if (p := pods.get((component.name, n.name))) is not None and p.ready]
-    problems: list[NodeProblem] = []
-    failing = 0
-    for node in labelled:
-        pod = pods.get((component.name, node.name))
-        if pod is not None and pod.ready:
-            continue
-        if pod is not None and pod.failing:
-            failing += 1
-        reason = pod.reason if pod is not None else "PodNotCreated"
-        problems.append(NodeProblem(node=node.name, reason=reason, message=pod.message if pod else ""))
-    for node in waiting:
-        problems.append(_waiting_problem(component, spec, node, pods))
+    eligible = [s for s in column if s is not None and s.eligible]
+    labelled = [s for s in eligible if s.labelled]
+    ready = sum(s.ready for s in labelled)
+    waiting = len(eligible) - len(labelled)
+    # Labelled nodes not ready first, then the nodes still waiting for their label.
+    problems = [s.problem for s in labelled if s.problem is not None]
+    problems += [s.problem for s in eligible if not s.labelled and s.problem is not None]
     rolled_out = not labelled or (
         all(d is not None and d.rolled_out for d in daemonsets)
         and sum(d.desired for d in daemonsets if d is not None) == len(labelled)
     )
-    is_ready = rolled_out and not waiting and len(ready) == len(labelled)
+    is_ready = rolled_out and not waiting and ready == len(labelled)
     return ComponentStatus(
         name=component.name,
         enabled=True,
         state="ready" if is_ready else "notReady",
         nodesDesired=len(eligible),
-        nodesReady=len(ready),
-        nodesWaiting=len(waiting),
-        nodesFailing=failing,
-        reason="" if is_ready else _summary(len(eligible), len(ready), problems),
+        nodesReady=ready,
+        nodesWaiting=waiting,
+        nodesFailing=sum(s.failing for s in labelled),
+        reason="" if is_ready else _summary(len(eligible), ready, problems),
         problems=problems[:MAX_PROBLEMS],
     )
 
@@ -201,7 +272,12 @@ def policy_status(
     observed DaemonSets of each component (None: not there yet), `missing` the inputs a component
     lacks (its DaemonSet is withheld)."""
     gpus = [n for n in gpu_nodes(nodes.values()) if takes_operands(n)]
-    components = [_component_status(c, spec, gpus, pods, daemonsets.get(c.name, [])) for c in COMPONENTS]
+    table = [standings(spec, n, pods) for n in gpus]
+    _STANDINGS.keep(nodes.keys())
+    components = [
+        _component_status(c, spec, [row[i] for row in table], daemonsets.get(c.name, []))
+        for i, c in enumerate(COMPONENTS)
+    ]
     components = [
         c.model_copy(update={"state": "notReady", "reason": "; ".join(map(str, missing[c.name]))})
         if c.name in missing

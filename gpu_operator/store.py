@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpu_operator import safe_json
@@ -31,6 +31,7 @@ from gpu_operator.observed import (
 )
 from gpu_operator.plan import NVIDIA_DRIVER_CRD, POLICY_CRD, SERVICE_MONITOR_CRD, Observed
 from gpu_operator.psa import NamespaceInfo, namespace_info
+from gpu_operator.status import pods_by_node
 from gpu_operator.upgrade import (
     DriverPod,
     Facts,
@@ -88,17 +89,44 @@ class Store:
     node_pods: dict[str, dict[str, WorkloadPod]] = field(default_factory=dict)
     """Node → its pods by UID, only for the nodes being emptied (gpu_operator/node_pods.py watches
     them); a node is here once its pods have been listed."""
+    speaking: dict[tuple[str, str], PodInfo] = field(default_factory=dict)
+    """(component, node) → the pod that speaks for it (status.pods_by_node), kept with `pods`: a pass
+    at 1000 nodes would otherwise sort out 9000 pods again."""
+    slots: dict[tuple[str, str], set[str]] = field(default_factory=dict)
+    """(component, node) → the keys of its pods in `pods`."""
     lock: threading.Lock = field(default_factory=threading.Lock)
+    shown: Callable[[], None] = field(default=lambda: None, compare=False)
+    """Called when a change only shows in the status (a pod's reason or message): a pass is due soon,
+    not at once (Loop.wake_soon). Most pod events are such changes: Init:1/4, Init:2/4, Running."""
 
     def _swap(self, table: str, key: Any, value: Any) -> Any:
         """Set or (value None) remove an entry; the entry it replaced (None if there was none)."""
         with self.lock:
             entries: dict[Any, Any] = getattr(self, table)
-            if value is None:
-                return entries.pop(key, None)
-            before = entries.get(key)
-            entries[key] = value
+            before = entries.pop(key, None) if value is None else entries.get(key)
+            if value is not None:
+                entries[key] = value
+            if table == "pods":
+                self._speak(key, before, value)
             return before
+
+    def _speak(self, key: str, before: PodInfo | None, after: PodInfo | None) -> None:
+        """Keep `speaking` and `slots` with a change of `pods` (under the lock)."""
+        for pod, present in ((before, False), (after, True)):
+            if pod is None:
+                continue
+            slot = (pod.component, pod.node)
+            members = self.slots.setdefault(slot, set())
+            if present:
+                members.add(key)
+            elif after is None or (after.component, after.node) != slot:
+                members.discard(key)
+            best = pods_by_node(self.pods[k] for k in members).get(slot)
+            if best is None:
+                self.slots.pop(slot, None)
+                self.speaking.pop(slot, None)
+            else:
+                self.speaking[slot] = best
 
     def put(self, table: str, key: Any, value: Any) -> bool:
         """Set or (value None) remove an entry; True when that changed anything a decision reads (an
@@ -113,7 +141,9 @@ class Store:
             entries: dict[Any, Any] = getattr(self, table)
             gone = [key for key in entries if applies(key) and key not in present]
             for key in gone:
-                del entries[key]
+                before = entries.pop(key)
+                if table == "pods":
+                    self._speak(key, before, None)
         return bool(gone)
 
     def retain_driver_daemonsets(self, present: set[str]) -> bool:
@@ -138,6 +168,7 @@ class Store:
                 policies=tuple(self.policies.values()),
                 nodes=dict(self.nodes),
                 pods=tuple(self.pods.values()),
+                speaking=dict(self.speaking),
                 daemonsets={d.name: d for d in self.daemonsets.values()},
                 objects=dict(self.objects),
                 config_maps=dict(self.config_maps),
@@ -193,9 +224,14 @@ class Store:
         return before != info
 
     def record_pod(self, body: Body, deleted: bool) -> bool:
+        """True when a decision may change (a pod came, went, got ready or not, started terminating);
+        a pod whose reason or message alone changed only asks for a pass soon (`shown`)."""
         key = f"{body['metadata'].get('namespace')}/{body['metadata']['name']}"
         info = None if deleted else pod_info(body)
-        changed = self.put("pods", key, info)
+        before: PodInfo | None = self._swap("pods", key, info)
+        changed = _decides(before) != _decides(info)
+        if not changed and before != info:
+            self.shown()
         component = info.component if info is not None else component_of(body["metadata"])
         if component == "driver":
             changed |= self.put("driver_pods", key, None if deleted else driver_pod(body))
@@ -204,10 +240,14 @@ class Store:
         return changed
 
     def record_managed(self, body: Body, deleted: bool) -> bool:
+        """True when a decision may change. A DaemonSet's status updates (hundreds in a rollout) only
+        count when they change whether it is rolled out: the plan reads nothing else of them."""
         key = object_key(body)
-        changed = self.put("objects", key, None if deleted else object_info(body))
+        info = None if deleted else object_info(body)
+        changed = _object_decides(self._swap("objects", key, info)) != _object_decides(info)
         if body["kind"] == "DaemonSet":
-            changed |= self.put("daemonsets", key, None if deleted else daemonset_info(body))
+            ds = None if deleted else daemonset_info(body)
+            changed |= _rollout(self._swap("daemonsets", key, ds)) != _rollout(ds)
             if component_of(body["metadata"]) == "driver":
                 uid, name = body["metadata"].get("uid", ""), body["metadata"]["name"]
                 changed |= self.put("driver_daemonsets", uid, None if deleted else name)
@@ -277,6 +317,27 @@ class Store:
 
     def record_namespace(self, body: Body, deleted: bool) -> bool:
         return self.put("namespaces", body["metadata"]["name"], None if deleted else namespace_info(body))
+
+
+def _decides(pod: PodInfo | None) -> tuple[object, ...] | None:
+    """What of a pod the plan decides on (status.pods_by_node, readiness); the rest only shows."""
+    return None if pod is None else (pod.component, pod.node, pod.ready, pod.terminating, pod.created)
+
+
+def _object_decides(info: ObjectInfo | None) -> ObjectInfo | None:
+    """A DaemonSet's edits show in its generation (plan.in_sync); its resourceVersion also moves with
+    every status update."""
+    if info is None or info.key[1] != "DaemonSet":
+        return info
+    return replace(info, resource_version="")
+
+
+def _rollout(ds: DaemonSetInfo | None) -> tuple[object, ...] | None:
+    """What the plan reads of a DaemonSet's status (status._component_status): rolled out, and then for
+    how many nodes."""
+    if ds is None:
+        return None
+    return (ds.name, ds.component, ds.rolled_out, ds.desired if ds.rolled_out else None)
 
 
 def _older(version: str, than: str) -> bool:

@@ -181,10 +181,10 @@ def test_paired_ratios_skip_missing_rounds() -> None:
 
 def test_targets() -> None:
     assert stats.ratio_target(10) == 1.25 and stats.ratio_target(100) == 1.25
-    assert stats.ratio_target(1000) == 1.5
+    assert stats.ratio_target(1000) == 1.0
     assert stats.ratio_verdict(100, 1.25).met is True
     assert stats.ratio_verdict(100, 1.26).met is False
-    assert stats.ratio_verdict(1000, 1.4).met is True
+    assert stats.ratio_verdict(1000, 0.99).met is True and stats.ratio_verdict(1000, 1.01).met is False
     assert stats.ratio_verdict(10, None).met is None
     assert stats.idle_verdict(0.0).met is True and stats.idle_verdict(0.2).met is False
     assert stats.rss_verdict(1000, 149.0).met is True
@@ -249,7 +249,7 @@ def test_table_rows_sorted_by_size_with_verdicts() -> None:
         "| 10 | 3 | 5.00 | 4.00 | 1.25 (≤ 1.25) ✓ | 1.50 | 0.50 | 0.0 ✓ | 4.5 | 90 | 12.3 |"
     )
     assert "| n/a (≤ 1.25) |" in lines[3]
-    assert "1.60 (≤ 1.5) ✗" in lines[4] and "| 149 ✓ |" in lines[4]
+    assert "1.60 (≤ 1) ✗" in lines[4] and "| 149 ✓ |" in lines[4]
 
 
 def test_markdown_has_header_table_and_details() -> None:

@@ -4,7 +4,9 @@ API outage that makes passes fail fast is progress), lastError clears after a go
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
+import time
 from typing import Any
 
 from gpu_operator.kube import ApiError
@@ -102,3 +104,64 @@ def test_an_unreachable_api_server_is_progress_and_a_good_pass_clears_last_error
     assert any("connection refused" in body["reconcile"]["lastError"] for _, body in seen)
     assert loop.last_error == ""
     assert ready(loop)[0]
+
+
+def test_changes_that_only_show_coalesce_into_one_pass_soon() -> None:
+    settings = Settings(status_interval_seconds=0.2, resync_seconds=3600.0)
+    started: list[float] = []
+
+    async def main() -> None:
+        loop = Loop(settings)
+        loop.listed.set()
+
+        def one_pass() -> Outcome:
+            started.append(loop.clock())
+            return outcome()
+
+        task = asyncio.create_task(loop.run(one_pass))
+        await asyncio.sleep(0.05)
+        for _ in range(20):  # pods going Init:1/4, Init:2/4, ... on many nodes
+            loop.wake_soon()
+        await asyncio.sleep(0.1)
+        assert started == [], "not at once"
+        await asyncio.sleep(0.3)
+        assert len(started) == 1, "one pass for them all"
+        loop.wake_soon()
+        loop.wake()  # a change that decides: at once, and it takes the pending one along
+        await asyncio.sleep(0.05)
+        assert len(started) == 2 and loop.soon is None
+        await asyncio.sleep(0.3)
+        assert len(started) == 2
+        task.cancel()
+
+    asyncio.run(main())
+
+
+def test_the_next_pass_waits_twice_the_cpu_the_last_one_took() -> None:
+    settings = Settings(pass_spacing=2.0, max_pass_spacing_seconds=5.0, resync_seconds=3600.0)
+    started: list[float] = []
+    burnt: list[float] = []
+
+    async def main() -> None:
+        loop = Loop(settings)
+        loop.listed.set()
+
+        def one_pass() -> Outcome:
+            started.append(time.monotonic())
+            cpu = time.thread_time()
+            while time.thread_time() - cpu < 0.05:  # a pass planning 1000 nodes
+                pass
+            burnt.append(time.thread_time() - cpu)
+            loop.wake()  # events keep coming
+            return outcome()
+
+        loop.wake()
+        task = asyncio.create_task(loop.run(one_pass))
+        while len(started) < 3:
+            await asyncio.sleep(0.01)
+        task.cancel()
+
+    asyncio.run(main())
+    gaps = [b - a for a, b in itertools.pairwise(started)]
+    # Each gap: the pass itself (at least its CPU), then twice its CPU of spacing.
+    assert all(gap >= 3.0 * cpu for gap, cpu in zip(gaps, burnt, strict=False)), (gaps, burnt)

@@ -6,18 +6,21 @@ posted on transitions only."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any, cast
 
 import pytest
 
+from gpu_operator.api.status import ClusterPolicyStatus
 from gpu_operator.kube import ApiError, Kube, NotLeader
 from gpu_operator.nodes import NodeInfo
-from gpu_operator.observed import ADOPT_ANNOTATION, ObjectKey, object_key
+from gpu_operator.observed import ADOPT_ANNOTATION, ObjectKey, PodInfo, object_key
 from gpu_operator.plan import PolicyRef
 from gpu_operator.psa import PREVIOUS_ANNOTATION, PSA_LABELS, NamespaceInfo
 from gpu_operator.reconciler import Reconciler
 from gpu_operator.settings import Settings
+from gpu_operator.status import progress_only, status_body
 from gpu_operator.store import Store
 
 PCI = "feature.node.kubernetes.io/pci-10de.present"
@@ -458,3 +461,43 @@ def test_psa_namespace_write_restores_then_applies_never_creating_it() -> None:
     assert fake.rewritten == {("Namespace", "gpu-operator"): {enforce: ("privileged", "baseline")}}
     (namespace,) = [b for b in fake.bodies if b["kind"] == "Namespace"]
     assert namespace["metadata"] == {"name": "gpu-operator", "uid": "uid-ns", "labels": {}, "annotations": {}}
+
+
+def test_progress_waits_for_the_status_interval_and_a_new_state_does_not() -> None:
+    fake = FakeKube()
+    rec = reconciler(fake)
+    rec.store.put("nodes", "gpu-1", gpu_node("gpu-1"))
+    rec.run_once()
+    settle(rec, fake)
+    written = len(fake.statuses)
+    # One of the two drivers comes up: counts change, no state does.
+    rec.store.put("pods", "d0", PodInfo("d0", "driver", "gpu-0", True, "", "", False, "t"))
+    outcome = rec.run_once()
+    assert len(fake.statuses) == written, "progress only, just after a write: it waits"
+    assert (
+        outcome.wake_at is not None
+        and 0 < outcome.wake_at - time.time() <= Settings().status_interval_seconds
+    )
+    rec.status_written["p"] -= Settings().status_interval_seconds
+    rec.run_once()
+    assert len(fake.statuses) == written + 1 and component(fake.statuses[-1], "driver")["nodesReady"] == 1
+    settle(rec, fake)
+    # A new state is never held back: the policy generation changes.
+    edit(rec, {"dcgmExporter": {"enabled": False}})
+    rec.run_once()
+    assert len(fake.statuses) == written + 2 and fake.statuses[-1]["observedGeneration"] == 2
+
+
+def test_only_progress_counts_as_progress() -> None:
+    before = status_body(ClusterPolicyStatus(state="notReady", observedGeneration=1, gpuNodes=2))
+    same_state = ClusterPolicyStatus(
+        state="notReady", observedGeneration=1, gpuNodes=2, componentsReady="1/9"
+    )
+    assert progress_only(before, same_state)
+    for changed in ({"state": "ready"}, {"observedGeneration": 2}, {"gpuNodes": 3}):
+        assert not progress_only(before, same_state.model_copy(update=changed))
+    assert not progress_only({}, same_state), "no status yet"
+    ready = status_body(ClusterPolicyStatus(state="ready", observedGeneration=1, gpuNodes=2))
+    assert not progress_only(
+        ready, ClusterPolicyStatus(state="ready", observedGeneration=1, gpuNodes=2, componentsReady="9/9")
+    )

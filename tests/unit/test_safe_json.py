@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 import yaml
 from hypothesis import given
@@ -57,6 +58,14 @@ def test_shallow_documents_take_the_fast_path() -> None:
         "kind": "Pod",
         "x": [1, 2.5, "\U0001f600"],
     }
+
+
+def test_what_orjson_refuses_decodes_as_json_does() -> None:
+    text = '{"a": "\\ud800 lone surrogate"}'  # orjson refuses it; the API server may store it
+    with pytest.raises(orjson.JSONDecodeError):
+        orjson.loads(text)
+    assert safe_json.loads(text) == json.loads(text)
+    assert safe_json.loads(text.encode()) == json.loads(text)
 
 
 def test_truncated_keeps_order_and_shallow_values() -> None:

@@ -25,7 +25,7 @@ from gpu_operator.store import Store  # noqa: E402
 RESOURCE = SimpleNamespace(group="", plural="nodes")
 
 
-def consume(items: list[Any], fail: BaseException | None = None) -> tuple[list[Any], list[Any]]:
+def consume(items: list[Any], fail: BaseException | None = None, **hooks: Any) -> tuple[list[Any], list[Any]]:
     """Run guarded_watch over a fake Kopf stream; (what it yielded, what the hook was told)."""
     told: list[Any] = []
 
@@ -37,7 +37,8 @@ def consume(items: list[Any], fail: BaseException | None = None) -> tuple[list[A
 
     async def main() -> list[Any]:
         settings = SimpleNamespace()
-        watch_guard.attach(settings, watch_guard.Hooks(lambda *args: told.append(args), retry_seconds=0))
+        hook = watch_guard.Hooks(lambda *args: told.append(args), retry_seconds=0, **hooks)
+        watch_guard.attach(settings, hook)
         return [item async for item in watch_guard.guarded_watch(settings=settings, resource=RESOURCE)]
 
     saved = getattr(watch_guard.guarded_watch, "_gpu_operator_original", None)
@@ -58,6 +59,36 @@ def test_a_finished_listing_is_reported_once_with_what_it_held() -> None:
     seen, told = consume(items)
     assert seen == items, "everything still reaches Kopf"
     assert told == [("", "nodes", {("", "a"), ("ns", "b")})]
+
+
+def test_a_direct_kind_is_recorded_here_and_kopf_sees_only_the_end_of_its_listing() -> None:
+    store = Store()
+    woken: list[bool] = []
+    node = {"metadata": {"name": "n1", "labels": {"feature.node.kubernetes.io/pci-10de.present": "true"}}}
+    relabelled = {"metadata": {**node["metadata"], "labels": {"a": "b"}}}
+    items = [
+        {"type": None, "object": node},
+        watching.Bookmark.LISTED,
+        {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "9"}}},
+        {"type": "MODIFIED", "object": node},  # nothing a decision reads changed: no pass
+        {"type": "MODIFIED", "object": relabelled},
+        {"type": "DELETED", "object": relabelled},
+        {"type": "MODIFIED", "object": {"metadata": {}}},  # a bug in recording: logged, the watch goes on
+        {"type": "ADDED", "object": {"metadata": {"name": "n2"}}},
+    ]
+    recorded: list[str] = []
+
+    def record(body: Any, deleted: bool) -> bool:
+        recorded.append(body["metadata"]["name"])
+        return store.record_node(body, deleted)
+
+    direct = {("", "nodes"): record}
+    seen, told = consume(items, direct=direct, wake=lambda: woken.append(True))
+    assert seen == [watching.Bookmark.LISTED], "Kopf gets the listing's end, never an object"
+    assert told == [("", "nodes", {("", "n1")})]
+    assert recorded == ["n1", "n1", "n1", "n1", "n2"]
+    assert store.get("nodes", "n1") is None and store.get("nodes", "n2") is not None
+    assert len(woken) == 4, "listed, relabelled, deleted, added"
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,81 @@
+"""What the Store's recorders say about a watched change: that a decision may change (a pass at once),
+that it only shows in the status (a pass soon), or nothing at all (a DaemonSet's status counts)."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from gpu_operator.labels import COMPONENT_LABEL
+from gpu_operator.observed import PodInfo
+from gpu_operator.status import pods_by_node
+from gpu_operator.store import Store
+
+
+def test_a_pod_whose_reason_alone_changed_only_asks_for_a_pass_soon() -> None:
+    shown: list[bool] = []
+    store = Store(shown=lambda: shown.append(True))
+    meta = {"name": "t1", "namespace": "gpu-operator", "labels": {COMPONENT_LABEL: "container-toolkit"}}
+
+    def pod(ready: bool, waiting: str = "") -> dict[str, Any]:
+        status: dict[str, Any] = {"conditions": [{"type": "Ready", "status": str(ready)}]}
+        if waiting:
+            status["initContainerStatuses"] = [{"state": {"waiting": {"reason": waiting}}}]
+        return {"metadata": meta, "spec": {"nodeName": "gpu-0"}, "status": status}
+
+    assert store.record_pod(pod(False, "PodInitializing"), False), "a new pod decides"
+    assert not store.record_pod(pod(False, "CrashLoopBackOff"), False) and shown == [True]
+    assert store.get("pods", "gpu-operator/t1").reason == "CrashLoopBackOff", "kept, to be shown"
+    assert not store.record_pod(pod(False, "CrashLoopBackOff"), False) and len(shown) == 1
+    assert store.record_pod(pod(True), False), "ready decides"
+    assert store.record_pod(pod(True), True), "so does a pod gone"
+
+
+def test_a_daemonsets_status_counts_only_when_its_rollout_changes() -> None:
+    store = Store()
+    meta = {
+        "name": "nvidia-dcgm",
+        "namespace": "gpu-operator",
+        "generation": 1,
+        "labels": {COMPONENT_LABEL: "dcgm"},
+    }
+
+    def ds(version: int, ready: int, desired: int = 3) -> dict[str, Any]:
+        status = {"observedGeneration": 1, "desiredNumberScheduled": desired, "numberReady": ready}
+        status |= {"updatedNumberScheduled": desired, "numberAvailable": ready}
+        body = {"apiVersion": "apps/v1", "kind": "DaemonSet", "status": status}
+        return body | {"metadata": meta | {"resourceVersion": str(version)}}
+
+    assert store.record_managed(ds(1, 0), False)
+    assert not store.record_managed(ds(2, 1), False), "1 of 3 ready: nothing the plan reads changed"
+    assert store.get("daemonsets", ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-dcgm")).ready == 1
+    assert not store.record_managed(ds(3, 2, desired=4), False)
+    assert store.record_managed(ds(4, 4, desired=4), False), "rolled out"
+    assert store.record_managed(ds(5, 5, desired=5), False), "rolled out on another node count"
+    assert store.record_managed(ds(6, 5, desired=5) | {"metadata": meta | {"generation": 2}}, False), "edited"
+
+
+def test_the_pod_that_speaks_for_each_slot_is_kept_as_pods_come_and_go() -> None:
+    rng = random.Random(7)
+    store = Store()
+    for step in range(400):
+        key = f"gpu-operator/p{rng.randrange(12)}"
+        if rng.random() < 0.2:
+            store.put("pods", key, None)
+        else:
+            pod = PodInfo(
+                key,
+                rng.choice(["driver", "dcgm"]),
+                rng.choice(["gpu-0", "gpu-1"]),
+                rng.random() < 0.5,
+                "",
+                "",
+                rng.random() < 0.3,
+                f"2026-12-01T00:00:{rng.randrange(60):02d}Z",
+            )
+            store.put("pods", key, pod)
+        if step % 50 == 0:
+            store.retain("pods", {k for k in store.pods if rng.random() < 0.8})
+        assert store.speaking == pods_by_node(store.pods.values())
+        assert {k for keys in store.slots.values() for k in keys} == set(store.pods)
+    assert store.snapshot("gpu-operator", {}).speaking == pods_by_node(store.pods.values())
