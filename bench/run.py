@@ -467,10 +467,10 @@ class SizeBench:
             ).start()
         t0 = time.time()
         self.api.request("POST", NODES, body=body)
-        done = pods.wait(120.0)
+        done = pods.wait(self.timeout)
         result: dict[str, Any] = {"node": name, "components": sorted(components), "pods_ready_s": done - t0}
         if status is not None:
-            result["policy_ready_s"] = status.wait(120.0) - t0
+            result["policy_ready_s"] = status.wait(self.timeout) - t0
         result["t0"], result["t1"] = t0, max(done, t0 + result.get("policy_ready_s", 0.0))
         return result
 
