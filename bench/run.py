@@ -84,7 +84,6 @@ OPERATOR_LABELS = (GPU_PRESENT, MIG_CONFIG, *(c.deploy_label for c in COMPONENTS
 # Watches the operator must have open before a timed run starts (the rest open at the same moment).
 OPERATOR_WATCHES = frozenset({"clusterpolicies", "nodes", "pods", "daemonsets"})
 LABEL_WORKERS = 8
-MERGE_PATCH = "application/merge-patch+json"
 
 
 def always_ready(component: str, node: str) -> bool:
@@ -377,10 +376,7 @@ class SizeBench:
         for node in kubeapi.items(self.api, NODES):
             left = {key: None for key in OPERATOR_LABELS if key in (node["metadata"].get("labels") or {})}
             if left:
-                url = f"{NODES}/{node['metadata']['name']}"
-                query = {"fieldManager": LIMIT_MANAGER}
-                body = {"metadata": {"labels": left}}
-                self.api.request("PATCH", url, body=body, query=query, content_type=MERGE_PATCH, kind="Node")
+                self.api.patch_node(node["metadata"]["name"], {"metadata": {"labels": left}}, LIMIT_MANAGER)
 
     def clean_up(self, join_node: str | None, strip: bool = False) -> float:
         """Remove pods without their grace period once the DaemonSets are gone (bench housekeeping:

@@ -429,13 +429,13 @@ class Kube:
             if exc.status not in (404, 422):
                 raise
 
-    def patch_node(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    def patch_node(self, name: str, body: Mapping[str, Any], manager: str = FIELD_MANAGER) -> dict[str, Any]:
         """A JSON merge patch of a Node (never creates one: a node that is gone is a 404)."""
         return self.request(
             "PATCH",
             path("v1", "Node", name=name),
             body=dict(body),
-            query={"fieldManager": FIELD_MANAGER},
+            query={"fieldManager": manager},
             content_type="application/merge-patch+json",
             kind="Node",
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -57,8 +57,6 @@ _KINDS = {plural: kind for (_, kind), (plural, _namespaced) in RESOURCES.items()
 CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
 NAMESPACES = ("", "namespaces")
 
-Recorder = Callable[[Mapping[str, Any], bool], bool]
-"""(body, deleted) → whether the Store changed in a way that needs a pass."""
 Retainer = Callable[[set[tuple[str, str]]], bool]
 """{(namespace or "", name)} of a complete listing → whether the Store forgot anything missing from it."""
 
@@ -68,7 +66,7 @@ class Watch:
     group: str
     version: str
     plural: str
-    record: Recorder
+    record: watch_guard.Record
     retain: Retainer
     labels: dict[str, str] | None = None
     """Server-side label selector (also set in Kopf's settings, at startup)."""

@@ -491,7 +491,7 @@ class Reconciler:
     def _write_statuses(self, conclusion: Conclusion) -> float | None:
         """Write the statuses that differ and post their Events; a progress-only write made too soon
         after the last one is left to a later pass: when that is due (Unix seconds), or None."""
-        due: float | None = None
+        due = inf
         for name, events in conclusion.events.items():
             body = conclusion.status_writes.get(name)
             if body is not None and name in conclusion.progress:
@@ -499,7 +499,7 @@ class Reconciler:
                 wait -= time.monotonic()
                 if wait > 0:
                     body = None
-                    due = min(due or inf, time.time() + wait)
+                    due = min(due, time.time() + wait)
             if body is not None:
                 try:
                     self.kube.patch_status(name, body)
@@ -523,4 +523,4 @@ class Reconciler:
                     )
                 except ApiError as exc:
                     log.warning("could not post Event %s on ClusterPolicy %s: %s", event.reason, name, exc)
-        return due
+        return None if due == inf else due

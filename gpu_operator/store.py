@@ -112,14 +112,12 @@ class Store:
 
     def _speak(self, key: str, before: PodInfo | None, after: PodInfo | None) -> None:
         """Keep `speaking` and `slots` with a change of `pods` (under the lock)."""
-        for pod, present in ((before, False), (after, True)):
-            if pod is None:
-                continue
-            slot = (pod.component, pod.node)
+        now = None if after is None else (after.component, after.node)
+        for slot in {(p.component, p.node) for p in (before, after) if p is not None}:
             members = self.slots.setdefault(slot, set())
-            if present:
+            if slot == now:
                 members.add(key)
-            elif after is None or (after.component, after.node) != slot:
+            else:
                 members.discard(key)
             best = pods_by_node(self.pods[k] for k in members).get(slot)
             if best is None:

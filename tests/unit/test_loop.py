@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpu_operator.kube import ApiError
@@ -106,19 +107,33 @@ def test_an_unreachable_api_server_is_progress_and_a_good_pass_clears_last_error
     assert ready(loop)[0]
 
 
-def test_changes_that_only_show_coalesce_into_one_pass_soon() -> None:
-    settings = Settings(status_interval_seconds=0.2, resync_seconds=3600.0)
-    started: list[float] = []
+def drive(
+    settings: Settings, step: Callable[[Loop], None], script: Callable[[Loop], Awaitable[None]]
+) -> None:
+    """Run the loop, each pass doing `step` and then succeeding, while `script` acts and checks."""
 
     async def main() -> None:
         loop = Loop(settings)
         loop.listed.set()
 
         def one_pass() -> Outcome:
-            started.append(loop.clock())
+            step(loop)
             return outcome()
 
         task = asyncio.create_task(loop.run(one_pass))
+        try:
+            await script(loop)
+        finally:
+            task.cancel()
+
+    asyncio.run(main())
+
+
+def test_changes_that_only_show_coalesce_into_one_pass_soon() -> None:
+    settings = Settings(status_interval_seconds=0.2, resync_seconds=3600.0)
+    started: list[float] = []
+
+    async def script(loop: Loop) -> None:
         await asyncio.sleep(0.05)
         for _ in range(20):  # pods going Init:1/4, Init:2/4, ... on many nodes
             loop.wake_soon()
@@ -132,9 +147,8 @@ def test_changes_that_only_show_coalesce_into_one_pass_soon() -> None:
         assert len(started) == 2 and loop.soon is None
         await asyncio.sleep(0.3)
         assert len(started) == 2
-        task.cancel()
 
-    asyncio.run(main())
+    drive(settings, lambda loop: started.append(loop.clock()), script)
 
 
 def test_the_next_pass_waits_twice_the_cpu_the_last_one_took() -> None:
@@ -142,26 +156,20 @@ def test_the_next_pass_waits_twice_the_cpu_the_last_one_took() -> None:
     started: list[float] = []
     burnt: list[float] = []
 
-    async def main() -> None:
-        loop = Loop(settings)
-        loop.listed.set()
+    def step(loop: Loop) -> None:
+        started.append(time.monotonic())
+        cpu = time.thread_time()
+        while time.thread_time() - cpu < 0.05:  # a pass planning 1000 nodes
+            pass
+        burnt.append(time.thread_time() - cpu)
+        loop.wake()  # events keep coming
 
-        def one_pass() -> Outcome:
-            started.append(time.monotonic())
-            cpu = time.thread_time()
-            while time.thread_time() - cpu < 0.05:  # a pass planning 1000 nodes
-                pass
-            burnt.append(time.thread_time() - cpu)
-            loop.wake()  # events keep coming
-            return outcome()
-
+    async def script(loop: Loop) -> None:
         loop.wake()
-        task = asyncio.create_task(loop.run(one_pass))
         while len(started) < 3:
             await asyncio.sleep(0.01)
-        task.cancel()
 
-    asyncio.run(main())
+    drive(settings, step, script)
     gaps = [b - a for a, b in itertools.pairwise(started)]
     # Each gap: the pass itself (at least its CPU), then twice its CPU of spacing.
     assert all(gap >= 3.0 * cpu for gap, cpu in zip(gaps, burnt, strict=False)), (gaps, burnt)
