@@ -40,6 +40,14 @@ from typing import Any, Literal, TypeVar
 from kubernetes import client, utils
 from kubernetes.client import ApiException
 
+from hack.emulators.emulator import (  # the failure protocol: the emulators read what these write
+    FAILURE_COMPONENT_LABEL,
+    FAILURE_CONTAINER_ANNOTATION,
+    FAILURE_LABEL,
+    FAILURE_NODE_LABEL,
+    FAILURE_REASON_LABEL,
+    FAILURE_RESTARTS_ANNOTATION,
+)
 from hack.emulators.profile import STARTUP_DEFAULT, Profile, profile
 
 T = TypeVar("T")
@@ -54,11 +62,6 @@ GPU_RESOURCE = "nvidia.com/gpu"
 STAGE_GROUP = "kwok.x-k8s.io"
 STAGE_VERSION = "v1alpha1"
 STAGE_PLURAL = "stages"
-FAILURE_LABEL = "gpu-operator.sim/failure"
-FAILURE_COMPONENT_LABEL = "gpu-operator.sim/component"
-FAILURE_NODE_LABEL = "gpu-operator.sim/node"
-FAILURE_CONTAINER_ANNOTATION = "gpu-operator.sim/container"
-FAILURE_RESTARTS_ANNOTATION = "gpu-operator.sim/restarts"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 # Any weight > 0 beats pod-ready (weight 0): kwok never picks a weight-0 stage over a weighted one.
 FAILURE_WEIGHT = 1000
@@ -497,7 +500,7 @@ def failure_stage(
         "kind": "Stage",
         "metadata": {
             "name": failure_stage_name(component, node, reason),
-            "labels": {**_failure_labels(component, node), "gpu-operator.sim/reason": reason},
+            "labels": {**_failure_labels(component, node), FAILURE_REASON_LABEL: reason},
             # The emulators read these; kwok, the status template.
             "annotations": {
                 FAILURE_CONTAINER_ANNOTATION: container or "",
