@@ -69,6 +69,9 @@ T = TypeVar("T")
 
 
 CRD_HASH_ANNOTATION = "nvidia.com/gpu-operator.crd-hash"
+SERVED_ANNOTATION = "nvidia.com/gpu-operator.served"
+"""When the API server's discovery first listed the CRD we created (see announce_served)."""
+DISCOVERY_MANAGER = "gpu-operator-discovery"
 
 
 def ensure_crd(kube: Kube, create: bool) -> bool:
@@ -96,6 +99,43 @@ def ensure_crd(kube: Kube, create: bool) -> bool:
         log.warning("cannot apply the ClusterPolicy CRD (%s); it may be stale", exc)
         return False
     log.info("%s the ClusterPolicy CRD", "updated" if current else "created")
+    return True
+
+
+def announce_served(
+    kube: Kube,
+    body: Mapping[str, Any],
+    seconds: float = 30.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> bool:
+    """Once the API server's discovery lists a CRD we created, write one annotation on it, so that
+    Kopf watches its objects. Kopf learns what is served only by re-reading discovery on each event
+    of a CRD (kopf/_core/reactor/observation.py, process_discovered_resource_event), and the API
+    server publishes a new CRD in discovery from a queue of its own, after the events of the
+    creation and of Established. When Kopf's last re-read came first, it would never watch
+    ClusterPolicies (seen when the CRD was deleted and created again on a loaded machine). True once
+    written; False when discovery did not list the CRD within `seconds` or a call failed."""
+    spec = body["spec"]
+    plural = spec["names"]["plural"]
+    served = [v["name"] for v in spec["versions"] if v.get("served")]
+    api_version = f"{spec['group']}/{served[0]}"
+    deadline = clock() + seconds
+    try:
+        while not kube.served(api_version, plural):
+            if clock() >= deadline:
+                log.warning("the API server does not serve %s after %.0f s; trying again", plural, seconds)
+                return False
+            sleep(0.2)
+        annotations = {SERVED_ANNOTATION: format_time(time.time())}
+        metadata = {"name": body["metadata"]["name"], "annotations": annotations}
+        kube.apply(
+            {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": metadata}, DISCOVERY_MANAGER
+        )
+    except ApiError as exc:
+        log.warning("cannot announce the ClusterPolicy CRD to the watches (%s); trying again", exc)
+        return False
+    log.info("the API server serves %s: announced to the watches", plural)
     return True
 
 
@@ -178,6 +218,8 @@ class Reconciler:
     crd_current: bool = False
     """Whether the ClusterPolicy CRD was found at our schema (checked again when its watch says it
     went)."""
+    crd_announced: bool = True
+    """False from when the CRD's watch saw it absent until announce_served told Kopf it is back."""
     applied: dict[ObjectKey, Applied] = field(default_factory=dict)
     reported: dict[str, Signature] = field(default_factory=dict)
     """Policy name → what the Events posted for it have said."""
@@ -203,8 +245,13 @@ class Reconciler:
 
         Writes run in parallel (a 1000-node rollout is 1000 label patches per stage), except that a
         component's own objects go in order: its ServiceAccount and RBAC before its DaemonSet."""
-        if not self.crd_current or self.store.get("crds", POLICY_CRD) is False:
+        established = self.store.get("crds", POLICY_CRD)
+        if established is False:  # the watch saw it go (or not established yet): Kopf's watch went too
+            self.crd_announced = False
+        if not self.crd_current or established is False or not self.crd_announced:
             self.crd_current = ensure_crd(self.kube, self.settings.create_crd)
+            if self.crd_current and not self.crd_announced:
+                self.crd_announced = announce_served(self.kube, crd())
             if self.crd_current:
                 self.store.put("crds", POLICY_CRD, True)
         clock = time.time()

@@ -507,7 +507,8 @@ REQUIRED_EXTRA: Grants = {
     ("", "", "pods/eviction", ""): {"create"},
     # kube.py post_event: Events about the cluster-scoped ClusterPolicy live in `default`.
     ("default", "", "events", ""): {"create"},
-    # reconciler.py ensure_crd: get, server-side apply, create when absent (operator.createCRD).
+    # reconciler.py ensure_crd: get, server-side apply, create when absent (operator.createCRD);
+    # announce_served: one more apply once discovery lists it.
     ("", *CRDS, "clusterpolicies.nvidia.com"): {"get", "patch"},
     ("", *CRDS, ""): {"list", "watch", "create"},
     # leader.py: the release's Lease (read, renewed; created when absent, which needs no name).

@@ -12,13 +12,14 @@ from typing import Any, cast
 
 import pytest
 
+from gpu_operator.api.crd import crd
 from gpu_operator.api.status import ClusterPolicyStatus
 from gpu_operator.kube import ApiError, Kube, NotLeader
 from gpu_operator.nodes import NodeInfo
 from gpu_operator.observed import ADOPT_ANNOTATION, ObjectKey, PodInfo, object_key
-from gpu_operator.plan import PolicyRef
+from gpu_operator.plan import POLICY_CRD, PolicyRef
 from gpu_operator.psa import PREVIOUS_ANNOTATION, PSA_LABELS, NamespaceInfo
-from gpu_operator.reconciler import Reconciler
+from gpu_operator.reconciler import DISCOVERY_MANAGER, SERVED_ANNOTATION, Reconciler, announce_served
 from gpu_operator.settings import Settings
 from gpu_operator.status import progress_only, status_body
 from gpu_operator.store import Store
@@ -55,6 +56,10 @@ class FakeKube:
         self.bodies: list[dict[str, Any]] = []
         self.rewritten: dict[tuple[str, str], dict[str, tuple[str, str | None]]] = {}
         self.version = 0
+        self.managers: list[str] = []
+        self.served_from = 1
+        """Discovery lists a served resource from this look on (counted in `looks`)."""
+        self.looks = 0
 
     def metadata(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any] | None:
         self.lookups.append((kind, name))
@@ -65,7 +70,9 @@ class FakeKube:
         found = self.existing.get((api_version, kind, namespace, name))
         return None if found is None else {"metadata": found}
 
-    def apply(self, body: Mapping[str, Any], dry_run: bool = False) -> dict[str, Any]:
+    def apply(
+        self, body: Mapping[str, Any], manager: str = "gpu-operator", dry_run: bool = False
+    ) -> dict[str, Any]:
         name = body["metadata"]["name"]
         if name in self.reject:
             raise self.reject[name]
@@ -76,6 +83,7 @@ class FakeKube:
             raise self.reject_writes[name]
         self.applied.append(object_key(body))
         self.bodies.append(dict(body))
+        self.managers.append(manager)
         self.version += 1
         metadata = {
             **body["metadata"],
@@ -87,6 +95,10 @@ class FakeKube:
 
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
         raise ApiError(404, "NotFound", f"{kind} {name}")
+
+    def served(self, api_version: str, plural: str) -> bool:
+        self.looks += 1
+        return self.looks >= self.served_from
 
     def apply_node_labels(
         self, node: str, labels: Mapping[str, str], uid: str, resource_version: str = ""
@@ -501,3 +513,53 @@ def test_only_progress_counts_as_progress() -> None:
     assert not progress_only(
         ready, ClusterPolicyStatus(state="ready", observedGeneration=1, gpuNodes=2, componentsReady="9/9")
     )
+
+
+CRD_KEY = ("apiextensions.k8s.io/v1", "CustomResourceDefinition", "", POLICY_CRD)
+
+
+def test_a_crd_gone_and_created_again_is_announced_once_discovery_serves_it() -> None:
+    """The CRD's watch saw it go: the pass creates it again and, once discovery lists
+    clusterpolicies, writes one annotation so that Kopf re-reads discovery and watches them."""
+    fake = FakeKube()
+    fake.served_from = 2  # the first look comes before the API server published it
+    r = reconciler(fake)
+    r.store.put("crds", POLICY_CRD, False)
+    r.run_once()
+    writes = [
+        (key, manager) for key, manager in zip(fake.applied, fake.managers, strict=True) if key == CRD_KEY
+    ]
+    assert writes == [(CRD_KEY, "gpu-operator"), (CRD_KEY, DISCOVERY_MANAGER)]
+    note = fake.bodies[fake.managers.index(DISCOVERY_MANAGER)]
+    assert set(note["metadata"]) == {"name", "annotations"}, "the announcement carries nothing else"
+    assert SERVED_ANNOTATION in note["metadata"]["annotations"]
+    assert fake.looks == 2
+    r.run_once()
+    assert fake.applied.count(CRD_KEY) == 2, "a CRD announced and current is left alone"
+
+
+def test_a_crd_present_at_start_is_not_announced() -> None:
+    fake = FakeKube()
+    r = reconciler(fake)
+    r.store.put("crds", POLICY_CRD, True)
+    r.run_once()
+    assert CRD_KEY not in fake.applied and fake.looks == 0
+
+
+def test_an_announcement_that_cannot_be_made_is_tried_again_next_pass() -> None:
+    fake = FakeKube()
+    fake.served_from = 10**6  # never listed within the deadline
+    times = iter(range(100))
+    assert not announce_served(
+        cast(Kube, fake), crd(), seconds=3, sleep=lambda _: None, clock=lambda: next(times)
+    )
+    assert DISCOVERY_MANAGER not in fake.managers
+    r = reconciler(fake)
+    r.store.put("crds", POLICY_CRD, False)
+    fake.reject[POLICY_CRD] = ApiError(403, "Forbidden", "patch customresourcedefinitions")
+    fake.served_from = 0
+    r.run_once()
+    assert not r.crd_current and not r.crd_announced
+    del fake.reject[POLICY_CRD]
+    r.run_once()
+    assert r.crd_current and r.crd_announced and DISCOVERY_MANAGER in fake.managers
