@@ -228,6 +228,17 @@ options:
   # Stages live in the cluster (hack/kwok/stages.yaml), so tests can add failure stages.
   enableCRDs:
     - Stage
+# One controller manager and one scheduler, so no leader election: on a loaded machine a lease renewal
+# that misses its deadline makes them exit ("leaderelection lost"), and nothing would start them again.
+componentsPatches:
+  - name: kube-controller-manager
+    extraArgs:
+      - key: leader-elect
+        value: "false"
+  - name: kube-scheduler
+    extraArgs:
+      - key: leader-elect
+        value: "false"
 ---
 apiVersion: config.kwok.x-k8s.io/v1alpha1
 kind: KwokConfiguration
