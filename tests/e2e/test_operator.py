@@ -18,6 +18,7 @@ from gpu_operator.components import BY_LABEL, BY_NAME, COMPONENTS
 from .kube_helpers import (
     Cluster,
     clear_failure,
+    emulated_host,
     gpu_nodes,
     inject_failure,
     list_pods,
@@ -274,6 +275,8 @@ def test_policy_converges_on_exactly_the_gpu_nodes(
 def test_failing_driver_blocks_only_its_node(
     cluster: Cluster, clean: OperatorProcess, failures: None
 ) -> None:
+    # A driver an earlier test left loaded on the emulated host (its pod was deleted under GPU clients).
+    loaded = bool(emulated_host(cluster.api, "gpu-node-1").get("driver"))
     inject_failure(cluster.api, DRIVER, "gpu-node-1", "CrashLoopBackOff")
     apply_policy(cluster, policy_from("empty"))
 
@@ -323,10 +326,13 @@ def test_failing_driver_blocks_only_its_node(
     clear_failure(cluster.api, DRIVER, "gpu-node-1")
     wait_state(cluster, "cluster-policy", "ready")
     assert_pods_exactly_on_gpu_nodes(cluster, get_policy(cluster, "cluster-policy"))
-    # The same pod went on once the driver was ready: it waited, it did not fail.
+    # It went on once the driver was ready: it waited, it did not fail.
     ready = toolkit_pod()
-    assert ready.metadata.uid == waiting.metadata.uid and pod_is_ready(ready)
-    assert [s.restart_count for s in ready.status.init_container_statuses] == [0]
+    assert pod_is_ready(ready) and [s.restart_count for s in ready.status.init_container_statuses] == [0]
+    if not loaded:
+        # The very pod created with the driver. With a driver loaded, k8s-driver-manager evicts and
+        # restores every operand, the toolkit too, when a driver pod starts (main.go:358-366).
+        assert ready.metadata.uid == waiting.metadata.uid
 
 
 def test_opt_out_labels_are_respected(cluster: Cluster, clean: OperatorProcess) -> None:
