@@ -1,7 +1,8 @@
 """The component registry: one record per operand, shared by the renderer, the planner and the CLI.
 
 Adding an operand is a template folder plus one entry here. Order is dependency order (NVIDIA's
-state order): driver → container toolkit → validator, device plugin and the rest.
+state order): driver → container toolkit → validator, device plugin and the rest; every component
+comes after its dependencies (gpu_operator/nodes.py decides the labels of a node in this order).
 """
 
 from __future__ import annotations
@@ -118,6 +119,10 @@ class Component:
     """Operator environment variable that supplies the image when the policy gives none (OLM style)."""
     default_image: Image
     depends_on: tuple[str, ...] = ()
+    waits_for: tuple[str, ...] = ()
+    """Those of `depends_on` its own pods wait for on the node (an init container that retries until the
+    dependency works, where others fail): it is labelled together with them, not once they are ready, so
+    that its pod is created, scheduled and pulled while they come up, and waits in Init until then."""
     node_filter: Callable[[NodeLabels], bool] = field(default=any_gpu_node)
     os_specific_tag: bool = False
     """The image tag gets the node OS suffix (`-ubuntu22.04`), as NVIDIA's driver images do."""
@@ -193,6 +198,13 @@ COMPONENTS: tuple[Component, ...] = (
         "CONTAINER_TOOLKIT_IMAGE",
         Image(f"{_NVCR}/k8s", "container-toolkit", "v1.20.0"),
         depends_on=("driver",),
+        # Its driver-validation init container runs nvidia-validator with WITH_WAIT=true (NVIDIA's
+        # assets/state-container-toolkit/0500_daemonset.yaml:29-36; ours: driver_validation() in
+        # _macros/containers.j2), which retries every 5 s until the driver container reports ready
+        # (.driver-ctr-ready) and its nvidia-smi runs (gpu-operator v26.7.0 cmd/nvidia-validator/main.go:
+        # 152, 677-694, 698-706, 830-842). The validator does not wait for the toolkit: its toolkit check
+        # has WITH_WAIT=false and fails (l.1154-1162), so it stays behind the toolkit's readiness.
+        waits_for=("driver",),
         split="runtime",
     ),
     Component(

@@ -7,7 +7,9 @@ managers speak (k8s-driver-manager v0.12.0 `cmd/driver-manager/main.go`, mig-man
 
 * absent or `""`: not decided yet. k8s-driver-manager writes `""` for every operand label that was
   absent when it reschedules a fresh node (`maybeSetTrue("")`, main.go:1075). The operator sets `true`
-  once the component's dependencies are ready on the node, taking the label over.
+  once the component's dependencies are ready on the node (or, for those its pods wait for by
+  themselves, `Component.waits_for`, deployed there: the toolkit comes with the driver), taking the
+  label over.
 * `true`: deployed, whoever wrote it. After a pause the manager writes `true` back and owns it; the
   operator applies the same value too (shared ownership), so that it stays the operator's label.
 * containing `paused-for-` (`paused-for-driver-upgrade`, `paused-for-mig-change`): a manager stopped
@@ -19,7 +21,7 @@ managers speak (k8s-driver-manager v0.12.0 `cmd/driver-manager/main.go`, mig-man
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
@@ -248,31 +250,57 @@ IsReady = Callable[[str, str], bool]
 
 
 def unmet_dependencies(
-    component: Component, policy: ClusterPolicySpec, node: NodeInfo, is_ready: IsReady
+    component: Component,
+    policy: ClusterPolicySpec,
+    node: NodeInfo,
+    is_ready: IsReady,
+    labelled: Collection[str] | None = None,
 ) -> list[str]:
-    """The dependencies still to become ready on this node before `component` may start there.
+    """The dependencies still to be met on this node before `component` may be labelled there.
 
-    A dependency that does not run on the node (disabled in the policy, or opted out by a node label
-    such as a pre-installed driver) counts as satisfied; its own dependencies then apply.
+    A dependency is met once it is ready there; one the component's own pods wait for by themselves
+    (`Component.waits_for`) already once it is deployed: in `labelled` (the components whose deploy
+    label is `true`, or is about to be, in this decision) or, when that is not given, by its label on
+    the node. A dependency that does not run on the node (disabled in the policy, or opted out by a
+    node label such as a pre-installed driver) counts as satisfied; its own dependencies then apply,
+    and must be ready (the component's pods do not wait for those).
     """
-    waiting: list[str] = []
-    for name in component.depends_on:
-        dep = BY_NAME[name]
-        if dep.enabled(policy) and runs_on(dep, node):
-            if not is_ready(name, node.name):
+
+    def deployed(dep: Component) -> bool:
+        return dep.name in labelled if labelled is not None else deploy_state(dep, node) == Deploy.DEPLOYED
+
+    def unmet(names: tuple[str, ...], waits_for: tuple[str, ...]) -> list[str]:
+        waiting: list[str] = []
+        for name in names:
+            dep = BY_NAME[name]
+            if not (dep.enabled(policy) and runs_on(dep, node)):
+                waiting.extend(d for d in unmet(dep.depends_on, ()) if d not in waiting)
+            elif not is_ready(name, node.name) and not (name in waits_for and deployed(dep)):
                 waiting.append(name)
-        else:
-            waiting.extend(d for d in unmet_dependencies(dep, policy, node, is_ready) if d not in waiting)
-    return waiting
+        return waiting
+
+    return unmet(component.depends_on, component.waits_for)
+
+
+def awaited(component: Component, policy: ClusterPolicySpec, node: NodeInfo, is_ready: IsReady) -> list[str]:
+    """The dependencies the component's pods on this node are waiting for by themselves (in Init):
+    those of `Component.waits_for` that run there and are not ready yet."""
+    return [
+        name
+        for name in component.waits_for
+        if BY_NAME[name].enabled(policy) and runs_on(BY_NAME[name], node) and not is_ready(name, node.name)
+    ]
 
 
 def desired_labels(node: NodeInfo, policy: ClusterPolicySpec | None, is_ready: IsReady) -> dict[str, str]:
     """The complete set of labels the operator wants to own on `node` (server-side apply removes the rest).
 
-    Deploy labels are added once a component's dependencies are ready on the node and then kept
-    (a restarting driver pod does not tear down the stack above it); `true` written by an operand
-    manager is kept the same way. With no active policy the set is empty, which removes every label
-    the operator added (see `released_labels` for the ones it shares).
+    Deploy labels are added once a component's dependencies are met on the node (see
+    `unmet_dependencies`; COMPONENTS is in dependency order, so a dependency labelled in this same
+    decision counts for the components that wait for it themselves) and then kept (a restarting
+    driver pod does not tear down the stack above it); `true` written by an operand manager is kept
+    the same way. With no active policy the set is empty, which removes every label the operator
+    added (see `released_labels` for the ones it shares).
     """
     if policy is None or not node.is_gpu:
         return {}
@@ -282,14 +310,16 @@ def desired_labels(node: NodeInfo, policy: ClusterPolicySpec | None, is_ready: I
     if not takes_operands(node):
         return labels
     labels.update(runtime_labels(node, policy))
+    deployed: set[str] = set()
     for component in COMPONENTS:
         if not component.enabled(policy) or not runs_on(component, node):
             continue
         state = deploy_state(component, node)
         if state == Deploy.DEPLOYED or (
-            state == Deploy.UNDECIDED and not unmet_dependencies(component, policy, node, is_ready)
+            state == Deploy.UNDECIDED and not unmet_dependencies(component, policy, node, is_ready, deployed)
         ):
             labels[component.deploy_label] = "true"
+            deployed.add(component.name)
     for component in COMPONENTS:
         if component.enabled(policy) and component.node_filter(node.labels):
             extra = component.node_labels(policy)

@@ -35,6 +35,7 @@ from gpu_operator.nodes import (
     Deploy,
     IsReady,
     NodeInfo,
+    awaited,
     deploy_state,
     gpu_nodes,
     runs_on,
@@ -45,6 +46,8 @@ from gpu_operator.observed import DaemonSetInfo, PodInfo, PolicyRef
 from gpu_operator.vetting import Problems
 
 MAX_PROBLEMS = 5
+WAITING = "WaitingForDependency"
+"""The reason of a node where a component waits for a dependency (message: for which)."""
 
 
 class Note(str):
@@ -147,6 +150,8 @@ class Standing:
     """Its deploy label there is `true`."""
     ready: bool = False
     failing: bool = False
+    waiting: bool = False
+    """It waits for a dependency there: for its deploy label, or in its pod (`Component.waits_for`)."""
     problem: NodeProblem | None = None
     """Why it is not ready there (None when it is, or does not belong)."""
 
@@ -163,10 +168,16 @@ def standing(
     if not runs_on(component, node):
         return _ELSEWHERE
     if deploy_state(component, node) != Deploy.DEPLOYED:
-        return Standing(eligible=True, problem=_waiting_problem(component, spec, node, pods))
+        return Standing(eligible=True, waiting=True, problem=_waiting_problem(component, spec, node, pods))
     pod = pods.get((component.name, node.name))
     if pod is not None and pod.ready:
         return Standing(eligible=True, labelled=True, ready=True)
+    deps = awaited(component, spec, node, readiness(pods)) if pod is None or not pod.failing else []
+    if deps:
+        # Labelled with a dependency its pod waits for in Init (the toolkit for the driver): what it
+        # waits for is the news, not its pod's PodInitializing.
+        problem = NodeProblem(node=node.name, reason=WAITING, message=_waiting_for(deps))
+        return Standing(eligible=True, labelled=True, waiting=True, problem=problem)
     problem = NodeProblem(
         node=node.name,
         reason=pod.reason if pod is not None else "PodNotCreated",
@@ -199,10 +210,10 @@ def _component_status(
     eligible = [s for s in column if s is not None and s.eligible]
     labelled = [s for s in eligible if s.labelled]
     ready = sum(s.ready for s in labelled)
-    waiting = len(eligible) - len(labelled)
-    # Labelled nodes not ready first, then the nodes still waiting for their label.
-    problems = [s.problem for s in labelled if s.problem is not None]
-    problems += [s.problem for s in eligible if not s.labelled and s.problem is not None]
+    waiting = sum(s.waiting for s in eligible)
+    # Nodes not ready for reasons of their own first, then the nodes waiting for a dependency.
+    problems = [s.problem for s in eligible if not s.waiting and s.problem is not None]
+    problems += [s.problem for s in eligible if s.waiting and s.problem is not None]
     rolled_out = not labelled or (
         all(d is not None and d.rolled_out for d in daemonsets)
         and sum(d.desired for d in daemonsets if d is not None) == len(labelled)
@@ -235,12 +246,16 @@ def _waiting_problem(
         message = f"{key}={value!r} set by {writer}: not true, false or a pause; left as it is"
         return NodeProblem(node=node.name, reason="DeployLabelHeld", message=message)
     deps = unmet_dependencies(component, spec, node, readiness(pods))
-    message = f"waiting for {', '.join(deps)}" if deps else "waiting for its deploy label"
-    return NodeProblem(node=node.name, reason="WaitingForDependency", message=message)
+    message = _waiting_for(deps) if deps else "waiting for its deploy label"
+    return NodeProblem(node=node.name, reason=WAITING, message=message)
+
+
+def _waiting_for(deps: list[str]) -> str:
+    return f"waiting for {', '.join(deps)}"
 
 
 # Reasons whose message, not the reason itself, goes into the one-line summary.
-_SUMMARY_BY_MESSAGE = ("WaitingForDependency", "Paused")
+_SUMMARY_BY_MESSAGE = (WAITING, "Paused")
 
 
 def _summary(desired: int, ready: int, problems: list[NodeProblem]) -> str:

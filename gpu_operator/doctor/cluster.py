@@ -19,6 +19,7 @@ from gpu_operator.doctor.state import LOG_LINES, ClusterState, Obj, is_operand
 from gpu_operator.nodes import (
     DEPLOY_OPERANDS,
     NodeInfo,
+    awaited,
     node_info,
     runs_on,
     takes_operands,
@@ -174,9 +175,19 @@ class Cluster:
                 text = f"{component} opted out by the label {spec.deploy_label}={value}"
             return Link(False, text, component=component)
         operand = self.operands.get((component, node))
+        if operand is not None and operand.info.ready:
+            return Link(True, f"{operand.info.name} is ready", operand, component)
+        if operand is None or not operand.info.failing:
+            # Deployed with a dependency its pod waits for in Init (the toolkit with the driver).
+            waited = (
+                awaited(spec, self.spec, info, self.is_ready)
+                if self.spec is not None
+                else [d for d in spec.waits_for if not self.is_ready(d, node)]
+            )
+            found = self._waits_for(component, waited, node)
+            if found is not None:
+                return found
         if operand is not None:
-            if operand.info.ready:
-                return Link(True, f"{operand.info.name} is ready", operand, component)
             message = f": {operand.info.message}" if operand.info.message else ""
             return Link(
                 False,
@@ -197,11 +208,16 @@ class Cluster:
             if self.spec is not None
             else [d for d in spec.depends_on if not self.is_ready(d, node)]
         )
-        for dependency in unmet:
+        found = self._waits_for(component, unmet, node)
+        return found or Link(False, f"{component} is not deployed to the node yet", component=component)
+
+    def _waits_for(self, component: str, dependencies: Iterable[str], node: str) -> Link | None:
+        """The first of `dependencies` not ready on the node, as what `component` waits for."""
+        for dependency in dependencies:
             link = self.explain(dependency, node)
             if not link.ok:
                 return Link(False, f"{component} waits for {link.text}", link.operand, link.component)
-        return Link(False, f"{component} is not deployed to the node yet", component=component)
+        return None
 
 
 # --- commands for links ------------------------------------------------------------------------------

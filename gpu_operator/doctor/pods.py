@@ -53,12 +53,18 @@ def operand_findings(cluster: Cluster) -> list[Finding]:
         message = f": {info.message}" if info.message else ""
         still = "" if info.failing else f" for {duration(age)}"
         link = Link(False, "", operand, component)
+        why = f"{info.reason}{message}"
+        if not info.failing:
+            # A pod waiting in Init for a dependency (the toolkit for its driver): point at that one.
+            chain = cluster.explain(component, node)
+            if chain.component != component:
+                link, why = chain, chain.text
         findings.append(
             Finding(
                 "error",
                 "OperandNotReady",
                 f"pod {ref_of(operand.raw)}",
-                f"{component} not ready on {node}{still}: {info.reason}{message}",
+                f"{component} not ready on {node}{still}: {why}",
                 node,
                 ref_of(operand.raw),
                 details=tuple(log_details(cluster, operand)),

@@ -25,6 +25,7 @@ from .operator_process import ROOT, OperatorProcess
 from .test_operator import (  # noqa: F401  (fixtures)
     COMPONENT,
     CONVERGE,
+    DRIVER,
     NS,
     apply_policy,
     clean,
@@ -101,28 +102,42 @@ def test_fresh_node_marked_by_the_driver_manager_comes_up(
 ) -> None:
     node = "gpu-node-2"
     manager_labels.append(node)
-    inject_failure(cluster.api, "driver", node, "CrashLoopBackOff")  # the driver is still being built
+    inject_failure(cluster.api, DRIVER, node, "CrashLoopBackOff")  # the driver is still being built
     apply_policy(cluster, policy_from("empty"))
-    wait_for(lambda: list_pods(cluster.api, NS, labels=f"{COMPONENT}=driver", node=node), timeout=CONVERGE)
+
+    def driver_pod() -> None:
+        assert list_pods(cluster.api, NS, labels=f"{COMPONENT}={DRIVER}", node=node), "no driver pod yet"
+
+    wait_for(driver_pod, timeout=CONVERGE, what="the driver pod on the marked node")
     # Its init container, k8s-driver-manager, finds no driver loaded and "reschedules" the operands:
-    # "" for every operand label that is absent (NVIDIA's B1 trap: "" is not an opt-out).
+    # "" for every operand label that is absent (NVIDIA's B1 trap: "" is not an opt-out), `true` kept
+    # for the toolkit, deployed with the driver (its pod waits for the driver by itself).
     manager_patch(
         cluster, node, DRIVER_MANAGER, operand_managers.driver_manager_reschedule(node_labels(cluster, node))
     )
-    assert node_labels(cluster, node)[DEPLOY + "container-toolkit"] == ""
+
+    def marked() -> None:
+        # At once on a fresh node; where an earlier test left a driver loaded, once the emulated
+        # k8s-driver-manager has paused and restored the toolkit (as it does every operand then).
+        labels = node_labels(cluster, node)
+        assert labels[DEPLOY + "container-toolkit"] == "true", labels
+        assert labels[DEPLOY + "operator-validator"] == "", labels
+
+    wait_for(marked, timeout=CONVERGE, what="the toolkit deployed, the validator marked")
 
     def waits_for_the_driver() -> None:
-        toolkit = component_status(cluster, "container-toolkit")
-        problems = {(p["node"], p["reason"], p["message"]) for p in toolkit.get("problems", [])}
-        assert (node, "WaitingForDependency", "waiting for driver") in problems, toolkit
-        assert toolkit["nodesDesired"] == 4, toolkit
+        for name, waits_for in (("container-toolkit", "driver"), ("operator-validator", "container-toolkit")):
+            status = component_status(cluster, name)
+            problems = {(p["node"], p["reason"], p["message"]) for p in status.get("problems", [])}
+            assert (node, "WaitingForDependency", f"waiting for {waits_for}") in problems, status
+            assert status["nodesDesired"] == 4, status
 
     wait_for(
         waits_for_the_driver, timeout=CONVERGE, what="the toolkit waits for the driver on the marked node"
     )
-    clear_failure(cluster.api, "driver", node)
+    clear_failure(cluster.api, DRIVER, node)
     wait_state(cluster, "cluster-policy", "ready")
-    for component in ("container-toolkit", "device-plugin", "dcgm-exporter"):
+    for component in ("container-toolkit", "operator-validator", "device-plugin", "dcgm-exporter"):
         assert node_labels(cluster, node)[DEPLOY + component] == "true"
         assert "gpu-operator" in owners(cluster, node, DEPLOY + component)
         assert running_on(cluster, component, node)

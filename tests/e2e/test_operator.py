@@ -13,11 +13,12 @@ import kubernetes
 import pytest
 import yaml
 
-from gpu_operator.components import BY_LABEL, BY_NAME
+from gpu_operator.components import BY_LABEL, BY_NAME, COMPONENTS
 
 from .kube_helpers import (
     Cluster,
     clear_failure,
+    emulated_host,
     gpu_nodes,
     inject_failure,
     list_pods,
@@ -136,6 +137,17 @@ def node_labels(cluster: Cluster, node: str) -> dict[str, str]:
 
 def label_node(cluster: Cluster, node: str, **labels: str | None) -> None:
     client.CoreV1Api(cluster.api).patch_node(node, {"metadata": {"labels": labels}})
+
+
+AFTER_TOOLKIT = [c for c in COMPONENTS if "container-toolkit" in c.depends_on]
+"""The components deployed to a node only once its toolkit is ready."""
+
+
+def waits_in_init(pod: Any, container: str) -> bool:
+    """The pod has not started: `container`, one of its init containers, is still running."""
+    statuses = {s.name: s for s in pod.status.init_container_statuses or []}
+    status = statuses.get(container)
+    return bool(pod.status.phase == "Pending" and status is not None and status.state.running)
 
 
 def operator_labels(labels: dict[str, str]) -> set[str]:
@@ -263,6 +275,8 @@ def test_policy_converges_on_exactly_the_gpu_nodes(
 def test_failing_driver_blocks_only_its_node(
     cluster: Cluster, clean: OperatorProcess, failures: None
 ) -> None:
+    # A driver an earlier test left loaded on the emulated host (its pod was deleted under GPU clients).
+    loaded = bool(emulated_host(cluster.api, "gpu-node-1").get("driver"))
     inject_failure(cluster.api, DRIVER, "gpu-node-1", "CrashLoopBackOff")
     apply_policy(cluster, policy_from("empty"))
 
@@ -284,12 +298,41 @@ def test_failing_driver_blocks_only_its_node(
     policy = wait_for(others_ready_and_reported, timeout=CONVERGE, what="other nodes converge")
     driver = next(c for c in policy["status"]["components"] if c["name"] == "driver")
     assert driver["nodesFailing"] == 1 and driver["problems"][0]["node"] == "gpu-node-1"
-    # Not deployed there: no label, or the "" k8s-driver-manager writes on a node it first sees.
-    assert node_labels(cluster, "gpu-node-1").get("nvidia.com/gpu.deploy.container-toolkit", "") == ""
-    assert not list_pods(cluster.api, NS, labels=f"{COMPONENT}=container-toolkit", node="gpu-node-1")
+    toolkit = next(c for c in policy["status"]["components"] if c["name"] == "container-toolkit")
+    assert toolkit["nodesWaiting"] == 1 and toolkit["nodesFailing"] == 0, toolkit
+    # The toolkit is deployed there with the driver, and its pod waits in Init for the driver (its
+    # driver-validation retries); nothing after the toolkit is deployed: no label, or the "" that
+    # k8s-driver-manager writes on a node it first sees.
+    labels = node_labels(cluster, "gpu-node-1")
+    assert labels["nvidia.com/gpu.deploy.container-toolkit"] == "true"
+    later = [c.name for c in AFTER_TOOLKIT if labels.get(c.deploy_label, "") != ""]
+    assert not later, f"deployed before the toolkit is ready: {later}"
+    for component in AFTER_TOOLKIT:
+        assert not list_pods(
+            cluster.api, NS, labels=f"{COMPONENT}={component.component_label}", node="gpu-node-1"
+        )
+
+    def toolkit_pod() -> Any:
+        pods = list_pods(cluster.api, NS, labels=f"{COMPONENT}=container-toolkit", node="gpu-node-1")
+        assert len(pods) == 1, [p.metadata.name for p in pods]
+        return pods[0]
+
+    def toolkit_waits() -> Any:
+        pod = toolkit_pod()
+        assert waits_in_init(pod, "driver-validation"), pod.status
+        return pod
+
+    waiting = wait_for(toolkit_waits, timeout=CONVERGE, what="the toolkit pod waits in Init for the driver")
     clear_failure(cluster.api, DRIVER, "gpu-node-1")
     wait_state(cluster, "cluster-policy", "ready")
     assert_pods_exactly_on_gpu_nodes(cluster, get_policy(cluster, "cluster-policy"))
+    # It went on once the driver was ready: it waited, it did not fail.
+    ready = toolkit_pod()
+    assert pod_is_ready(ready) and [s.restart_count for s in ready.status.init_container_statuses] == [0]
+    if not loaded:
+        # The very pod created with the driver. With a driver loaded, k8s-driver-manager evicts and
+        # restores every operand, the toolkit too, when a driver pod starts (main.go:358-366).
+        assert ready.metadata.uid == waiting.metadata.uid
 
 
 def test_opt_out_labels_are_respected(cluster: Cluster, clean: OperatorProcess) -> None:

@@ -218,6 +218,44 @@ def test_gpu_pods_that_cannot_start() -> None:
     assert not [f for f in findings if f.code == "RuntimeClassNotFound"], "the RuntimeClass is back"
 
 
+def test_a_toolkit_waiting_in_init_points_at_its_driver() -> None:
+    """The toolkit is deployed with the driver and waits in Init for it (Component.waits_for): what is
+    wrong there is the driver, and every chain through the toolkit says so."""
+    recorded = state("healthy.yaml")
+    node = recorded.nodes[0]
+    del node["metadata"]["labels"]["nvidia.com/gpu.deploy.device-plugin"]
+    node["status"]["allocatable"]["nvidia.com/gpu"] = "0"
+    pods = {p["metadata"]["name"]: p for p in recorded.pods}
+    del pods["nvidia-device-plugin-daemonset-aaaaa"]
+    pods["nvidia-driver-daemonset-aaaaa"]["status"] = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "False"}],
+        "containerStatuses": [
+            {"name": "nvidia-driver-ctr", "state": {"waiting": {"reason": "CrashLoopBackOff"}}}
+        ],
+    }
+    pods["nvidia-container-toolkit-daemonset-aaaaa"]["status"] = {
+        "phase": "Pending",
+        "conditions": [{"type": "Ready", "status": "False"}],
+        "initContainerStatuses": [{"name": "driver-validation", "state": {"running": {"startedAt": "t"}}}],
+        "containerStatuses": [
+            {"name": "nvidia-container-toolkit-ctr", "state": {"waiting": {"reason": "PodInitializing"}}}
+        ],
+    }
+    recorded.pods[:] = list(pods.values())
+    findings = diagnose(recorded)
+    toolkit = by(findings, "OperandNotReady", "pod gpu-operator/nvidia-container-toolkit-daemonset-aaaaa")
+    assert toolkit.cause == (
+        "container-toolkit not ready on gpu-a for 2h: container-toolkit waits for driver pod "
+        "nvidia-driver-daemonset-aaaaa is CrashLoopBackOff"
+    )
+    assert "kubectl logs -n gpu-operator nvidia-driver-daemonset-aaaaa -c nvidia-driver-ctr --previous" in (
+        commands(toolkit, "kubernetes")
+    )
+    gpus = by(findings, "NoAllocatableGPU", "node gpu-a")
+    assert "device-plugin waits for container-toolkit waits for driver pod" in gpus.cause, gpus.cause
+
+
 def test_policy_stale_and_refused_creates() -> None:
     findings = diagnose(state("policy-stale.yaml"))
     assert by(findings, "ClusterPolicyStale", "clusterpolicy first").severity == "warning"

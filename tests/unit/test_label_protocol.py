@@ -198,18 +198,23 @@ STACK = {
 def test_fresh_node_with_driver_manager_comes_up_in_order() -> None:
     cluster = Cluster()
     cluster.reconcile()
-    assert cluster.deployed() == {"driver"}
+    # The toolkit with the driver: its pod waits in Init for the driver by itself.
+    assert cluster.deployed() == {"driver", "container-toolkit"}
     # The driver pod's init container: no driver loaded yet, so it "reschedules" the operands, which
-    # writes "" for every label that was absent.
+    # writes "" for every label that was absent and keeps the toolkit's `true`.
     cluster.node.driver_manager_reschedules()
-    assert cluster.node.labels[deploy("container-toolkit")] == ""
-    assert cluster.deployed() == {"driver"}
-    cluster.reconcile()
-    assert cluster.deployed() == {"driver"}  # "" is "not decided": the toolkit still waits for the driver
+    assert cluster.node.labels[deploy("operator-validator")] == ""
+    assert cluster.deployed() == {"driver", "container-toolkit"}
+    assert "gpu-operator" in cluster.node.owners[deploy("container-toolkit")]
     cluster.ready.add("driver")
     cluster.reconcile()
-    assert cluster.deployed() == {"driver", "container-toolkit"}  # "" taken over once the driver is ready
-    assert "gpu-operator" in cluster.node.owners[deploy("container-toolkit")]
+    # "" is "not decided": the validator and the rest wait for the toolkit to be ready.
+    assert cluster.deployed() == {"driver", "container-toolkit"}
+    cluster.ready.add("container-toolkit")
+    cluster.reconcile()
+    # "" taken over once the toolkit is ready.
+    assert "gpu-operator" in cluster.node.owners[deploy("operator-validator")]
+    assert cluster.deployed() == STACK - {"dcgm-exporter"}  # it waits for DCGM to be ready
     cluster.bring_up(STACK)
     assert cluster.deployed() == STACK
     components = cluster.reconcile()
@@ -222,10 +227,14 @@ def test_driver_upgrade_pause_is_respected_reported_and_restored() -> None:
     cluster.bring_up(STACK)
     # A new driver pod: its driver manager evicts every operand but the driver.
     cluster.node.driver_manager_evicts()
-    cluster.ready = {"driver"}
     version = cluster.node.version
-    components = cluster.reconcile()
-    assert cluster.node.version == version, "the operator wrote over a pause"
+    # While the new driver installs, the paused toolkit is not labelled with it (it waits for the
+    # driver, but a pause is its manager's to lift), nor once the driver is ready.
+    for ready in (set(), {"driver"}):
+        cluster.ready = ready
+        components = cluster.reconcile()
+        assert cluster.node.version == version, "the operator wrote over a pause"
+        assert components["container-toolkit"]["problems"][0]["reason"] == "Paused"
     plugin = components["device-plugin"]
     assert plugin["state"] == "notReady"
     assert plugin["problems"] == [

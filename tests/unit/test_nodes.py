@@ -5,16 +5,18 @@ from __future__ import annotations
 import pytest
 
 from gpu_operator.api import parse_spec
-from gpu_operator.components import RUNTIME_LABEL
+from gpu_operator.components import BY_NAME, COMPONENTS, RUNTIME_LABEL
 from gpu_operator.images import tag_of
 from gpu_operator.nodes import (
     DEPLOY_OPERANDS,
     GPU_PRESENT,
     MIG_CONFIG,
+    IsReady,
     NodeInfo,
     cluster_facts,
     desired_labels,
     node_info,
+    unmet_dependencies,
 )
 
 PCI = "feature.node.kubernetes.io/pci-10de.present"
@@ -71,9 +73,51 @@ def test_node_info_reads_our_labels_from_managed_fields() -> None:
     assert info.gpu_allocatable == 4
 
 
-def test_fresh_gpu_node_gets_only_driver_first() -> None:
+def test_fresh_gpu_node_gets_the_driver_and_the_toolkit_that_waits_for_it() -> None:
     labels = desired_labels(gpu_node(), parse_spec({}), ready_none)
-    assert labels == {GPU_PRESENT: "true", RUNTIME_LABEL: "containerd", deploy("driver"): "true"}
+    assert labels == {
+        GPU_PRESENT: "true",
+        RUNTIME_LABEL: "containerd",
+        deploy("driver"): "true",
+        # Its pod waits in Init for the driver by itself (Component.waits_for).
+        deploy("container-toolkit"): "true",
+    }
+
+
+def test_the_validator_comes_only_once_the_toolkit_is_ready() -> None:
+    spec = parse_spec({})
+    node = gpu_node({deploy("driver"): "true", deploy("container-toolkit"): "true"})
+
+    def ready(*names: str) -> IsReady:
+        return lambda component, node: component in names
+
+    for waiting in (ready(), ready("driver")):
+        labels = desired_labels(node, spec, waiting)
+        assert deploy("operator-validator") not in labels and deploy("device-plugin") not in labels
+    labels = desired_labels(node, spec, ready("driver", "container-toolkit"))
+    assert labels[deploy("operator-validator")] == labels[deploy("device-plugin")] == "true"
+    # dcgm-exporter does not wait for DCGM (it crash-loops without it): DCGM must be ready first.
+    assert deploy("dcgm") in labels and deploy("dcgm-exporter") not in labels
+
+
+def test_a_waited_for_dependency_counts_only_while_it_is_deployed() -> None:
+    spec = parse_spec({})
+    for value in ("paused-for-driver-upgrade", "custom"):
+        node = gpu_node({deploy("driver"): value})
+        assert deploy("container-toolkit") not in desired_labels(node, spec, ready_none), value
+    # Said by the node's labels when the caller does not say what it is labelling.
+    toolkit = BY_NAME["container-toolkit"]
+    assert unmet_dependencies(toolkit, spec, gpu_node(), ready_none) == ["driver"]
+    assert unmet_dependencies(toolkit, spec, gpu_node({deploy("driver"): "true"}), ready_none) == []
+    assert unmet_dependencies(toolkit, spec, gpu_node(), ready_none, labelled={"driver"}) == []
+
+
+def test_registry_order_and_waits() -> None:
+    seen: set[str] = set()
+    for component in COMPONENTS:
+        assert set(component.depends_on) <= seen, f"{component.name} comes before a dependency"
+        assert set(component.waits_for) <= set(component.depends_on), component.name
+        seen.add(component.name)
 
 
 def test_runtime_label_from_the_kubelet_else_default_runtime() -> None:
@@ -134,7 +178,8 @@ def test_disabled_dependency_counts_as_satisfied_but_its_own_dependencies_apply(
     assert deploy("driver") not in labels
     spec = parse_spec({"toolkit": {"enabled": False}})
     labels = desired_labels(gpu_node(), spec, ready_none)
-    assert deploy("device-plugin") not in labels  # still waits for the driver
+    # Still waits for the driver, to be ready: its pods would not wait for it (only the toolkit's do).
+    assert deploy("device-plugin") not in labels
 
 
 def test_foreign_values_are_never_touched_and_opt_out_a_dependency() -> None:

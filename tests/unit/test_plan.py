@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -154,9 +155,42 @@ def test_status_names_the_failing_node_and_reason() -> None:
     assert "waiting for driver on gpu-1" in toolkit["reason"]
     error = condition(status, "Error")
     assert error["reason"] == "OperandNotReady" and "CrashLoopBackOff on gpu-1" in error["message"]
-    # Only gpu-0 may proceed to the toolkit.
-    assert "nvidia.com/gpu.deploy.container-toolkit" in plan.node_labels["gpu-0"]
-    assert "gpu-1" not in plan.node_labels
+    # Both get the toolkit, whose pods wait for the driver themselves; nothing after it yet.
+    for node in ("gpu-0", "gpu-1"):
+        assert set(plan.node_labels[node]) - set(nodes[0].labels) == {
+            "nvidia.com/gpu.deploy.container-toolkit"
+        }
+
+
+def test_a_toolkit_pod_waiting_in_init_for_its_driver_is_reported_as_waiting() -> None:
+    deployed = ("nvidia.com/gpu.deploy.driver", "nvidia.com/gpu.deploy.container-toolkit")
+    node = NodeInfo(
+        "gpu-0",
+        {PCI: "true", GPU_PRESENT: "true", RUNTIME_LABEL: "containerd", **dict.fromkeys(deployed, "true")},
+        own_labels=frozenset({GPU_PRESENT, RUNTIME_LABEL, *deployed}),
+    )
+
+    def toolkit_status(driver: PodInfo, toolkit: PodInfo | None) -> dict[str, Any]:
+        pods = [driver, toolkit] if toolkit is not None else [driver]
+        status = status_of(build(observed(policy(), nodes=[node], pods=pods), NOW), "cluster-policy")
+        component: dict[str, Any] = next(c for c in status["components"] if c["name"] == "container-toolkit")
+        return component
+
+    building = PodInfo("d", "driver", "gpu-0", False, "Running", "", False, "t")
+    initializing = PodInfo("t", "container-toolkit", "gpu-0", False, "Pending", "", False, "t")
+    waiting = {"node": "gpu-0", "reason": "WaitingForDependency", "message": "waiting for driver"}
+    for toolkit in (None, initializing):
+        found = toolkit_status(building, toolkit)
+        assert found["problems"] == [waiting] and found["nodesWaiting"] == 1 and found["nodesFailing"] == 0
+        assert found["state"] == "notReady" and "waiting for driver on gpu-0" in found["reason"]
+    # Its own failure is its own news, whatever the driver does.
+    crashing = replace(initializing, reason="CrashLoopBackOff", message="back-off")
+    found = toolkit_status(building, crashing)
+    assert found["problems"][0]["reason"] == "CrashLoopBackOff" and found["nodesWaiting"] == 0
+    # Once the driver is ready, the toolkit's pod is what it waits for.
+    ready = replace(building, ready=True, reason="")
+    found = toolkit_status(ready, initializing)
+    assert found["problems"][0]["reason"] == "Pending" and found["nodesWaiting"] == 0
 
 
 def test_no_gpu_nodes_is_ready_with_nvidia_reason() -> None:

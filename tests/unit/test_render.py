@@ -353,6 +353,26 @@ def test_every_object_is_labelled_and_scoped(name: str) -> None:
             assert obj["metadata"]["namespace"] == "gpu-operator"
 
 
+# nvidia-validator's COMPONENT of each dependency an operand's init container validates.
+VALIDATED_AS = {"driver": "driver", "toolkit": "container-toolkit"}
+
+
+@pytest.mark.parametrize("name", ["empty", "seed-sample", "everything", "host-driver"])
+def test_a_component_is_labelled_with_exactly_the_dependencies_its_pods_wait_for(name: str) -> None:
+    """Component.waits_for holds what the pods show: a dependency validated by an init container with
+    WITH_WAIT=true (retried until it works; the toolkit's driver-validation), not one validated once
+    (WITH_WAIT=false: the validator's toolkit-validation fails, so it stays behind the toolkit)."""
+    for component in COMPONENTS:
+        for ds in daemonsets(render_component(component, load(name), FACTS)).values():
+            waits = set()
+            for ctr in pod_spec(ds).get("initContainers", []):
+                env = {e["name"]: e.get("value") for e in ctr.get("env", [])}
+                dependency = VALIDATED_AS.get(env.get("COMPONENT") or "")
+                if dependency in component.depends_on and env.get("WITH_WAIT") == "true":
+                    waits.add(dependency)
+            assert waits == set(component.waits_for), component.name
+
+
 @pytest.mark.parametrize("name", ["empty", "seed-sample", "everything"])
 def test_every_daemonset_selects_its_pods_on_deploy_labelled_nodes(name: str) -> None:
     for component in COMPONENTS:
