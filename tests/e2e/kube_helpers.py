@@ -574,7 +574,10 @@ def inject_failure(
     return str(body["metadata"]["name"])
 
 
-def _delete_stages(api: client.ApiClient, component: str | None, node: str | None) -> None:
+def _delete_stages(
+    api: client.ApiClient, component: str | None, node: str | None
+) -> set[tuple[str, str | None]]:
+    """Deletes the matching failure Stages; the (component, node or None) they failed."""
     selector = f"{FAILURE_LABEL}=true"
     if component is not None:
         selector += f",{FAILURE_COMPONENT_LABEL}={component},{FAILURE_NODE_LABEL}={node or 'all-nodes'}"
@@ -582,6 +585,7 @@ def _delete_stages(api: client.ApiClient, component: str | None, node: str | Non
     found: Any = stages.list_cluster_custom_object(
         STAGE_GROUP, STAGE_VERSION, STAGE_PLURAL, label_selector=selector
     )
+    failed: set[tuple[str, str | None]] = set()
     for item in found["items"]:
         try:
             stages.delete_cluster_custom_object(
@@ -590,6 +594,10 @@ def _delete_stages(api: client.ApiClient, component: str | None, node: str | Non
         except ApiException as exc:
             if exc.status != 404:
                 raise
+        labels = item["metadata"].get("labels") or {}
+        where = labels.get(FAILURE_NODE_LABEL, "all-nodes")
+        failed.add((labels.get(FAILURE_COMPONENT_LABEL, ""), None if where == "all-nodes" else where))
+    return failed
 
 
 def clear_failure(
@@ -606,9 +614,13 @@ def clear_failure(
 
 
 def clear_all_failures(api: client.ApiClient) -> None:
-    """Delete every injected failure Stage (pods are left alone). Safe without the Stage API."""
+    """Delete every injected failure Stage and the pods it made fail (a failing pod does not heal in
+    place; its controller recreates it healthy), so that a test that failed half-way leaves nothing
+    failing behind for the next one. Safe without the Stage API."""
     if failure_injection_supported(api):
-        _delete_stages(api, None, None)
+        for component, node in _delete_stages(api, None, None):
+            if component:
+                _delete_pods(api, component, node)
 
 
 # --- the emulated nodes (hack/emulators) -----------------------------------------------------

@@ -196,14 +196,23 @@ def test_pending_gpu_pods_get_their_cause_and_node(
     inject_failure(cluster.api, DRIVER, "gpu-node-1", "CrashLoopBackOff")
     apply_policy(cluster, policy_from("empty"))
 
+    healthy = {"gpu-node-0", "gpu-node-2", "gpu-node-3"}
+
     def others_converged() -> None:
         plugins = {
             p.spec.node_name
             for p in list_pods(cluster.api, NS, labels="app.kubernetes.io/component=device-plugin")
         }
-        assert plugins == {"gpu-node-0", "gpu-node-2", "gpu-node-3"}, plugins
+        assert plugins == healthy, plugins
+        # The doctor names the products the nodes have: GFD's labels, published once GFD runs (after
+        # the device plugin under the realistic profile).
+        core = client.CoreV1Api(cluster.api)
+        unlabelled = {
+            n for n in healthy if "nvidia.com/gpu.product" not in (core.read_node(n).metadata.labels or {})
+        }
+        assert not unlabelled, f"no GFD labels yet on {sorted(unlabelled)}"
 
-    wait_for(others_converged, timeout=CONVERGE, what="device plugin on the healthy nodes")
+    wait_for(others_converged, timeout=CONVERGE, what="device plugin and GFD labels on the healthy nodes")
     pods = [
         gpu_pod("wants-a100", selector={"nvidia.com/gpu.product": "A100-SXM4-40GB"}),
         gpu_pod("on-broken-node", selector={"kubernetes.io/hostname": "gpu-node-1"}),
