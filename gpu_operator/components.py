@@ -121,8 +121,9 @@ class Component:
     depends_on: tuple[str, ...] = ()
     waits_for: tuple[str, ...] = ()
     """Those of `depends_on` its own pods wait for on the node (an init container that retries until the
-    dependency works, where others fail): it is labelled together with them, not once they are ready, so
-    that its pod is created, scheduled and pulled while they come up, and waits in Init until then."""
+    dependency works, where others fail): it is labelled once their pods have started there (past their
+    init containers), not once they are ready, so that its pod is created, scheduled and pulled while
+    they come up, and waits in Init until then (gpu_operator/nodes.py unmet_dependencies)."""
     node_filter: Callable[[NodeLabels], bool] = field(default=any_gpu_node)
     os_specific_tag: bool = False
     """The image tag gets the node OS suffix (`-ubuntu22.04`), as NVIDIA's driver images do."""

@@ -8,8 +8,9 @@ managers speak (k8s-driver-manager v0.12.0 `cmd/driver-manager/main.go`, mig-man
 * absent or `""`: not decided yet. k8s-driver-manager writes `""` for every operand label that was
   absent when it reschedules a fresh node (`maybeSetTrue("")`, main.go:1075). The operator sets `true`
   once the component's dependencies are ready on the node (or, for those its pods wait for by
-  themselves, `Component.waits_for`, deployed there: the toolkit comes with the driver), taking the
-  label over.
+  themselves, `Component.waits_for`, started there: the toolkit comes once the driver pod is past its
+  init containers, k8s-driver-manager among them, so that no manager ever finds it `true` and pauses
+  it), taking the label over.
 * `true`: deployed, whoever wrote it. After a pause the manager writes `true` back and owns it; the
   operator applies the same value too (shared ownership), so that it stays the operator's label.
 * containing `paused-for-` (`paused-for-driver-upgrade`, `paused-for-mig-change`): a manager stopped
@@ -21,7 +22,7 @@ managers speak (k8s-driver-manager v0.12.0 `cmd/driver-manager/main.go`, mig-man
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
@@ -246,7 +247,8 @@ def runs_on(component: Component, node: NodeInfo) -> bool:
 
 
 IsReady = Callable[[str, str], bool]
-"""(component name, node name) → whether that component's pod on that node is ready."""
+"""(component name, node name) → whether that component's pod on that node is ready (or, for
+`is_started`, has started: its init containers are done)."""
 
 
 def unmet_dependencies(
@@ -254,20 +256,26 @@ def unmet_dependencies(
     policy: ClusterPolicySpec,
     node: NodeInfo,
     is_ready: IsReady,
-    labelled: Collection[str] | None = None,
+    is_started: IsReady | None = None,
 ) -> list[str]:
     """The dependencies still to be met on this node before `component` may be labelled there.
 
     A dependency is met once it is ready there; one the component's own pods wait for by themselves
-    (`Component.waits_for`) already once it is deployed: in `labelled` (the components whose deploy
-    label is `true`, or is about to be, in this decision) or, when that is not given, by its label on
-    the node. A dependency that does not run on the node (disabled in the policy, or opted out by a
-    node label such as a pre-installed driver) counts as satisfied; its own dependencies then apply,
-    and must be ready (the component's pods do not wait for those).
+    (`Component.waits_for`) already once its pod has started there (`is_started`; None: only when
+    ready) while its deploy label is `true`. For the driver that is once k8s-driver-manager, its init
+    container, is done with the node's labels: a toolkit labelled earlier, with a driver still loaded,
+    would be paused, evicted and restored by it (k8s-driver-manager v0.12.0 main.go:358-366). A
+    dependency that does not run on the node (disabled in the policy, or opted out by a node label
+    such as a pre-installed driver) counts as satisfied; its own dependencies then apply, and must be
+    ready (the component's pods do not wait for those).
     """
 
-    def deployed(dep: Component) -> bool:
-        return dep.name in labelled if labelled is not None else deploy_state(dep, node) == Deploy.DEPLOYED
+    def started(dep: Component) -> bool:
+        return (
+            is_started is not None
+            and is_started(dep.name, node.name)
+            and deploy_state(dep, node) == Deploy.DEPLOYED
+        )
 
     def unmet(names: tuple[str, ...], waits_for: tuple[str, ...]) -> list[str]:
         waiting: list[str] = []
@@ -275,7 +283,7 @@ def unmet_dependencies(
             dep = BY_NAME[name]
             if not (dep.enabled(policy) and runs_on(dep, node)):
                 waiting.extend(d for d in unmet(dep.depends_on, ()) if d not in waiting)
-            elif not is_ready(name, node.name) and not (name in waits_for and deployed(dep)):
+            elif not is_ready(name, node.name) and not (name in waits_for and started(dep)):
                 waiting.append(name)
         return waiting
 
@@ -292,15 +300,15 @@ def awaited(component: Component, policy: ClusterPolicySpec, node: NodeInfo, is_
     ]
 
 
-def desired_labels(node: NodeInfo, policy: ClusterPolicySpec | None, is_ready: IsReady) -> dict[str, str]:
+def desired_labels(
+    node: NodeInfo, policy: ClusterPolicySpec | None, is_ready: IsReady, is_started: IsReady | None = None
+) -> dict[str, str]:
     """The complete set of labels the operator wants to own on `node` (server-side apply removes the rest).
 
     Deploy labels are added once a component's dependencies are met on the node (see
-    `unmet_dependencies`; COMPONENTS is in dependency order, so a dependency labelled in this same
-    decision counts for the components that wait for it themselves) and then kept (a restarting
-    driver pod does not tear down the stack above it); `true` written by an operand manager is kept
-    the same way. With no active policy the set is empty, which removes every label the operator
-    added (see `released_labels` for the ones it shares).
+    `unmet_dependencies`) and then kept (a restarting driver pod does not tear down the stack above
+    it); `true` written by an operand manager is kept the same way. With no active policy the set is
+    empty, which removes every label the operator added (see `released_labels` for the ones it shares).
     """
     if policy is None or not node.is_gpu:
         return {}
@@ -310,16 +318,15 @@ def desired_labels(node: NodeInfo, policy: ClusterPolicySpec | None, is_ready: I
     if not takes_operands(node):
         return labels
     labels.update(runtime_labels(node, policy))
-    deployed: set[str] = set()
     for component in COMPONENTS:
         if not component.enabled(policy) or not runs_on(component, node):
             continue
         state = deploy_state(component, node)
         if state == Deploy.DEPLOYED or (
-            state == Deploy.UNDECIDED and not unmet_dependencies(component, policy, node, is_ready, deployed)
+            state == Deploy.UNDECIDED
+            and not unmet_dependencies(component, policy, node, is_ready, is_started)
         ):
             labels[component.deploy_label] = "true"
-            deployed.add(component.name)
     for component in COMPONENTS:
         if component.enabled(policy) and component.node_filter(node.labels):
             extra = component.node_labels(policy)

@@ -51,6 +51,9 @@ class PodInfo:
     message: str
     terminating: bool
     created: str
+    initialized: bool = False
+    """Its init containers are done (the `Initialized` condition): for the driver, k8s-driver-manager
+    has finished with the node's operand labels."""
 
     @property
     def failing(self) -> bool:
@@ -107,6 +110,7 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
         message=message,
         terminating=terminating,
         created=metadata.get("creationTimestamp") or "",
+        initialized=(conditions.get("Initialized") or {}).get("status") == "True",
     )
 
 

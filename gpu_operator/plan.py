@@ -51,6 +51,7 @@ from gpu_operator.status import (
     policy_status,
     progress_only,
     readiness,
+    started,
     status_body,
     status_differs,
     with_errors,
@@ -235,11 +236,11 @@ def build(
         if active is not None and other.name != active.name:
             statuses[other.name] = ignored_status(other, active, observed.namespace, now)
     pods = observed.speaking if observed.speaking is not None else pods_by_node(observed.pods)
-    is_ready = readiness(pods)
+    is_ready, is_started = readiness(pods), started(pods)
     nodes = list(observed.nodes.values())
     count = len(gpu_nodes(nodes))
     if active is None:
-        labels = _label_changes(nodes, None, is_ready)
+        labels = _label_changes(nodes, None, is_ready, is_started)
         releases = _releases(observed.nodes, labels)
         psa = namespace_write(observed.operand_namespace, enabled=False)
         uids = {p.uid for p in policies}
@@ -308,7 +309,7 @@ def build(
         for key, info in observed.objects.items()
         if key not in wanted and key not in kept and created_by_us(info, active.uid, uids)
     )
-    labels = _label_changes(nodes, shown, is_ready)
+    labels = _label_changes(nodes, shown, is_ready, is_started)
     # Status reflects the labels as they will be once this plan is carried out.
     planned = {n.name: _with_labels(n, labels[n.name]) if n.name in labels else n for n in nodes}
     daemonsets: dict[str, list[DaemonSetInfo | None]] = {}
@@ -398,17 +399,21 @@ def _with_labels(node: NodeInfo, owned: Mapping[str, str]) -> NodeInfo:
 
 
 _LABELS: Memo[dict[str, str]] = Memo()
-"""Node name → its desired labels, while the node, the spec and which components are ready on it stay
-the same (gpu_operator/memo.py)."""
+"""Node name → its desired labels, while the node, the spec, which components are ready on it and
+which of those some component waits for have started there stay the same (gpu_operator/memo.py)."""
+_WAITED_FOR = tuple(sorted({name for c in COMPONENTS for name in c.waits_for}))
 
 
 def _label_changes(
-    nodes: Collection[NodeInfo], spec: ClusterPolicySpec | None, is_ready: IsReady
+    nodes: Collection[NodeInfo], spec: ClusterPolicySpec | None, is_ready: IsReady, is_started: IsReady
 ) -> dict[str, dict[str, str]]:
     changes: dict[str, dict[str, str]] = {}
     for node in nodes:
         ready = tuple(is_ready(c.name, node.name) for c in COMPONENTS)
-        want = _LABELS.get(node.name, (node, spec, ready), partial(desired_labels, node, spec, is_ready))
+        begun = tuple(is_started(name, node.name) for name in _WAITED_FOR)
+        want = _LABELS.get(
+            node.name, (node, spec, ready, begun), partial(desired_labels, node, spec, is_ready, is_started)
+        )
         have = {key: node.labels[key] for key in node.own_labels if key in node.labels}
         if want != have:
             changes[node.name] = want

@@ -137,6 +137,17 @@ def readiness(pods: Mapping[tuple[str, str], PodInfo]) -> IsReady:
     return is_ready
 
 
+def started(pods: Mapping[tuple[str, str], PodInfo]) -> IsReady:
+    """Whether the component's pod on the node has started: its init containers are done (or it is
+    ready), and it is not going away."""
+
+    def is_started(component: str, node: str) -> bool:
+        pod = pods.get((component, node))
+        return pod is not None and not pod.terminating and (pod.initialized or pod.ready)
+
+    return is_started
+
+
 # --- the active policy ---------------------------------------------------------------------------
 
 

@@ -318,8 +318,10 @@ class Store:
 
 
 def _decides(pod: PodInfo | None) -> tuple[object, ...] | None:
-    """What of a pod the plan decides on (status.pods_by_node, readiness); the rest only shows."""
-    return None if pod is None else (pod.component, pod.node, pod.ready, pod.terminating, pod.created)
+    """What of a pod the plan decides on (status.pods_by_node, readiness, started); the rest only shows."""
+    if pod is None:
+        return None
+    return (pod.component, pod.node, pod.ready, pod.terminating, pod.created, pod.initialized)
 
 
 def _object_decides(info: ObjectInfo | None) -> ObjectInfo | None:

@@ -20,7 +20,15 @@ import pytest
 from gpu_operator.kube import Kube, path
 
 from .conftest import install_crds
-from .kube_helpers import Cluster, clear_failure, inject_failure, list_pods, pod_is_ready, wait_for
+from .kube_helpers import (
+    Cluster,
+    clear_failure,
+    emulated_host,
+    inject_failure,
+    list_pods,
+    pod_is_ready,
+    wait_for,
+)
 from .operator_process import ROOT, OperatorProcess
 from .test_operator import (  # noqa: F401  (fixtures)
     COMPONENT,
@@ -34,8 +42,10 @@ from .test_operator import (  # noqa: F401  (fixtures)
     label_node,
     node_labels,
     operator,
+    owners,
     policy_from,
     wait_state,
+    waits_in_init,
 )
 
 sys.path.insert(0, str(ROOT))
@@ -59,15 +69,6 @@ def manager_patch(
         query={"fieldManager": manager},
         content_type="application/merge-patch+json" if merge else "application/strategic-merge-patch+json",
     )
-
-
-def owners(cluster: Cluster, node: str, key: str) -> set[str]:
-    found: Any = client.CoreV1Api(cluster.api).read_node(node)
-    return {
-        m.manager
-        for m in found.metadata.managed_fields or []
-        if f"f:{key}" in ((m.fields_v1 or {}).get("f:metadata", {}).get("f:labels", {}))
-    }
 
 
 def component_status(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -102,6 +103,8 @@ def test_fresh_node_marked_by_the_driver_manager_comes_up(
 ) -> None:
     node = "gpu-node-2"
     manager_labels.append(node)
+    # A driver an earlier test left loaded on the emulated host (its pod was deleted under GPU clients).
+    loaded = bool(emulated_host(cluster.api, node).get("driver"))
     inject_failure(cluster.api, DRIVER, node, "CrashLoopBackOff")  # the driver is still being built
     apply_policy(cluster, policy_from("empty"))
 
@@ -110,20 +113,24 @@ def test_fresh_node_marked_by_the_driver_manager_comes_up(
 
     wait_for(driver_pod, timeout=CONVERGE, what="the driver pod on the marked node")
     # Its init container, k8s-driver-manager, finds no driver loaded and "reschedules" the operands:
-    # "" for every operand label that is absent (NVIDIA's B1 trap: "" is not an opt-out), `true` kept
-    # for the toolkit, deployed with the driver (its pod waits for the driver by itself).
+    # "" for every operand label that is absent (NVIDIA's B1 trap: "" is not an opt-out), `true` kept.
     manager_patch(
         cluster, node, DRIVER_MANAGER, operand_managers.driver_manager_reschedule(node_labels(cluster, node))
     )
 
-    def marked() -> None:
-        # At once on a fresh node; where an earlier test left a driver loaded, once the emulated
-        # k8s-driver-manager has paused and restored the toolkit (as it does every operand then).
+    def marked() -> Any:
+        # The toolkit once the driver pod is past its init containers (its main container crash-loops),
+        # a "" taken over, the operator's alone: k8s-driver-manager never paused and restored it, a
+        # driver loaded on the node or not. Its pod waits in Init for the driver.
         labels = node_labels(cluster, node)
         assert labels[DEPLOY + "container-toolkit"] == "true", labels
+        assert owners(cluster, node, DEPLOY + "container-toolkit") == {"gpu-operator"}
         assert labels[DEPLOY + "operator-validator"] == "", labels
+        pods = list_pods(cluster.api, NS, labels=f"{COMPONENT}=container-toolkit", node=node)
+        assert len(pods) == 1 and waits_in_init(pods[0], "driver-validation"), pods
+        return pods[0]
 
-    wait_for(marked, timeout=CONVERGE, what="the toolkit deployed, the validator marked")
+    waiting = wait_for(marked, timeout=CONVERGE, what="the toolkit deployed, the validator marked")
 
     def waits_for_the_driver() -> None:
         for name, waits_for in (("container-toolkit", "driver"), ("operator-validator", "container-toolkit")):
@@ -141,6 +148,11 @@ def test_fresh_node_marked_by_the_driver_manager_comes_up(
         assert node_labels(cluster, node)[DEPLOY + component] == "true"
         assert "gpu-operator" in owners(cluster, node, DEPLOY + component)
         assert running_on(cluster, component, node)
+    if not loaded:
+        # The very pod that waited. With a driver loaded, the driver pod that clear_failure re-creates
+        # pauses and restores the (labelled) toolkit, as k8s-driver-manager does on every driver restart.
+        toolkit = list_pods(cluster.api, NS, labels=f"{COMPONENT}=container-toolkit", node=node)
+        assert [p.metadata.uid for p in toolkit] == [waiting.metadata.uid]
 
 
 def test_driver_upgrade_pause_is_respected_and_the_restore_brings_everything_back(

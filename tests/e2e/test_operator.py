@@ -135,6 +135,16 @@ def node_labels(cluster: Cluster, node: str) -> dict[str, str]:
     return dict(client.CoreV1Api(cluster.api).read_node(node).metadata.labels or {})
 
 
+def owners(cluster: Cluster, node: str, key: str) -> set[str]:
+    """The field managers that own the node's label `key`."""
+    found: Any = client.CoreV1Api(cluster.api).read_node(node)
+    return {
+        m.manager
+        for m in found.metadata.managed_fields or []
+        if f"f:{key}" in ((m.fields_v1 or {}).get("f:metadata", {}).get("f:labels", {}))
+    }
+
+
 def label_node(cluster: Cluster, node: str, **labels: str | None) -> None:
     client.CoreV1Api(cluster.api).patch_node(node, {"metadata": {"labels": labels}})
 
@@ -277,6 +287,7 @@ def test_failing_driver_blocks_only_its_node(
 ) -> None:
     # A driver an earlier test left loaded on the emulated host (its pod was deleted under GPU clients).
     loaded = bool(emulated_host(cluster.api, "gpu-node-1").get("driver"))
+    # The driver's main container crash-loops; its init containers (k8s-driver-manager) complete.
     inject_failure(cluster.api, DRIVER, "gpu-node-1", "CrashLoopBackOff")
     apply_policy(cluster, policy_from("empty"))
 
@@ -300,11 +311,13 @@ def test_failing_driver_blocks_only_its_node(
     assert driver["nodesFailing"] == 1 and driver["problems"][0]["node"] == "gpu-node-1"
     toolkit = next(c for c in policy["status"]["components"] if c["name"] == "container-toolkit")
     assert toolkit["nodesWaiting"] == 1 and toolkit["nodesFailing"] == 0, toolkit
-    # The toolkit is deployed there with the driver, and its pod waits in Init for the driver (its
-    # driver-validation retries); nothing after the toolkit is deployed: no label, or the "" that
-    # k8s-driver-manager writes on a node it first sees.
+    # The driver pod is past its init containers, so the toolkit is deployed there, and its pod waits
+    # in Init for the driver (its driver-validation retries); nothing after the toolkit is deployed:
+    # no label, or the "" that k8s-driver-manager writes on a node it first sees.
     labels = node_labels(cluster, "gpu-node-1")
     assert labels["nvidia.com/gpu.deploy.container-toolkit"] == "true"
+    # The operator's alone: k8s-driver-manager never paused and restored it (it would own it then).
+    assert owners(cluster, "gpu-node-1", "nvidia.com/gpu.deploy.container-toolkit") == {"gpu-operator"}
     later = [c.name for c in AFTER_TOOLKIT if labels.get(c.deploy_label, "") != ""]
     assert not later, f"deployed before the toolkit is ready: {later}"
     for component in AFTER_TOOLKIT:
@@ -330,8 +343,9 @@ def test_failing_driver_blocks_only_its_node(
     ready = toolkit_pod()
     assert pod_is_ready(ready) and [s.restart_count for s in ready.status.init_container_statuses] == [0]
     if not loaded:
-        # The very pod created with the driver. With a driver loaded, k8s-driver-manager evicts and
-        # restores every operand, the toolkit too, when a driver pod starts (main.go:358-366).
+        # The very pod that waited. With a driver loaded, the driver pod that clear_failure re-creates
+        # pauses and restores the (labelled) toolkit, as k8s-driver-manager does on every driver
+        # restart (main.go:358-366); the first driver pod never did (the label's owners above).
         assert ready.metadata.uid == waiting.metadata.uid
 
 

@@ -147,10 +147,15 @@ class Cluster:
     spec: dict[str, Any] | None = field(default_factory=dict)
     ready: set[str] = field(default_factory=set)
     """Components whose pod is ready on the node."""
+    started: set[str] = field(default_factory=set)
+    """Components whose pod is past its init containers on the node, not ready yet."""
 
     def observed(self) -> Observed:
         policies = () if self.spec is None else (PolicyRef("p", "uid", 1, NOW, self.spec, {}),)
-        pods = [PodInfo(f"{c}-x", c, self.node.name, True, "", "", False, NOW) for c in sorted(self.ready)]
+        pods = [
+            PodInfo(f"{c}-x", c, self.node.name, c in self.ready, "", "", False, NOW, initialized=True)
+            for c in sorted(self.ready | self.started)
+        ]
         # Each DaemonSet schedules on the node while its label says "true", and is ready with its pod.
         daemonsets = {
             ds: DaemonSetInfo(ds, c, 1, 1, 1, int(c in self.ready), 1, int(c in self.ready), 0, False)
@@ -198,13 +203,17 @@ STACK = {
 def test_fresh_node_with_driver_manager_comes_up_in_order() -> None:
     cluster = Cluster()
     cluster.reconcile()
-    # The toolkit with the driver: its pod waits in Init for the driver by itself.
-    assert cluster.deployed() == {"driver", "container-toolkit"}
+    assert cluster.deployed() == {"driver"}
     # The driver pod's init container: no driver loaded yet, so it "reschedules" the operands, which
-    # writes "" for every label that was absent and keeps the toolkit's `true`.
+    # writes "" for every label that was absent, the toolkit's too.
     cluster.node.driver_manager_reschedules()
-    assert cluster.node.labels[deploy("operator-validator")] == ""
-    assert cluster.deployed() == {"driver", "container-toolkit"}
+    assert cluster.node.labels[deploy("container-toolkit")] == ""
+    cluster.reconcile()
+    assert cluster.deployed() == {"driver"}  # k8s-driver-manager may still be running
+    # Past its init containers, the driver installs: the toolkit's pod may come and wait for it.
+    cluster.started.add("driver")
+    cluster.reconcile()
+    assert cluster.deployed() == {"driver", "container-toolkit"}  # "" taken over
     assert "gpu-operator" in cluster.node.owners[deploy("container-toolkit")]
     cluster.ready.add("driver")
     cluster.reconcile()
@@ -219,6 +228,25 @@ def test_fresh_node_with_driver_manager_comes_up_in_order() -> None:
     assert cluster.deployed() == STACK
     components = cluster.reconcile()
     assert all(components[c]["state"] == "ready" for c in STACK), components
+
+
+def test_a_driver_pod_in_its_init_containers_never_brings_the_toolkit() -> None:
+    """With a driver still loaded (a re-created driver pod or policy, a move from NVIDIA's operator),
+    k8s-driver-manager pauses every operand label that is `true` and waits for its pods to go: a
+    toolkit labelled while it runs would be evicted and re-created for nothing."""
+    cluster = Cluster()
+    for _ in range(3):
+        cluster.reconcile()
+        assert cluster.deployed() == {"driver"}
+        # What it would pause now: nothing (it never touches the driver's own label).
+        patch = operand_managers.driver_manager_evict(cluster.node.labels)
+        assert not [key for key, value in patch.items() if "paused-for-" in value], patch
+    toolkit = cluster.reconcile()["container-toolkit"]
+    waiting = {"node": "gpu-0", "reason": "WaitingForDependency", "message": "waiting for driver"}
+    assert toolkit["problems"] == [waiting]
+    cluster.started.add("driver")
+    cluster.reconcile()
+    assert cluster.deployed() == {"driver", "container-toolkit"}
 
 
 def test_driver_upgrade_pause_is_respected_reported_and_restored() -> None:

@@ -49,7 +49,8 @@ def test_a_warm_memo_decides_what_a_cold_one_does() -> None:
     pods = (PodInfo("d0", "driver", "gpu-0", False, "ContainerCreating", "", False, NOW),)
     steps = [
         (nodes, pods),
-        (nodes, (replace(pods[0], ready=True, reason=""),)),  # the driver came up: toolkit next
+        (nodes, (replace(pods[0], initialized=True),)),  # past k8s-driver-manager: the toolkit next
+        (nodes, (replace(pods[0], initialized=True, ready=True, reason=""),)),  # the driver came up
         ({**nodes, "gpu-1": replace(nodes["gpu-1"], labels={"a": "b"})}, ()),  # no longer a GPU node
     ]
     for step_nodes, step_pods in steps:

@@ -73,43 +73,47 @@ def test_node_info_reads_our_labels_from_managed_fields() -> None:
     assert info.gpu_allocatable == 4
 
 
-def test_fresh_gpu_node_gets_the_driver_and_the_toolkit_that_waits_for_it() -> None:
-    labels = desired_labels(gpu_node(), parse_spec({}), ready_none)
-    assert labels == {
-        GPU_PRESENT: "true",
-        RUNTIME_LABEL: "containerd",
-        deploy("driver"): "true",
-        # Its pod waits in Init for the driver by itself (Component.waits_for).
-        deploy("container-toolkit"): "true",
-    }
+def only(*names: str) -> IsReady:
+    return lambda component, node: component in names
+
+
+def test_fresh_gpu_node_gets_only_the_driver_first_then_the_toolkit_once_the_driver_pod_started() -> None:
+    spec = parse_spec({})
+    first = {GPU_PRESENT: "true", RUNTIME_LABEL: "containerd", deploy("driver"): "true"}
+    assert desired_labels(gpu_node(), spec, ready_none, only()) == first
+    # The driver pod in its init containers (k8s-driver-manager): the toolkit label would be paused
+    # by it, its pod evicted and re-created, where a driver is still loaded.
+    node = gpu_node({deploy("driver"): "true"})
+    assert deploy("container-toolkit") not in desired_labels(node, spec, ready_none, only())
+    # Past them, the driver container installing: the toolkit's pod waits in Init for it by itself.
+    labels = desired_labels(node, spec, ready_none, only("driver"))
+    assert labels == {**first, deploy("container-toolkit"): "true"}
 
 
 def test_the_validator_comes_only_once_the_toolkit_is_ready() -> None:
     spec = parse_spec({})
     node = gpu_node({deploy("driver"): "true", deploy("container-toolkit"): "true"})
-
-    def ready(*names: str) -> IsReady:
-        return lambda component, node: component in names
-
-    for waiting in (ready(), ready("driver")):
-        labels = desired_labels(node, spec, waiting)
+    for waiting in (only(), only("driver")):
+        labels = desired_labels(node, spec, waiting, ready_all)
         assert deploy("operator-validator") not in labels and deploy("device-plugin") not in labels
-    labels = desired_labels(node, spec, ready("driver", "container-toolkit"))
+    labels = desired_labels(node, spec, only("driver", "container-toolkit"))
     assert labels[deploy("operator-validator")] == labels[deploy("device-plugin")] == "true"
     # dcgm-exporter does not wait for DCGM (it crash-loops without it): DCGM must be ready first.
     assert deploy("dcgm") in labels and deploy("dcgm-exporter") not in labels
 
 
-def test_a_waited_for_dependency_counts_only_while_it_is_deployed() -> None:
+def test_a_started_dependency_counts_only_for_what_waits_for_it_and_while_it_is_deployed() -> None:
     spec = parse_spec({})
     for value in ("paused-for-driver-upgrade", "custom"):
         node = gpu_node({deploy("driver"): value})
-        assert deploy("container-toolkit") not in desired_labels(node, spec, ready_none), value
-    # Said by the node's labels when the caller does not say what it is labelling.
-    toolkit = BY_NAME["container-toolkit"]
-    assert unmet_dependencies(toolkit, spec, gpu_node(), ready_none) == ["driver"]
-    assert unmet_dependencies(toolkit, spec, gpu_node({deploy("driver"): "true"}), ready_none) == []
-    assert unmet_dependencies(toolkit, spec, gpu_node(), ready_none, labelled={"driver"}) == []
+        assert deploy("container-toolkit") not in desired_labels(node, spec, ready_none, ready_all), value
+    toolkit, plugin = BY_NAME["container-toolkit"], BY_NAME["device-plugin"]
+    node = gpu_node({deploy("driver"): "true"})
+    assert unmet_dependencies(toolkit, spec, node, ready_none) == ["driver"]  # not told: only when ready
+    assert unmet_dependencies(toolkit, spec, node, ready_none, only("driver")) == []
+    # The device plugin's pods do not wait for the toolkit: it must be ready.
+    node = gpu_node({deploy("driver"): "true", deploy("container-toolkit"): "true"})
+    assert unmet_dependencies(plugin, spec, node, only("driver"), ready_all) == ["container-toolkit"]
 
 
 def test_registry_order_and_waits() -> None:

@@ -138,7 +138,8 @@ def test_status_names_the_failing_node_and_reason() -> None:
     ]
     pods = [
         PodInfo("d0", "driver", "gpu-0", True, "", "", False, "t"),
-        PodInfo("d1", "driver", "gpu-1", False, "CrashLoopBackOff", "back-off", False, "t"),
+        # Its main container crash-loops: past its init containers (k8s-driver-manager).
+        PodInfo("d1", "driver", "gpu-1", False, "CrashLoopBackOff", "back-off", False, "t", initialized=True),
     ]
     ds = {
         "nvidia-driver-daemonset": DaemonSetInfo(
@@ -176,7 +177,7 @@ def test_a_toolkit_pod_waiting_in_init_for_its_driver_is_reported_as_waiting() -
         component: dict[str, Any] = next(c for c in status["components"] if c["name"] == "container-toolkit")
         return component
 
-    building = PodInfo("d", "driver", "gpu-0", False, "Running", "", False, "t")
+    building = PodInfo("d", "driver", "gpu-0", False, "Running", "", False, "t", initialized=True)
     initializing = PodInfo("t", "container-toolkit", "gpu-0", False, "Pending", "", False, "t")
     waiting = {"node": "gpu-0", "reason": "WaitingForDependency", "message": "waiting for driver"}
     for toolkit in (None, initializing):

@@ -31,6 +31,25 @@ def test_a_pod_whose_reason_alone_changed_only_asks_for_a_pass_soon() -> None:
     assert store.record_pod(pod(True), True), "so does a pod gone"
 
 
+def test_a_driver_pod_past_its_init_containers_decides() -> None:
+    """The toolkit is labelled once the driver pod is Initialized (gpu_operator/nodes.py)."""
+    store = Store()
+    meta = {"name": "d1", "namespace": "gpu-operator", "labels": {COMPONENT_LABEL: "nvidia-driver"}}
+
+    def pod(initialized: bool) -> dict[str, Any]:
+        conditions = [
+            {"type": "Initialized", "status": str(initialized)},
+            {"type": "Ready", "status": "False"},
+        ]
+        return {"metadata": meta, "spec": {"nodeName": "gpu-0"}, "status": {"conditions": conditions}}
+
+    assert store.record_pod(pod(False), False)
+    assert store.get("pods", "gpu-operator/d1").reason == "Pending"
+    assert store.record_pod(pod(True), False), "Initialized decides"
+    assert store.get("pods", "gpu-operator/d1").initialized
+    assert not store.record_pod(pod(True), False)
+
+
 def test_a_daemonsets_status_counts_only_when_its_rollout_changes() -> None:
     store = Store()
     meta = {
