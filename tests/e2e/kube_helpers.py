@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+import urllib3
 from kubernetes import client, utils
 from kubernetes.client import ApiException
 
@@ -692,6 +693,10 @@ class LabelHistory:
                     raise
                 listed: Any = self._api.list_node(field_selector=f"metadata.name={self.node}")
                 self._version = listed.metadata.resource_version
+            except urllib3.exceptions.HTTPError:
+                # The API server ended the stream early ("Response ended prematurely", seen on a loaded
+                # machine): watch again from the last version seen, so no change goes unrecorded.
+                continue
 
     def stop(self) -> dict[str, list[str | None]]:
         """Stop recording (again: a no-op) and return what was seen."""
