@@ -70,7 +70,8 @@ T = TypeVar("T")
 
 CRD_HASH_ANNOTATION = "nvidia.com/gpu-operator.crd-hash"
 SERVED_ANNOTATION = "nvidia.com/gpu-operator.served"
-"""When the API server's discovery first listed the CRD we created (see announce_served)."""
+"""When the API server's discovery listed the ClusterPolicy CRD again after it was absent (see
+announce_served)."""
 DISCOVERY_MANAGER = "gpu-operator-discovery"
 
 
@@ -109,13 +110,14 @@ def announce_served(
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
 ) -> bool:
-    """Once the API server's discovery lists a CRD we created, write one annotation on it, so that
-    Kopf watches its objects. Kopf learns what is served only by re-reading discovery on each event
-    of a CRD (kopf/_core/reactor/observation.py, process_discovered_resource_event), and the API
-    server publishes a new CRD in discovery from a queue of its own, after the events of the
-    creation and of Established. When Kopf's last re-read came first, it would never watch
-    ClusterPolicies (seen when the CRD was deleted and created again on a loaded machine). True once
-    written; False when discovery did not list the CRD within `seconds` or a call failed."""
+    """Once the API server's discovery lists a CRD that was absent (created again, by us or anyone),
+    write one annotation on it, so that Kopf watches its objects. Kopf learns what is served only by
+    re-reading discovery on each event of a CRD (kopf/_core/reactor/observation.py,
+    process_discovered_resource_event), and the API server publishes a new CRD in discovery from a
+    queue of its own, after the events of the creation and of Established. When Kopf's last re-read
+    came first, it would never watch ClusterPolicies (seen when the CRD was deleted and created again
+    on a loaded machine). True once written; False when discovery did not list the CRD within
+    `seconds` or a call failed."""
     spec = body["spec"]
     plural = spec["names"]["plural"]
     served = [v["name"] for v in spec["versions"] if v.get("served")]
@@ -129,9 +131,8 @@ def announce_served(
             sleep(0.2)
         annotations = {SERVED_ANNOTATION: format_time(time.time())}
         metadata = {"name": body["metadata"]["name"], "annotations": annotations}
-        kube.apply(
-            {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": metadata}, DISCOVERY_MANAGER
-        )
+        note = {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": metadata}
+        kube.apply(note, manager=DISCOVERY_MANAGER)
     except ApiError as exc:
         log.warning("cannot announce the ClusterPolicy CRD to the watches (%s); trying again", exc)
         return False
