@@ -22,6 +22,7 @@ from functools import partial
 from math import inf
 from typing import Any, Protocol, TypeVar
 
+from gpu_operator.api import GROUP, PLURAL, VERSION
 from gpu_operator.api.crd import crd
 from gpu_operator.kube import ApiError, Kube, NotLeader, gone_or_changed, preconditioned
 from gpu_operator.nodes import NodeInfo
@@ -68,6 +69,7 @@ log = logging.getLogger("gpu_operator")
 T = TypeVar("T")
 
 
+CRD_API = ("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 CRD_HASH_ANNOTATION = "nvidia.com/gpu-operator.crd-hash"
 SERVED_ANNOTATION = "nvidia.com/gpu-operator.served"
 """When the API server's discovery listed the ClusterPolicy CRD again after it was absent (see
@@ -82,7 +84,7 @@ def ensure_crd(kube: Kube, create: bool) -> bool:
     body = crd()
     body["metadata"].setdefault("annotations", {})[CRD_HASH_ANNOTATION] = content_hash(body)
     try:
-        current = kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", body["metadata"]["name"])
+        current = kube.get(*CRD_API, body["metadata"]["name"])
     except ApiError as exc:
         if exc.status != 404:
             log.warning("cannot read the ClusterPolicy CRD (%s); leaving it as it is", exc)
@@ -105,7 +107,6 @@ def ensure_crd(kube: Kube, create: bool) -> bool:
 
 def announce_served(
     kube: Kube,
-    body: Mapping[str, Any],
     seconds: float = 30.0,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
@@ -118,25 +119,20 @@ def announce_served(
     came first, it would never watch ClusterPolicies (seen when the CRD was deleted and created again
     on a loaded machine). True once written; False when discovery did not list the CRD within
     `seconds` or a call failed."""
-    spec = body["spec"]
-    plural = spec["names"]["plural"]
-    served = [v["name"] for v in spec["versions"] if v.get("served")]
-    api_version = f"{spec['group']}/{served[0]}"
     deadline = clock() + seconds
     try:
-        while not kube.served(api_version, plural):
+        while not kube.served(f"{GROUP}/{VERSION}", PLURAL):
             if clock() >= deadline:
-                log.warning("the API server does not serve %s after %.0f s; trying again", plural, seconds)
+                log.warning("the API server does not serve %s after %.0f s; trying again", PLURAL, seconds)
                 return False
             sleep(0.2)
-        annotations = {SERVED_ANNOTATION: format_time(time.time())}
-        metadata = {"name": body["metadata"]["name"], "annotations": annotations}
-        note = {"apiVersion": body["apiVersion"], "kind": body["kind"], "metadata": metadata}
+        metadata = {"name": POLICY_CRD, "annotations": {SERVED_ANNOTATION: format_time(time.time())}}
+        note = {"apiVersion": CRD_API[0], "kind": CRD_API[1], "metadata": metadata}
         kube.apply(note, manager=DISCOVERY_MANAGER)
     except ApiError as exc:
         log.warning("cannot announce the ClusterPolicy CRD to the watches (%s); trying again", exc)
         return False
-    log.info("the API server serves %s: announced to the watches", plural)
+    log.info("the API server serves %s: announced to the watches", PLURAL)
     return True
 
 
@@ -246,13 +242,13 @@ class Reconciler:
 
         Writes run in parallel (a 1000-node rollout is 1000 label patches per stage), except that a
         component's own objects go in order: its ServiceAccount and RBAC before its DaemonSet."""
-        established = self.store.get("crds", POLICY_CRD)
-        if established is False:  # the watch saw it go (or not established yet): Kopf's watch went too
+        if self.store.get("crds", POLICY_CRD) is False:
+            # The watch saw it go (or not established yet): Kopf's watch of its objects went too.
             self.crd_announced = False
-        if not self.crd_current or established is False or not self.crd_announced:
+        if not self.crd_current or not self.crd_announced:
             self.crd_current = ensure_crd(self.kube, self.settings.create_crd)
             if self.crd_current and not self.crd_announced:
-                self.crd_announced = announce_served(self.kube, crd())
+                self.crd_announced = announce_served(self.kube)
             if self.crd_current:
                 self.store.put("crds", POLICY_CRD, True)
         clock = time.time()

@@ -12,7 +12,6 @@ from typing import Any, cast
 
 import pytest
 
-from gpu_operator.api.crd import crd
 from gpu_operator.api.status import ClusterPolicyStatus
 from gpu_operator.kube import ApiError, Kube, NotLeader
 from gpu_operator.nodes import NodeInfo
@@ -550,9 +549,7 @@ def test_an_announcement_that_cannot_be_made_is_tried_again_next_pass() -> None:
     fake = FakeKube()
     fake.served_from = 10**6  # never listed within the deadline
     times = iter(range(100))
-    assert not announce_served(
-        cast(Kube, fake), crd(), seconds=3, sleep=lambda _: None, clock=lambda: next(times)
-    )
+    assert not announce_served(cast(Kube, fake), seconds=3, sleep=lambda _: None, clock=lambda: next(times))
     assert DISCOVERY_MANAGER not in fake.managers
     r = reconciler(fake)
     r.store.put("crds", POLICY_CRD, False)
