@@ -277,17 +277,16 @@ def unmet_dependencies(
             and deploy_state(dep, node) == Deploy.DEPLOYED
         )
 
-    def unmet(names: tuple[str, ...], waits_for: tuple[str, ...]) -> list[str]:
-        waiting: list[str] = []
-        for name in names:
-            dep = BY_NAME[name]
-            if not (dep.enabled(policy) and runs_on(dep, node)):
-                waiting.extend(d for d in unmet(dep.depends_on, ()) if d not in waiting)
-            elif not is_ready(name, node.name) and not (name in waits_for and started(dep)):
+    waiting: list[str] = []
+    for name in component.depends_on:
+        dep = BY_NAME[name]
+        if dep.enabled(policy) and runs_on(dep, node):
+            if not is_ready(name, node.name) and not (name in component.waits_for and started(dep)):
                 waiting.append(name)
-        return waiting
-
-    return unmet(component.depends_on, component.waits_for)
+        else:
+            # Without `is_started`: the component's pods do not wait for a dependency's dependencies.
+            waiting.extend(d for d in unmet_dependencies(dep, policy, node, is_ready) if d not in waiting)
+    return waiting
 
 
 def awaited(component: Component, policy: ClusterPolicySpec, node: NodeInfo, is_ready: IsReady) -> list[str]:
