@@ -445,7 +445,13 @@ class Reconciler:
             # On the node as the plan saw it: if k8s-driver-manager or mig-manager changed a label since,
             # the write conflicts (409) rather than undo their pause, and the next pass decides again.
             # Its uid too: a node deleted meanwhile is never created again by the write.
-            apply = partial(self.kube.apply_node_labels, node.name, labels, node.uid, node.resource_version)
+            def apply() -> None:
+                written = self.kube.apply_node_labels(node.name, labels, node.uid, node.resource_version)
+                # The node as written, before its watch event: a pass in between must not write the
+                # same labels again on the version this one replaced (a 409), and the event, equal to
+                # it, wakes no pass.
+                self.store.record_node(written, False)
+
             if _unless_changed(f"node/{node.name}", stale, apply) and releases:
                 log.info("node %s: removing shared labels %s", node.name, sorted(releases))
                 self.kube.rewrite_labels("Node", node.name, {k: (v, None) for k, v in releases.items()})

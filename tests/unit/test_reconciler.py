@@ -6,6 +6,7 @@ posted on transitions only."""
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Mapping
 from typing import Any, cast
@@ -14,6 +15,7 @@ import pytest
 
 from gpu_operator.api.status import ClusterPolicyStatus
 from gpu_operator.kube import ApiError, Kube, NotLeader
+from gpu_operator.labels import FIELD_MANAGER
 from gpu_operator.nodes import NodeInfo
 from gpu_operator.observed import ADOPT_ANNOTATION, ObjectKey, PodInfo, object_key
 from gpu_operator.plan import POLICY_CRD, PolicyRef
@@ -48,6 +50,8 @@ class FakeKube:
         self.secrets: set[str] = set()
         self.priority_classes = {"system-node-critical"}
         self.labels: dict[str, dict[str, str]] = {}
+        self.written: dict[str, dict[str, Any]] = {}
+        """Node name → the node as the last label write left it (what the API server answered)."""
         self.statuses: list[dict[str, Any]] = []
         self.events: list[tuple[str, str]] = []
         self.deleted: list[ObjectKey] = []
@@ -106,7 +110,17 @@ class FakeKube:
             raise self.reject[node]
         self.labels[node] = dict(labels)
         self.versions[node] = (uid, resource_version)
-        return {}
+        self.version += 1
+        owned: dict[str, Any] = {"f:metadata": {"f:labels": {f"f:{key}": {} for key in labels}}}
+        metadata = {
+            "name": node,
+            "uid": uid,
+            "resourceVersion": str(self.version),
+            "labels": {PCI: "true", **labels},
+            "managedFields": [{"manager": FIELD_MANAGER, "operation": "Apply", "fieldsV1": owned}],
+        }
+        self.written[node] = {"apiVersion": "v1", "kind": "Node", "metadata": metadata}
+        return copy.deepcopy(self.written[node])
 
     def rewrite_labels(self, kind: str, name: str, changes: Mapping[str, tuple[str, str | None]]) -> None:
         self.rewritten[kind, name] = dict(changes)
@@ -154,6 +168,22 @@ def settle(rec: Reconciler, fake: FakeKube) -> None:
         rec.store.put(
             "nodes", node, NodeInfo(node, {PCI: "true", **labels}, 0, frozenset(labels), uid=f"uid-{node}")
         )
+
+
+def test_a_label_write_goes_into_the_store_at_once_and_its_watch_event_wakes_no_pass() -> None:
+    """Before the watch brings the node, a second pass must not write the same labels again on the
+    version the first write replaced (409 Conflict at the API server), nor pass again for the event."""
+    fake = FakeKube()
+    rec = reconciler(fake)
+    rec.run_once()
+    assert fake.labels["gpu-0"]["nvidia.com/gpu.deploy.driver"] == "true"
+    node = rec.store.get("nodes", "gpu-0")
+    assert node.resource_version == fake.written["gpu-0"]["metadata"]["resourceVersion"]
+    assert node.labels["nvidia.com/gpu.deploy.driver"] == "true"
+    fake.labels.clear()
+    rec.run_once()
+    assert fake.labels == {}, "nothing written again"
+    assert not rec.store.record_node(copy.deepcopy(fake.written["gpu-0"]), False), "the echo changes nothing"
 
 
 def edit(rec: Reconciler, spec: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ from test_reconciler import FakeKube
 
 from gpu_operator import metrics
 from gpu_operator.kube import ApiError, Kube
+from gpu_operator.labels import FIELD_MANAGER
 from gpu_operator.loop import Loop
 from gpu_operator.node_pods import NodePodWatches, _NodeWatch
 from gpu_operator.plan import PolicyRef, build
@@ -198,6 +199,22 @@ class UpgradeKube(FakeKube):
         _merge(node, body)
         node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 100)
         return copy.deepcopy(node)
+
+    def apply_node_labels(
+        self, node: str, labels: Mapping[str, str], uid: str, resource_version: str = ""
+    ) -> dict[str, Any]:
+        """As FakeKube records it, on the node as it is here (labels merged, managedFields ours)."""
+        super().apply_node_labels(node, labels, uid, resource_version)
+        metadata = self.nodes[node]["metadata"]
+        metadata.setdefault("labels", {}).update(labels)
+        owned: dict[str, Any] = {"f:metadata": {"f:labels": {f"f:{key}": {} for key in labels}}}
+        others = [m for m in metadata.get("managedFields") or [] if m.get("manager") != FIELD_MANAGER]
+        metadata["managedFields"] = [
+            *others,
+            {"manager": FIELD_MANAGER, "operation": "Apply", "fieldsV1": owned},
+        ]
+        metadata["resourceVersion"] = str(int(metadata["resourceVersion"]) + 100)
+        return copy.deepcopy(self.nodes[node])
 
     def evict(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
         self.calls.append(("evict", name))
