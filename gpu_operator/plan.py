@@ -41,12 +41,15 @@ from gpu_operator.observed import (
 from gpu_operator.psa import NamespaceInfo, NamespaceWrite, namespace_write
 from gpu_operator.render import ClusterFacts, missing_inputs, render
 from gpu_operator.status import (
+    NO_OPERANDS,
     Event,
     Note,
+    Operands,
     Signature,
     events_for,
     ignored_status,
     invalid_status,
+    operands_by_node,
     pods_by_node,
     policy_status,
     progress_only,
@@ -94,6 +97,8 @@ class Observed:
     """The operand namespace as watched (None: not seen, e.g. not created yet)."""
     speaking: Mapping[tuple[str, str], PodInfo] | None = None
     """pods_by_node(pods), when the Store kept it (None: computed from `pods`)."""
+    operands: Mapping[str, Operands] | None = None
+    """operands_by_node(speaking), when the Store kept it (None: computed)."""
     upgrade: Facts = field(default_factory=lambda: Facts(nodes=()))
     """The driver upgrade's facts but nodes and time: driver and validator pods, driver DaemonSets at
     their revision, the pods of the nodes being emptied, and the answers to our evictions."""
@@ -236,11 +241,12 @@ def build(
         if active is not None and other.name != active.name:
             statuses[other.name] = ignored_status(other, active, observed.namespace, now)
     pods = observed.speaking if observed.speaking is not None else pods_by_node(observed.pods)
+    operands = observed.operands if observed.operands is not None else operands_by_node(pods)
     is_ready, is_started = readiness(pods), started(pods)
     nodes = list(observed.nodes.values())
     count = len(gpu_nodes(nodes))
     if active is None:
-        labels = _label_changes(nodes, None, is_ready, is_started)
+        labels = _label_changes(nodes, None, is_ready, is_started, operands)
         releases = _releases(observed.nodes, labels)
         psa = namespace_write(observed.operand_namespace, enabled=False)
         uids = {p.uid for p in policies}
@@ -309,7 +315,7 @@ def build(
         for key, info in observed.objects.items()
         if key not in wanted and key not in kept and created_by_us(info, active.uid, uids)
     )
-    labels = _label_changes(nodes, shown, is_ready, is_started)
+    labels = _label_changes(nodes, shown, is_ready, is_started, operands)
     # Status reflects the labels as they will be once this plan is carried out.
     planned = {n.name: _with_labels(n, labels[n.name]) if n.name in labels else n for n in nodes}
     daemonsets: dict[str, list[DaemonSetInfo | None]] = {}
@@ -317,7 +323,9 @@ def build(
         if obj["kind"] == "DaemonSet":
             daemonset = observed.daemonsets.get(obj["metadata"]["name"])
             daemonsets.setdefault(component_of(obj["metadata"]), []).append(daemonset)
-    status = policy_status(active, shown, planned, pods, observed.namespace, daemonsets, missing, notes, now)
+    status = policy_status(
+        active, shown, planned, pods, operands, observed.namespace, daemonsets, missing, notes, now
+    )
     upgrade = None
     if spec is not None:
         # The upgrade follows the generation that runs (the last one written when the current cannot be).
@@ -398,25 +406,31 @@ def _with_labels(node: NodeInfo, owned: Mapping[str, str]) -> NodeInfo:
     return replace(node, labels=labels, own_labels=frozenset(owned))
 
 
-_LABELS: Memo[dict[str, str]] = Memo()
-"""Node name → its desired labels, while the node, the spec, which components are ready on it and
-which of those some component waits for have started there stay the same (gpu_operator/memo.py)."""
-_WAITED_FOR = tuple(sorted({name for c in COMPONENTS for name in c.waits_for}))
+_LABELS: Memo[dict[str, str] | None] = Memo()
+"""Node name → the labels to write there (None: those it has), while the node, the spec and the node's
+operand pods stay the same (gpu_operator/memo.py)."""
 
 
 def _label_changes(
-    nodes: Collection[NodeInfo], spec: ClusterPolicySpec | None, is_ready: IsReady, is_started: IsReady
+    nodes: Collection[NodeInfo],
+    spec: ClusterPolicySpec | None,
+    is_ready: IsReady,
+    is_started: IsReady,
+    operands: Mapping[str, Operands],
 ) -> dict[str, dict[str, str]]:
+    """Node → its desired labels, for the nodes where they differ from the labels the operator owns."""
+
+    def change(node: NodeInfo) -> dict[str, str] | None:
+        want = desired_labels(node, spec, is_ready, is_started)
+        have = {key: node.labels[key] for key in node.own_labels if key in node.labels}
+        return want if want != have else None
+
     changes: dict[str, dict[str, str]] = {}
     for node in nodes:
-        ready = tuple(is_ready(c.name, node.name) for c in COMPONENTS)
-        begun = tuple(is_started(name, node.name) for name in _WAITED_FOR)
-        want = _LABELS.get(
-            node.name, (node, spec, ready, begun), partial(desired_labels, node, spec, is_ready, is_started)
-        )
-        have = {key: node.labels[key] for key in node.own_labels if key in node.labels}
-        if want != have:
-            changes[node.name] = want
+        mine = operands.get(node.name, NO_OPERANDS)
+        found = _LABELS.get(node.name, (node, spec, mine), partial(change, node))
+        if found is not None:
+            changes[node.name] = found
     _LABELS.keep({node.name for node in nodes})
     return changes
 

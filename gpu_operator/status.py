@@ -125,6 +125,20 @@ def pods_by_node(pods: Iterable[PodInfo]) -> dict[tuple[str, str], PodInfo]:
     return best
 
 
+Operands = tuple[PodInfo | None, ...]
+"""The pods that speak for each component (COMPONENTS order; None: none) on one node."""
+NO_OPERANDS: Operands = (None,) * len(COMPONENTS)
+
+
+def operands_of(pods: Mapping[tuple[str, str], PodInfo], node: str) -> Operands:
+    return tuple(pods.get((c.name, node)) for c in COMPONENTS)
+
+
+def operands_by_node(pods: Mapping[tuple[str, str], PodInfo]) -> dict[str, Operands]:
+    """Node → its operands (`pods` as pods_by_node gives them)."""
+    return {node: operands_of(pods, node) for node in {node for _, node in pods}}
+
+
 def _precedence(pod: PodInfo) -> tuple[bool, str, str]:
     return (not pod.terminating, pod.created, pod.name)
 
@@ -198,10 +212,10 @@ def standing(
 
 
 def standings(
-    spec: ClusterPolicySpec, node: NodeInfo, pods: Mapping[tuple[str, str], PodInfo]
+    spec: ClusterPolicySpec, node: NodeInfo, pods: Mapping[tuple[str, str], PodInfo], mine: Operands
 ) -> tuple[Standing | None, ...]:
-    """Where every component (COMPONENTS order; None: disabled) stands on `node`."""
-    mine = tuple(pods.get((c.name, node.name)) for c in COMPONENTS)
+    """Where every component (COMPONENTS order; None: disabled) stands on `node`, whose operands in
+    `pods` are `mine`."""
     return _STANDINGS.get(
         node.name,
         (node, spec, mine),
@@ -212,33 +226,43 @@ def standings(
 def _component_status(
     component: Component,
     spec: ClusterPolicySpec,
-    column: list[Standing | None],
+    column: Iterable[Standing | None],
     daemonsets: list[DaemonSetInfo | None],
 ) -> ComponentStatus:
     """One component's status from where it stands on each GPU node (`column`, in node order)."""
     if not component.enabled(spec):
         return ComponentStatus(name=component.name, enabled=False, state="disabled")
-    eligible = [s for s in column if s is not None and s.eligible]
-    labelled = [s for s in eligible if s.labelled]
-    ready = sum(s.ready for s in labelled)
-    waiting = sum(s.waiting for s in eligible)
+    eligible = labelled = ready = waiting = failing = 0
     # Nodes not ready for reasons of their own first, then the nodes waiting for a dependency.
-    problems = [s.problem for s in eligible if not s.waiting and s.problem is not None]
-    problems += [s.problem for s in eligible if s.waiting and s.problem is not None]
+    own: list[NodeProblem] = []
+    waits: list[NodeProblem] = []
+    # One loop, not a comprehension per count: a column has a row per GPU node, every pass.
+    for s in column:
+        if s is None or not s.eligible:
+            continue
+        eligible += 1
+        if s.labelled:
+            labelled += 1
+            ready += s.ready
+            failing += s.failing
+        waiting += s.waiting
+        if s.problem is not None:
+            (waits if s.waiting else own).append(s.problem)
+    problems = own + waits
     rolled_out = not labelled or (
         all(d is not None and d.rolled_out for d in daemonsets)
-        and sum(d.desired for d in daemonsets if d is not None) == len(labelled)
+        and sum(d.desired for d in daemonsets if d is not None) == labelled
     )
-    is_ready = rolled_out and not waiting and ready == len(labelled)
+    is_ready = rolled_out and not waiting and ready == labelled
     return ComponentStatus(
         name=component.name,
         enabled=True,
         state="ready" if is_ready else "notReady",
-        nodesDesired=len(eligible),
+        nodesDesired=eligible,
         nodesReady=ready,
         nodesWaiting=waiting,
-        nodesFailing=sum(s.failing for s in labelled),
-        reason="" if is_ready else _summary(len(eligible), ready, problems),
+        nodesFailing=failing,
+        reason="" if is_ready else _summary(eligible, ready, problems),
         problems=problems[:MAX_PROBLEMS],
     )
 
@@ -288,6 +312,7 @@ def policy_status(
     spec: ClusterPolicySpec,
     nodes: Mapping[str, NodeInfo],
     pods: Mapping[tuple[str, str], PodInfo],
+    operands: Mapping[str, Operands],
     namespace: str,
     daemonsets: Mapping[str, list[DaemonSetInfo | None]],
     missing: Mapping[str, list[FieldError]],
@@ -296,13 +321,17 @@ def policy_status(
 ) -> ClusterPolicyStatus:
     """The active policy's status: `nodes` with their labels as the plan leaves them, `daemonsets` the
     observed DaemonSets of each component (None: not there yet), `missing` the inputs a component
-    lacks (its DaemonSet is withheld)."""
+    lacks (its DaemonSet is withheld), `operands` the pods of each node (operands_by_node)."""
     gpus = [n for n in gpu_nodes(nodes.values()) if takes_operands(n)]
-    table = [standings(spec, n, pods) for n in gpus]
+    table = [standings(spec, n, pods, operands.get(n.name, NO_OPERANDS)) for n in gpus]
     _STANDINGS.keep(nodes.keys())
+    # Every row has a Standing (or None) per component, in COMPONENTS order.
+    columns: list[tuple[Standing | None, ...]] = (
+        list(zip(*table, strict=True)) if table else [() for _ in COMPONENTS]
+    )
     components = [
-        _component_status(c, spec, [row[i] for row in table], daemonsets.get(c.name, []))
-        for i, c in enumerate(COMPONENTS)
+        _component_status(c, spec, column, daemonsets.get(c.name, []))
+        for c, column in zip(COMPONENTS, columns, strict=True)
     ]
     components = [
         c.model_copy(update={"state": "notReady", "reason": "; ".join(map(str, missing[c.name]))})

@@ -31,7 +31,7 @@ from gpu_operator.observed import (
 )
 from gpu_operator.plan import NVIDIA_DRIVER_CRD, POLICY_CRD, SERVICE_MONITOR_CRD, Observed
 from gpu_operator.psa import NamespaceInfo, namespace_info
-from gpu_operator.status import pods_by_node
+from gpu_operator.status import Operands, operands_of, pods_by_node
 from gpu_operator.upgrade import (
     DriverPod,
     Facts,
@@ -94,6 +94,9 @@ class Store:
     at 1000 nodes would otherwise sort out 9000 pods again."""
     slots: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     """(component, node) → the keys of its pods in `pods`."""
+    operands: dict[str, Operands] = field(default_factory=dict)
+    """Node → `speaking` of its components (status.operands_of), a new tuple whenever one changes: a
+    pass tells an unchanged node by comparing one tuple, not by looking up each of its components."""
     lock: threading.Lock = field(default_factory=threading.Lock)
     shown: Callable[[], None] = field(default=lambda: None, compare=False)
     """Called when a change only shows in the status (a pod's reason or message): a pass is due soon,
@@ -111,7 +114,7 @@ class Store:
             return before
 
     def _speak(self, key: str, before: PodInfo | None, after: PodInfo | None) -> None:
-        """Keep `speaking` and `slots` with a change of `pods` (under the lock)."""
+        """Keep `speaking`, `slots` and `operands` with a change of `pods` (under the lock)."""
         now = None if after is None else (after.component, after.node)
         for slot in {(p.component, p.node) for p in (before, after) if p is not None}:
             members = self.slots.setdefault(slot, set())
@@ -122,9 +125,18 @@ class Store:
             best = pods_by_node(self.pods[k] for k in members).get(slot)
             if best is None:
                 self.slots.pop(slot, None)
+            if best is self.speaking.get(slot):
+                continue
+            if best is None:
                 self.speaking.pop(slot, None)
             else:
                 self.speaking[slot] = best
+            node = slot[1]
+            row = operands_of(self.speaking, node)
+            if any(pod is not None for pod in row):
+                self.operands[node] = row
+            else:
+                self.operands.pop(node, None)
 
     def put(self, table: str, key: Any, value: Any) -> bool:
         """Set or (value None) remove an entry; True when that changed anything a decision reads (an
@@ -167,6 +179,7 @@ class Store:
                 nodes=dict(self.nodes),
                 pods=tuple(self.pods.values()),
                 speaking=dict(self.speaking),
+                operands=dict(self.operands),
                 daemonsets={d.name: d for d in self.daemonsets.values()},
                 objects=dict(self.objects),
                 config_maps=dict(self.config_maps),

@@ -10,25 +10,30 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.api.status import ClusterPolicyStatus, DriverUpgradeStatus
 from gpu_operator.components import BY_NAME
+from gpu_operator.memo import Memo
 from gpu_operator.nodes import NodeInfo, gpu_nodes, runs_on
 from gpu_operator.observed import component_of
 from gpu_operator.upgrade import Facts, UpgradeNode, UpgradePlan, plan_upgrade
 from gpu_operator.upgrade.facts import config_digest, image_tag
 
 VALIDATOR = BY_NAME["operator-validator"]
+_NODES: Memo[UpgradeNode] = Memo()
+"""Node name → how the state machine sees it, while the node and whether validators run stay the same."""
 
 
 def upgrade_nodes(nodes: Iterable[NodeInfo], spec: ClusterPolicySpec) -> list[UpgradeNode]:
     """The GPU nodes as the state machine sees them; the validation gate waits for a validator only
     where one runs (enabled, and the node not opted out of it)."""
     validating = VALIDATOR.enabled(spec)
-    return [
-        UpgradeNode(
+
+    def seen(n: NodeInfo) -> UpgradeNode:
+        return UpgradeNode(
             name=n.name,
             labels=n.labels,
             annotations=n.upgrade_annotations,
@@ -36,8 +41,10 @@ def upgrade_nodes(nodes: Iterable[NodeInfo], spec: ClusterPolicySpec) -> list[Up
             ready=n.ready,
             validator_expected=validating and runs_on(VALIDATOR, n),
         )
-        for n in gpu_nodes(nodes)
-    ]
+
+    found = gpu_nodes(nodes)
+    _NODES.keep({n.name for n in found})
+    return [_NODES.get(n.name, (n, validating), partial(seen, n)) for n in found]
 
 
 def _driver_daemonsets(objects: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

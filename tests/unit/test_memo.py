@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gpu_operator import plan, status
+from gpu_operator import plan, status, upgrades
 from gpu_operator.memo import Memo
 from gpu_operator.nodes import NodeInfo
 from gpu_operator.observed import PodInfo
@@ -56,7 +56,11 @@ def test_a_warm_memo_decides_what_a_cold_one_does() -> None:
     for step_nodes, step_pods in steps:
         build(observed(step_nodes, step_pods), NOW)
         warm = build(observed(step_nodes, step_pods), NOW)  # everything reused
-        for memo in (plan._LABELS, plan._PARSED, status._STANDINGS):
+        for memo in (plan._LABELS, plan._PARSED, status._STANDINGS, upgrades._NODES):
             memo.entries.clear()
         cold = build(observed(step_nodes, step_pods), NOW)
-        assert (warm.node_labels, warm.statuses) == (cold.node_labels, cold.statuses)
+        assert (warm.node_labels, warm.statuses, warm.upgrade) == (
+            cold.node_labels,
+            cold.statuses,
+            cold.upgrade,
+        )

@@ -4,11 +4,13 @@ that it only shows in the status (a pass soon), or nothing at all (a DaemonSet's
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 from typing import Any
 
+from gpu_operator.components import BY_NAME, COMPONENTS
 from gpu_operator.labels import COMPONENT_LABEL
 from gpu_operator.observed import PodInfo
-from gpu_operator.status import pods_by_node
+from gpu_operator.status import operands_by_node, pods_by_node
 from gpu_operator.store import Store
 
 
@@ -95,6 +97,31 @@ def test_the_pod_that_speaks_for_each_slot_is_kept_as_pods_come_and_go() -> None
             store.put("pods", key, pod)
         if step % 50 == 0:
             store.retain("pods", {k for k in store.pods if rng.random() < 0.8})
+        rows = dict(store.operands)
+        store.put("pods", key, store.pods.get(key))  # the same pod again
+        assert all(store.operands[node] is row for node, row in rows.items()), "rows kept as they were"
         assert store.speaking == pods_by_node(store.pods.values())
+        assert store.operands == operands_by_node(store.speaking)
         assert {k for keys in store.slots.values() for k in keys} == set(store.pods)
-    assert store.snapshot("gpu-operator", {}).speaking == pods_by_node(store.pods.values())
+    snapshot = store.snapshot("gpu-operator", {})
+    assert snapshot.speaking == pods_by_node(store.pods.values())
+    assert snapshot.operands == operands_by_node(snapshot.speaking)
+
+
+def test_a_pod_change_gives_its_node_a_new_row_and_leaves_the_others_as_they_are() -> None:
+    """What the per-node memos rely on to find an unchanged node by one comparison (plan, status)."""
+    store = Store()
+    pods = {
+        node: PodInfo(f"gpu-operator/d-{node}", "driver", node, False, "", "", False, "2026-12-01T00:00:00Z")
+        for node in ("gpu-0", "gpu-1")
+    }
+    for pod in pods.values():
+        store.put("pods", pod.name, pod)
+    before = dict(store.operands)
+    ready = replace(pods["gpu-0"], ready=True)
+    store.put("pods", ready.name, ready)
+    assert store.operands["gpu-1"] is before["gpu-1"]
+    assert store.operands["gpu-0"] is not before["gpu-0"]
+    assert store.operands["gpu-0"][COMPONENTS.index(BY_NAME["driver"])] is ready
+    store.put("pods", ready.name, None)
+    assert "gpu-0" not in store.operands, "a node without operand pods has no row"
