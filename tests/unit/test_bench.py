@@ -459,3 +459,16 @@ def test_pod_memory_per_node_watches_hold_a_fraction() -> None:
     assert found["pods"] == 100 and found["watched_pods"] == 10
     assert 0 < found["per_node_records_mib"] < found["cluster_wide_records_mib"] / 5
     assert found["pod_json_bytes"] > 1000  # a real pod, managedFields and all
+
+
+def test_pass_cost_plans_a_settled_store_and_measures_each_pass() -> None:
+    from bench import pass_cost
+    from gpu_operator.plan import build
+
+    store = pass_cost.filled_store(20)
+    plan = build(store.snapshot(pass_cost.NAMESPACE, {}), pass_cost.NOW)
+    assert plan.node_labels == {}, "every node carries the labels the plan wants"
+    assert plan.gpu_nodes == 20
+    result = pass_cost.measure(20, changes=3, passes=4)
+    assert (result.nodes, result.changes, result.passes) == (20, 3, 4)
+    assert 0 <= result.median_ms <= result.max_ms
