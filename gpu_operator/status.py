@@ -10,7 +10,8 @@ with only the fields the operator sets (a merge patch leaves the rest as it is).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from gpu_operator.api import FieldError
@@ -223,20 +224,38 @@ def standings(
     )
 
 
-def _component_status(
-    component: Component,
-    spec: ClusterPolicySpec,
-    column: Iterable[Standing | None],
-    daemonsets: list[DaemonSetInfo | None],
-) -> ComponentStatus:
-    """One component's status from where it stands on each GPU node (`column`, in node order)."""
-    if not component.enabled(spec):
-        return ComponentStatus(name=component.name, enabled=False, state="disabled")
+@dataclass(frozen=True)
+class Tally:
+    """Where one component stands on a run of GPU nodes, summed up: what its status is made of."""
+
+    eligible: int = 0
+    labelled: int = 0
+    ready: int = 0
+    waiting: int = 0
+    failing: int = 0
+    own: tuple[NodeProblem, ...] = ()
+    """The first MAX_PROBLEMS nodes not ready for reasons of their own, in node order."""
+    waits: tuple[NodeProblem, ...] = ()
+    """The first MAX_PROBLEMS nodes waiting for a dependency."""
+    own_said: Mapping[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
+    """Summary text of each kind of problem among the nodes of `own` (all of them, not the first few)
+    → (how many nodes, the first three)."""
+    waits_said: Mapping[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
+
+
+Said = dict[str, tuple[int, tuple[str, ...]]]
+"""What the one-line summary says of a kind of problem → (how many nodes, the first three of them)."""
+BLOCK = 32
+"""GPU nodes per tally block: a pass sums the blocks, and counts again only those with a changed node."""
+_BLOCKS: Memo[tuple[Tally, ...]] = Memo()
+"""Block number → the tally of each component (COMPONENTS order) on its nodes, while their standings
+stay the same (gpu_operator/memo.py)."""
+
+
+def _tally(column: Iterable[Standing | None]) -> Tally:
     eligible = labelled = ready = waiting = failing = 0
-    # Nodes not ready for reasons of their own first, then the nodes waiting for a dependency.
     own: list[NodeProblem] = []
     waits: list[NodeProblem] = []
-    # One loop, not a comprehension per count: a column has a row per GPU node, every pass.
     for s in column:
         if s is None or not s.eligible:
             continue
@@ -248,23 +267,89 @@ def _component_status(
         waiting += s.waiting
         if s.problem is not None:
             (waits if s.waiting else own).append(s.problem)
-    problems = own + waits
-    rolled_out = not labelled or (
-        all(d is not None and d.rolled_out for d in daemonsets)
-        and sum(d.desired for d in daemonsets if d is not None) == labelled
+    return Tally(
+        eligible,
+        labelled,
+        ready,
+        waiting,
+        failing,
+        tuple(own[:MAX_PROBLEMS]),
+        tuple(waits[:MAX_PROBLEMS]),
+        _said(own),
+        _said(waits),
     )
-    is_ready = rolled_out and not waiting and ready == labelled
+
+
+def _said(problems: Iterable[NodeProblem]) -> Said:
+    found: Said = {}
+    for problem in problems:
+        text = problem.message if problem.reason in _SUMMARY_BY_MESSAGE else problem.reason
+        count, names = found.get(text, (0, ()))
+        found[text] = (count + 1, names if len(names) == 3 else (*names, problem.node))
+    return found
+
+
+def _combined(tallies: Sequence[Tally]) -> Tally:
+    """The tally of consecutive runs of nodes, in node order."""
+    if len(tallies) == 1:
+        return tallies[0]
+    own_said: Said = {}
+    waits_said: Said = {}
+    for tally in tallies:
+        _add_said(own_said, tally.own_said)
+        _add_said(waits_said, tally.waits_said)
+    return Tally(
+        sum(t.eligible for t in tallies),
+        sum(t.labelled for t in tallies),
+        sum(t.ready for t in tallies),
+        sum(t.waiting for t in tallies),
+        sum(t.failing for t in tallies),
+        tuple(p for t in tallies for p in t.own)[:MAX_PROBLEMS],
+        tuple(p for t in tallies for p in t.waits)[:MAX_PROBLEMS],
+        own_said,
+        waits_said,
+    )
+
+
+def _add_said(into: Said, said: Mapping[str, tuple[int, tuple[str, ...]]]) -> None:
+    """What the summary says of more nodes, after those of `into` (their order kept)."""
+    for text, (count, names) in said.items():
+        before, first = into.get(text, (0, ()))
+        into[text] = (before + count, (*first, *names)[:3])
+
+
+def _component_status(
+    component: Component,
+    spec: ClusterPolicySpec,
+    tally: Tally,
+    daemonsets: list[DaemonSetInfo | None],
+) -> ComponentStatus:
+    """One component's status from where it stands on the GPU nodes (`tally`)."""
+    if not component.enabled(spec):
+        return ComponentStatus(name=component.name, enabled=False, state="disabled")
+    # Nodes not ready for reasons of their own first, then the nodes waiting for a dependency.
+    problems = [*tally.own, *tally.waits]
+    rolled_out = not tally.labelled or (
+        all(d is not None and d.rolled_out for d in daemonsets)
+        and sum(d.desired for d in daemonsets if d is not None) == tally.labelled
+    )
+    is_ready = rolled_out and not tally.waiting and tally.ready == tally.labelled
     return ComponentStatus(
         name=component.name,
         enabled=True,
         state="ready" if is_ready else "notReady",
-        nodesDesired=eligible,
-        nodesReady=ready,
-        nodesWaiting=waiting,
-        nodesFailing=failing,
-        reason="" if is_ready else _summary(eligible, ready, problems),
+        nodesDesired=tally.eligible,
+        nodesReady=tally.ready,
+        nodesWaiting=tally.waiting,
+        nodesFailing=tally.failing,
+        reason="" if is_ready else _summary(tally),
         problems=problems[:MAX_PROBLEMS],
     )
+
+
+def _block_tallies(rows: tuple[tuple[Standing | None, ...], ...]) -> tuple[Tally, ...]:
+    """Each component's tally on a block of nodes (`rows`: their standings, COMPONENTS order)."""
+    return tuple(_tally(column) for column in zip(*rows, strict=True))
 
 
 def _waiting_problem(
@@ -293,18 +378,16 @@ def _waiting_for(deps: list[str]) -> str:
 _SUMMARY_BY_MESSAGE = (WAITING, "Paused")
 
 
-def _summary(desired: int, ready: int, problems: list[NodeProblem]) -> str:
-    if not problems:
-        return f"{ready}/{desired} nodes ready; rollout in progress"
-    by_reason: dict[str, list[str]] = {}
-    for problem in problems:
-        text = problem.message if problem.reason in _SUMMARY_BY_MESSAGE else problem.reason
-        by_reason.setdefault(text, []).append(problem.node)
+def _summary(tally: Tally) -> str:
+    said = dict(tally.own_said)
+    _add_said(said, tally.waits_said)
+    if not said:
+        return f"{tally.ready}/{tally.eligible} nodes ready; rollout in progress"
     parts = []
-    for text, names in by_reason.items():
-        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-        parts.append(f"{text} on {shown}")
-    return f"{ready}/{desired} nodes ready: " + "; ".join(parts)
+    for text, (count, names) in said.items():
+        more = f" and {count - 3} more" if count > 3 else ""
+        parts.append(f"{text} on {', '.join(names)}{more}")
+    return f"{tally.ready}/{tally.eligible} nodes ready: " + "; ".join(parts)
 
 
 def policy_status(
@@ -325,13 +408,14 @@ def policy_status(
     gpus = [n for n in gpu_nodes(nodes.values()) if takes_operands(n)]
     table = [standings(spec, n, pods, operands.get(n.name, NO_OPERANDS)) for n in gpus]
     _STANDINGS.keep(nodes.keys())
-    # Every row has a Standing (or None) per component, in COMPONENTS order.
-    columns: list[tuple[Standing | None, ...]] = (
-        list(zip(*table, strict=True)) if table else [() for _ in COMPONENTS]
-    )
+    blocks = [tuple(table[start : start + BLOCK]) for start in range(0, len(table), BLOCK)]
+    tallies = [
+        _BLOCKS.get(number, (rows,), partial(_block_tallies, rows)) for number, rows in enumerate(blocks)
+    ]
+    _BLOCKS.keep(range(len(blocks)))
     components = [
-        _component_status(c, spec, column, daemonsets.get(c.name, []))
-        for c, column in zip(COMPONENTS, columns, strict=True)
+        _component_status(c, spec, _combined([t[i] for t in tallies]), daemonsets.get(c.name, []))
+        for i, c in enumerate(COMPONENTS)
     ]
     components = [
         c.model_copy(update={"state": "notReady", "reason": "; ".join(map(str, missing[c.name]))})

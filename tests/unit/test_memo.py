@@ -3,10 +3,12 @@ changes what a pass decides."""
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 from typing import Any
 
 from gpu_operator import plan, status, upgrades
+from gpu_operator.api.status import NodeProblem
 from gpu_operator.memo import Memo
 from gpu_operator.nodes import NodeInfo
 from gpu_operator.observed import PodInfo
@@ -56,7 +58,7 @@ def test_a_warm_memo_decides_what_a_cold_one_does() -> None:
     for step_nodes, step_pods in steps:
         build(observed(step_nodes, step_pods), NOW)
         warm = build(observed(step_nodes, step_pods), NOW)  # everything reused
-        for memo in (plan._LABELS, plan._PARSED, status._STANDINGS, upgrades._NODES):
+        for memo in (plan._LABELS, plan._PARSED, status._STANDINGS, status._BLOCKS, upgrades._NODES):
             memo.entries.clear()
         cold = build(observed(step_nodes, step_pods), NOW)
         assert (warm.node_labels, warm.statuses, warm.upgrade) == (
@@ -64,3 +66,53 @@ def test_a_warm_memo_decides_what_a_cold_one_does() -> None:
             cold.statuses,
             cold.upgrade,
         )
+
+
+def _original_summary(ready: int, column: list[status.Standing | None]) -> str:
+    """The summary as it was computed from a whole column before blocks (the reference)."""
+    eligible = [s for s in column if s is not None and s.eligible]
+    problems = [s.problem for s in eligible if not s.waiting and s.problem is not None]
+    problems += [s.problem for s in eligible if s.waiting and s.problem is not None]
+    if not problems:
+        return f"{ready}/{len(eligible)} nodes ready; rollout in progress"
+    by_reason: dict[str, list[str]] = {}
+    for problem in problems:
+        text = problem.message if problem.reason in ("WaitingForDependency", "Paused") else problem.reason
+        by_reason.setdefault(text, []).append(problem.node)
+    parts = []
+    for text, names in by_reason.items():
+        shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+        parts.append(f"{text} on {shown}")
+    return f"{ready}/{len(eligible)} nodes ready: " + "; ".join(parts)
+
+
+def test_blocks_of_nodes_add_up_to_what_the_whole_column_says() -> None:
+    """status._combined over any split of the nodes into runs gives the tally of all of them: counts,
+    the first problems in node order (own first, then waits) and the one-line summary."""
+    rng = random.Random(5)
+    reasons = [("CrashLoopBackOff", ""), ("WaitingForDependency", "waiting for driver"), ("Paused", "x by y")]
+    for _ in range(200):
+        column: list[status.Standing | None] = []
+        for i in range(rng.randrange(0, 80)):
+            if rng.random() < 0.1:
+                column.append(None)
+                continue
+            waiting, ready = rng.random() < 0.4, rng.random() < 0.3
+            reason, message = rng.choice(reasons)
+            problem = None if ready else NodeProblem(node=f"n{i}", reason=reason, message=message)
+            column.append(
+                status.Standing(
+                    rng.random() < 0.9, rng.random() < 0.8, ready, rng.random() < 0.2, waiting, problem
+                )
+            )
+        whole = status._tally(column)
+        cuts = (
+            sorted(rng.sample(range(1, len(column)), min(len(column) - 1, rng.randrange(0, 6))))
+            if column
+            else []
+        )
+        parts = [column[a:b] for a, b in zip([0, *cuts], [*cuts, len(column)], strict=True)]
+        joined = status._combined([status._tally(p) for p in parts])
+        assert joined == whole
+        assert list(joined.own_said.items()) == list(whole.own_said.items())
+        assert status._summary(joined) == _original_summary(whole.ready, column)
