@@ -224,6 +224,10 @@ def standings(
     )
 
 
+Said = dict[str, tuple[int, tuple[str, ...]]]
+"""What the one-line summary says of a kind of problem → (how many nodes, the first three of them)."""
+
+
 @dataclass(frozen=True)
 class Tally:
     """Where one component stands on a run of GPU nodes, summed up: what its status is made of."""
@@ -237,14 +241,12 @@ class Tally:
     """The first MAX_PROBLEMS nodes not ready for reasons of their own, in node order."""
     waits: tuple[NodeProblem, ...] = ()
     """The first MAX_PROBLEMS nodes waiting for a dependency."""
-    own_said: Mapping[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
-    """Summary text of each kind of problem among the nodes of `own` (all of them, not the first few)
-    → (how many nodes, the first three)."""
-    waits_said: Mapping[str, tuple[int, tuple[str, ...]]] = field(default_factory=dict)
+    own_said: Said = field(default_factory=dict)
+    """The summary's text for each kind of problem of the nodes not ready for reasons of their own
+    (all of them, not only the first few) → (how many, the first three)."""
+    waits_said: Said = field(default_factory=dict)
 
 
-Said = dict[str, tuple[int, tuple[str, ...]]]
-"""What the one-line summary says of a kind of problem → (how many nodes, the first three of them)."""
 BLOCK = 32
 """GPU nodes per tally block: a pass sums the blocks, and counts again only those with a changed node."""
 _BLOCKS: Memo[tuple[Tally, ...]] = Memo()
@@ -311,7 +313,7 @@ def _combined(tallies: Sequence[Tally]) -> Tally:
     )
 
 
-def _add_said(into: Said, said: Mapping[str, tuple[int, tuple[str, ...]]]) -> None:
+def _add_said(into: Said, said: Said) -> None:
     """What the summary says of more nodes, after those of `into` (their order kept)."""
     for text, (count, names) in said.items():
         before, first = into.get(text, (0, ()))
