@@ -25,6 +25,10 @@ class Memo(Generic[V]):
     def get(self, name: Hashable, inputs: tuple[Any, ...], compute: Callable[[], V]) -> V:
         hit = self.entries.get(name)
         if hit is not None and hit[0] == inputs:
+            # Keep these inputs: when an event replaced a node by an equal copy (a heartbeat, a field the
+            # operator does not keep), the next pass then finds it by identity instead of comparing
+            # every label again, pass after pass.
+            self.entries[name] = (inputs, hit[1])
             return hit[1]
         value = compute()
         self.entries[name] = (inputs, value)

@@ -116,3 +116,11 @@ def test_blocks_of_nodes_add_up_to_what_the_whole_column_says() -> None:
         assert joined == whole
         assert list(joined.own_said.items()) == list(whole.own_said.items())
         assert status._summary(joined) == _original_summary(whole.ready, column)
+
+
+def test_a_hit_keeps_the_latest_equal_inputs_so_the_next_compares_by_identity() -> None:
+    memo: Memo[str] = Memo()
+    first, copy = {"a": "1"}, {"a": "1"}
+    memo.get("n", (first,), lambda: "value")
+    assert memo.get("n", (copy,), lambda: "again") == "value"
+    assert memo.entries["n"][0][0] is copy
