@@ -24,6 +24,8 @@ from gpu_operator.upgrade.facts import config_digest, image_tag
 
 VALIDATOR = BY_NAME["operator-validator"]
 _NODES: Memo[UpgradeNode] = Memo()
+_MANUAL: Memo[UpgradePlan] = Memo()
+"""The last plan made with autoUpgrade off, and its facts (time aside)."""
 """Node name → how the state machine sees it, while the node and whether validators run stay the same."""
 
 
@@ -85,9 +87,13 @@ def plan_driver_upgrade(
     autoUpgrade off, only NVIDIA's auto-upgrade annotation goes)."""
     policy = spec.driver.upgradePolicy if spec.driver.is_enabled() else None
     found = replace(facts, nodes=upgrade_nodes(nodes, spec), now=now)
-    return plan_upgrade(
-        policy, found, target_version=target_version(objects), validate=VALIDATOR.enabled(spec)
-    )
+    target, validate = target_version(objects), VALIDATOR.enabled(spec)
+    step = partial(plan_upgrade, policy, found, target_version=target, validate=validate)
+    if policy is not None and policy.autoUpgrade:
+        return step()
+    # With autoUpgrade off the plan does not depend on the time (upgrade/rollout.py _manual): the same
+    # facts make the same plan, and a pass of a 1000-node rollout need not look at every node again.
+    return _MANUAL.get("plan", (policy, replace(found, now=0.0), target, validate), step)
 
 
 def with_upgrade_status(

@@ -58,7 +58,14 @@ def test_a_warm_memo_decides_what_a_cold_one_does() -> None:
     for step_nodes, step_pods in steps:
         build(observed(step_nodes, step_pods), NOW)
         warm = build(observed(step_nodes, step_pods), NOW)  # everything reused
-        for memo in (plan._LABELS, plan._PARSED, status._STANDINGS, status._BLOCKS, upgrades._NODES):
+        for memo in (
+            plan._LABELS,
+            plan._PARSED,
+            status._STANDINGS,
+            status._BLOCKS,
+            upgrades._NODES,
+            upgrades._MANUAL,
+        ):
             memo.entries.clear()
         cold = build(observed(step_nodes, step_pods), NOW)
         assert (warm.node_labels, warm.statuses, warm.upgrade) == (
