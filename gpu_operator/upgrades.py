@@ -24,9 +24,9 @@ from gpu_operator.upgrade.facts import config_digest, image_tag
 
 VALIDATOR = BY_NAME["operator-validator"]
 _NODES: Memo[UpgradeNode] = Memo()
+"""Node name → how the state machine sees it, while the node and whether validators run stay the same."""
 _MANUAL: Memo[UpgradePlan] = Memo()
 """The last plan made with autoUpgrade off, and its facts (time aside)."""
-"""Node name → how the state machine sees it, while the node and whether validators run stay the same."""
 
 
 def upgrade_nodes(nodes: Iterable[NodeInfo], spec: ClusterPolicySpec) -> list[UpgradeNode]:
