@@ -111,13 +111,12 @@ class FakeKube:
         self.labels[node] = dict(labels)
         self.versions[node] = (uid, resource_version)
         self.version += 1
-        owned: dict[str, Any] = {"f:metadata": {"f:labels": {f"f:{key}": {} for key in labels}}}
         metadata = {
             "name": node,
             "uid": uid,
             "resourceVersion": str(self.version),
             "labels": {PCI: "true", **labels},
-            "managedFields": [{"manager": FIELD_MANAGER, "operation": "Apply", "fieldsV1": owned}],
+            "managedFields": [label_owner(labels)],
         }
         self.written[node] = {"apiVersion": "v1", "kind": "Node", "metadata": metadata}
         return copy.deepcopy(self.written[node])
@@ -134,6 +133,12 @@ class FakeKube:
 
     def post_event(self, policy: Mapping[str, str], type_: str, reason: str, message: str, now: str) -> None:
         self.events.append((type_, reason))
+
+
+def label_owner(labels: Mapping[str, str]) -> dict[str, Any]:
+    """The managedFields entry of the operator's server-side apply of exactly these node labels."""
+    owned: dict[str, Any] = {"f:metadata": {"f:labels": {f"f:{key}": {} for key in labels}}}
+    return {"manager": FIELD_MANAGER, "operation": "Apply", "fieldsV1": owned}
 
 
 def gpu_node(name: str = "gpu-0", **labels: str) -> NodeInfo:

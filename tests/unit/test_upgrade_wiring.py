@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
 import pytest
-from test_reconciler import FakeKube
+from test_reconciler import FakeKube, label_owner
 
 from gpu_operator import metrics
 from gpu_operator.kube import ApiError, Kube
@@ -207,12 +207,8 @@ class UpgradeKube(FakeKube):
         super().apply_node_labels(node, labels, uid, resource_version)
         metadata = self.nodes[node]["metadata"]
         metadata.setdefault("labels", {}).update(labels)
-        owned: dict[str, Any] = {"f:metadata": {"f:labels": {f"f:{key}": {} for key in labels}}}
         others = [m for m in metadata.get("managedFields") or [] if m.get("manager") != FIELD_MANAGER]
-        metadata["managedFields"] = [
-            *others,
-            {"manager": FIELD_MANAGER, "operation": "Apply", "fieldsV1": owned},
-        ]
+        metadata["managedFields"] = [*others, label_owner(labels)]
         metadata["resourceVersion"] = str(int(metadata["resourceVersion"]) + 100)
         return copy.deepcopy(self.nodes[node])
 
