@@ -70,6 +70,11 @@ def details(results: Mapping[str, Mapping[str, Any]]) -> str:
     for key in sorted(results, key=int):
         result = results[key]
         lines.append(f"### {key} GPU nodes")
+        if result.get("converge_cpu_s") is not None:
+            lines.append(
+                f"- operator CPU while converging (median): {fmt(result['converge_cpu_s'], 1)} s, of it "
+                f"planning (the passes) {fmt(result.get('planning_cpu_s'), 1)} s"
+            )
         converging = result.get("convergence_requests", {})
         lines.extend(_counts("requests during convergence (first run)", converging))
         window = result.get("idle_window_s")

@@ -565,20 +565,21 @@ class SizeBench:
         assert not watcher.held_before_start, "a ready ClusterPolicy before the run"
         spy = self.start_profiler(proc, round_no) if self.s.profile else None
         cpu0, busy0 = self.control_plane_cpu(proc), procstat.machine_busy()
-        passes0 = _passes(proc)
+        passes0, planning0 = _passes(proc)
         t0 = time.time()
         self.kc("apply", "--server-side", "-f", str(self.policy))
         t_ready = watcher.wait(self.timeout)
         shares = self.stop_profiler(spy) if spy is not None else None
         cpu1, busy1 = self.control_plane_cpu(proc), procstat.machine_busy()
-        passes = _passes(proc) - passes0
+        passes1, planning1 = _passes(proc)
         peaks: list[float] = []
         self.operator_usage(proc, peaks)
         result: dict[str, Any] = {
             "round": round_no,
             "converge_s": t_ready - t0,
             "converge_cpu_s": cpu1.get("operator", 0.0) - cpu0.get("operator", 0.0),
-            "passes": passes,
+            "passes": int(passes1 - passes0),
+            "planning_cpu_s": round(planning1 - planning0, 2),
             "cpu_by_process": procstat.cpu_delta(cpu0, cpu1),
             "machine_busy": procstat.busy_fraction(busy0, busy1),
             "pods": self.pipeline(t0, t_ready),
@@ -789,6 +790,7 @@ def summarise(
         "rss_after_join_mib": first.get("process_rss_mib"),
         "cpu_s": first["process_cpu_s"],
         "converge_cpu_s": stats.median([r["converge_cpu_s"] for r in operator_runs]),
+        "planning_cpu_s": stats.median([r.get("planning_cpu_s", 0.0) for r in operator_runs]),
         "operator_profile": first.get("profile", {}),
         "operator_runs_s": op,
         "limit_runs_s": lim,
@@ -814,9 +816,10 @@ def summarise(
 # --- the whole run -------------------------------------------------------------------------------------
 
 
-def _passes(proc: OperatorProcess) -> int:
-    """The reconcile passes the operator has run (its /healthz answer)."""
-    return int(proc.probe().get("reconcile", {}).get("passes", 0))
+def _passes(proc: OperatorProcess) -> tuple[float, float]:
+    """The reconcile passes the operator has run, and the CPU seconds they took (its /healthz answer)."""
+    reconcile = proc.probe().get("reconcile", {})
+    return float(reconcile.get("passes", 0)), float(reconcile.get("planningCpuSeconds", 0.0))
 
 
 def git(*args: str) -> str:

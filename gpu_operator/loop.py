@@ -29,6 +29,31 @@ class RejectedWrites(Exception):
     """Some writes were rejected (already reported in the status); retry with backoff."""
 
 
+class Budget:
+    """The CPU seconds passes may still spend at once: `burst` when full, refilled at `share` of a core
+    (settings.planning_share)."""
+
+    def __init__(self, burst: float, share: float, clock: Callable[[], float]) -> None:
+        self.burst = burst
+        self.share = share
+        self.clock = clock
+        self.left = burst
+        self.at = clock()
+
+    def available(self, now: float | None = None) -> float:
+        """The CPU seconds left now (negative: what the last pass overspent, still to be refilled)."""
+        now = self.clock() if now is None else now
+        return min(self.burst, self.left + (now - self.at) * self.share)
+
+    def spend(self, cpu: float) -> float:
+        """Take a pass's CPU seconds; return how long the next pass must wait for the budget (0 when
+        some is left)."""
+        now = self.clock()
+        self.left = self.available(now) - cpu
+        self.at = now
+        return 0.0 if self.left >= 0 else -self.left / self.share
+
+
 class Loop:
     def __init__(
         self,
@@ -49,6 +74,8 @@ class Loop:
         """Set once the loop runs (Kopf's startup handler has built the reconciler)."""
         self.passes = 0
         self.failures = 0
+        self.cpu_seconds = 0.0
+        """CPU the passes took, all of them together (planning; the watches run on the event loop)."""
         self.last_error = ""
         """The error of the last pass; empty once a pass succeeds."""
         self.work_since: float | None = None
@@ -59,6 +86,7 @@ class Loop:
         """The pass asked for by the last one (Outcome.wake_at): one at a time, the latest wins."""
         self.soon: asyncio.TimerHandle | None = None
         """The pass asked for by a change that only shows in the status (wake_soon)."""
+        self.budget = Budget(settings.planning_burst_seconds, settings.planning_share, clock)
 
     def wake(self) -> None:
         if self.work_since is None and self.leading():
@@ -139,11 +167,18 @@ class Loop:
                 self.last_error = ""
                 backoff = 1.0
             finally:
+                self.cpu_seconds += spent[0]
                 self._finished()
-            # The events of the spacing coalesce into the next pass: however fast they come, planning
-            # takes at most 1 / (1 + pass_spacing) of a core (a 1000-node rollout brings tens a second).
-            spacing = self.settings.pass_spacing * spent[0]
-            await asyncio.sleep(min(self.settings.max_pass_spacing_seconds, spacing))
+            await asyncio.sleep(self.spacing(spent[0]))
+
+    def spacing(self, cpu: float) -> float:
+        """How long to wait after a pass that took `cpu` seconds: the events of the wait coalesce into
+        the next pass. However fast they come (a 1000-node rollout brings tens a second), planning takes
+        at most 1 / (1 + pass_spacing) of a core, and once its burst is spent, planning_share."""
+        settings = self.settings
+        spacing = min(settings.max_pass_spacing_seconds, settings.pass_spacing * cpu)
+        waiting = min(settings.max_budget_wait_seconds, self.budget.spend(cpu))
+        return max(spacing, waiting)
 
 
 def _timed(one_pass: Callable[[], Outcome], spent: list[float]) -> Outcome:
@@ -179,6 +214,8 @@ def health(loop: Loop, store: Store) -> tuple[bool, dict[str, Any]]:
             "failures": loop.failures,
             "lastError": loop.last_error,
             "secondsSinceLastPass": since,
+            "planningCpuSeconds": round(loop.cpu_seconds, 3),
+            "planningBudgetSeconds": round(loop.budget.available(), 3),
             "workWaitingSeconds": round(waiting, 1),
             "stuck": stuck,
             "nodes": store.size("nodes"),

@@ -54,6 +54,16 @@ class Settings:
     max_pass_spacing_seconds): planning never takes more than a third of a core, and the events of
     the wait are planned together."""
     max_pass_spacing_seconds: float = 1.0
+    planning_burst_seconds: float = 5.0
+    planning_share: float = 0.01
+    """Passes may spend `planning_burst_seconds` of CPU back to back (spaced as above), and once that is
+    spent, `planning_share` of a core: the budget refills at that rate and the next pass waits for it
+    (at most max_budget_wait_seconds). Spacing by cost alone bounds the share of a core, not the CPU
+    of a rollout: cheaper passes only came more often, and a 1000-node rollout that the DaemonSet
+    controller paces over 15 minutes planned 2000 times (97 s of CPU). A 10- or 100-node rollout plans
+    for well under the burst and never waits; at 1000 nodes a pass waits a few seconds, which the
+    DaemonSet controller's own pace there (about 10 pods a second) hides (bench/README.md)."""
+    max_budget_wait_seconds: float = 10.0
     writers: int = 16
     """Concurrent API writes in one pass: enough to label 1000 nodes quickly, few enough for the API
     server."""

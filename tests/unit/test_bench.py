@@ -265,10 +265,13 @@ def test_markdown_has_header_table_and_details() -> None:
                 idle_window_s=300.0,
                 idle_requests={},
                 idle_writes=["+1.000s create events default/e (201)"],
+                converge_cpu_s=2.04,
+                planning_cpu_s=1.26,
             )
         },
     }
     text = report.markdown(document)
+    assert "- operator CPU while converging (median): 2.0 s, of it planning (the passes) 1.3 s" in text
     assert "`0123456789ab`" in text and "2 CPUs (Test CPU)" in text and "1.0 to 3.5" in text
     assert "| 10 | 3 |" in text
     assert "- requests during convergence (first run): patch nodes 40" in text

@@ -173,3 +173,50 @@ def test_the_next_pass_waits_twice_the_cpu_the_last_one_took() -> None:
     gaps = [b - a for a, b in itertools.pairwise(started)]
     # Each gap: the pass itself (at least its CPU), then twice its CPU of spacing.
     assert all(gap >= 3.0 * cpu for gap, cpu in zip(gaps, burnt, strict=False)), (gaps, burnt)
+
+
+def test_once_the_planning_burst_is_spent_passes_wait_for_the_budget_to_refill() -> None:
+    settings = Settings(
+        pass_spacing=2.0,
+        max_pass_spacing_seconds=1.0,
+        planning_burst_seconds=1.0,
+        planning_share=0.1,
+        max_budget_wait_seconds=10.0,
+    )
+    clock = Clock()
+    loop = Loop(settings, clock)
+    loop.started = True
+    assert loop.spacing(0.01) == 0.02, "within the burst: spaced by its cost alone"
+    assert loop.spacing(0.99) == 1.0, "the burst spent to the last: still by cost (at most 1 s)"
+    assert loop.spacing(0.2) == 2.0, "0.2 s overspent at a tenth of a core: 2 s to refill"
+    clock.now += 2.0
+    assert loop.budget.available() == 0.0
+    assert loop.spacing(5.0) == 10.0, "never longer than max_budget_wait_seconds"
+    clock.now += 1000
+    assert loop.budget.available() == 1.0, "refilled up to the burst, no further"
+    assert health(loop, Store())[1]["reconcile"]["planningBudgetSeconds"] == 1.0
+
+
+def test_passes_past_the_burst_run_at_the_planning_share() -> None:
+    settings = Settings(
+        pass_spacing=0.0, planning_burst_seconds=0.02, planning_share=0.5, resync_seconds=3600.0
+    )
+    started: list[float] = []
+
+    def step(loop: Loop) -> None:
+        started.append(time.monotonic())
+        cpu = time.thread_time()
+        while time.thread_time() - cpu < 0.02:
+            pass
+        loop.wake()  # events keep coming
+
+    async def script(loop: Loop) -> None:
+        loop.wake()
+        while len(started) < 4:
+            await asyncio.sleep(0.01)
+
+    drive(settings, step, script)
+    gaps = [b - a for a, b in itertools.pairwise(started)]
+    # The first pass spends the burst; from then on a pass (and its wait) lasts as long as refilling its
+    # 0.02 s at half a core takes: 0.04 s, where spacing by cost alone (pass_spacing 0) would not wait.
+    assert all(gap >= 0.04 * 0.9 for gap in gaps[1:]), gaps
