@@ -11,12 +11,13 @@ levels (deeper content becomes None). The policy models refuse anything that dee
 with the field's path, so a truncated policy is reported as InvalidSpec and never acted on.
 
 `install()` routes Kopf's two decoding points through `loads`: the watch stream
-(kopf/_cogs/clients/api.py, `json.loads` per line) and the LIST responses (aiohttp's
-`ClientResponse.json`, which Kopf calls without a custom decoder).
+(kopf/_cogs/clients/api.py, `json.loads` per line, through `loads_event`) and the LIST responses
+(aiohttp's `ClientResponse.json`, which Kopf calls without a custom decoder).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import re
@@ -44,6 +45,28 @@ def loads(text: str | bytes | bytearray) -> Any:
         return json.loads(text)
     except RecursionError:
         return parse_iteratively(text.decode() if isinstance(text, bytes | bytearray) else text)
+
+
+_POD_EVENT = re.compile(r'\{"type":"[A-Z]+","object":\{"kind":"Pod",')
+_MANAGED_FIELDS = ',"managedFields":['
+_METADATA_END = ']},"spec":'
+
+
+def loads_event(line: str) -> Any:
+    """One watch event, as `loads` decodes it, except that a pod's `metadata.managedFields` is cut out
+    of the text first: nothing reads a pod's field managers (only those of nodes and of the operator's
+    own objects), and they are 35 to 45 % of an operand pod's JSON, where 9000 pods bring about ten
+    events each in a 1000-node rollout. The API server writes ObjectMeta's fields in their Go order,
+    managedFields last, and then the pod's spec; inside managedFields every key is prefixed (`f:spec`)
+    and every quote in a string is escaped, so the first `]},"spec":` after it ends it. Any other
+    layout (another kind, no managedFields, a text that would not decode) is decoded whole."""
+    if _POD_EVENT.match(line):
+        start = line.find(_MANAGED_FIELDS)
+        end = line.find(_METADATA_END, start) if start != -1 else -1
+        if end != -1:
+            with contextlib.suppress(ValueError):
+                return loads(line[:start] + line[end + 1 :])
+    return loads(line)
 
 
 def parse_iteratively(text: str, max_depth: int = MAX_DEPTH) -> Any:
@@ -141,7 +164,7 @@ def install() -> None:
     """Make Kopf decode every watch event and LIST response with `loads` (idempotent)."""
     from kopf._cogs.clients import api  # Kopf's internal client; tests check both hooks are in place
 
-    api.json = types.SimpleNamespace(loads=loads)  # type: ignore[attr-defined,assignment]
+    api.json = types.SimpleNamespace(loads=loads_event)  # type: ignore[attr-defined,assignment]
     original = vars(aiohttp.ClientResponse)["json"]
     if not isinstance(original, functools.partialmethod):
         aiohttp.ClientResponse.json = functools.partialmethod(original, loads=loads)  # type: ignore[method-assign,assignment]
