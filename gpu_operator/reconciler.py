@@ -269,18 +269,33 @@ class Reconciler:
             stamp = format_time(clock)
             observed, plan, verdict = self._plan(stamp, clock)
         errors: dict[str, str] = {}
+        label_errors: dict[str, str] = {}
         stale: list[str] = []
+        # The node labels go out with the objects, not after them: a deploy label needs nothing but the
+        # proven plan (the DaemonSet controller creates the pods once both are there), and waiting for
+        # every component's chain of applies put a second on the first stage of a 10-node rollout.
         self._in_parallel(
-            partial(self._apply_objects, bodies, errors) for bodies in _by_component(list(verdict.writes))
+            [
+                *(
+                    partial(self._apply_objects, bodies, errors)
+                    for bodies in _by_component(list(verdict.writes))
+                ),
+                *(
+                    partial(
+                        self._label,
+                        observed.nodes[node],
+                        labels,
+                        plan.label_releases.get(node, {}),
+                        label_errors,
+                        stale,
+                    )
+                    for node, labels in plan.node_labels.items()
+                ),
+            ]
         )
         if not errors:  # never delete what runs before its replacement is in place
             self._in_parallel(partial(self._delete, key, errors) for key in verdict.deletes)
-        self._in_parallel(
-            partial(
-                self._label, observed.nodes[node], labels, plan.label_releases.get(node, {}), errors, stale
-            )
-            for node, labels in plan.node_labels.items()
-        )
+        errors.update(label_errors)
         if plan.namespace_write is not None and observed.operand_namespace is not None:
             self._write_namespace(observed.operand_namespace, plan.namespace_write, errors, stale)
         upgrade = plan.upgrade

@@ -7,6 +7,7 @@ posted on transitions only."""
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any, cast
@@ -191,6 +192,34 @@ def test_a_label_write_goes_into_the_store_at_once_and_its_watch_event_wakes_no_
     assert not rec.store.record_node(copy.deepcopy(fake.written["gpu-0"]), False), "the echo changes nothing"
 
 
+def test_node_labels_go_out_while_the_objects_are_applied_not_after() -> None:
+    """The first stage of a rollout: the driver's deploy label need not wait for every component's
+    ServiceAccount, RBAC and DaemonSet to be applied (most of a 10-node rollout's first second)."""
+    labelled = threading.Event()
+
+    class SlowDaemonSets(FakeKube):
+        def apply(
+            self, body: Mapping[str, Any], manager: str = "gpu-operator", dry_run: bool = False
+        ) -> dict[str, Any]:
+            if not dry_run and body["kind"] == "DaemonSet":
+                labelled.wait(5.0)  # an API server slow to write DaemonSets
+            return super().apply(body, manager, dry_run)
+
+        def apply_node_labels(
+            self, node: str, labels: Mapping[str, str], uid: str, resource_version: str = ""
+        ) -> dict[str, Any]:
+            written = super().apply_node_labels(node, labels, uid, resource_version)
+            labelled.set()
+            return written
+
+    fake = SlowDaemonSets()
+    started = time.monotonic()
+    reconciler(fake).run_once()
+    assert time.monotonic() - started < 4.0, "the DaemonSets waited for a label that waited for them"
+    assert fake.labels["gpu-0"]["nvidia.com/gpu.deploy.driver"] == "true"
+    assert any(key[1] == "DaemonSet" for key in fake.applied)
+
+
 def edit(rec: Reconciler, spec: dict[str, Any]) -> None:
     policy = rec.store.get("policies", "p")
     rec.store.put(
@@ -319,7 +348,8 @@ def test_a_failed_write_does_not_stop_the_rest_and_nothing_is_deleted() -> None:
 
 def test_a_replica_that_lost_the_lease_stops_the_pass_at_once() -> None:
     """NotLeader is no failure to record and report: a standby writes nothing, not even a status."""
-    fake = FakeKube(reject_writes={PLUGIN: NotLeader()})
+    # Every write asks the lease (kube.Kube may_write): the labels written alongside are refused too.
+    fake = FakeKube(reject={"gpu-0": NotLeader()}, reject_writes={PLUGIN: NotLeader()})
     with pytest.raises(NotLeader):
         reconciler(fake).run_once()
     assert fake.statuses == [] and fake.labels == {}
