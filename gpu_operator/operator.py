@@ -19,7 +19,7 @@ from typing import Any
 
 import kopf
 
-from gpu_operator import metrics, safe_json, server, watch_guard
+from gpu_operator import metrics, render, safe_json, server, watch_guard
 from gpu_operator.kube import RESOURCES, Kube, load_api_client
 from gpu_operator.labels import FIELD_MANAGER, MANAGED_BY_LABEL
 from gpu_operator.leader import Elector, Leadership
@@ -218,6 +218,7 @@ def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadershi
         api = load_api_client(pool_size=settings.writers + 1)
         kube = Kube(api, timeout=settings.api_timeout_seconds, may_write=leadership.leading)
         event_loop = asyncio.get_running_loop()
+        memo["warm"] = event_loop.run_in_executor(None, render.warm)  # the first pass renders warm
         # The pods of nodes a driver upgrade empties: watches of their own, started by the passes.
         pod_watches = NodePodWatches(kube, store, partial(loop.wake_from, event_loop))
         memo["pod_watches"] = pod_watches

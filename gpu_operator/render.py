@@ -418,6 +418,20 @@ def _finish_metadata(obj: dict[str, Any], standard: dict[str, str], namespace: s
     return obj
 
 
+def warm() -> None:
+    """Compile every template now. Compiling them is most of the first render's CPU (about 0.8 s on
+    this machine, against 0.05 to 0.08 s for a render after it), and on an operator just started the
+    first render is the first pass of the first policy: the first stage of its rollout. The operator
+    calls this at start-up, beside Kopf's initial listings; a template that does not compile is left
+    for the pass to report (RenderError)."""
+    env = environment()
+    for name in env.list_templates():
+        try:
+            env.get_template(name)
+        except jinja2.TemplateError:
+            continue
+
+
 def _render_folder(
     folder: str, label: str, context: Mapping[str, Any], namespace: str
 ) -> list[dict[str, Any]]:

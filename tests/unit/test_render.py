@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
 import yaml
 
@@ -28,7 +29,9 @@ from gpu_operator.render import (
     render_prerequisites,
     template_dir,
     templates_of,
+    warm,
 )
+from gpu_operator.render import environment as template_environment
 from gpu_operator.yaml_text import to_yaml, tojson
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -989,3 +992,22 @@ def test_mig_strategy_wins_over_gfd_env_but_not_over_the_device_plugins() -> Non
     plugin = env_of(container(ds["nvidia-device-plugin-daemonset"], "nvidia-device-plugin"))
     assert (gfd["MIG_STRATEGY"], gfd["NVIDIA_MIG_MONITOR_DEVICES"]) == ("mixed", "all")
     assert (plugin["MIG_STRATEGY"], plugin["NVIDIA_MIG_MONITOR_DEVICES"]) == ("none", "none")
+
+
+def test_warm_compiles_every_template_once_and_a_broken_one_is_left_for_the_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    env = template_environment()
+    asked: list[str] = []
+    original = env.get_template
+
+    def get_template(name: str) -> Any:
+        asked.append(name)
+        if name == env.list_templates()[0]:
+            raise jinja2.TemplateSyntaxError("unexpected '}'", 1, name)
+        return original(name)
+
+    monkeypatch.setattr(env, "get_template", get_template)
+    warm()
+    assert sorted(asked) == sorted(env.list_templates())
+    assert any(name.startswith("driver/") for name in asked)
