@@ -151,26 +151,32 @@ def test_changes_that_only_show_coalesce_into_one_pass_soon() -> None:
     drive(settings, lambda loop: started.append(loop.clock()), script)
 
 
-def test_the_next_pass_waits_twice_the_cpu_the_last_one_took() -> None:
-    settings = Settings(pass_spacing=2.0, max_pass_spacing_seconds=5.0, resync_seconds=3600.0)
+def busy_passes(settings: Settings, cpu: float, count: int) -> tuple[list[float], list[float]]:
+    """Run `count` passes that each burn `cpu` seconds while events keep coming: the gaps between their
+    starts, and the CPU each took."""
     started: list[float] = []
     burnt: list[float] = []
 
     def step(loop: Loop) -> None:
         started.append(time.monotonic())
-        cpu = time.thread_time()
-        while time.thread_time() - cpu < 0.05:  # a pass planning 1000 nodes
+        begun = time.thread_time()
+        while time.thread_time() - begun < cpu:
             pass
-        burnt.append(time.thread_time() - cpu)
+        burnt.append(time.thread_time() - begun)
         loop.wake()  # events keep coming
 
     async def script(loop: Loop) -> None:
         loop.wake()
-        while len(started) < 3:
+        while len(started) < count:
             await asyncio.sleep(0.01)
 
     drive(settings, step, script)
-    gaps = [b - a for a, b in itertools.pairwise(started)]
+    return [b - a for a, b in itertools.pairwise(started)], burnt
+
+
+def test_the_next_pass_waits_twice_the_cpu_the_last_one_took() -> None:
+    settings = Settings(pass_spacing=2.0, max_pass_spacing_seconds=5.0, resync_seconds=3600.0)
+    gaps, burnt = busy_passes(settings, 0.05, 3)  # passes planning 1000 nodes
     # Each gap: the pass itself (at least its CPU), then twice its CPU of spacing.
     assert all(gap >= 3.0 * cpu for gap, cpu in zip(gaps, burnt, strict=False)), (gaps, burnt)
 
@@ -201,22 +207,7 @@ def test_passes_past_the_burst_run_at_the_planning_share() -> None:
     settings = Settings(
         pass_spacing=0.0, planning_burst_seconds=0.02, planning_share=0.5, resync_seconds=3600.0
     )
-    started: list[float] = []
-
-    def step(loop: Loop) -> None:
-        started.append(time.monotonic())
-        cpu = time.thread_time()
-        while time.thread_time() - cpu < 0.02:
-            pass
-        loop.wake()  # events keep coming
-
-    async def script(loop: Loop) -> None:
-        loop.wake()
-        while len(started) < 4:
-            await asyncio.sleep(0.01)
-
-    drive(settings, step, script)
-    gaps = [b - a for a, b in itertools.pairwise(started)]
+    gaps, _ = busy_passes(settings, 0.02, 4)
     # The first pass spends the burst; from then on a pass (and its wait) lasts as long as refilling its
     # 0.02 s at half a core takes: 0.04 s, where spacing by cost alone (pass_spacing 0) would not wait.
     assert all(gap >= 0.04 * 0.9 for gap in gaps[1:]), gaps
