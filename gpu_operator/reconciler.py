@@ -465,9 +465,22 @@ class Reconciler:
                 # it, wakes no pass.
                 self.store.record_node(written, False)
 
-            if _unless_changed(f"node/{node.name}", stale, apply) and releases:
+            if not _unless_changed(f"node/{node.name}", stale, apply):
+                self._refresh_node(node.name)
+            elif releases:
                 log.info("node %s: removing shared labels %s", node.name, sorted(releases))
                 self.kube.rewrite_labels("Node", node.name, {k: (v, None) for k, v in releases.items()})
+
+    def _refresh_node(self, name: str) -> None:
+        """After a label write refused as stale: the node as it is now, into the Store, so that the next
+        pass plans on it. Waiting for its watch event instead, a node whose events lag (a busy event loop,
+        a watch the API server closed and Kopf reopened) stays at the refused version and every pass
+        writes on it again: 6256 of 10,552 label writes in one 1000-node round, up to 29 in a row on one
+        node. Only after a 409 on a write, so never at rest; the Store drops the older watch events."""
+        try:
+            self.store.record_node(self.kube.get("v1", "Node", name), False)
+        except ApiError as exc:
+            log.info("node %s: not read again after the stale write (%s); its watch brings it", name, exc)
 
     def _upgrade_node(
         self,

@@ -495,8 +495,8 @@ REQUIRED_EXTRA: Grants = {
     # plan.py: controller ownerReference with blockOwnerDeletion (OwnerReferencesPermissionEnforcement).
     ("", "nvidia.com", "clusterpolicies/finalizers", ""): {"update"},
     # operator.py node_event (watch), kube.py apply_node_labels (server-side apply on existing nodes)
-    # and patch_node (the driver upgrade's merge patch).
-    ("", "", "nodes", ""): {"list", "watch", "patch"},
+    # and patch_node (the driver upgrade's merge patch); reconciler.py _refresh_node (after a 409).
+    ("", "", "nodes", ""): {"get", "list", "watch", "patch"},
     # operator.py pod_event and prime: operand pods, for readiness and waiting reasons.
     (NAMESPACE, "", "pods", ""): {"list", "watch"},
     # operator.py REVISIONS: the driver DaemonSets' ControllerRevisions (the upgrade's target).

@@ -458,6 +458,43 @@ def test_label_writes_carry_the_planned_node_uid_and_version_and_a_conflict_retr
     assert outcome.stale == ("node/gpu-0",) and not outcome.errors
 
 
+def test_a_stale_label_write_reads_the_node_so_the_next_pass_writes_on_its_new_version() -> None:
+    """A node whose watch events lag stays at the refused version in the Store; without the read every
+    pass would write on it again until its event came."""
+
+    class Moved(FakeKube):
+        def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
+            self.lookups.append((kind, name))
+            labels = {PCI: "true", "feature.node.kubernetes.io/gfd": "yes"}
+            return {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": name, "uid": "u0", "resourceVersion": "57", "labels": labels},
+            }
+
+    fake = Moved(reject={"gpu-0": ApiError(409, "Conflict", "the object has been modified")})
+    rec = reconciler(fake)
+    rec.store.put("nodes", "gpu-0", NodeInfo("gpu-0", {PCI: "true"}, uid="u0", resource_version="41"))
+    assert rec.run_once().stale == ("node/gpu-0",)
+    assert fake.lookups.count(("Node", "gpu-0")) == 1
+    assert rec.store.get("nodes", "gpu-0").resource_version == "57"
+    # The node's late watch event, older than what was read, does not take the Store back.
+    late = {"metadata": {"name": "gpu-0", "uid": "u0", "resourceVersion": "49", "labels": {PCI: "true"}}}
+    assert not rec.store.record_node(late, False)
+    del fake.reject["gpu-0"]
+    rec.run_once()
+    assert fake.versions["gpu-0"] == ("u0", "57")
+
+
+def test_a_node_that_cannot_be_read_after_a_stale_write_is_left_to_its_watch() -> None:
+    fake = FakeKube(reject={"gpu-0": ApiError(409, "Conflict", "the object has been modified")})
+    rec = reconciler(fake)  # FakeKube.get answers 404: the node went meanwhile
+    rec.store.put("nodes", "gpu-0", NodeInfo("gpu-0", {PCI: "true"}, uid="u0", resource_version="41"))
+    outcome = rec.run_once()
+    assert outcome.stale == ("node/gpu-0",) and not outcome.errors
+    assert rec.store.get("nodes", "gpu-0").resource_version == "41"
+
+
 def test_events_on_transitions_only() -> None:
     fake = FakeKube()
     rec = reconciler(fake, {"ccManager": {"enabled": True}, "sandboxWorkloads": {"enabled": True}})
