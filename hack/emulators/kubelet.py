@@ -423,6 +423,13 @@ class PodRunner:
             return exc.code, exc.reason, exc.message
         except _ScriptExit:
             return 0, "Completed", ""
+        except Exception as exc:
+            # The program died of something it did not handle (a request the loaded API server dropped:
+            # aiohttp's ServerDisconnectedError, a reset connection): like a Go image exiting on the
+            # error, the container exits 1 and the kubelet restarts it with its back-off. Before, the
+            # pod's emulation ended there and the pod stayed in its init container for good.
+            log.warning("pod %s: container %s failed: %r", self.pod.key, spec.name, exc)
+            return 1, "Error", f"{type(exc).__name__}: {exc}"
         finally:
             self.procs.pop(spec.name, None)
 

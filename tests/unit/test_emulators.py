@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+import aiohttp
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -299,6 +300,42 @@ def test_an_injected_crash_loop_starts_at_its_restart_count_and_backs_off_from_t
     # The kubelet's back-off for a 12th restart: the 5 min maximum (x0.2), not the first 10 s.
     assert crashed["state"]["waiting"]["message"].startswith("back-off 1m0s restarting failed container")
     assert timing.backoff(12) == 60.0 and timing.backoff(1) == 2.0
+
+
+def test_a_program_that_dies_of_an_unhandled_error_exits_1_and_is_restarted() -> None:
+    """A request the loaded API server drops raises inside the emulated image: the container exits 1
+    and is restarted with the back-off, as a Go image exiting on the error would be; the pod never
+    stays in its init container for good."""
+    body = pod_body([{"name": "main", "image": "x", "command": ["sh", "-c", "exit 0"]}], [])
+    body["spec"]["initContainers"] = [{"name": "init", "image": "x", "command": ["sh", "-c", "exit 0"]}]
+    calls: list[str] = []
+
+    async def run() -> list[dict[str, Any]]:
+        emu = FailingPodEmulator(Failure("CrashLoopBackOff", container="elsewhere"), profile.realistic(0.01))
+        runner = PodRunner(cast(Emulator, emu), podspec.parse(body), node_state(), body)
+        original = runner.execute
+
+        async def flaky(proc: Proc, argv: tuple[str, ...], *, top: bool = False) -> None:
+            calls.append(proc.spec.name)
+            if len(calls) == 1:
+                raise aiohttp.ServerDisconnectedError()
+            await original(proc, argv, top=top)
+
+        runner.execute = flaky  # type: ignore[method-assign]
+        runner.start()
+        while "main" not in calls:  # the init container ran again, and then the main one
+            await asyncio.sleep(0.01)
+        assert runner.task is not None
+        runner.task.cancel()
+        return emu.statuses
+
+    statuses = asyncio.run(asyncio.wait_for(run(), 10))
+    assert calls[:3] == ["init", "init", "main"]
+    crashed = next(
+        s["initContainerStatuses"][0] for s in statuses if s["initContainerStatuses"][0]["restartCount"]
+    )
+    assert crashed["lastState"]["terminated"]["exitCode"] == 1
+    assert "ServerDisconnectedError" in crashed["lastState"]["terminated"]["message"]
 
 
 def test_no_sandbox_no_pod_ip() -> None:
