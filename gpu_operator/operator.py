@@ -118,19 +118,23 @@ def watches(store: Store) -> list[Watch]:
     def config_maps(present: set[tuple[str, str]]) -> bool:
         return objects("v1", "ConfigMap")(present) | names("config_maps")(present)
 
+    # Every kind but the ClusterPolicy, the CRDs and the namespace goes into the Store straight from the
+    # watch stream (`Watch.direct`). In a 1000-node profile Kopf's per-object workers held 7 % of the
+    # event loop's samples for the 2 % of its 48,000 events they handled (940 of them DaemonSet
+    # status updates).
     found = [
         Watch("nvidia.com", "v1", "clusterpolicies", store.record_policy, names("policies")),
         Watch("", "v1", "nodes", store.record_node, names("nodes"), direct=True),
         Watch("", "v1", "pods", store.record_pod, pods, _OURS, direct=True),
-        Watch(*REVISIONS, store.record_revision, names("revisions"), _OURS),
+        Watch(*REVISIONS, store.record_revision, names("revisions"), _OURS, direct=True),
     ]
     for group, version, plural in MANAGED:
         api_version = f"{group}/{version}" if group else version
         if (group, version, plural) == CONFIG_MAPS:
-            found.append(Watch(group, version, plural, store.record_config_map, config_maps))
+            found.append(Watch(group, version, plural, store.record_config_map, config_maps, direct=True))
         else:
             retain = objects(api_version, _KINDS[plural])
-            found.append(Watch(group, version, plural, store.record_managed, retain, _OURS))
+            found.append(Watch(group, version, plural, store.record_managed, retain, _OURS, direct=True))
     found.append(
         Watch(
             CRDS[0],

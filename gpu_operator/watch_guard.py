@@ -10,7 +10,7 @@ whenever it returns):
 2. Record the busy kinds without Kopf's per-event machinery. Every pod and node change would go through
    a per-object worker task, a batching queue and two handler invocations with their keyword
    arguments, to do what one function call does: put the slim record into the Store. For the kinds in
-   `Hooks.direct` (gpu_operator/operator.py: pods and nodes, 9 events in 10 at 1000 nodes) the guard
+   `Hooks.direct` (gpu_operator/operator.py: all but ClusterPolicies, CRDs and the namespace) the guard
    records each listed or watched object itself and hands Kopf only the end of the listing
    (`Bookmark.LISTED`), which still marks the kind indexed: Kopf runs no event handler before every
    kind is listed, and for these kinds every listed object is in the Store before that bookmark.

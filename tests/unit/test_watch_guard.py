@@ -25,8 +25,10 @@ from gpu_operator.store import Store  # noqa: E402
 RESOURCE = SimpleNamespace(group="", plural="nodes")
 
 
-def consume(items: list[Any], fail: BaseException | None = None, **hooks: Any) -> tuple[list[Any], list[Any]]:
-    """Run guarded_watch over a fake Kopf stream; (what it yielded, what the hook was told)."""
+def consume(
+    items: list[Any], fail: BaseException | None = None, resource: Any = RESOURCE, **hooks: Any
+) -> tuple[list[Any], list[Any]]:
+    """Run guarded_watch over a fake Kopf stream of `resource`; (what it yielded, what the hook was told)."""
     told: list[Any] = []
 
     async def original(**_: Any) -> AsyncIterator[Any]:
@@ -39,7 +41,7 @@ def consume(items: list[Any], fail: BaseException | None = None, **hooks: Any) -
         settings = SimpleNamespace()
         hook = watch_guard.Hooks(lambda *args: told.append(args), retry_seconds=0, **hooks)
         watch_guard.attach(settings, hook)
-        return [item async for item in watch_guard.guarded_watch(settings=settings, resource=RESOURCE)]
+        return [item async for item in watch_guard.guarded_watch(settings=settings, resource=resource)]
 
     saved = getattr(watch_guard.guarded_watch, "_gpu_operator_original", None)
     watch_guard.guarded_watch._gpu_operator_original = original  # type: ignore[attr-defined]
@@ -89,6 +91,48 @@ def test_a_direct_kind_is_recorded_here_and_kopf_sees_only_the_end_of_its_listin
     assert recorded == ["n1", "n1", "n1", "n1", "n2"]
     assert store.get("nodes", "n1") is None and store.get("nodes", "n2") is not None
     assert len(woken) == 4, "listed, relabelled, deleted, added"
+
+
+def test_only_policies_crds_and_the_namespace_go_through_kopfs_workers() -> None:
+    """Every other kind is recorded by the guard: a DaemonSet's status updates (940 in a 1000-node
+    rollout) reach the Store, and wake a pass only when its rollout flips."""
+    store = Store()
+    every = watches(store)
+    assert {w.plural for w in every if not w.direct} == {
+        "clusterpolicies",
+        "customresourcedefinitions",
+        "namespaces",
+    }
+    direct = {(w.group, w.plural): w.record for w in every if w.direct}
+    metadata = {
+        "name": "nvidia-dcgm",
+        "namespace": "gpu-operator",
+        "generation": 1,
+        "resourceVersion": "5",
+        "labels": {"app.kubernetes.io/managed-by": "gpu-operator", "app.kubernetes.io/component": "dcgm"},
+    }
+
+    def daemonset(ready: int) -> dict[str, Any]:
+        status = {"observedGeneration": 1, "desiredNumberScheduled": 2, "numberReady": ready}
+        status |= {"updatedNumberScheduled": ready, "numberAvailable": ready}
+        return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": metadata, "status": status}
+
+    key = ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-dcgm")
+    woken: list[bool] = []
+    items = [
+        {"type": None, "object": daemonset(0)},
+        watching.Bookmark.LISTED,
+        {"type": "MODIFIED", "object": daemonset(1)},  # counts moved: no pass
+        {"type": "MODIFIED", "object": daemonset(2)},  # rolled out
+    ]
+    resource = SimpleNamespace(group="apps", plural="daemonsets")
+    seen, told = consume(items, resource=resource, direct=direct, wake=lambda: woken.append(True))
+    assert seen == [watching.Bookmark.LISTED]
+    assert told == [("apps", "daemonsets", {("gpu-operator", "nvidia-dcgm")})]
+    assert store.get("daemonsets", key).ready == 2 and store.get("objects", key) is not None
+    assert len(woken) == 2, "listed, rolled out"
+    consume([{"type": "DELETED", "object": daemonset(2)}], resource=resource, direct=direct)
+    assert store.get("daemonsets", key) is None and store.get("objects", key) is None
 
 
 @pytest.mark.parametrize(
