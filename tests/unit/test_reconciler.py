@@ -486,6 +486,26 @@ def test_a_stale_label_write_reads_the_node_so_the_next_pass_writes_on_its_new_v
     assert fake.versions["gpu-0"] == ("u0", "57")
 
 
+def test_a_label_write_refused_only_because_the_version_moved_goes_again_at_once() -> None:
+    """A status update or another manager's annotation moved the node's resourceVersion but nothing
+    the plan read: the same write goes again on the new version, in the same pass."""
+
+    class Touched(FakeKube):
+        def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
+            self.lookups.append((kind, name))
+            del self.reject[name]  # the next write finds the node as read
+            metadata = {"name": name, "uid": "u0", "resourceVersion": "57", "labels": {PCI: "true"}}
+            return {"apiVersion": "v1", "kind": "Node", "metadata": metadata}
+
+    fake = Touched(reject={"gpu-0": ApiError(409, "Conflict", "the object has been modified")})
+    rec = reconciler(fake)
+    rec.store.put("nodes", "gpu-0", NodeInfo("gpu-0", {PCI: "true"}, uid="u0", resource_version="41"))
+    outcome = rec.run_once()
+    assert outcome.stale == () and not outcome.errors
+    assert fake.versions["gpu-0"] == ("u0", "57")
+    assert fake.labels["gpu-0"]["nvidia.com/gpu.deploy.driver"] == "true"
+
+
 def test_a_node_that_cannot_be_read_after_a_stale_write_is_left_to_its_watch() -> None:
     fake = FakeKube(reject={"gpu-0": ApiError(409, "Conflict", "the object has been modified")})
     rec = reconciler(fake)  # FakeKube.get answers 404: the node went meanwhile
