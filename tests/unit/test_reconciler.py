@@ -458,6 +458,12 @@ def test_label_writes_carry_the_planned_node_uid_and_version_and_a_conflict_retr
     assert outcome.stale == ("node/gpu-0",) and not outcome.errors
 
 
+def node_at_57(name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """The node as a GET after a refused label write answers it: moved on to resourceVersion 57."""
+    metadata = {"name": name, "uid": "u0", "resourceVersion": "57", "labels": labels}
+    return {"apiVersion": "v1", "kind": "Node", "metadata": metadata}
+
+
 def test_a_stale_label_write_reads_the_node_so_the_next_pass_writes_on_its_new_version() -> None:
     """A node whose watch events lag stays at the refused version in the Store; without the read every
     pass would write on it again until its event came."""
@@ -465,12 +471,7 @@ def test_a_stale_label_write_reads_the_node_so_the_next_pass_writes_on_its_new_v
     class Moved(FakeKube):
         def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
             self.lookups.append((kind, name))
-            labels = {PCI: "true", "feature.node.kubernetes.io/gfd": "yes"}
-            return {
-                "apiVersion": "v1",
-                "kind": "Node",
-                "metadata": {"name": name, "uid": "u0", "resourceVersion": "57", "labels": labels},
-            }
+            return node_at_57(name, {PCI: "true", "feature.node.kubernetes.io/gfd": "yes"})
 
     fake = Moved(reject={"gpu-0": ApiError(409, "Conflict", "the object has been modified")})
     rec = reconciler(fake)
@@ -494,8 +495,7 @@ def test_a_label_write_refused_only_because_the_version_moved_goes_again_at_once
         def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
             self.lookups.append((kind, name))
             del self.reject[name]  # the next write finds the node as read
-            metadata = {"name": name, "uid": "u0", "resourceVersion": "57", "labels": {PCI: "true"}}
-            return {"apiVersion": "v1", "kind": "Node", "metadata": metadata}
+            return node_at_57(name, {PCI: "true"})
 
     fake = Touched(reject={"gpu-0": ApiError(409, "Conflict", "the object has been modified")})
     rec = reconciler(fake)

@@ -94,8 +94,8 @@ def test_a_direct_kind_is_recorded_here_and_kopf_sees_only_the_end_of_its_listin
 
 
 def test_only_policies_crds_and_the_namespace_go_through_kopfs_workers() -> None:
-    """Every other kind is recorded by the guard: a DaemonSet's status updates (940 in a 1000-node
-    rollout) reach the Store, and wake a pass only when its rollout flips."""
+    """Every other kind is recorded by the guard: a DaemonSet's status updates (about 900 in a
+    1000-node rollout) reach the Store, and wake a pass only when its rollout flips."""
     store = Store()
     every = watches(store)
     assert {w.plural for w in every if not w.direct} == {
