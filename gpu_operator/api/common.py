@@ -9,7 +9,7 @@ what `kubectl explain` shows.
 from __future__ import annotations
 
 import re
-from decimal import Decimal
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -86,9 +86,23 @@ def _quantity(value: int | str) -> int | str:
         if value < 0:
             raise ValueError("a resource quantity cannot be negative")
         return value
-    if not _QUANTITY.fullmatch(value) or value.startswith("-"):
+    match = _QUANTITY.fullmatch(value)
+    if not match or value.startswith("-"):
         raise ValueError(f"{value!r} is not a Kubernetes quantity such as '500m', '1Gi' or '2'")
+    suffix = match.group(3) or ""
+    if suffix[:1] in ("e", "E") and not _fits_int64(suffix[1:]):
+        # The API server reads the exponent as an int64 and refuses it otherwise ("unable to parse
+        # quantity's suffix": apimachinery pkg/api/resource/suffix.go, interpret).
+        shown = value if len(value) <= 40 else value[:37] + "..."
+        raise ValueError(f"{shown!r}: the exponent does not fit a 64-bit integer")
     return value
+
+
+def _fits_int64(number: str) -> bool:
+    """Whether a decimal integer ('+12', '-0003') is within int64, without converting thousands of digits."""
+    digits = number.lstrip("+-").lstrip("0")
+    bound = 2**63 if number.startswith("-") else 2**63 - 1
+    return len(digits) <= len(str(bound)) and int(digits or "0") <= bound
 
 
 def _label_keys(value: dict[str, str]) -> dict[str, str]:
@@ -270,8 +284,15 @@ _DECIMAL = {"n": "1e-9", "u": "1e-6", "m": "1e-3", "": "1", "k": "1e3", "M": "1e
 _DECIMAL |= {"P": "1e15", "E": "1e18"}
 
 
+_WIDE = Context(Emax=MAX_EMAX, Emin=MIN_EMIN)
+"""Exponents as wide as Decimal allows: 10 ** 1000000 overflows the default context (Emax 999999)."""
+_EXPONENT_BOUND = 10**17
+"""Exponents are clamped to this, within MAX_EMAX: beyond it every amount is out of any real range."""
+
+
 def quantity_value(value: int | str) -> Decimal:
-    """The amount a Kubernetes quantity stands for ('500m' is 0.5, '1Gi' 1073741824, '1e3' 1000)."""
+    """The amount a Kubernetes quantity stands for ('500m' is 0.5, '1Gi' 1073741824, '1e3' 1000),
+    for comparisons. Any exponent the API server accepts is computed, none overflows ('1e1000000')."""
     text = str(value).lstrip("+")
     number = re.match(r"[0-9]*\.?[0-9]*", text)
     digits = number.group(0) if number else ""
@@ -281,7 +302,8 @@ def quantity_value(value: int | str) -> Decimal:
         return amount * _BINARY[suffix]
     if suffix in _DECIMAL:
         return amount * Decimal(_DECIMAL[suffix])
-    return amount * Decimal(10) ** int(suffix[1:])  # e3, E-2
+    exponent = int(suffix[1:])  # e3, E-2
+    return amount.scaleb(max(-_EXPONENT_BOUND, min(_EXPONENT_BOUND, exponent)), _WIDE)
 
 
 class ResourceRequirements(Model):

@@ -374,6 +374,23 @@ LIMITS = [
         "spec.dcgmExporter.serviceMonitor.interval",
         "duration",
     ),
+    # The API server reads a quantity's exponent as an int64 and refuses a longer one.
+    (
+        {"driver": {"resources": {"limits": {"cpu": "1e9223372036854775808"}}}},
+        "spec.driver.resources.limits.cpu",
+        "64-bit",
+    ),
+    (
+        {"driver": {"resources": {"limits": {"cpu": "1E" + "9" * 5000}}}},
+        "spec.driver.resources.limits.cpu",
+        "64-bit",
+    ),
+    # Exponents the default decimal context cannot raise 10 to (found by test_crd_properties).
+    (
+        {"ccManager": {"resources": {"limits": {"cpu": "2"}, "requests": {"cpu": "1e1000000"}}}},
+        "spec.ccManager.resources",
+        "more than limits.cpu",
+    ),
 ]
 
 
@@ -401,6 +418,15 @@ def test_limits_name_the_field(spec: dict[str, Any], path: str, fragment: str) -
         {"daemonsets": {"rollingUpdate": {"maxUnavailable": "999999999"}}},
         {"kataManager": {"config": {"artifactsDir": "/opt", "runtimeClasses": [{"name": "kata"}]}}},
         {"dcgmExporter": {"serviceMonitor": {"interval": "1m30s", "relabelings": [{"action": "drop"}]}}},
+        {"ccManager": {"resources": {"limits": {"cpu": 0}, "requests": {"cpu": ".0E1000000"}}}},
+        {
+            "driver": {
+                "resources": {
+                    "limits": {"cpu": "1e9223372036854775807"},
+                    "requests": {"cpu": "1e-000000000000000000000009"},
+                }
+            }
+        },
     ],
 )
 def test_limits_leave_valid_values_alone(spec: dict[str, Any]) -> None:

@@ -35,7 +35,15 @@ from gpu_operator.upgrade.states import (
 PCI = "feature.node.kubernetes.io/pci-10de.present"
 OURS = {"app.kubernetes.io/managed-by": "gpu-operator"}
 NOW = time.time()
+"""The time the fixtures are stamped from: set again before each test (`fresh_now`), since the passes
+read the real clock and a suite slowed down by a busy machine would otherwise see the stamps minutes old."""
 PDB = "Cannot evict pod as it would violate the pod's disruption budget."
+
+
+@pytest.fixture(autouse=True)
+def fresh_now() -> None:
+    global NOW
+    NOW = time.time()
 
 
 def stamp(seconds: float) -> str:
@@ -131,7 +139,7 @@ def pod_body(
     *,
     revision_hash: str = "",
     ready: bool = True,
-    created: float = NOW - 600,
+    created: float | None = None,
     restarts: int = 0,
     gpu: bool = False,
 ) -> dict[str, Any]:
@@ -157,7 +165,7 @@ def pod_body(
             "uid": f"uid-{name}",
             "labels": labels,
             "ownerReferences": [owner],
-            "creationTimestamp": stamp(created),
+            "creationTimestamp": stamp(NOW - 600 if created is None else created),
         },
         "spec": {"nodeName": node, "containers": [{"name": "c", "resources": resources}]},
         "status": {
