@@ -58,9 +58,16 @@ class Model(BaseModel):
     )
 
 
+_NOT_INT64 = "does not fit the 64-bit integer the API server stores"
+
+
+def _in_int64(value: int) -> bool:
+    return -(2**63) <= value < 2**63
+
+
 def _int64(value: int) -> int:
-    if not -(2**63) <= value < 2**63:
-        raise ValueError("does not fit the 64-bit integer the API server stores")
+    if not _in_int64(value):
+        raise ValueError(_NOT_INT64)
     return value
 
 
@@ -90,19 +97,14 @@ def _quantity(value: int | str) -> int | str:
     if not match or value.startswith("-"):
         raise ValueError(f"{value!r} is not a Kubernetes quantity such as '500m', '1Gi' or '2'")
     suffix = match.group(3) or ""
-    if suffix[:1] in ("e", "E") and not _fits_int64(suffix[1:]):
+    if suffix[:1] in ("e", "E"):
         # The API server reads the exponent as an int64 and refuses it otherwise ("unable to parse
-        # quantity's suffix": apimachinery pkg/api/resource/suffix.go, interpret).
-        shown = value if len(value) <= 40 else value[:37] + "..."
-        raise ValueError(f"{shown!r}: the exponent does not fit a 64-bit integer")
+        # quantity's suffix": apimachinery pkg/api/resource/suffix.go, interpret). Past int64's 19
+        # digits it is out without converting them (int() refuses more than 4300).
+        sign, digits = suffix[1:2].strip("0123456789"), suffix[1:].lstrip("+-").lstrip("0")
+        if len(digits) > 19 or not _in_int64(int(sign + (digits or "0"))):
+            raise ValueError(f"its exponent {_NOT_INT64}")
     return value
-
-
-def _fits_int64(number: str) -> bool:
-    """Whether a decimal integer ('+12', '-0003') is within int64, without converting thousands of digits."""
-    digits = number.lstrip("+-").lstrip("0")
-    bound = 2**63 if number.startswith("-") else 2**63 - 1
-    return len(digits) <= len(str(bound)) and int(digits or "0") <= bound
 
 
 def _label_keys(value: dict[str, str]) -> dict[str, str]:
