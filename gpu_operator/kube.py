@@ -9,6 +9,7 @@ helpers all use it.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -151,10 +152,47 @@ def load_api_client(
             context=context,
             client_configuration=configuration,
         )
+    hook = configuration.refresh_api_key_hook
+    if hook is not None:
+        configuration.refresh_api_key_hook = throttled(hook, AUTH_REFRESH_SECONDS)
     api = client.ApiClient(configuration)
     if user_agent:
         api.user_agent = user_agent
     return api
+
+
+AUTH_REFRESH_SECONDS = 1.0
+"""How often a request runs the config loader's refresh hook (see `throttled`)."""
+
+
+def throttled(
+    hook: Callable[[Any], None], seconds: float, clock: Callable[[], float] = time.monotonic
+) -> Callable[[Any], None]:
+    """The credentials' refresh hook, run at most once every `seconds`.
+
+    Both config loaders (kubernetes/config/incluster_config.py and kube_config.py `_set_config`) install
+    a hook that the client runs before every request, and it sets `configuration.host` again, whose
+    setter reads the proxy settings from the whole environment (`urllib.request.getproxies`): a fifth of
+    the client's CPU per request (1.35 → 1.06 ms on a busy 2-core machine), paid by every write of a
+    rollout and every request of the vetting. The loaders themselves re-read a token only when it
+    is due (incluster_config.py: the token file once a minute; kube_config.py: an exec or OIDC token
+    5 minutes before it expires), so a second's delay never sends an expired one."""
+    last: list[float] = []
+    current = [hook]
+
+    def refresh(configuration: Any) -> None:
+        now = clock()
+        if last and now - last[0] < seconds:
+            return
+        last[:] = [now]
+        current[0](configuration)
+        # The loaders' hook installs a new copy of itself each time it runs: keep it behind this one.
+        replacement = configuration.refresh_api_key_hook
+        if replacement is not None and replacement is not refresh:
+            current[0] = replacement
+            configuration.refresh_api_key_hook = refresh
+
+    return refresh
 
 
 Timeout = tuple[float, float]
