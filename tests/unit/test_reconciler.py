@@ -18,10 +18,17 @@ from gpu_operator.api.status import ClusterPolicyStatus
 from gpu_operator.kube import ApiError, Kube, NotLeader
 from gpu_operator.labels import FIELD_MANAGER
 from gpu_operator.nodes import NodeInfo
-from gpu_operator.observed import ADOPT_ANNOTATION, ObjectKey, PodInfo, object_key
+from gpu_operator.observed import ADOPT_ANNOTATION, ObjectKey, PodInfo, component_of, object_key
 from gpu_operator.plan import POLICY_CRD, PolicyRef
 from gpu_operator.psa import PREVIOUS_ANNOTATION, PSA_LABELS, NamespaceInfo
-from gpu_operator.reconciler import DISCOVERY_MANAGER, SERVED_ANNOTATION, Reconciler, announce_served
+from gpu_operator.reconciler import (
+    DISCOVERY_MANAGER,
+    SERVED_ANNOTATION,
+    Reconciler,
+    announce_served,
+    in_waves,
+    labelled_components,
+)
 from gpu_operator.settings import Settings
 from gpu_operator.status import progress_only, status_body
 from gpu_operator.store import Store
@@ -218,6 +225,67 @@ def test_node_labels_go_out_while_the_objects_are_applied_not_after() -> None:
     assert time.monotonic() - started < 4.0, "the DaemonSets waited for a label that waited for them"
     assert fake.labels["gpu-0"]["nvidia.com/gpu.deploy.driver"] == "true"
     assert any(key[1] == "DaemonSet" for key in fake.applied)
+
+
+def test_objects_go_in_waves_the_labelled_components_daemonset_after_its_own_objects_only() -> None:
+    """A DaemonSet never before its component's ServiceAccount, RBAC and ConfigMaps nor before the
+    RuntimeClasses, and the first stage's DaemonSet (the driver's: its label goes out in this pass)
+    waits for its own objects, not for every other component's: its pods are the rollout's critical
+    path."""
+
+    class TakesTime(FakeKube):
+        def apply(
+            self, body: Mapping[str, Any], manager: str = "gpu-operator", dry_run: bool = False
+        ) -> dict[str, Any]:
+            if not dry_run:
+                time.sleep(0.01)  # each write a round trip, as on an API server
+            return super().apply(body, manager, dry_run)
+
+    fake = TakesTime()
+    reconciler(fake).run_once()
+    order = {key: index for index, key in enumerate(fake.applied)}
+    components = {object_key(b): component_of(b["metadata"]) for b in fake.bodies}
+    daemonsets = [key for key in order if key[1] == "DaemonSet"]
+    driver = [key for key in daemonsets if components[key] == "driver"]
+    assert driver and len(daemonsets) > len(driver)
+    for key in daemonsets:
+        own = [k for k in order if components[k] == components[key] and k[1] != "DaemonSet"]
+        assert own and all(order[k] < order[key] for k in own), key
+    runtime_classes = [k for k in order if k[1] == "RuntimeClass"]
+    assert runtime_classes and max(order[k] for k in runtime_classes) < min(order[k] for k in daemonsets)
+    others = [k for k in order if components[k] != "driver"]
+    assert max(order[k] for k in driver) < min(order[k] for k in daemonsets if k not in driver)
+    assert max(order[k] for k in driver) < max(order[k] for k in others if k[1] != "DaemonSet")
+
+
+def test_waves_are_the_labelled_components_objects_their_daemonsets_with_the_rest_then_the_rest() -> None:
+    def body(kind: str, component: str) -> dict[str, Any]:
+        labels = {"app.kubernetes.io/component": component}
+        return {"kind": kind, "metadata": {"name": f"{component}-{kind}", "labels": labels}}
+
+    objects = [
+        body(kind, name)
+        for name in ("nvidia-driver", "nvidia-dcgm")
+        for kind in ("ServiceAccount", "DaemonSet")
+    ]
+    objects.append(body("RuntimeClass", "pre-requisites"))
+    first, second, third = in_waves(objects, {"driver"})
+    assert [o["metadata"]["name"] for o in first] == [
+        "nvidia-driver-ServiceAccount",
+        "pre-requisites-RuntimeClass",
+    ]
+    assert [o["metadata"]["name"] for o in second] == [
+        "nvidia-driver-DaemonSet",
+        "nvidia-dcgm-ServiceAccount",
+    ]
+    assert [o["metadata"]["name"] for o in third] == ["nvidia-dcgm-DaemonSet"]
+    assert [o["metadata"]["name"] for o in in_waves(objects, set())[0]] == ["pre-requisites-RuntimeClass"]
+    deploy = {"n1": {"nvidia.com/gpu.deploy.driver": "true"}, "n2": {"nvidia.com/gpu.deploy.dcgm": "false"}}
+    assert labelled_components(deploy) == {"driver"}
+    assert labelled_components({"n1": {"nvidia.com/gpu.deploy.device-plugin": "true"}}) == {
+        "device-plugin",
+        "mps-control-daemon",
+    }
 
 
 def edit(rec: Reconciler, spec: dict[str, Any]) -> None:
