@@ -221,9 +221,9 @@ def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadershi
         direct = {(spec.group, spec.plural): spec.record for spec in every if spec.direct}
         hooks = watch_guard.Hooks(listed, settings.watch_retry_seconds, direct, loop.wake)
         watch_guard.attach(kopf_settings, hooks)
-        # One connection per writer thread, plus one: no "connection pool is full". Every write asks
-        # the leader lease first.
-        api = load_api_client(pool_size=settings.writers + 1)
+        # One connection per writer and applier thread, plus one: no "connection pool is full". Every
+        # write asks the leader lease first.
+        api = load_api_client(pool_size=settings.writers + settings.appliers + 1)
         kube = Kube(api, timeout=settings.api_timeout_seconds, may_write=leadership.leading)
         event_loop = asyncio.get_running_loop()
         memo["warm"] = event_loop.run_in_executor(None, render.warm)  # the first pass renders warm

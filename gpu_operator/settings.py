@@ -67,6 +67,9 @@ class Settings:
     writers: int = 16
     """Concurrent API writes in one pass: enough to label 1000 nodes quickly, few enough for the API
     server."""
+    appliers: int = 8
+    """Concurrent applies of the operands' objects, beside the writers' label writes: a stage's
+    DaemonSet never queues behind a thousand node labels."""
     watch_server_timeout_seconds: int = 300
     """Watches end on the server after this long and are resumed from their resourceVersion."""
     request_timeout_seconds: float = 60.0

@@ -10,6 +10,7 @@ import copy
 import threading
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, cast
 
 import pytest
@@ -256,6 +257,38 @@ def test_objects_go_in_waves_the_labelled_components_daemonset_after_its_own_obj
     others = [k for k in order if components[k] != "driver"]
     assert max(order[k] for k in driver) < min(order[k] for k in daemonsets if k not in driver)
     assert max(order[k] for k in driver) < max(order[k] for k in others if k[1] != "DaemonSet")
+
+
+def test_the_first_stages_daemonset_does_not_queue_behind_the_node_labels() -> None:
+    """60 nodes, each label write a round trip: the driver's DaemonSet goes out while they are
+    written, not after the last of them."""
+    done: list[str] = []
+
+    class Busy(FakeKube):
+        def apply(
+            self, body: Mapping[str, Any], manager: str = "gpu-operator", dry_run: bool = False
+        ) -> dict[str, Any]:
+            written = super().apply(body, manager, dry_run)
+            if not dry_run:
+                done.append(body["metadata"]["name"])
+            return written
+
+        def apply_node_labels(
+            self, node: str, labels: Mapping[str, str], uid: str, resource_version: str = ""
+        ) -> dict[str, Any]:
+            time.sleep(0.02)
+            written = super().apply_node_labels(node, labels, uid, resource_version)
+            done.append(f"node {node}")
+            return written
+
+    fake = Busy()
+    rec = reconciler(fake)
+    for index in range(1, 60):
+        rec.store.put("nodes", f"gpu-{index}", gpu_node(f"gpu-{index}"))
+    rec.run_once()
+    assert len(fake.labels) == 60
+    last_label = max(index for index, name in enumerate(done) if name.startswith("node "))
+    assert done.index("nvidia-driver-daemonset") < last_label
 
 
 def test_waves_are_the_labelled_components_objects_their_daemonsets_with_the_rest_then_the_rest() -> None:
@@ -572,6 +605,42 @@ def test_a_label_write_refused_only_because_the_version_moved_goes_again_at_once
     assert outcome.stale == () and not outcome.errors
     assert fake.versions["gpu-0"] == ("u0", "57")
     assert fake.labels["gpu-0"]["nvidia.com/gpu.deploy.driver"] == "true"
+
+
+def moved_while_proving(node: NodeInfo) -> tuple[FakeKube, Reconciler]:
+    """A pass whose node `gpu-0` the watch brings again as `node` while the pass proves its change
+    (before any label write goes out)."""
+
+    class Watched(FakeKube):
+        def apply(
+            self, body: Mapping[str, Any], manager: str = "gpu-operator", dry_run: bool = False
+        ) -> dict[str, Any]:
+            if dry_run:
+                rec.store.put("nodes", "gpu-0", node)
+            return super().apply(body, manager, dry_run)
+
+    fake = Watched()
+    rec = reconciler(fake)
+    rec.store.put("nodes", "gpu-0", NodeInfo("gpu-0", {PCI: "true"}, uid="u0", resource_version="41"))
+    return fake, rec
+
+
+def test_a_label_write_goes_on_the_newest_version_the_watch_brought_while_it_waited() -> None:
+    """Only the resourceVersion moved (another manager's annotation): no refused write, no read."""
+    fake, rec = moved_while_proving(NodeInfo("gpu-0", {PCI: "true"}, uid="u0", resource_version="44"))
+    outcome = rec.run_once()
+    assert outcome.stale == () and not outcome.errors
+    assert fake.versions["gpu-0"] == ("u0", "44")
+    assert ("Node", "gpu-0") not in fake.lookups
+
+
+def test_a_label_write_whose_node_changed_while_it_waited_is_left_to_the_next_pass() -> None:
+    """Something the plan reads changed (a label another manager set): the write would be refused."""
+    changed = NodeInfo("gpu-0", {PCI: "true", "nvidia.com/gpu.deploy.driver": "false"}, uid="u0")
+    fake, rec = moved_while_proving(replace(changed, resource_version="44"))
+    outcome = rec.run_once()
+    assert outcome.stale == ("node/gpu-0",) and not outcome.errors
+    assert "gpu-0" not in fake.labels and ("Node", "gpu-0") not in fake.lookups
 
 
 def test_a_node_that_cannot_be_read_after_a_stale_write_is_left_to_its_watch() -> None:
