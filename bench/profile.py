@@ -29,8 +29,9 @@ WRITES: tuple[tuple[str, str], ...] = (
     ("Kube.apply ", "object apply PATCH"),
 )
 RECONCILE = "Reconciler.run_once"
-WRITER_THREAD = "gpu-operator-write"
-"""The reconciler's write pool (gpu_operator/reconciler.py); its samples / ticks = writes in flight."""
+WRITER_THREADS = ("gpu-operator-write", "gpu-operator-apply")
+"""The reconciler's pools (gpu_operator/reconciler.py: label writes, object applies); their samples /
+ticks = writes in flight."""
 IDLE_LEAF = ".select (selectors.py"
 """The event loop waiting for I/O (EpollSelector.select)."""
 
@@ -61,7 +62,7 @@ def summarise(raw: str) -> dict[str, float]:
             ticks += count
             if not frames or IDLE_LEAF not in frames[-1]:
                 main_busy += count
-        elif thread.startswith(WRITER_THREAD):
+        elif thread.startswith(WRITER_THREADS):
             write = next((name for marker, name in WRITES if marker in joined), None)
             if write is not None:
                 writes[write] += count

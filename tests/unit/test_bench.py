@@ -316,6 +316,7 @@ def test_profile_shares_of_wall_time() -> None:
             "thread (4): gpu-operator-write_0;_worker (thread.py:83);Kube.apply_node_labels (k.py:1) 7",
             "thread (5): gpu-operator-write_1;_worker (thread.py:83);Kube.apply_node_labels (k.py:1) 6",
             "thread (5): gpu-operator-write_1;_worker (thread.py:81) 4",
+            "thread (6): gpu-operator-apply_0;_worker (thread.py:83);Kube.apply (k.py:1) 3",
             "garbage",
         ]
     )
@@ -325,6 +326,7 @@ def test_profile_shares_of_wall_time() -> None:
         "reconcile: object apply PATCH": 0.1,
         "reconcile (total)": 0.8,
         "in flight: node label PATCH": 1.3,
+        "in flight: object apply PATCH": 0.3,
         "event loop busy": 0.4,
     }
     assert profile.summarise("") == {}
