@@ -177,19 +177,19 @@ def throttled(
     rollout and every request of the vetting. The loaders themselves re-read a token only when it
     is due (incluster_config.py: the token file once a minute; kube_config.py: an exec or OIDC token
     5 minutes before it expires), so a second's delay never sends an expired one."""
-    last: list[float] = []
-    current = [hook]
+    last: float | None = None
 
     def refresh(configuration: Any) -> None:
+        nonlocal hook, last
         now = clock()
-        if last and now - last[0] < seconds:
+        if last is not None and now - last < seconds:
             return
-        last[:] = [now]
-        current[0](configuration)
+        last = now
+        hook(configuration)
         # The loaders' hook installs a new copy of itself each time it runs: keep it behind this one.
         replacement = configuration.refresh_api_key_hook
         if replacement is not None and replacement is not refresh:
-            current[0] = replacement
+            hook = replacement
             configuration.refresh_api_key_hook = refresh
 
     return refresh

@@ -232,10 +232,14 @@ def _unless_changed(what: str, stale: list[str], write: Callable[[], object]) ->
     except ApiError as exc:
         if not gone_or_changed(exc):
             raise
-        log.info("%s changed since this pass read it; the next pass decides again", what)
-        stale.append(what)
+        _left_to_next_pass(what, stale)
         return False
     return True
+
+
+def _left_to_next_pass(what: str, stale: list[str]) -> None:
+    log.info("%s changed since this pass read it; the next pass decides again", what)
+    stale.append(what)
 
 
 @dataclass
@@ -323,7 +327,8 @@ class Reconciler:
         )
         labelled = [self.pool.submit(job) for job in labelling]
         try:
-            for wave in in_waves(verdict.writes, labelled_components(plan.node_labels)):
+            leading = labelled_components(plan.node_labels) if verdict.writes else set()
+            for wave in in_waves(verdict.writes, leading):
                 self._in_parallel((partial(self._apply, body, errors) for body in wave), self.appliers)
         finally:
             wait(labelled)
@@ -509,8 +514,7 @@ class Reconciler:
             if current is not None and current != node:
                 # The watch brought a change the plan would read while this write waited its turn (a
                 # stage's label writes queue for seconds on a busy API server): refused as stale anyway.
-                log.info("%s changed since this pass read it; the next pass decides again", what)
-                stale.append(what)
+                _left_to_next_pass(what, stale)
                 return
             # Its resourceVersion alone may have moved meanwhile (another manager's annotation, a status
             # update): the decision stands, on the newest version known.
