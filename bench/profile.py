@@ -22,6 +22,8 @@ RECONCILE_STEPS: tuple[tuple[str, str], ...] = (
     ("Kube.apply ", "object apply PATCH"),
     ("build (gpu_operator/plan.py", "planning (pure)"),
     ("snapshot (gpu_operator/reconciler.py", "store snapshot"),
+    # run_once waits for its label writes itself (concurrent.futures.wait) while the waves go out.
+    ("wait (concurrent/futures/_base.py", "waiting for its parallel writes"),
 )
 WRITES: tuple[tuple[str, str], ...] = (
     ("apply_node_labels", "node label PATCH"),
