@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpu_operator import metrics
@@ -66,6 +66,8 @@ class Loop:
         self.leading = leading
         """Whether this replica may reconcile now (holds the leader lease); a standby runs no pass."""
         self.wakeup = asyncio.Event()
+        self.idle = asyncio.Event()
+        """Set while the loop waits for work with none pending: the next watch event may start a pass."""
         self.listed = asyncio.Event()
         """Set once Kopf has listed every watched kind (see gpu_operator/operator.py)."""
         self.completed = asyncio.Event()
@@ -92,6 +94,19 @@ class Loop:
         if self.work_since is None and self.leading():
             self.work_since = self.clock()
         self.wakeup.set()
+        self.idle.clear()
+
+    def settle(self) -> Awaitable[None] | None:
+        """For a watch after a read (gpu_operator/watch_stream.py): None while the loop is idle (read on),
+        else a wait until it is, at most `watch_coalesce_seconds`: what arrives meanwhile would wait for
+        the pass anyway, and arrives in one read instead of one each."""
+        if self.idle.is_set() or self.settings.watch_coalesce_seconds <= 0:
+            return None
+        return self._until_idle()
+
+    async def _until_idle(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.idle.wait(), self.settings.watch_coalesce_seconds)
 
     def wake_at(self, when: float | None) -> None:
         """A pass at `when` (Unix seconds), without a sleeping handler: a timer on the event loop."""
@@ -128,8 +143,11 @@ class Loop:
         self.started = True
         await self.listed.wait()
         while True:
+            if not self.wakeup.is_set():
+                self.idle.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wakeup.wait(), timeout=self.settings.resync_seconds)
+            self.idle.clear()
             self.wakeup.clear()
             if self.soon is not None:  # this pass sees what it was asked for
                 self.soon.cancel()

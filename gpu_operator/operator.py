@@ -219,7 +219,7 @@ def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadershi
         # The namespace watch is narrowed to the operand namespace (RBAC allows just that name).
         kopf_settings.watching.field_selectors[NAMESPACES] = f"metadata.name={settings.namespace}"
         direct = {(spec.group, spec.plural): spec.record for spec in every if spec.direct}
-        hooks = watch_guard.Hooks(listed, settings.watch_retry_seconds, direct, loop.wake)
+        hooks = watch_guard.Hooks(listed, settings.watch_retry_seconds, direct, loop.wake, loop.settle)
         watch_guard.attach(kopf_settings, hooks)
         # One connection per writer and applier thread, plus one: no "connection pool is full". Every
         # write asks the leader lease first.

@@ -70,6 +70,12 @@ class Settings:
     appliers: int = 8
     """Concurrent applies of the operands' objects, beside the writers' label writes: a stage's
     DaemonSet never queues behind a thousand node labels."""
+    watch_coalesce_seconds: float = 0.2
+    """While a pass runs or waits to run, the watches of pods, nodes and the operator's objects read
+    their connections at most this often (gpu_operator/watch_stream.py `read`): the pass would see the
+    events no sooner, and the event loop pays for each wake-up about what it pays for the events it
+    brings. Short enough that the API server's buffers for the watch never fill (it closes a watcher
+    that stays behind)."""
     watch_server_timeout_seconds: int = 300
     """Watches end on the server after this long and are resumed from their resourceVersion."""
     request_timeout_seconds: float = 60.0

@@ -8,12 +8,13 @@ whenever it returns):
    deleted node or DaemonSet forever. `Hooks.listed` gets the (namespace, name) of every listed object
    once the listing is over (Kopf's `Bookmark.LISTED`), and the Store forgets the others.
 2. Record the busy kinds without Kopf's per-event machinery. Every pod and node change would go through
-   a per-object worker task, a batching queue and two handler invocations with their keyword
-   arguments, to do what one function call does: put the slim record into the Store. For the kinds in
-   `Hooks.direct` (gpu_operator/operator.py: all but ClusterPolicies, CRDs and the namespace) the guard
-   records each listed or watched object itself and hands Kopf only the end of the listing
-   (`Bookmark.LISTED`), which still marks the kind indexed: Kopf runs no event handler before every
-   kind is listed, and for these kinds every listed object is in the Store before that bookmark.
+   Kopf's stream of async generators, a per-object worker task, a batching queue and two handler
+   invocations with their keyword arguments, to do what one function call does: put the slim record
+   into the Store. The kinds in `Hooks.direct` (gpu_operator/operator.py: all but ClusterPolicies, CRDs
+   and the namespace) are listed and watched by gpu_operator/watch_stream.py instead of Kopf's function,
+   which records each object itself and hands Kopf only the end of the listing (`Bookmark.LISTED`):
+   that still marks the kind indexed, so Kopf runs no event handler before every kind is listed, and
+   for these kinds every listed object is in the Store before that bookmark.
 3. Survive the API server. A 404 (the CRD deleted between two watch requests), a 403, a watch ERROR
    event or an API server that stays down longer than Kopf's own retries make the watch raise, which
    stops Kopf and the whole operator. Here the watch logs one line, waits `retry_seconds` and lists
@@ -30,19 +31,19 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import aiohttp
 from kopf._cogs.clients import errors, watching
 
-from gpu_operator import metrics
+from gpu_operator import watch_stream
 
 log = logging.getLogger("gpu_operator")
 
 Listed = Callable[[str, str, set[tuple[str, str]]], None]
 """(group, plural, {(namespace or "", name)} of the listing)."""
-Record = Callable[[Mapping[str, Any], bool], bool]
-"""(object, deleted) → whether a pass must follow."""
+Record = watch_stream.Record
 _ATTRIBUTE = "gpu_operator_watch_hooks"
 _ORIGINAL = "_gpu_operator_original"
 
@@ -55,6 +56,8 @@ class Hooks:
     """(group, plural) → how its objects enter the Store, for the kinds recorded here (see above)."""
     wake: Callable[[], None] = lambda: None
     """Called (on the event loop) when a directly recorded object needs a pass."""
+    settle: watch_stream.Settle = lambda: None
+    """Asked after each read of a direct kind's stream: whether to wait before the next (Loop.settle)."""
 
 
 def attach(kopf_settings: Any, hooks: Hooks) -> None:
@@ -71,19 +74,22 @@ async def guarded_watch(*, settings: Any, resource: Any, **kwargs: Any) -> Async
         async for item in original(settings=settings, resource=resource, **kwargs):
             yield item
         return
-    listing: set[tuple[str, str]] | None = set()
     record = hooks.direct.get((resource.group, resource.plural))
+    listed = partial(hooks.listed, resource.group, resource.plural)
+    if record is not None:
+        stream = watch_stream.list_then_watch(
+            settings=settings,
+            resource=resource,
+            record=record,
+            listed=listed,
+            wake=hooks.wake,
+            settle=hooks.settle,
+            **kwargs,
+        )
+    else:
+        stream = _reporting(original(settings=settings, resource=resource, **kwargs), listed)
     try:
-        async for item in original(settings=settings, resource=resource, **kwargs):
-            if item is watching.Bookmark.LISTED and listing is not None:
-                hooks.listed(resource.group, resource.plural, listing)
-                listing = None
-            elif listing is not None and isinstance(item, dict) and item.get("type") is None:
-                metadata = (item.get("object") or {}).get("metadata") or {}
-                listing.add((metadata.get("namespace") or "", metadata.get("name") or ""))
-            if record is not None and isinstance(item, dict):
-                _record(record, item, resource.plural, hooks.wake)
-                continue
+        async for item in stream:
             yield item
     except _TROUBLE as exc:
         what = f"{resource.plural}.{resource.group}" if resource.group else resource.plural
@@ -91,18 +97,19 @@ async def guarded_watch(*, settings: Any, resource: Any, **kwargs: Any) -> Async
         await asyncio.sleep(hooks.retry_seconds)
 
 
-def _record(record: Record, event: Mapping[str, Any], plural: str, wake: Callable[[], None]) -> None:
-    """One listed (type None) or watched object into the Store; a bug here never stops the watch."""
-    kind = event.get("type")
-    if kind == "BOOKMARK":
-        return
-    body = event.get("object") or {}
-    metrics.observe_watch_event(body.get("kind") or plural, kind)
-    try:
-        if record(body, kind == "DELETED"):
-            wake()
-    except Exception:
-        log.exception("could not record %s %s", plural, (body.get("metadata") or {}).get("name"))
+async def _reporting(
+    stream: AsyncIterator[Any], listed: Callable[[set[tuple[str, str]]], None]
+) -> AsyncIterator[Any]:
+    """Kopf's own stream, unchanged, with its listing reported once it is complete."""
+    listing: set[tuple[str, str]] | None = set()
+    async for item in stream:
+        if item is watching.Bookmark.LISTED and listing is not None:
+            listed(listing)
+            listing = None
+        elif listing is not None and isinstance(item, dict) and item.get("type") is None:
+            metadata = (item.get("object") or {}).get("metadata") or {}
+            listing.add((metadata.get("namespace") or "", metadata.get("name") or ""))
+        yield item
 
 
 def install() -> None:

@@ -211,3 +211,39 @@ def test_passes_past_the_burst_run_at_the_planning_share() -> None:
     # The first pass spends the burst; from then on a pass (and its wait) lasts as long as refilling its
     # 0.02 s at half a core takes: 0.04 s, where spacing by cost alone (pass_spacing 0) would not wait.
     assert all(gap >= 0.04 * 0.9 for gap in gaps[1:]), gaps
+
+
+def test_watches_read_on_while_the_loop_is_idle_and_wait_while_a_pass_runs_or_is_due() -> None:
+    """Loop.settle (gpu_operator/watch_stream.py asks it after each read): None while idle; while a
+    pass runs, a wait that ends when the loop is idle again, or after watch_coalesce_seconds."""
+    running = threading.Event()
+    release = threading.Event()
+
+    def step(loop: Loop) -> None:
+        running.set()
+        release.wait(5)
+
+    async def script(loop: Loop) -> None:
+        for _ in range(100):
+            if loop.idle.is_set():
+                break
+            await asyncio.sleep(0.01)
+        assert loop.idle.is_set() and loop.settle() is None, "idle: the next event may start a pass"
+        loop.wake()
+        assert not loop.idle.is_set(), "woken: a pass is due"
+        waiting = loop.settle()
+        assert waiting is not None
+        started = time.monotonic()
+        await waiting  # the pass is still running: ends after the coalescing interval
+        assert 0.15 <= time.monotonic() - started < 2
+        assert running.is_set()
+        waiting = loop.settle()
+        assert waiting is not None
+        release.set()  # the pass ends, and so does the wait, before the interval is over
+        started = time.monotonic()
+        await waiting
+        assert loop.idle.is_set() and time.monotonic() - started < 0.19
+
+    settings = Settings(resync_seconds=3600.0, pass_spacing=0.0, watch_coalesce_seconds=0.2)
+    drive(settings, step, script)
+    assert Loop(Settings(watch_coalesce_seconds=0)).settle() is None, "0: every event read at once"

@@ -87,13 +87,13 @@ def test_install_routes_kopf_decoding_through_loads() -> None:
     # The two places Kopf decodes API responses; if Kopf moves them, this must fail, not the operator.
     assert "json.loads(line.decode('utf-8'))" in inspect.getsource(api.stream)
     assert "await response.json()" in inspect.getsource(api.get)
-    assert api.json.loads is safe_json.loads_event  # type: ignore[attr-defined]
+    assert api.json.loads is safe_json.loads  # type: ignore[attr-defined]
     hook = vars(aiohttp.ClientResponse)["json"]
     assert hook.keywords == {"loads": safe_json.loads}
     assert not isinstance(hook.func, type(hook)), "wrapped twice"
 
 
-def event_line(kind: str, managed: list[dict[str, Any]] | None) -> str:
+def event_line(kind: str, managed: list[dict[str, Any]] | None) -> bytes:
     """A watch event as the API server writes it: ObjectMeta's fields in Go order, managedFields last."""
     metadata: dict[str, Any] = {
         "name": "p",
@@ -103,7 +103,7 @@ def event_line(kind: str, managed: list[dict[str, Any]] | None) -> str:
     if managed is not None:
         metadata["managedFields"] = managed
     body = {"kind": kind, "apiVersion": "v1", "metadata": metadata, "spec": {"nodeName": "n1"}, "status": {}}
-    return json.dumps({"type": "MODIFIED", "object": body}, separators=(",", ":"))
+    return json.dumps({"type": "MODIFIED", "object": body}, separators=(",", ":")).encode()
 
 
 MANAGED = [
@@ -122,7 +122,7 @@ def test_a_pod_events_managed_fields_are_left_out_and_nothing_else() -> None:
     whole = json.loads(line)
     del whole["object"]["metadata"]["managedFields"]
     assert safe_json.loads_event(line) == whole
-    assert safe_json.loads_event(line + "\n") == whole
+    assert safe_json.loads_event(line + b"\n") == whole
 
 
 def test_other_kinds_and_other_layouts_decode_whole() -> None:
@@ -132,10 +132,10 @@ def test_other_kinds_and_other_layouts_decode_whole() -> None:
     assert safe_json.loads_event(bare) == json.loads(bare)
     # No spec after the metadata (never so from an API server): the cut would not decode, all is decoded.
     odd = (
-        '{"type":"ADDED","object":{"kind":"Pod","metadata":{"name":"p","managedFields":[]},'
-        '"status":{"m":{"n":[]},"spec":1}}}'
+        b'{"type":"ADDED","object":{"kind":"Pod","metadata":{"name":"p","managedFields":[]},'
+        b'"status":{"m":{"n":[]},"spec":1}}}'
     )
-    assert odd.find(']},"spec":') > odd.find(',"managedFields":[') > 0
+    assert odd.find(b']},"spec":') > odd.find(b',"managedFields":[') > 0
     assert safe_json.loads_event(odd) == json.loads(odd)
 
 
