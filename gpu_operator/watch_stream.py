@@ -122,33 +122,33 @@ async def watch(
         response.close()
 
     stopper.add_done_callback(close)
-    version = since
+    events = Events(record, resource.plural, wake, since)
     try:
         async with response:
             transport = response.connection.transport if response.connection is not None else None
-            events = Events(record, resource.plural, wake)
-            version = await read(response.content, since, events, settle, transport)
+            return await read(response.content, events, settle, transport)
     except TimeoutError:
         log.debug("watch of %s inactive; resuming", resource.plural)
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError):
         pass  # a dropped connection, or closed on pause: resumed (or left) from the last version
     finally:
         stopper.remove_done_callback(close)
-    return version
+    return events.version
 
 
-@dataclass(frozen=True)
+@dataclass
 class Events:
-    """Where a stream's events go: the Store (`record`), and the loop when one needs a pass."""
+    """Where a stream's events go: the Store (`record`), and the loop when one needs a pass; and the
+    last resourceVersion seen, where a broken stream resumes."""
 
     record: Record
     plural: str
     wake: Callable[[], None]
+    version: str
 
 
 async def read(
     content: aiohttp.StreamReader,
-    since: str,
     events: Events,
     settle: Settle = lambda: None,
     transport: asyncio.Transport | None = None,
@@ -162,7 +162,6 @@ async def read(
     brings (bench/watch_cost.py: 670 µs an event at 100 a second one by one, 230 µs read ten at a
     time), and a 1000-node rollout brings 48,000 of them while the loop waits for its planning budget.
     """
-    version = since
     rest = b""
     while data := await content.readany():
         if rest:
@@ -172,14 +171,14 @@ async def read(
             line = data[start:end]
             start = end + 1
             if line.strip():
-                version = _event(line, events) or version
-                if version == GONE:
+                events.version = _event(line, events) or events.version
+                if events.version == GONE:
                     return ""
         rest = data[start:]
         waiting = settle()
         if waiting is not None:
             await _unread(waiting, transport)
-    return version
+    return events.version
 
 
 GONE = "<gone>"

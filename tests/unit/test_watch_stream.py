@@ -23,8 +23,8 @@ from gpu_operator.store import Store  # noqa: E402
 
 NODES = references.Resource("", "v1", "nodes", namespaced=False)
 DAEMONSETS = references.Resource("apps", "v1", "daemonsets", namespaced=True)
-Part = bytes | float
-"""What a watch stream sends next: bytes, or a pause of that many seconds."""
+Part = bytes | float | None
+"""What a watch stream sends next: bytes, a pause of that many seconds, or None: the connection drops."""
 
 
 def line(kind: str | None, body: dict[str, Any]) -> bytes:
@@ -55,6 +55,10 @@ class FakeApi:
         if not self.streams:
             await asyncio.sleep(3600)
         for part in self.streams.pop(0):
+            if part is None:
+                assert request.transport is not None
+                request.transport.close()
+                return response
             if isinstance(part, float):
                 await asyncio.sleep(part)
             else:
@@ -176,13 +180,18 @@ def test_a_direct_kind_is_listed_watched_and_recorded_and_kopf_sees_only_the_end
     assert first["labelSelector"] == "a=b" and first["allowWatchBookmarks"] == "true"
 
 
-def test_an_ended_watch_resumes_from_the_last_version_it_saw() -> None:
+def test_an_ended_or_broken_watch_resumes_from_the_last_version_it_saw() -> None:
     store = Store()
     recorded: list[str] = []
-    api = FakeApi([], [[line("ADDED", node("n1", "12"))], [line("ADDED", node("n2", "20"))]])
-    run(api, recorder(store, recorded), until=lambda: len(recorded) == 2)
-    assert [r.get("resourceVersion") for r in api.requests[:3]] == [None, "10", "12"]
-    assert recorded == ["n1", "n2"]
+    streams: list[list[Part]] = [
+        [line("ADDED", node("n1", "12"))],  # the server ends it (its timeoutSeconds)
+        [line("ADDED", node("n2", "20")), 0.05, b'{"type":"ADDED","obj', None],  # dropped mid-event
+        [line("ADDED", node("n3", "30"))],
+    ]
+    api = FakeApi([], streams)
+    run(api, recorder(store, recorded), until=lambda: len(recorded) == 3)
+    assert [r.get("resourceVersion") for r in api.requests[:4]] == [None, "10", "12", "20"]
+    assert recorded == ["n1", "n2", "n3"]
 
 
 def test_gone_lists_the_kind_again_and_an_error_event_is_retried_by_the_guard() -> None:
