@@ -69,6 +69,14 @@ def usage(pid: int) -> ProcessUsage | None:
     )
 
 
+def thread_cpu(pid: int, tid: int) -> float | None:
+    """CPU seconds of one thread of a live process (the main thread's tid is the pid); None when gone."""
+    try:
+        return parse_stat_cpu(Path(f"/proc/{pid}/task/{tid}/stat").read_text())
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
 def cpu_seconds(pids: Mapping[str, int]) -> dict[str, float]:
     """name → CPU seconds so far, for the processes still alive."""
     found = {}

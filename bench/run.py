@@ -566,12 +566,14 @@ class SizeBench:
         spy = self.start_profiler(proc, round_no) if self.s.profile else None
         cpu0, busy0 = self.control_plane_cpu(proc), procstat.machine_busy()
         passes0, planning0 = _passes(proc)
+        loop0 = procstat.thread_cpu(proc.pid, proc.pid)  # the main thread runs the event loop
         t0 = time.time()
         self.kc("apply", "--server-side", "-f", str(self.policy))
         t_ready = watcher.wait(self.timeout)
         shares = self.stop_profiler(spy) if spy is not None else None
         cpu1, busy1 = self.control_plane_cpu(proc), procstat.machine_busy()
         passes1, planning1 = _passes(proc)
+        loop1 = procstat.thread_cpu(proc.pid, proc.pid)
         peaks: list[float] = []
         self.operator_usage(proc, peaks)
         result: dict[str, Any] = {
@@ -580,6 +582,7 @@ class SizeBench:
             "converge_cpu_s": cpu1.get("operator", 0.0) - cpu0.get("operator", 0.0),
             "passes": int(passes1 - passes0),
             "planning_cpu_s": round(planning1 - planning0, 2),
+            "event_loop_cpu_s": None if loop0 is None or loop1 is None else round(loop1 - loop0, 2),
             "cpu_by_process": procstat.cpu_delta(cpu0, cpu1),
             "machine_busy": procstat.busy_fraction(busy0, busy1),
             "pods": self.pipeline(t0, t_ready),
@@ -791,6 +794,7 @@ def summarise(
         "cpu_s": first["process_cpu_s"],
         "converge_cpu_s": stats.median([r["converge_cpu_s"] for r in operator_runs]),
         "planning_cpu_s": stats.median([r.get("planning_cpu_s", 0.0) for r in operator_runs]),
+        "event_loop_cpu_s": stats.median([r.get("event_loop_cpu_s") or 0.0 for r in operator_runs]),
         "operator_profile": first.get("profile", {}),
         "operator_runs_s": op,
         "limit_runs_s": lim,

@@ -201,6 +201,19 @@ def test_stat_cpu_survives_odd_command_names() -> None:
     assert procstat.parse_stat_cpu(text, ticks=100) == 3.0
 
 
+def test_a_threads_cpu_is_read_from_its_task_entry() -> None:
+    import os
+    import time
+
+    before = procstat.thread_cpu(os.getpid(), os.getpid())
+    deadline = time.thread_time() + 0.05
+    while time.thread_time() < deadline:  # this thread, the main one, burns 50 ms of CPU
+        pass
+    after = procstat.thread_cpu(os.getpid(), os.getpid())
+    assert before is not None and after is not None and after - before >= 0.03
+    assert procstat.thread_cpu(os.getpid(), 2**22 + 1) is None, "no such thread"
+
+
 def test_status_and_machine_busy() -> None:
     status = "Name:\tpython\nVmHWM:\t  153600 kB\nVmRSS:\t  102400 kB\n"
     assert procstat.parse_status_kib(status, "VmHWM") == 153600
@@ -267,11 +280,15 @@ def test_markdown_has_header_table_and_details() -> None:
                 idle_writes=["+1.000s create events default/e (201)"],
                 converge_cpu_s=2.04,
                 planning_cpu_s=1.26,
+                event_loop_cpu_s=0.52,
             )
         },
     }
     text = report.markdown(document)
-    assert "- operator CPU while converging (median): 2.0 s, of it planning (the passes) 1.3 s" in text
+    assert (
+        "- operator CPU while converging (median): 2.0 s, of it planning (the passes) 1.3 s, "
+        "the event loop (the watches) 0.5 s" in text
+    )
     assert "`0123456789ab`" in text and "2 CPUs (Test CPU)" in text and "1.0 to 3.5" in text
     assert "| 10 | 3 |" in text
     assert "- requests during convergence (first run): patch nodes 40" in text
