@@ -105,7 +105,7 @@ async def watch(port: int, ca: str, kind: str, events: int, reader: str, coalesc
 
     from gpu_operator import safe_json, watch_guard
     from gpu_operator.store import Store
-    from gpu_operator.watch_stream import record_event
+    from gpu_operator.watch_stream import Events
 
     safe_json.install()
     watch_guard.install()
@@ -137,10 +137,12 @@ async def watch(port: int, ca: str, kind: str, events: int, reader: str, coalesc
     auth.vault_var.set(vault)
     resource_ = references.Resource(group, version, plural, namespaced=kind == "Pod")
 
+    recorded_here = Events(record, plural, lambda: None, settle)  # as the guard recorded before watch_stream
+
     async def consume() -> None:
         async for event in watching.infinite_watch(settings=settings, resource=resource_, namespace=None):
-            if reader == "kopf" and isinstance(event, dict):  # as the guard recorded before watch_stream
-                record_event(record, event["type"], event["object"], plural, lambda: None)
+            if reader == "kopf" and isinstance(event, dict):
+                recorded_here.add(event["type"], event["object"])
 
     task = asyncio.create_task(consume())
     await done.wait()

@@ -38,6 +38,28 @@ Settle = Callable[[], Awaitable[None] | None]
 _EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED"})
 
 
+@dataclass
+class Events:
+    """One kind's stream: where its objects go (the Store, through `record`; the loop, `wake`, when one
+    needs a pass), when to read again (`settle`), and the last resourceVersion seen, where a watch
+    resumes ("" once the kind must be listed again)."""
+
+    record: Record
+    plural: str
+    wake: Callable[[], None]
+    settle: Settle
+    version: str = ""
+
+    def add(self, kind: str | None, body: Mapping[str, Any]) -> None:
+        """One listed (kind None) or watched object into the Store; a bug here never stops the watch."""
+        metrics.observe_watch_event(body.get("kind") or self.plural, kind)
+        try:
+            if self.record(body, kind == "DELETED"):
+                self.wake()
+        except Exception:
+            log.exception("could not record %s %s", self.plural, (body.get("metadata") or {}).get("name"))
+
+
 async def list_then_watch(
     *,
     settings: Any,
@@ -52,49 +74,32 @@ async def list_then_watch(
     """List the kind, record every object, report the listing (`listed`) and yield Kopf's
     `Bookmark.LISTED`; then watch and record until the stream must be listed again (returns) or fails
     (raises). Yields nothing else: Kopf only learns that the kind is listed."""
+    events = Events(record, resource.plural, wake, settle)
     present: set[tuple[str, str]] = set()
-    version = ""
     try:
-        async for chunk, listed_at in fetching.fetch_objs(
+        async for chunk, version in fetching.fetch_objs(
             settings=settings, resource=resource, namespace=namespace, logger=log
         ):
-            version = listed_at
+            events.version = version
             for body in chunk:
                 metadata = body.get("metadata") or {}
                 present.add((metadata.get("namespace") or "", metadata.get("name") or ""))
-                record_event(record, None, body, resource.plural, wake)
+                events.add(None, body)
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError):
         return  # as Kopf: listed again after its reconnect backoff
     listed(present)
     yield watching.Bookmark.LISTED
-    while version and not operator_pause_waiter.done():
-        version = await watch(
-            settings=settings,
-            resource=resource,
-            namespace=namespace,
-            since=version,
-            stopper=operator_pause_waiter,
-            record=record,
-            wake=wake,
-            settle=settle,
-        )
+    while events.version and not operator_pause_waiter.done():
+        await watch(settings, resource, namespace, events, operator_pause_waiter)
 
 
 async def watch(
-    *,
-    settings: Any,
-    resource: Any,
-    namespace: Any,
-    since: str,
-    stopper: asyncio.Future[Any],
-    record: Record,
-    wake: Callable[[], None],
-    settle: Settle = lambda: None,
-) -> str:
-    """One watch request from `since`, recorded until the server or the inactivity timeout ends it;
-    the last resourceVersion seen, or "" when the kind must be listed again (410 Gone)."""
+    settings: Any, resource: Any, namespace: Any, events: Events, stopper: asyncio.Future[Any]
+) -> None:
+    """One watch request from `events.version`, recorded until the server or the inactivity timeout
+    ends it, or the connection drops."""
     watching_ = settings.watching
-    params = {"watch": "true", "allowWatchBookmarks": "true", "resourceVersion": since}
+    params = {"watch": "true", "allowWatchBookmarks": "true", "resourceVersion": events.version}
     selectors = {"labelSelector": watching_.label_selectors, "fieldSelector": watching_.field_selectors}
     for name, kept in selectors.items():
         found = ",".join(sorted(set(kept.collect(resource))))
@@ -113,51 +118,35 @@ async def watch(
     try:
         response = await api.request(method="get", url=url, settings=settings, timeout=timeout, logger=log)
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError):
-        return since
+        return
     if stopper.done():
         response.close()
-        return since
+        return
 
     def close(_: Any) -> None:
         response.close()
 
     stopper.add_done_callback(close)
-    events = Events(record, resource.plural, wake, since)
     try:
         async with response:
             transport = response.connection.transport if response.connection is not None else None
-            return await read(response.content, events, settle, transport)
+            await read(response.content, events, transport)
     except TimeoutError:
         log.debug("watch of %s inactive; resuming", resource.plural)
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError):
         pass  # a dropped connection, or closed on pause: resumed (or left) from the last version
     finally:
         stopper.remove_done_callback(close)
-    return events.version
-
-
-@dataclass
-class Events:
-    """Where a stream's events go: the Store (`record`), and the loop when one needs a pass; and the
-    last resourceVersion seen, where a broken stream resumes."""
-
-    record: Record
-    plural: str
-    wake: Callable[[], None]
-    version: str
 
 
 async def read(
-    content: aiohttp.StreamReader,
-    events: Events,
-    settle: Settle = lambda: None,
-    transport: asyncio.Transport | None = None,
-) -> str:
-    """Record every event of the stream; the last resourceVersion, "" after a 410 Gone.
+    content: aiohttp.StreamReader, events: Events, transport: asyncio.Transport | None = None
+) -> None:
+    """Record every event of the stream, until it ends or a 410 Gone (then `events.version` is "").
 
-    After each read `settle` says whether to read on at once (the loop is idle: the next event may be
-    what starts a pass) or to wait first (a pass is running or due: it would not see the events any
-    sooner). While waiting, the connection's `transport` is not read at all, so that the events of
+    After each read `events.settle` says whether to read on at once (the loop is idle: the next event
+    may be what starts a pass) or to wait first (a pass is running or due: it would not see the events
+    any sooner). While waiting, the connection's `transport` is not read at all, so that the events of
     the wait arrive in one read: each wake-up of the event loop costs about as much as the events it
     brings (bench/watch_cost.py: 670 µs an event at 100 a second one by one, 230 µs read ten at a
     time), and a 1000-node rollout brings 48,000 of them while the loop waits for its planning budget.
@@ -170,36 +159,31 @@ async def read(
         while (end := data.find(b"\n", start)) != -1:
             line = data[start:end]
             start = end + 1
-            if line.strip():
-                events.version = _event(line, events) or events.version
-                if events.version == GONE:
-                    return ""
+            if line.strip() and _event(line, events):
+                return
         rest = data[start:]
-        waiting = settle()
+        waiting = events.settle()
         if waiting is not None:
             await _unread(waiting, transport)
-    return events.version
 
 
-GONE = "<gone>"
-
-
-def _event(line: bytes, events: Events) -> str | None:
-    """Record one event; its resourceVersion, or GONE for a 410 (the kind must be listed again)."""
+def _event(line: bytes, events: Events) -> bool:
+    """Record one event and keep its resourceVersion; True for a 410 Gone (list the kind again)."""
     event = safe_json.loads_event(line)
     kind = event.get("type")
     body = event.get("object") or {}
     if kind == "ERROR":
         if body.get("code") == 410:
             log.debug("watch of %s: resourceVersion too old; listing again", events.plural)
-            return GONE
+            events.version = ""
+            return True
         raise watching.WatchingError(f"Error in the watch-stream: {body}")
     if kind in _EVENTS:
-        record_event(events.record, kind, body, events.plural, events.wake)
+        events.add(kind, body)
     elif kind != "BOOKMARK":
         log.warning("ignoring a watch event of an unknown type: %.200s", line)
-    version = (body.get("metadata") or {}).get("resourceVersion")
-    return str(version) if version else None
+    events.version = str((body.get("metadata") or {}).get("resourceVersion") or events.version)
+    return False
 
 
 async def _unread(waiting: Awaitable[None], transport: asyncio.Transport | None) -> None:
@@ -221,15 +205,3 @@ async def _unread(waiting: Awaitable[None], transport: asyncio.Transport | None)
             if limits is not None:
                 limits()
             transport.resume_reading()
-
-
-def record_event(
-    record: Record, kind: str | None, body: Mapping[str, Any], plural: str, wake: Callable[[], None]
-) -> None:
-    """One listed (kind None) or watched object into the Store; a bug here never stops the watch."""
-    metrics.observe_watch_event(body.get("kind") or plural, kind)
-    try:
-        if record(body, kind == "DELETED"):
-            wake()
-    except Exception:
-        log.exception("could not record %s %s", plural, (body.get("metadata") or {}).get("name"))
