@@ -206,7 +206,14 @@ class Elector:
             self.stopping.wait(self.election.timing.retry)
 
     def step(self) -> None:
-        """One round: read the lease, acquire or renew it when due."""
+        """One round: read the lease, acquire or renew it when due. The leader renews on the lease as
+        it last wrote it, without reading it first (client-go's optimistic fast path): one request
+        every `retry` seconds at rest instead of two; a refused renewal (409: someone else wrote it)
+        falls back to reading it."""
+        if self._renewed():
+            self._say("")
+            self._changed(self.leading())
+            return
         try:
             try:
                 current: Record | None = record_of(self.kube.get(*LEASE_API, self.name, self.namespace))
@@ -224,6 +231,21 @@ class Elector:
             # 409: another replica wrote first; anything else: the API server is not reachable now.
             self._say(f"leader election: {exc}")
         self._changed(self.leading())
+
+    def _renewed(self) -> bool:
+        """The leader's renewal without a read first; False when not leading or refused."""
+        with self.lock:
+            if not self.election.leading(self.clock()):
+                return False
+            wanted = self.election.wanted(self.clock(), micro_time())
+        if wanted is None:
+            return False
+        try:
+            self._write(wanted)
+        except ApiError as exc:
+            log.debug("leader election: renewal without a read refused (%s); reading the lease", exc)
+            return False
+        return True
 
     def _write(self, record: Record) -> None:
         """Create or replace the lease (at the resourceVersion read), and take in what it became."""

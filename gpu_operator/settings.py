@@ -44,6 +44,9 @@ class Settings:
     stale_retry_seconds: float = 0.5
     """A write that found its object changed since the snapshot (409) asks for another pass this soon:
     the watch may bring the new version without a change a pass would react to."""
+    stale_wait_seconds: float = 0.5
+    """A label write refused as stale waits this long at most for the node's watch event to bring the
+    newer version (reconciler `_node_after_conflict`), and only then reads the node."""
     status_interval_seconds: float = 2.0
     """A status write that only tells a rollout's progress (node counts, messages) waits until this
     long after the policy's last one; a changed state, condition or generation goes out at once. A
@@ -54,15 +57,17 @@ class Settings:
     max_pass_spacing_seconds): planning never takes more than a third of a core, and the events of
     the wait are planned together."""
     max_pass_spacing_seconds: float = 1.0
-    planning_burst_seconds: float = 5.0
-    planning_share: float = 0.01
+    planning_burst_seconds: float = 2.5
+    planning_share: float = 0.005
     """Passes may spend `planning_burst_seconds` of CPU back to back (spaced as above), and once that is
     spent, `planning_share` of a core: the budget refills at that rate and the next pass waits for it
     (at most max_budget_wait_seconds). Spacing by cost alone bounds the share of a core, not the CPU
     of a rollout: cheaper passes only came more often, and a 1000-node rollout that the DaemonSet
     controller paces over 15 minutes planned 2000 times (97 s of CPU). A 10- or 100-node rollout plans
-    for well under the burst and never waits; at 1000 nodes a pass waits a few seconds, which the
-    DaemonSet controller's own pace there (about 10 pods a second) hides (bench/README.md)."""
+    for under the burst (0.3 and 1.4 s on the bench's 2 cores) and never waits; at 1000 nodes a pass
+    of about 40 ms waits about 8 s, which the DaemonSet controller's own pace there (10 to 20 pods a
+    second) hides: with 5 s and 1 % a rollout spent 9.6 of its 25.9 s of CPU planning, a pass every
+    4 s, and converged no sooner for it (bench/README.md)."""
     max_budget_wait_seconds: float = 10.0
     writers: int = 16
     """Concurrent API writes in one pass: enough to label 1000 nodes quickly, few enough for the API

@@ -98,9 +98,14 @@ class Store:
     """Node → `speaking` of its components (status.operands_of), a new tuple whenever one changes: a
     pass tells an unchanged node by comparing one tuple, not by looking up each of its components."""
     lock: threading.Lock = field(default_factory=threading.Lock)
+    node_moved: threading.Condition = field(init=False, repr=False, compare=False)
+    """Notified whenever a node is recorded or forgotten (under `lock`): see `wait_node`."""
     shown: Callable[[], None] = field(default=lambda: None, compare=False)
     """Called when a change only shows in the status (a pod's reason or message): a pass is due soon,
     not at once (Loop.wake_soon). Most pod events are such changes: Init:1/4, Init:2/4, Running."""
+
+    def __post_init__(self) -> None:
+        self.node_moved = threading.Condition(self.lock)
 
     def _swap(self, table: str, key: Any, value: Any) -> Any:
         """Set or (value None) remove an entry; the entry it replaced (None if there was none)."""
@@ -111,6 +116,8 @@ class Store:
                 entries[key] = value
             if table == "pods":
                 self._speak(key, before, value)
+            elif table == "nodes":
+                self.node_moved.notify_all()
             return before
 
     def _speak(self, key: str, before: PodInfo | None, after: PodInfo | None) -> None:
@@ -232,7 +239,21 @@ class Store:
             if before is not None and _older(info.resource_version, before.resource_version):
                 return False
             self.nodes[name] = info
+            self.node_moved.notify_all()
         return before != info
+
+    def wait_node(self, name: str, moved_from: str, timeout: float) -> tuple[bool, NodeInfo | None]:
+        """For a writer thread whose write on node `name` at resourceVersion `moved_from` was refused as
+        stale: wait until the Store holds the node at another version, or not at all (its watch brought
+        the change), at most `timeout` seconds. Whether it did, and the node the Store holds."""
+
+        def moved() -> bool:
+            node = self.nodes.get(name)
+            return node is None or node.resource_version != moved_from
+
+        with self.node_moved:
+            arrived = self.node_moved.wait_for(moved, timeout)
+            return arrived, self.nodes.get(name)
 
     def record_pod(self, body: Body, deleted: bool) -> bool:
         """True when a decision may change (a pod came, went, got ready or not, started terminating);

@@ -32,6 +32,7 @@ class LeaseServer:
         self.version = 0
         self.down = False
         self.writes = 0
+        self.reads = 0
 
     def client(self) -> Kube:
         return cast(Kube, FakeKube(self))
@@ -44,6 +45,7 @@ class FakeKube:
         self.server = server
 
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
+        self.server.reads += 1
         if self.server.down:
             raise ApiError(0, "ConnectionError", "refused")
         if self.server.lease is None:
@@ -146,6 +148,26 @@ def test_a_standby_writes_nothing_while_the_lease_is_held() -> None:
     b = elector(server, clock, "b")
     run(clock, [b], 8)  # a is silent but its lease is not yet expired
     assert server.writes == writes and not b.leading()
+
+
+def test_the_leader_renews_without_reading_and_reads_once_its_renewal_is_refused() -> None:
+    """At rest a leader costs the API server one write per retry period, no read (client-go's fast
+    path); a lease someone else wrote meanwhile (a 409 on the renewal) is read and respected."""
+    clock, server = Clock(), LeaseServer()
+    a = elector(server, clock, "a")
+    run(clock, [a], 4)
+    reads, writes = server.reads, server.writes
+    run(clock, [a], 20)
+    assert (server.reads - reads, server.writes - writes) == (0, 10) and a.leading()
+    # An admin hands the lease to "b" (a write a does not know of): a's next renewal is refused.
+    lease = cast(dict[str, Any], server.lease)
+    server.version += 1
+    server.lease = {**lease, "spec": {**lease["spec"], "holderIdentity": "b"}}
+    server.lease["metadata"] = {**lease["metadata"], "resourceVersion": str(server.version)}
+    reads = server.reads
+    a.step()
+    assert server.reads == reads + 1 and not a.leading()
+    assert record_of(server.lease).holder == "b"
 
 
 def test_election_rules_on_their_own() -> None:

@@ -159,7 +159,8 @@ def reconciler(fake: FakeKube, spec: dict[str, Any] | None = None) -> Reconciler
     store.put("policies", "p", PolicyRef("p", "uid-p", 1, "2026-01-01T00:00:00Z", spec or {}, {}))
     store.put("nodes", "gpu-0", gpu_node())
     # The ClusterPolicy CRD is current (reconciler.ensure_crd has its own tests).
-    return Reconciler(cast(Kube, fake), store, Settings(), crd_current=True)
+    # A refused label write waits this long for the node's watch event before reading the node.
+    return Reconciler(cast(Kube, fake), store, Settings(stale_wait_seconds=0.05), crd_current=True)
 
 
 def settle(rec: Reconciler, fake: FakeKube) -> None:
@@ -605,6 +606,31 @@ def test_a_label_write_refused_only_because_the_version_moved_goes_again_at_once
     assert outcome.stale == () and not outcome.errors
     assert fake.versions["gpu-0"] == ("u0", "57")
     assert fake.labels["gpu-0"]["nvidia.com/gpu.deploy.driver"] == "true"
+
+
+def test_a_refused_label_write_takes_the_new_version_from_the_watch_without_reading_the_node() -> None:
+    """The watch brings the node's newer version while the writer waits (a status update moved it):
+    the write goes again on it at once, and the node is never read."""
+
+    class Watched(FakeKube):
+        def apply_node_labels(
+            self, node: str, labels: Mapping[str, str], uid: str, resource_version: str = ""
+        ) -> dict[str, Any]:
+            if node in self.reject:
+                del self.reject[node]
+                moved = replace(rec.store.get("nodes", node), resource_version="57")
+                later = threading.Timer(0.02, rec.store.put, ("nodes", node, moved))
+                later.start()
+                raise ApiError(409, "Conflict", "the object has been modified")
+            return super().apply_node_labels(node, labels, uid, resource_version)
+
+    fake = Watched(reject={"gpu-0": ApiError(409, "Conflict", "the object has been modified")})
+    rec = reconciler(fake)
+    rec.settings = replace(rec.settings, stale_wait_seconds=5.0)
+    rec.store.put("nodes", "gpu-0", NodeInfo("gpu-0", {PCI: "true"}, uid="u0", resource_version="41"))
+    outcome = rec.run_once()
+    assert outcome.stale == () and not outcome.errors
+    assert fake.versions["gpu-0"] == ("u0", "57") and ("Node", "gpu-0") not in fake.lookups
 
 
 def moved_while_proving(node: NodeInfo) -> tuple[FakeKube, Reconciler]:

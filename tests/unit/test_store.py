@@ -4,11 +4,13 @@ that it only shows in the status (a pass soon), or nothing at all (a DaemonSet's
 from __future__ import annotations
 
 import random
+import threading
 from dataclasses import replace
 from typing import Any
 
 from gpu_operator.components import BY_NAME, COMPONENTS
 from gpu_operator.labels import COMPONENT_LABEL
+from gpu_operator.nodes import NodeInfo
 from gpu_operator.observed import PodInfo
 from gpu_operator.status import operands_by_node, pods_by_node
 from gpu_operator.store import Store
@@ -125,3 +127,21 @@ def test_a_pod_change_gives_its_node_a_new_row_and_leaves_the_others_as_they_are
     assert store.operands["gpu-0"][COMPONENTS.index(BY_NAME["driver"])] is ready
     store.put("pods", ready.name, None)
     assert "gpu-0" not in store.operands, "a node without operand pods has no row"
+
+
+def test_a_writer_waits_for_the_watch_to_bring_a_nodes_new_version() -> None:
+    """reconciler._node_after_conflict: the new version (or the node's deletion) ends the wait; nothing
+    in time, and the caller reads the node itself."""
+    store = Store()
+    store.put("nodes", "gpu-0", NodeInfo("gpu-0", {}, uid="u0", resource_version="41"))
+    assert store.wait_node("gpu-0", "41", 0.01) == (False, store.get("nodes", "gpu-0"))
+    moved = NodeInfo("gpu-0", {}, uid="u0", resource_version="57")
+    threading.Timer(
+        0.02,
+        store.record_node,
+        ({"metadata": {"name": "gpu-0", "uid": "u0", "resourceVersion": "57"}}, False),
+    ).start()
+    arrived, found = store.wait_node("gpu-0", "41", 5.0)
+    assert arrived and found == moved and found.resource_version == "57"
+    threading.Timer(0.02, store.put, ("nodes", "gpu-0", None)).start()
+    assert store.wait_node("gpu-0", "57", 5.0) == (True, None)
