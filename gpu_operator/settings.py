@@ -67,7 +67,7 @@ class Settings:
     for under the burst (about 0.3 and 1.4 s on the bench's 2 cores) and never waits; at 1000 nodes a
     pass of 40 to 60 ms waits 4 to 6 s, which the DaemonSet controller's own pace there (10 to 20 pods
     a second) hides. The share also sets how soon a node that joins after such a rollout is served:
-    at 0.5 % it waited 30 s (four passes, one per stage, each for its budget), at 1 % 3.5 s
+    at 0.5 % it waited 30 s (four passes, one per stage, each for its budget), at 1 % 2.5 to 3.5 s
     (bench/README.md)."""
     max_budget_wait_seconds: float = 10.0
     writers: int = 16
