@@ -210,11 +210,10 @@ class Elector:
         it last wrote it, without reading it first (client-go's optimistic fast path): one request
         every `retry` seconds at rest instead of two; a refused renewal (409: someone else wrote it)
         falls back to reading it."""
-        if self._renewed():
-            self._say("")
-            self._changed(self.leading())
-            return
         try:
+            if self._renewed():
+                self._say("")
+                return
             try:
                 current: Record | None = record_of(self.kube.get(*LEASE_API, self.name, self.namespace))
             except ApiError as exc:
@@ -230,7 +229,8 @@ class Elector:
         except ApiError as exc:
             # 409: another replica wrote first; anything else: the API server is not reachable now.
             self._say(f"leader election: {exc}")
-        self._changed(self.leading())
+        finally:
+            self._changed(self.leading())
 
     def _renewed(self) -> bool:
         """The leader's renewal without a read first; False when not leading or refused."""
