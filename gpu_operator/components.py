@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from gpu_operator.api.common import ComponentSpec
@@ -152,11 +153,12 @@ class Component:
     """(policy field, ConfigMap, key) its pods need beyond what their volumes say: a key its image looks
     up (None: any key at all). Checked before its DaemonSet is written (gpu_operator/vetting.py)."""
 
-    @property
+    # Kept once asked: a pass over 1000 nodes asks these hundreds of thousands of times.
+    @cached_property
     def deploy_label(self) -> str:
         return f"nvidia.com/gpu.deploy.{self.deploys_with or self.name}"
 
-    @property
+    @cached_property
     def component_label(self) -> str:
         return self.label or self.name
 
@@ -166,7 +168,7 @@ class Component:
         return section
 
     def enabled(self, policy: ClusterPolicySpec) -> bool:
-        return self.spec(policy).is_enabled()
+        return self.name in enabled_names(policy)
 
 
 _NVCR = "nvcr.io/nvidia"
@@ -282,7 +284,23 @@ COMPONENTS: tuple[Component, ...] = (
 )
 
 BY_NAME: dict[str, Component] = {c.name: c for c in COMPONENTS}
+
 BY_LABEL: dict[str, Component] = {c.component_label: c for c in COMPONENTS}
+
+_ENABLED: list[tuple[ClusterPolicySpec | None, frozenset[str]]] = [(None, frozenset())]
+"""The last policy asked about and its enabled components. A pass asks of one policy object (never
+changed in place: the models are rebuilt from each new ClusterPolicy) for every component on every
+node, hundreds of thousands of times at 1000 nodes."""
+
+
+def enabled_names(policy: ClusterPolicySpec) -> frozenset[str]:
+    """The names of the components `policy` enables."""
+    last, names = _ENABLED[0]
+    if last is not policy:
+        names = frozenset(c.name for c in COMPONENTS if c.spec(policy).is_enabled())
+        _ENABLED[0] = (policy, names)
+    return names
+
 
 # Images of containers that run inside another component's pods (the driver's).
 DRIVER_MANAGER = Image(_CLOUD_NATIVE, "k8s-driver-manager", "v0.12.0")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -31,6 +32,9 @@ from gpu_operator.settings import Settings
 from gpu_operator.store import Store
 
 log = logging.getLogger("gpu_operator")
+
+GC_YOUNG_THRESHOLD = 10_000
+"""Allocations (net) between two collections of the youngest generation; CPython's default is 700."""
 
 SELECTOR = f"{MANAGED_BY_LABEL}={FIELD_MANAGER}"
 _OURS = {MANAGED_BY_LABEL: FIELD_MANAGER}
@@ -281,8 +285,25 @@ def run(settings: Settings) -> None:
     # API failure or vanished CRD can make a watch stop the operator.
     safe_json.install()
     watch_guard.install()
+    tune_gc()
     with contextlib.suppress(asyncio.CancelledError):  # as kopf.run
         asyncio.run(_serve(settings))
+
+
+def tune_gc(young_threshold: int = GC_YOUNG_THRESHOLD) -> None:
+    """Make the cyclic garbage collector cheap for a long-running process with a large, stable heap.
+
+    What is imported by now (Kopf, the kubernetes client's models, pydantic, Jinja: about 80,000
+    objects) lives as long as the process: frozen, no full collection scans it again. And a pass or a
+    batch of watch events holds thousands of new objects until it ends (a pod event decodes into a few
+    hundred, a pass's tables have one entry per node or pod); with CPython's default of 700 the
+    youngest generation was collected over a thousand times in a 1000-node rollout, each time
+    traversing those tables and promoting them: 4.5 s of CPU in one such rollout (1109 young, 101
+    middle and 10 full collections, 0.18 s each), almost none of it finding garbage (the operator's
+    records are acyclic and freed by reference counting)."""
+    gc.freeze()
+    _, middle, old = gc.get_threshold()
+    gc.set_threshold(young_threshold, middle, old)
 
 
 async def _serve(settings: Settings) -> None:

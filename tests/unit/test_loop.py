@@ -10,6 +10,8 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
+
 from gpu_operator.kube import ApiError
 from gpu_operator.loop import Loop, health, ready
 from gpu_operator.reconciler import Outcome
@@ -198,6 +200,9 @@ def test_once_the_planning_burst_is_spent_passes_wait_for_the_budget_to_refill()
     clock.now += 2.0
     assert loop.budget.available() == 0.0
     assert loop.spacing(5.0) == 10.0, "never longer than max_budget_wait_seconds"
+    assert loop.budget.available() == -1.0, "what it cost beyond 10 s of refilling is not owed"
+    clock.now += 10.0
+    assert loop.spacing(0.01) == pytest.approx(0.1), "the debt paid off: by this pass alone"
     clock.now += 1000
     assert loop.budget.available() == 1.0, "refilled up to the burst, no further"
     assert health(loop, Store())[1]["reconcile"]["planningBudgetSeconds"] == 1.0
