@@ -65,10 +65,10 @@ class Settings:
     Spacing by cost alone bounds the share of a core, not the CPU of a rollout: cheaper passes only
     came more often, and a 1000-node rollout that the DaemonSet controller paces over 15 minutes
     planned 2000 times (97 s of CPU). A 10- or 100-node rollout plans for under the burst (about 0.3
-    and 1.4 s on the bench's 2 cores) and never waits; at 1000 nodes a pass of 40 to 60 ms waits the
-    full 10 s, which the DaemonSet controller's own pace there (10 to 20 pods a second) hides. A node
+    and 1.4 s on the bench's 2 cores) and never waits; at 1000 nodes a pass of 40 to 60 ms waits 8 to
+    10 s, which the DaemonSet controller's own pace there (10 to 20 pods a second) hides. A node
     that joins after such a rollout is served at once: a minute at rest refills 0.3 s, twenty such
-    passes (bench/README.md: at 0.5 % with the debt carried over it waited 30 s, at 1 % 2.5 to 3.5 s)."""
+    passes (bench/README.md: 2.9 s; at 0.5 % with the debt carried over it waited 30 s)."""
     max_budget_wait_seconds: float = 10.0
     writers: int = 16
     """Concurrent API writes in one pass: enough to label 1000 nodes quickly, few enough for the API
