@@ -310,3 +310,16 @@ def test_nfd_labels_win_over_the_kubelets_os_image() -> None:
 def test_driver_image_tag_of_an_os_name(name: str, tag: str) -> None:
     """A precompiled driver's DaemonSet carries the OS name, its image NVIDIA's tag."""
     assert tag_of(name) == tag
+
+
+def test_which_components_are_enabled_follows_each_policy_object_asked_about() -> None:
+    # Component.enabled keeps the answer for the last policy object asked: asking of another one (a new
+    # ClusterPolicy generation is a new object) answers for that one, and back again.
+    everything, without_dcgm = parse_spec({}), parse_spec({"dcgm": {"enabled": False}})
+    dcgm = BY_NAME["dcgm"]
+    assert [dcgm.enabled(p) for p in (everything, without_dcgm, everything, without_dcgm)] == [
+        True,
+        False,
+        True,
+        False,
+    ]
