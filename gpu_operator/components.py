@@ -284,13 +284,13 @@ COMPONENTS: tuple[Component, ...] = (
 )
 
 BY_NAME: dict[str, Component] = {c.name: c for c in COMPONENTS}
-
 BY_LABEL: dict[str, Component] = {c.component_label: c for c in COMPONENTS}
 
 _ENABLED: list[tuple[ClusterPolicySpec | None, frozenset[str]]] = [(None, frozenset())]
 """The last policy asked about and its enabled components. A pass asks of one policy object (never
 changed in place: the models are rebuilt from each new ClusterPolicy) for every component on every
-node, hundreds of thousands of times at 1000 nodes."""
+node, hundreds of thousands of times at 1000 nodes. By identity, not a memo.Memo: a Memo compares its
+inputs and stores them again on every hit, 500 ns a call here against 200."""
 
 
 def enabled_names(policy: ClusterPolicySpec) -> frozenset[str]:
