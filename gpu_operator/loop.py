@@ -37,9 +37,7 @@ class Budget:
     more than ten seconds of a half-percent share) grew pass after pass, and a node that joined a
     minute after the rollout still waited for it: 30 s instead of 3."""
 
-    def __init__(
-        self, burst: float, share: float, clock: Callable[[], float], max_wait: float = float("inf")
-    ) -> None:
+    def __init__(self, burst: float, share: float, clock: Callable[[], float], max_wait: float) -> None:
         self.burst = burst
         self.share = share
         self.clock = clock
