@@ -1,25 +1,30 @@
 """The only module that talks to the API server: server-side apply, delete, node labels, status, events.
 
-A small generic client over the `kubernetes` package's ApiClient: one code path for every kind, no
-discovery round trips at start-up (the operator only handles the kinds in RESOURCES), plain dicts in
-and out. Sync on purpose: it runs in a worker thread, never on Kopf's event loop. The one API client of
-the project: the operator, its node agent, `doctor`, the Helm cleanup hook, the bench and the tests'
+A small generic client over the `kubernetes` package's ApiClient (its configuration and credentials;
+requests go on kept-alive connections of our own where that configuration allows, for half the
+client CPU a request: gpu_operator/connections.py): one code path for every kind, no discovery round
+trips at start-up (the operator only handles the kinds in RESOURCES), plain dicts in and out. Sync
+on purpose: it runs in a worker thread, never on Kopf's event loop. The one API client of the
+project: the operator, its node agent, `doctor`, the Helm cleanup hook, the bench and the tests'
 helpers all use it.
 """
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlencode
 
 import urllib3
 from kubernetes import client, config
 
 from gpu_operator import metrics, safe_json
+from gpu_operator.connections import ConnectionFailed, Connections, Timeout, for_client
 from gpu_operator.labels import FIELD_MANAGER
 from gpu_operator.observed import ObjectKey
 from gpu_operator.yaml_text import tojson
@@ -83,6 +88,29 @@ def _causes(details: Any) -> tuple[tuple[str, str], ...]:
 
 PARTIAL_METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1"
 """Accept header for an object's metadata alone: a Secret looked up this way never sends its data."""
+
+
+def _refusal(status: int, data: bytes) -> ApiError:
+    """The ApiError of an answer that is not a 2xx, from its Status body when it has one."""
+    try:
+        details = safe_json.loads(data)
+        return ApiError(
+            status, details.get("reason", ""), details.get("message", ""), _causes(details.get("details"))
+        )
+    except (ValueError, AttributeError):
+        return ApiError(status, "", data.decode(errors="replace")[:300])
+
+
+def _observe(method: str, content_type: str, query: Mapping[str, str] | None, kind: str, status: int) -> None:
+    """Count a write (anything but GET) in the metrics by `kind`, a dry run apart."""
+    if (query or {}).get("dryRun"):
+        metrics.observe_dry_run(kind, status)
+    elif method != "GET":
+        metrics.observe_write(_verb(method, content_type), kind, status)
+
+
+def _pair(timeout: float | Timeout) -> Timeout:
+    return timeout if isinstance(timeout, tuple) else (timeout, timeout)
 
 
 def path(api_version: str, kind: str, namespace: str = "", name: str = "", subresource: str = "") -> str:
@@ -195,8 +223,6 @@ def throttled(
     return refresh
 
 
-Timeout = tuple[float, float]
-"""(connect, read) seconds; read is the longest wait for the next bytes of an answer."""
 DEFAULT_TIMEOUT: Timeout = (5.0, 30.0)
 
 
@@ -218,6 +244,13 @@ class Kube:
     """Every call's connect and read timeout, so that no call waits forever on a silent connection."""
     may_write: Callable[[], bool] = _always
     """Asked before every write; False refuses it with NotLeader (a standby replica writes nothing)."""
+    connections: Connections | None = field(init=False, default=None)
+    """Kept-alive connections of our own for every request but watches, where the ApiClient's
+    configuration allows them (gpu_operator/connections.py); None: everything through the ApiClient."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.api, client.ApiClient):
+            self.connections = for_client(self.api.configuration)
 
     def fork(self) -> Kube:
         """A client with the same credentials and a connection pool of its own (for a long watch in a
@@ -226,6 +259,48 @@ class Kube:
         api = client.ApiClient(self.api.configuration)
         api.user_agent = self.api.user_agent
         return replace(self, api=api)
+
+    def _headers(self, content_type: str, accept: str) -> dict[str, str]:
+        headers = {"Content-Type": content_type, "Accept": accept, "User-Agent": self.api.user_agent}
+        # Read per request: the configuration's refresh hook renews a token that is due.
+        token = self.api.configuration.auth_settings().get("BearerToken", {}).get("value")
+        if token:
+            headers["Authorization"] = token
+        return headers
+
+    def _send(
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+        kind: str = "",
+        accept: str = "application/json",
+        timeout: float | Timeout | None = None,
+    ) -> bytes:
+        """One request's answer; ApiError for anything but a 2xx status. On kept-alive connections of
+        our own where the configuration allows (gpu_operator/connections.py), else on the ApiClient."""
+        if self.connections is None:
+            return self._read(self._call(method, url, body, query, content_type, kind, accept, timeout))
+        if method != "GET" and not self.may_write():
+            raise NotLeader()
+        if query:
+            url = f"{url}?{urlencode(list(query.items()))}"
+        payload = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
+        wait = timeout or self.timeout
+        status = 0
+        try:
+            status, data = self.connections.request(
+                method, url, payload, self._headers(content_type, accept), _pair(wait)
+            )
+        except ConnectionFailed as exc:
+            raise ApiError(0, "ConnectionError", str(exc)) from None
+        finally:
+            _observe(method, content_type, query, kind, status)
+        if not 200 <= status < 300:
+            raise _refusal(status, data)
+        return data
 
     def _call(
         self,
@@ -238,8 +313,8 @@ class Kube:
         accept: str = "application/json",
         timeout: float | Timeout | None = None,
     ) -> Any:
-        """The raw response, its body not read yet; ApiError for anything but a 2xx status.
-        Writes (anything but GET) count in the metrics by `kind`."""
+        """The raw response of the ApiClient, its body not read yet; ApiError for anything but a 2xx
+        status. Writes (anything but GET) count in the metrics by `kind`."""
         if method != "GET" and not self.may_write():
             raise NotLeader()
         method_, full_url, headers, payload, _ = self.api.param_serialize(
@@ -264,22 +339,9 @@ class Kube:
             # Connection refused, TLS failure, timeout: reported like an API error, retried the same way.
             raise ApiError(0, "ConnectionError", str(exc)) from None
         finally:
-            if (query or {}).get("dryRun"):
-                metrics.observe_dry_run(kind, status)
-            elif method != "GET":
-                metrics.observe_write(_verb(method, content_type), kind, status)
+            _observe(method, content_type, query, kind, status)
         if not 200 <= response.status < 300:
-            data = response.read()  # type: ignore[no-untyped-call]
-            try:
-                details = safe_json.loads(data)
-                raise ApiError(
-                    response.status,
-                    details.get("reason", ""),
-                    details.get("message", ""),
-                    _causes(details.get("details")),
-                )
-            except (ValueError, AttributeError):
-                raise ApiError(response.status, "", data.decode(errors="replace")[:300]) from None
+            raise _refusal(response.status, response.read())  # type: ignore[no-untyped-call]
         return response
 
     def _read(self, response: Any) -> bytes:
@@ -288,6 +350,12 @@ class Kube:
         except urllib3.exceptions.HTTPError as exc:
             raise ApiError(0, "ConnectionError", str(exc)) from None
         return data
+
+    def close(self) -> None:
+        """Close every connection this client keeps."""
+        if self.connections is not None:
+            self.connections.close()
+        self.api.close()  # type: ignore[no-untyped-call]
 
     def request(
         self,
@@ -301,7 +369,7 @@ class Kube:
         timeout: float | None = None,
     ) -> dict[str, Any]:
         """One API call; the JSON response."""
-        data = self._read(self._call(method, url, body, query, content_type, kind, accept, timeout))
+        data = self._send(method, url, body, query, content_type, kind, accept, timeout)
         # A ClusterPolicy's status patch returns the whole object, whatever its spec holds.
         return safe_json.loads(data) if data else {}
 
@@ -391,7 +459,7 @@ class Kube:
 
     def text(self, url: str, query: Mapping[str, str] | None = None) -> str:
         """A GET whose answer is text (logs, /readyz)."""
-        data = self._read(self._call("GET", url, query=query, accept="text/plain"))
+        data = self._send("GET", url, query=query, accept="text/plain")
         return data.decode(errors="replace")
 
     def apply(

@@ -76,7 +76,7 @@ class _NodeWatch:
                     self.stopped.wait(backoff)
                     backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
         finally:
-            self.kube.api.close()  # type: ignore[no-untyped-call]
+            self.kube.close()
 
     def _watch(self, selector: str, version: str) -> str:
         """One watch from `version`; the version to go on from, '' to list again."""
