@@ -244,7 +244,7 @@ class Kube:
     """Every call's connect and read timeout, so that no call waits forever on a silent connection."""
     may_write: Callable[[], bool] = _always
     """Asked before every write; False refuses it with NotLeader (a standby replica writes nothing)."""
-    connections: Connections | None = field(init=False, default=None)
+    connections: Connections | None = field(init=False, default=None, compare=False, repr=False)
     """Kept-alive connections of our own for every request but watches, where the ApiClient's
     configuration allows them (gpu_operator/connections.py); None: everything through the ApiClient."""
 

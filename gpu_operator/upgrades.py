@@ -21,12 +21,13 @@ from gpu_operator.nodes import NodeInfo, gpu_nodes, runs_on
 from gpu_operator.observed import component_of
 from gpu_operator.upgrade import Facts, UpgradeNode, UpgradePlan, plan_upgrade
 from gpu_operator.upgrade.facts import config_digest, image_tag
+from gpu_operator.upgrade.rollout import manual_inputs
 
 VALIDATOR = BY_NAME["operator-validator"]
 _NODES: Memo[UpgradeNode] = Memo()
 """Node name → how the state machine sees it, while the node and whether validators run stay the same."""
 _MANUAL: Memo[UpgradePlan] = Memo()
-"""The last plan made with autoUpgrade off, and its facts (time aside)."""
+"""The last plan made with autoUpgrade off, and what it read of the facts."""
 
 
 def upgrade_nodes(nodes: Iterable[NodeInfo], spec: ClusterPolicySpec) -> list[UpgradeNode]:
@@ -91,9 +92,10 @@ def plan_driver_upgrade(
     step = partial(plan_upgrade, policy, found, target_version=target, validate=validate)
     if policy is not None and policy.autoUpgrade:
         return step()
-    # With autoUpgrade off the plan does not depend on the time (upgrade/rollout.py _manual): the same
-    # facts make the same plan, and a pass of a 1000-node rollout need not look at every node again.
-    return _MANUAL.get("plan", (policy, replace(found, now=0.0), target, validate), step)
+    # With autoUpgrade off the plan reads little of the facts (upgrade/rollout.py manual_inputs): while
+    # that stays the same so does the plan, and a pass of a 1000-node rollout, where validator pods,
+    # driver readiness and deploy labels change at every pass, need not build a view of every node.
+    return _MANUAL.get("plan", (policy, manual_inputs(found), target), step)
 
 
 def with_upgrade_status(

@@ -410,6 +410,25 @@ def _status(
     }
 
 
+def manual_inputs(facts: Facts) -> tuple[Any, ...]:
+    """All that a plan with autoUpgrade off reads of the facts (`_manual`, through `build_views`): each
+    node's upgrade state label and upgrade annotations, and the DaemonSet and revision of the driver
+    pod that speaks for it; then each driver DaemonSet's revision. Not the time, the validator pods,
+    the workload pods, the driver pods' readiness or any other label: in a rollout those change at
+    every pass, and this does not."""
+    drivers = _best(facts.driver_pods)
+    nodes = tuple(
+        (
+            node.name,
+            node.labels.get(STATE_LABEL),
+            node.annotations,
+            (driver.daemonset_uid, driver.revision) if (driver := drivers.get(node.name)) else None,
+        )
+        for node in facts.nodes
+    )
+    return nodes, tuple(sorted((d.uid, d.revision) for d in facts.driver_daemonsets))
+
+
 def _manual(views: list[NodeView], others: list[NodeActions], target_version: str) -> UpgradePlan:
     """autoUpgrade off: nothing is cordoned, evicted or restarted; only NVIDIA's auto-upgrade annotation
     goes, so that k8s-driver-manager evicts GPU pods itself when someone restarts a driver pod."""

@@ -36,6 +36,7 @@ from gpu_operator.upgrade import (
 )
 from gpu_operator.upgrade.facts import format_time
 from gpu_operator.upgrade.node import CRASH_LOOP_RESTARTS, EVICTION_RETRY_SECONDS
+from gpu_operator.upgrade.rollout import manual_inputs
 from gpu_operator.upgrade.states import (
     AUTO_UPGRADE_ANNOTATION,
     FAILURE_ANNOTATION,
@@ -946,6 +947,53 @@ def test_auto_upgrade_off_touches_nothing_and_says_why() -> None:
     (group,) = status["pending"]
     assert group["count"] == 3 and "deleted by hand" in group["reason"]
     assert plan_upgrade(None, world.facts()).status == {**status, "targetVersion": ""}
+
+
+def _manual_changes(world: World) -> dict[str, tuple[bool, Any]]:
+    """name → (whether a plan with autoUpgrade off reads it, a change of one node of `world`)."""
+
+    def node(**fields: Any) -> Any:
+        return lambda: world.nodes.update({"node-1": replace(world.nodes["node-1"], **fields)})
+
+    def driver(**fields: Any) -> Any:
+        return lambda: world.drivers.update({"node-1": replace(world.drivers["node-1"], **fields)})
+
+    labels, annotations = world.nodes["node-1"].labels, world.nodes["node-1"].annotations
+    return {
+        "time": (False, lambda: world.tick(300)),
+        "validator readiness": (
+            False,
+            lambda: world.validators.update({"node-1": replace(world.validators["node-1"], ready=False)}),
+        ),
+        "driver readiness": (False, driver(ready=False, restarts=4, reason="CrashLoopBackOff")),
+        "a deploy label": (False, node(labels={**labels, "nvidia.com/gpu.deploy.dcgm": "true"})),
+        "a workload pod": (False, lambda: world.add_pod("node-1", "extra", gpu=True)),
+        "cordoned": (False, node(unschedulable=True)),
+        "driver revision": (True, driver(revision="r0")),
+        "driver pod gone": (True, lambda: world.drivers.pop("node-1")),
+        "state label": (True, node(labels={**labels, STATE_LABEL: "cordon-required"})),
+        "auto-upgrade annotation": (True, node(annotations={AUTO_UPGRADE_ANNOTATION: "true"})),
+        "upgrade requested": (True, node(annotations={**annotations, REQUESTED_ANNOTATION: "true"})),
+        "DaemonSet revision": (True, lambda: setattr(world, "revision", "r2")),
+    }
+
+
+@pytest.mark.parametrize("change", list(_manual_changes(World.make(3))))
+def test_a_manual_plan_depends_on_its_inputs_alone(change: str) -> None:
+    """With autoUpgrade off the plan is reused while `manual_inputs` stay the same (upgrades.py): what
+    they leave out never changes the plan; what they hold does change them."""
+    world = World.make(3)
+    world.nodes["node-1"] = replace(world.nodes["node-1"], annotations={})
+    before_inputs, before = (
+        manual_inputs(world.facts()),
+        plan_upgrade(None, world.facts(), target_version="v"),
+    )
+    read, make = _manual_changes(world)[change]
+    make()
+    after_inputs, after = manual_inputs(world.facts()), plan_upgrade(None, world.facts(), target_version="v")
+    assert (after_inputs != before_inputs) == read
+    if not read:
+        assert after == before
 
 
 def test_operator_restart_resumes_at_the_same_step() -> None:
