@@ -93,6 +93,10 @@ class Loop:
         """The pass asked for by the last one (Outcome.wake_at): one at a time, the latest wins."""
         self.soon: asyncio.TimerHandle | None = None
         """The pass asked for by a change that only shows in the status (wake_soon)."""
+        self.reads = asyncio.Event()
+        """Set when the watches may read again (see settle): at the end of a coalescing interval, or idle."""
+        self.read_timer: asyncio.TimerHandle | None = None
+        """The end of the coalescing interval now running, one for every watch (see settle)."""
         self.budget = Budget(
             settings.planning_burst_seconds, settings.planning_share, clock, settings.max_budget_wait_seconds
         )
@@ -103,17 +107,29 @@ class Loop:
         self.wakeup.set()
         self.idle.clear()
 
-    def settle(self) -> Awaitable[None] | None:
+    def settle(self) -> Awaitable[object] | None:
         """For a watch after a read (gpu_operator/watch_stream.py): None while the loop is idle (read on),
         else a wait until it is, at most `watch_coalesce_seconds`: what arrives meanwhile would wait for
-        the pass anyway, and arrives in one read instead of one each."""
+        the pass anyway, and arrives in one read instead of one each.
+
+        Every watch waits for the same interval, one timer for all of them: on this VM a wake-up of the
+        event loop costs about 240 µs of CPU on its own (an `asyncio.sleep(0.05)` loop), and the pods,
+        nodes and DaemonSets of a 1000-node rollout each woke it five times a second for ten minutes
+        while the passes waited for their budget, the nodes and DaemonSets with a few events a read."""
         if self.idle.is_set() or self.settings.watch_coalesce_seconds <= 0:
             return None
-        return self._until_idle()
+        if self.read_timer is None:
+            self.reads.clear()
+            delay = self.settings.watch_coalesce_seconds
+            self.read_timer = asyncio.get_running_loop().call_later(delay, self._read_now)
+        return self.reads.wait()
 
-    async def _until_idle(self) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.idle.wait(), self.settings.watch_coalesce_seconds)
+    def _read_now(self) -> None:
+        """End the coalescing interval: every watch reads again."""
+        if self.read_timer is not None:
+            self.read_timer.cancel()
+            self.read_timer = None
+        self.reads.set()
 
     def wake_at(self, when: float | None) -> None:
         """A pass at `when` (Unix seconds), without a sleeping handler: a timer on the event loop."""
@@ -152,6 +168,7 @@ class Loop:
         while True:
             if not self.wakeup.is_set():
                 self.idle.set()
+                self._read_now()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wakeup.wait(), timeout=self.settings.resync_seconds)
             self.idle.clear()

@@ -33,7 +33,7 @@ log = logging.getLogger("gpu_operator")
 
 Record = Callable[[Mapping[str, Any], bool], bool]
 """(object, deleted) → whether a pass must follow."""
-Settle = Callable[[], Awaitable[None] | None]
+Settle = Callable[[], Awaitable[object] | None]
 """Asked after each read: None to read on at once, else what to await first (see `read`)."""
 _EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED"})
 
@@ -186,7 +186,7 @@ def _event(line: bytes, events: Events) -> bool:
     return False
 
 
-async def _unread(waiting: Awaitable[None], transport: asyncio.Transport | None) -> None:
+async def _unread(waiting: Awaitable[object], transport: asyncio.Transport | None) -> None:
     """Await `waiting` with the connection's reading paused. A TLS transport (asyncio's sslproto) goes
     on reading the socket into its buffer while only its decrypting is paused; a read buffer limit of
     zero pauses the socket too (asyncio.Transport.set_read_buffer_limits: "causes pause_reading() to be
