@@ -58,7 +58,7 @@ class Settings:
     the wait are planned together."""
     max_pass_spacing_seconds: float = 1.0
     planning_burst_seconds: float = 2.5
-    planning_share: float = 0.004
+    planning_share: float = 0.005
     """Passes may spend `planning_burst_seconds` of CPU back to back (spaced as above), and once that is
     spent, `planning_share` of a core: the budget refills at that rate and the next pass waits for it,
     at most max_budget_wait_seconds (a pass's cost beyond that is not carried over, loop.Budget).
@@ -67,8 +67,8 @@ class Settings:
     planned 2000 times (97 s of CPU). A 10- or 100-node rollout plans for under the burst (about 0.3
     and 1.4 s on the bench's 2 cores) and never waits; at 1000 nodes a pass of 40 to 60 ms waits 8 to
     10 s, which the DaemonSet controller's own pace there (10 to 20 pods a second) hides. A node
-    that joins after such a rollout is served at once: a minute at rest refills 0.24 s, enough for
-    its few passes (bench/README.md: 2.9 s at 0.5 %; with the debt carried over it waited 30 s)."""
+    that joins after such a rollout is served at once: a minute at rest refills 0.3 s, twenty such
+    passes (bench/README.md: 2.9 s; at 0.5 % with the debt carried over it waited 30 s)."""
     max_budget_wait_seconds: float = 10.0
     writers: int = 16
     """Concurrent API writes in one pass: enough to label 1000 nodes quickly, few enough for the API
