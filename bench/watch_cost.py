@@ -127,7 +127,7 @@ async def watch(port: int, ca: str, kind: str, events: int, reader: str, coalesc
     settings.watching.server_timeout = 300
     direct = {(group, plural): record} if reader == "direct" else {}
 
-    def settle() -> Awaitable[object] | None:  # as Loop.settle while a pass always runs or waits
+    def settle(rate: float) -> Awaitable[object] | None:  # as Loop.settle while a pass always runs or waits
         return asyncio.sleep(coalesce) if coalesce > 0 else None
 
     watch_guard.attach(settings, watch_guard.Hooks(lambda *_: None, 5.0, direct, settle=settle))

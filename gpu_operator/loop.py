@@ -59,6 +59,30 @@ class Budget:
         return 0.0 if self.left >= 0 else -self.left / self.share
 
 
+class Interval:
+    """A coalescing interval the watches wait for together: one timer, one wake-up of the event loop
+    for all of them (on this VM a wake-up costs about 240 µs of CPU on its own, an
+    `asyncio.sleep(0.05)` loop), started by the first watch that asks and ended by the timer or early
+    (`end`)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.ended = asyncio.Event()
+        self.timer: asyncio.TimerHandle | None = None
+
+    def wait(self) -> Awaitable[object]:
+        if self.timer is None:
+            self.ended.clear()
+            self.timer = asyncio.get_running_loop().call_later(self.seconds, self.end)
+        return self.ended.wait()
+
+    def end(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.ended.set()
+
+
 class Loop:
     def __init__(
         self,
@@ -93,10 +117,12 @@ class Loop:
         """The pass asked for by the last one (Outcome.wake_at): one at a time, the latest wins."""
         self.soon: asyncio.TimerHandle | None = None
         """The pass asked for by a change that only shows in the status (wake_soon)."""
-        self.reads = asyncio.Event()
-        """Set when the watches may read again (see settle): at the end of a coalescing interval, or idle."""
-        self.read_timer: asyncio.TimerHandle | None = None
-        """The end of the coalescing interval now running, one for every watch (see settle)."""
+        self.running = False
+        """Set while a pass runs (planning and its writes)."""
+        self.reads = Interval(settings.watch_coalesce_seconds)
+        """What the watches wait for while a pass runs or is due (see settle)."""
+        self.quiet_reads = Interval(settings.watch_quiet_seconds)
+        """What the quiet watches wait for between passes (see settle)."""
         self.budget = Budget(
             settings.planning_burst_seconds, settings.planning_share, clock, settings.max_budget_wait_seconds
         )
@@ -107,30 +133,26 @@ class Loop:
         self.wakeup.set()
         self.idle.clear()
 
-    def settle(self) -> Awaitable[object] | None:
-        """For a watch after a read (gpu_operator/watch_stream.py): None while the loop is idle (read on),
-        else a wait until it is, at most `watch_coalesce_seconds`: what arrives meanwhile would wait for
-        the pass anyway, and arrives in one read instead of one each.
+    def settle(self, rate: float = 0.0) -> Awaitable[object] | None:
+        """For a watch after a read that brought `rate` bytes a second (gpu_operator/watch_stream.py):
+        None while the loop is idle (read on), else a wait until it is: what arrives meanwhile would
+        wait for the pass anyway, and arrives in one read instead of one each.
 
-        Every watch waits for the same interval, one timer for all of them: on this VM a wake-up of the
-        event loop costs about 240 µs of CPU on its own (an `asyncio.sleep(0.05)` loop), and with a timer
-        each, the pods, nodes and DaemonSets of a 1000-node rollout could each wake it five times a
-        second for the ten minutes the passes wait for their budget, the nodes and DaemonSets with a few
-        events a read (bench/README.md, "2026-12-04, evening")."""
+        The wait is `watch_coalesce_seconds` while a pass runs (its writes bring their own events, and a
+        label write refused as stale waits for the node's), and between passes for a watch that brings
+        more than `watch_quiet_bytes` in `watch_quiet_seconds`; the others read every
+        `watch_quiet_seconds` between passes, until a pass starts (bench/README.md, "2026-12-04, night")."""
         if self.idle.is_set() or self.settings.watch_coalesce_seconds <= 0:
             return None
-        if self.read_timer is None:
-            self.reads.clear()
-            delay = self.settings.watch_coalesce_seconds
-            self.read_timer = asyncio.get_running_loop().call_later(delay, self._read_now)
+        settings = self.settings
+        if not self.running and rate * settings.watch_quiet_seconds <= settings.watch_quiet_bytes:
+            return self.quiet_reads.wait()
         return self.reads.wait()
 
     def _read_now(self) -> None:
-        """End the coalescing interval: every watch reads again."""
-        if self.read_timer is not None:
-            self.read_timer.cancel()
-            self.read_timer = None
-        self.reads.set()
+        """End the coalescing intervals: every watch reads again."""
+        self.reads.end()
+        self.quiet_reads.end()
 
     def wake_at(self, when: float | None) -> None:
         """A pass at `when` (Unix seconds), without a sleeping handler: a timer on the event loop."""
@@ -183,6 +205,8 @@ class Loop:
             if self.work_since is None:  # the resync: work as much as a wake-up
                 self.work_since = self.clock()
             spent = [0.0]
+            self.running = True
+            self.quiet_reads.end()  # the pass plans on what the quiet watches hold back
             try:
                 outcome = await asyncio.to_thread(_timed, one_pass, spent)
                 self.completed.set()
@@ -210,6 +234,7 @@ class Loop:
                 self.last_error = ""
                 backoff = 1.0
             finally:
+                self.running = False
                 self.cpu_seconds += spent[0]
                 self._finished()
             await asyncio.sleep(self.spacing(spent[0]))

@@ -82,6 +82,16 @@ class Settings:
     events no sooner, and the event loop pays for each wake-up about what it pays for the events it
     brings. Short enough that the API server's buffers for the watch never fill (it closes a watcher
     that stays behind)."""
+    watch_quiet_seconds: float = 1.0
+    watch_quiet_bytes: int = 192 * 1024
+    """Between passes (most of a 1000-node rollout, while they wait for their planning budget), a watch
+    whose events come at less than `watch_quiet_bytes` per `watch_quiet_seconds` reads only that often:
+    no pass reads the Store meanwhile, and the fewer events a read brings, the more each costs
+    (bench/watch_cost.py, node events at 20 a second: 372 µs each read every 0.2 s, 164 µs every second;
+    bench/README.md, "2026-12-04, night"). The nodes and DaemonSets of a rollout are such watches; the
+    pods (about 600 KB a second at 1000 nodes) stay at `watch_coalesce_seconds`. A pass starting ends
+    the quiet interval, so that it plans on what they held back. The bound keeps what waits in the
+    connection under what its buffers held in bench/watch_cost.py (300 KB waiting slowed its server)."""
     watch_server_timeout_seconds: int = 300
     """Watches end on the server after this long and are resumed from their resourceVersion."""
     request_timeout_seconds: float = 60.0

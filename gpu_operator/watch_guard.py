@@ -56,7 +56,7 @@ class Hooks:
     """(group, plural) → how its objects enter the Store, for the kinds recorded here (see above)."""
     wake: Callable[[], None] = lambda: None
     """Called (on the event loop) when a directly recorded object needs a pass."""
-    settle: watch_stream.Settle = lambda: None
+    settle: watch_stream.Settle = lambda rate: None
     """Asked after each read of a direct kind's stream: whether to wait before the next (Loop.settle)."""
 
 

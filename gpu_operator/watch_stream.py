@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +34,9 @@ log = logging.getLogger("gpu_operator")
 
 Record = Callable[[Mapping[str, Any], bool], bool]
 """(object, deleted) → whether a pass must follow."""
-Settle = Callable[[], Awaitable[object] | None]
-"""Asked after each read: None to read on at once, else what to await first (see `read`)."""
+Settle = Callable[[float], Awaitable[object] | None]
+"""Asked after each read, with the bytes a second the stream brought since the one before: None to
+read on at once, else what to await first (see `read`)."""
 _EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED"})
 
 
@@ -69,7 +71,7 @@ async def list_then_watch(
     record: Record,
     listed: Callable[[set[tuple[str, str]]], None],
     wake: Callable[[], None],
-    settle: Settle = lambda: None,
+    settle: Settle = lambda rate: None,
 ) -> AsyncIterator[Any]:
     """List the kind, record every object, report the listing (`listed`) and yield Kopf's
     `Bookmark.LISTED`; then watch and record until the stream must be listed again (returns) or fails
@@ -144,15 +146,18 @@ async def read(
 ) -> None:
     """Record every event of the stream, until it ends or a 410 Gone (then `events.version` is "").
 
-    After each read `events.settle` says whether to read on at once (the loop is idle: the next event
-    may be what starts a pass) or to wait first (a pass is running or due: it would not see the events
-    any sooner). While waiting, the connection's `transport` is not read at all, so that the events of
-    the wait arrive in one read: each wake-up of the event loop costs about as much as the events it
+    After each read `events.settle`, told how many bytes a second the stream brings, says whether to
+    read on at once (the loop is idle: the next event may be what starts a pass) or to wait first (a
+    pass is running or due: it would not see the events any sooner; how long depends on the rate).
+    While waiting, the connection's `transport` is not read at all, so that the events of the wait
+    arrive in one read: each wake-up of the event loop costs about as much as the events it
     brings (bench/watch_cost.py: 670 µs an event at 100 a second one by one, 230 µs read ten at a
     time), and a 1000-node rollout brings 48,000 of them while the loop waits for its planning budget.
     """
     rest = b""
+    last = time.monotonic()
     while data := await content.readany():
+        size = len(data)
         if rest:
             data, rest = rest + data, b""
         start = 0
@@ -162,7 +167,9 @@ async def read(
             if line.strip() and _event(line, events):
                 return
         rest = data[start:]
-        waiting = events.settle()
+        now = time.monotonic()
+        waiting = events.settle(size / max(now - last, 0.001))
+        last = now
         if waiting is not None:
             await _unread(waiting, transport)
 

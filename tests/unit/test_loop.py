@@ -220,7 +220,8 @@ def test_passes_past_the_burst_run_at_the_planning_share() -> None:
 
 def test_watches_read_on_while_the_loop_is_idle_and_wait_while_a_pass_runs_or_is_due() -> None:
     """Loop.settle (gpu_operator/watch_stream.py asks it after each read): None while idle; while a
-    pass runs, a wait that ends when the loop is idle again, or after watch_coalesce_seconds."""
+    pass runs, a wait that ends when the loop is idle again, or after watch_coalesce_seconds, one timer
+    for every watch."""
     running = threading.Event()
     release = threading.Event()
 
@@ -229,23 +230,24 @@ def test_watches_read_on_while_the_loop_is_idle_and_wait_while_a_pass_runs_or_is
         release.wait(5)
 
     async def script(loop: Loop) -> None:
-        for _ in range(100):
-            if loop.idle.is_set():
-                break
-            await asyncio.sleep(0.01)
-        assert loop.idle.is_set() and loop.settle() is None, "idle: the next event may start a pass"
+        await until_idle(loop)
+        assert loop.settle(BUSY) is None, "idle: the next event may start a pass"
         loop.wake()
         assert not loop.idle.is_set(), "woken: a pass is due"
-        waiting = loop.settle()
+        for _ in range(100):
+            if running.is_set():
+                break
+            await asyncio.sleep(0.01)
+        assert loop.running
+        waiting = loop.settle(QUIET)  # while a pass runs, quiet or not
         assert waiting is not None
-        started, timer = time.monotonic(), loop.read_timer
+        started, timer = time.monotonic(), loop.reads.timer
         await asyncio.sleep(0.1)
-        other = loop.settle()  # another watch, later in the same interval
-        assert other is not None and loop.read_timer is timer, "one timer, one wake-up for every watch"
+        other = loop.settle(BUSY)  # another watch, later in the same interval
+        assert other is not None and loop.reads.timer is timer, "one timer, one wake-up for every watch"
         await asyncio.gather(waiting, other)  # the pass is still running: after the interval
-        assert 0.15 <= time.monotonic() - started < 2 and loop.read_timer is None
-        assert running.is_set()
-        waiting = loop.settle()
+        assert 0.15 <= time.monotonic() - started < 2 and loop.reads.timer is None
+        waiting = loop.settle(BUSY)
         assert waiting is not None
         release.set()  # the pass ends, and so does the wait, before the interval is over
         started = time.monotonic()
@@ -254,4 +256,57 @@ def test_watches_read_on_while_the_loop_is_idle_and_wait_while_a_pass_runs_or_is
 
     settings = Settings(resync_seconds=3600.0, pass_spacing=0.0, watch_coalesce_seconds=0.2)
     drive(settings, step, script)
-    assert Loop(Settings(watch_coalesce_seconds=0)).settle() is None, "0: every event read at once"
+    assert Loop(Settings(watch_coalesce_seconds=0)).settle(BUSY) is None, "0: every event read at once"
+
+
+QUIET = 20_000.0
+"""Bytes a second of a watch under Settings.watch_quiet_bytes a second (the nodes of a rollout)."""
+BUSY = 1_000_000.0
+"""Bytes a second of one over it (the pods of a 1000-node rollout)."""
+
+
+async def until_idle(loop: Loop) -> None:
+    for _ in range(100):
+        if loop.idle.is_set():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the loop never went idle")
+
+
+def test_between_passes_a_quiet_watch_reads_less_often_until_the_next_pass_starts() -> None:
+    """While the next pass waits (for its spacing or its budget), a watch bringing less than
+    watch_quiet_bytes a watch_quiet_seconds waits that long, a busy one watch_coalesce_seconds; the
+    next pass starting ends the quiet wait, so that it plans on what the quiet watches held back."""
+    passes: list[float] = []
+
+    def step(loop: Loop) -> None:
+        passes.append(time.monotonic())
+        spent = time.thread_time() + 0.05
+        while time.thread_time() < spent:  # CPU: what the spacing after the pass is sized by
+            pass
+
+    async def script(loop: Loop) -> None:
+        await until_idle(loop)
+        loop.wake()
+        while not passes or loop.running:
+            await asyncio.sleep(0.005)
+        assert not loop.idle.is_set(), "the pass's spacing (pass_spacing times its CPU: a second)"
+        busy, quiet = loop.settle(BUSY), loop.settle(QUIET)
+        assert busy is not None and quiet is not None and loop.quiet_reads.timer is not None
+        started = time.monotonic()
+        await busy
+        assert time.monotonic() - started < 0.5, "a busy watch: watch_coalesce_seconds"
+        loop.wake()  # an event read meanwhile: a pass is due at the end of the spacing
+        await quiet
+        waited = time.monotonic() - started
+        assert loop.running, "ended by the next pass starting"
+        assert 0.5 < waited < 5, "a quiet watch waits longer than a busy one"
+
+    settings = Settings(
+        resync_seconds=3600.0,
+        pass_spacing=20.0,
+        max_pass_spacing_seconds=1.0,
+        watch_coalesce_seconds=0.2,
+        watch_quiet_seconds=3.0,
+    )
+    drive(settings, step, script)

@@ -74,6 +74,8 @@ class Watched:
     """What the `listed` hook was told."""
     woken: int
     settled: int
+    rates: list[float]
+    """The bytes a second `settle` was told after each read."""
 
 
 def run(
@@ -87,9 +89,11 @@ def run(
     (its pause waiter done), or until the guard ends on its own; what it did."""
     told: list[Any] = []
     counts = {"woken": 0, "settled": 0}
+    rates: list[float] = []
 
-    def counted_settle() -> Any:
+    def counted_settle(rate: float) -> Any:
         counts["settled"] += 1
+        rates.append(rate)
         return settle()
 
     def wake() -> None:
@@ -143,7 +147,7 @@ def run(
         yielded = asyncio.run(main())
     finally:
         watch_guard.guarded_watch._gpu_operator_original = saved  # type: ignore[attr-defined]
-    return Watched(yielded, told, counts["woken"], counts["settled"])
+    return Watched(yielded, told, counts["woken"], counts["settled"], rates)
 
 
 def recorder(store: Store, names: list[str]) -> watch_stream.Record:
@@ -228,6 +232,8 @@ def test_while_the_loop_is_busy_the_events_of_the_wait_arrive_in_one_read() -> N
     )
     assert recorded == ["n1", "n2", "n3"]
     assert watched.settled == 2, "one read for the first event, one for the three writes of the wait"
+    waited = len(stream[2]) + len(third)  # type: ignore[arg-type]
+    assert waited < watched.rates[1] < waited / 0.5, "what the read brought, a second: over the 0.5 s wait"
 
 
 def test_the_connection_is_not_read_at_all_while_waiting() -> None:
