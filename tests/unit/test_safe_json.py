@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import inspect
 import json
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -13,8 +15,12 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpu_operator import safe_json
+from gpu_operator import observed, safe_json
 from gpu_operator.kube import Kube
+from gpu_operator.upgrade import facts
+
+WATCH_EVENTS = Path(__file__).resolve().parents[2] / "bench" / "data" / "watch-events.jsonl.gz"
+"""Pod and node watch events recorded from a 10-node rollout (bench/watch_cost.py)."""
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
@@ -93,17 +99,37 @@ def test_install_routes_kopf_decoding_through_loads() -> None:
     assert not isinstance(hook.func, type(hook)), "wrapped twice"
 
 
-def event_line(kind: str, managed: list[dict[str, Any]] | None) -> bytes:
+def event_line(
+    kind: str,
+    managed: list[dict[str, Any]] | None,
+    spec: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
+) -> bytes:
     """A watch event as the API server writes it: ObjectMeta's fields in Go order, managedFields last."""
     metadata: dict[str, Any] = {
         "name": "p",
         "namespace": "gpu-operator",
-        "labels": {"app": ']},"spec":{"x":1}'},  # a value that looks like the end, before managedFields
+        "labels": {"app": ']},"spec":{"x":1}', **(labels or {})},  # a value like the end, before it
     }
     if managed is not None:
         metadata["managedFields"] = managed
-    body = {"kind": kind, "apiVersion": "v1", "metadata": metadata, "spec": {"nodeName": "n1"}, "status": {}}
+    body = {"kind": kind, "apiVersion": "v1", "metadata": metadata, "spec": spec or {"nodeName": "n1"}}
+    body["status"] = {}
     return json.dumps({"type": "MODIFIED", "object": body}, separators=(",", ":")).encode()
+
+
+def pod_spec(init: dict[str, Any] | None = None, container: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A PodSpec in Go field order, with what the operator reads (nodeName, affinity) after
+    restartPolicy and strings that look like the keys around the cut."""
+    env = [{"name": "A", "value": '"restartPolicy":"Never"},"spec":{'}]
+    return {
+        "volumes": [{"name": "run", "hostPath": {"path": "/run/nvidia"}}],
+        "initContainers": [{"name": "wait", "image": "i", "env": env, "resources": {}, **(init or {})}],
+        "containers": [{"name": "main", "image": "m", "resources": {}, **(container or {})}],
+        "restartPolicy": "Always",
+        "nodeName": "n1",
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {}}},
+    }
 
 
 MANAGED = [
@@ -123,6 +149,61 @@ def test_a_pod_events_managed_fields_are_left_out_and_nothing_else() -> None:
     del whole["object"]["metadata"]["managedFields"]
     assert safe_json.loads_event(line) == whole
     assert safe_json.loads_event(line + b"\n") == whole
+
+
+def test_an_operand_pods_containers_and_volumes_are_left_out_and_nothing_else() -> None:
+    line = event_line("Pod", MANAGED, pod_spec())
+    whole = json.loads(line)
+    del whole["object"]["metadata"]["managedFields"]
+    for key in ("volumes", "initContainers", "containers"):
+        del whole["object"]["spec"][key]
+    assert safe_json.loads_event(line) == whole
+    assert safe_json.loads_event(event_line("Pod", None, pod_spec())) == json.loads(
+        event_line("Pod", None, pod_spec())
+    ), "no managedFields: an unusual layout, decoded whole"
+
+
+@pytest.mark.parametrize(
+    ("labels", "init", "container"),
+    [
+        ({"app.kubernetes.io/component": "nvidia-driver"}, None, None),  # its DRIVER_CONFIG_DIGEST is read
+        ({}, {"restartPolicy": "Always"}, None),  # a sidecar: an init container's restartPolicy first
+        ({}, None, {"resizePolicy": [{"resourceName": "cpu", "restartPolicy": "NotRequired"}]}),
+    ],
+)
+def test_a_driver_pod_or_a_restart_policy_in_a_container_keeps_the_containers(
+    labels: dict[str, str], init: dict[str, Any] | None, container: dict[str, Any] | None
+) -> None:
+    line = event_line("Pod", MANAGED, pod_spec(init, container), labels)
+    whole = json.loads(line)
+    del whole["object"]["metadata"]["managedFields"]
+    assert safe_json.loads_event(line) == whole
+
+
+def test_what_the_store_keeps_of_real_pod_events_is_the_same_decoded_slim() -> None:
+    """Every pod event recorded from a 10-node rollout (bench/data): the slim decoding leaves out only
+    the managed fields and (but for driver pods) the volumes and containers, and the Store's records
+    of the pod are the same."""
+    events = [
+        line
+        for line in gzip.decompress(WATCH_EVENTS.read_bytes()).splitlines()
+        if json.loads(line)["object"]["kind"] == "Pod"
+    ]
+    components = set()
+    for line in events:
+        whole = json.loads(line)["object"]
+        slim = safe_json.loads_event(line)["object"]
+        component = observed.component_of(whole["metadata"])
+        components.add(component)
+        del whole["metadata"]["managedFields"]
+        if component != "driver":
+            for key in ("volumes", "initContainers", "containers", "ephemeralContainers"):
+                whole["spec"].pop(key, None)
+        assert slim == whole
+        assert observed.pod_info(slim) == observed.pod_info(whole)
+        assert facts.driver_pod(slim) == facts.driver_pod(whole)
+        assert facts.validator_pod(slim) == facts.validator_pod(whole)
+    assert {"driver", "container-toolkit", "device-plugin", "operator-validator"} <= components
 
 
 def test_other_kinds_and_other_layouts_decode_whole() -> None:
