@@ -133,7 +133,7 @@ class Loop:
         self.wakeup.set()
         self.idle.clear()
 
-    def settle(self, rate: float = 0.0) -> Awaitable[object] | None:
+    def settle(self, rate: float) -> Awaitable[object] | None:
         """For a watch after a read that brought `rate` bytes a second (gpu_operator/watch_stream.py):
         None while the loop is idle (read on), else a wait until it is: what arrives meanwhile would
         wait for the pass anyway, and arrives in one read instead of one each.
