@@ -89,8 +89,9 @@ class Settings:
     no pass reads the Store meanwhile, and the fewer events a read brings, the more each costs
     (bench/watch_cost.py, node events at 20 a second: 372 µs each read every 0.2 s, 164 µs every second;
     bench/README.md, "2026-12-04, night"). The nodes and DaemonSets of a rollout are such watches; the
-    pods (about 600 KB a second at 1000 nodes) stay at `watch_coalesce_seconds`. A pass starting ends
-    the quiet interval, so that it plans on what they held back. The bound keeps what waits in the
+    pods (about 600 KB a second at 1000 nodes) stay at `watch_coalesce_seconds`. Only while the next
+    pass is further off than a quiet interval and one more (Loop.settle), so that every watch reads at
+    most `watch_coalesce_seconds` before it starts. The bound keeps what waits in the
     connection under what its buffers held in bench/watch_cost.py (300 KB waiting slowed its server)."""
     watch_server_timeout_seconds: int = 300
     """Watches end on the server after this long and are resumed from their resourceVersion."""

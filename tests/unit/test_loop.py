@@ -221,7 +221,7 @@ def test_passes_past_the_burst_run_at_the_planning_share() -> None:
 def test_watches_read_on_while_the_loop_is_idle_and_wait_while_a_pass_runs_or_is_due() -> None:
     """Loop.settle (gpu_operator/watch_stream.py asks it after each read): None while idle; while a
     pass runs, a wait that ends when the loop is idle again, or after watch_coalesce_seconds, one timer
-    for every watch."""
+    for every watch, quiet or not."""
     running = threading.Event()
     release = threading.Event()
 
@@ -238,9 +238,8 @@ def test_watches_read_on_while_the_loop_is_idle_and_wait_while_a_pass_runs_or_is
             if running.is_set():
                 break
             await asyncio.sleep(0.01)
-        assert loop.running
-        waiting = loop.settle(QUIET)  # while a pass runs, quiet or not
-        assert waiting is not None
+        waiting = loop.settle(QUIET)
+        assert waiting is not None and loop.quiet_reads.timer is None, "a pass runs: quiet or not"
         started, timer = time.monotonic(), loop.reads.timer
         await asyncio.sleep(0.1)
         other = loop.settle(BUSY)  # another watch, later in the same interval
@@ -273,10 +272,11 @@ async def until_idle(loop: Loop) -> None:
     raise AssertionError("the loop never went idle")
 
 
-def test_between_passes_a_quiet_watch_reads_less_often_until_the_next_pass_starts() -> None:
-    """While the next pass waits (for its spacing or its budget), a watch bringing less than
-    watch_quiet_bytes a watch_quiet_seconds waits that long, a busy one watch_coalesce_seconds; the
-    next pass starting ends the quiet wait, so that it plans on what the quiet watches held back."""
+def test_while_the_next_pass_waits_a_quiet_watch_reads_less_often_until_just_before_it() -> None:
+    """While the next pass waits (for its spacing or its budget) longer than a quiet interval and one
+    more, a watch bringing less than watch_quiet_bytes a watch_quiet_seconds waits that long, a busy
+    one watch_coalesce_seconds; closer to the pass, every watch reads every watch_coalesce_seconds,
+    so that the pass plans on what they brought."""
     passes: list[float] = []
 
     def step(loop: Loop) -> None:
@@ -288,25 +288,29 @@ def test_between_passes_a_quiet_watch_reads_less_often_until_the_next_pass_start
     async def script(loop: Loop) -> None:
         await until_idle(loop)
         loop.wake()
-        while not passes or loop.running:
+        while loop.next_pass_at is None:
             await asyncio.sleep(0.005)
-        assert not loop.idle.is_set(), "the pass's spacing (pass_spacing times its CPU: a second)"
+        assert not loop.idle.is_set(), "the pass's spacing (pass_spacing times its CPU: 2 s)"
         busy, quiet = loop.settle(BUSY), loop.settle(QUIET)
         assert busy is not None and quiet is not None and loop.quiet_reads.timer is not None
         started = time.monotonic()
         await busy
-        assert time.monotonic() - started < 0.5, "a busy watch: watch_coalesce_seconds"
-        loop.wake()  # an event read meanwhile: a pass is due at the end of the spacing
+        assert time.monotonic() - started < 0.3, "a busy watch: watch_coalesce_seconds"
         await quiet
-        waited = time.monotonic() - started
-        assert loop.running, "ended by the next pass starting"
-        assert 0.5 < waited < 5, "a quiet watch waits longer than a busy one"
+        assert 0.4 < time.monotonic() - started < 1.5, "a quiet watch: watch_quiet_seconds"
+        loop.wake()  # an event read meanwhile: a pass is due at the end of the spacing
+        while loop.next_pass_at is not None and loop.next_pass_at - loop.clock() > 0.5:
+            await asyncio.sleep(0.01)
+        near = loop.settle(QUIET)
+        assert near is not None and loop.quiet_reads.timer is None, "the pass is near: no quiet wait"
+        await near
+        assert len(passes) == 1, "read before the next pass"
 
     settings = Settings(
         resync_seconds=3600.0,
-        pass_spacing=20.0,
-        max_pass_spacing_seconds=1.0,
-        watch_coalesce_seconds=0.2,
-        watch_quiet_seconds=3.0,
+        pass_spacing=40.0,
+        max_pass_spacing_seconds=2.0,
+        watch_coalesce_seconds=0.1,
+        watch_quiet_seconds=0.5,
     )
     drive(settings, step, script)
