@@ -91,8 +91,8 @@ class Settings:
     bench/README.md, "2026-12-04, night"). The nodes and DaemonSets of a rollout are such watches; the
     pods (about 600 KB a second at 1000 nodes) stay at `watch_coalesce_seconds`. Only while the next
     pass is further off than a quiet interval and one more (Loop.settle), so that every watch reads at
-    most `watch_coalesce_seconds` before it starts. The bound keeps what waits in the
-    connection under what its buffers held in bench/watch_cost.py (300 KB waiting slowed its server)."""
+    most `watch_coalesce_seconds` before it starts. The bound keeps what waits in the connection under
+    what its buffers held in bench/watch_cost.py (300 KB waiting slowed its server)."""
     watch_server_timeout_seconds: int = 300
     """Watches end on the server after this long and are resumed from their resourceVersion."""
     request_timeout_seconds: float = 60.0
