@@ -97,7 +97,7 @@ def _quantity(value: int | str) -> int | str:
     if not match or value.startswith("-"):
         raise ValueError(f"{value!r} is not a Kubernetes quantity such as '500m', '1Gi' or '2'")
     suffix = match.group(3) or ""
-    if suffix[:1] in ("e", "E"):
+    if suffix[:1] in ("e", "E") and not match.group(4):  # an exponent, not exbi ("1Ei")
         # The API server reads the exponent as an int64 and refuses it otherwise ("unable to parse
         # quantity's suffix": apimachinery pkg/api/resource/suffix.go, interpret). Past int64's 19
         # digits it is out without converting them (int() refuses more than 4300).

@@ -179,7 +179,7 @@ def test_int_or_percent_agrees_with_crd(value: int | str) -> None:
 
 @given(
     st.text(alphabet="0123456789.+-eEKMGTPkmnui \n", max_size=6)
-    | st.sampled_from(["500m", "1Gi", "1.5", ".5", "1e3", "1E-2", "+1", "-1", "1Ki", "1k", "1K"])
+    | st.sampled_from(["500m", "1Gi", "1.5", ".5", "1e3", "1E-2", "+1", "-1", "1Ki", "1k", "1K", "0Ei"])
 )
 def test_quantity_agrees_with_crd(value: str) -> None:
     node = crd_node("driver.resources.limits.*")
