@@ -4,7 +4,7 @@ One asyncio loop watches nodes, operand pods (``app.kubernetes.io/managed-by=gpu
 ConfigMaps, RuntimeClasses, injected failures (kwok Stages labelled ``gpu-operator.sim/failure``)
 and NFD NodeFeatures, and runs a :class:`~.kubelet.PodRunner` for every operand pod bound to a
 node. Writes are coalesced: a pod's status is patched once per burst of changes (and only if it
-differs from what was written), a node's annotations and extended resources once per
+differs from what was written), a node's host mirror and extended resources once per
 :data:`~.node.FLUSH_DELAY`. Nothing polls: work happens on watch events, on timers the emulated
 images set themselves, and on the kubelet's back-off.
 """
@@ -22,9 +22,9 @@ import aiohttp
 
 from . import nfd
 from .api import STRATEGIC_MERGE_PATCH, Api, ApiError
-from .cluster import IpPool, Tokens, informer
+from .cluster import PAGE, IpPool, Tokens, informer
 from .kubelet import Failure, PodRunner, now
-from .node import FLUSH_DELAY, NodeState
+from .node import FLUSH_DELAY, HOST_LABEL, HOSTS_NAMESPACE, NodeState, SavedHost, mirror_config_map
 from .podspec import Pod, emulated, parse
 from .profile import Profile
 
@@ -40,6 +40,8 @@ FAILURE_REASON_LABEL = "gpu-operator.sim/reason"
 FAILURE_CONTAINER_ANNOTATION = "gpu-operator.sim/container"
 FAILURE_RESTARTS_ANNOTATION = "gpu-operator.sim/restarts"
 MANAGED_SELECTOR = "app.kubernetes.io/managed-by=gpu-operator"
+FIELD_MANAGER = "gpu-operator-emulators"
+APPLY_PATCH = "application/apply-patch+yaml"
 
 
 class Emulator:
@@ -50,6 +52,8 @@ class Emulator:
         self.tokens = Tokens(api)
         self.ips = IpPool()
         self.nodes: dict[str, NodeState] = {}
+        self.saved_hosts: dict[str, SavedHost] = {}
+        """Node name → the mirror an earlier emulator process left, until the node is first seen."""
         self.runners: dict[str, PodRunner] = {}
         self._by_node: dict[str, dict[str, PodRunner]] = {}
         self.waiting_for_node: dict[str, dict[str, JSON]] = {}
@@ -127,7 +131,7 @@ class Emulator:
         node = self.nodes.get(name)
         new = node is None
         if node is None:
-            node = self.nodes[name] = NodeState(name, self.node_dirty)
+            node = self.nodes[name] = NodeState(name, self.node_dirty, self.saved_hosts.pop(name, None))
         node.observe(body)
         if new:
             # A restored host may differ from its mirror (a crash between a change and its flush).
@@ -164,18 +168,20 @@ class Emulator:
             self.spawn(self._write_node(node))
 
     async def _write_node(self, node: NodeState) -> None:
-        annotations = node.annotation_patch()
+        mirror = node.mirror()
         capacity = {r: str(node.resources.get(r, 0)) for r in sorted(node.known_resources)}
         resources_changed = any(node.capacity.get(r) != v for r, v in capacity.items())
         try:
             async with self._writes:
-                if annotations:
-                    await self.api.patch(
-                        f"/api/v1/nodes/{node.name}", {"metadata": {"annotations": annotations}}
+                if mirror != node.mirrored:
+                    await self.api.request(
+                        "PATCH",
+                        f"/api/v1/namespaces/{HOSTS_NAMESPACE}/configmaps/{node.name}",
+                        mirror_config_map(node, mirror),
+                        params={"fieldManager": FIELD_MANAGER, "force": "true"},
+                        content_type=APPLY_PATCH,
                     )
-                    node.annotations.update({k: v for k, v in annotations.items() if v is not None})
-                    for key in [k for k, v in annotations.items() if v is None]:
-                        node.annotations.pop(key, None)
+                    node.mirrored = mirror
                 if resources_changed:
                     body = {"status": {"capacity": capacity, "allocatable": capacity}}
                     await self.api.patch(f"/api/v1/nodes/{node.name}/status", body)
@@ -376,12 +382,13 @@ class Emulator:
         watches: list[tuple[str, str, Any, dict[str, str]]] = [
             ("nodes", "/api/v1/nodes", self.on_node, {}),
             ("pods", "/api/v1/pods", self.on_pod, {"labelSelector": MANAGED_SELECTOR}),
-            ("configmaps", "/api/v1/configmaps", self.on_config_map, {}),
+            ("configmaps", "/api/v1/configmaps", self.on_config_map, {"labelSelector": f"!{HOST_LABEL}"}),
             ("runtimeclasses", "/apis/node.k8s.io/v1/runtimeclasses", self.on_runtime_class, {}),
             ("stages", "/apis/kwok.x-k8s.io/v1alpha1/stages", self.on_stage,
              {"labelSelector": f"{FAILURE_LABEL}=true"}),
             ("nodefeatures", nfd.NODEFEATURES, self.nfd.on_node_feature, {}),
         ]  # fmt: skip
+        await self._load_hosts()
         tasks = []
         for name, path, handler, params in watches:
             synced = self._synced[name] = asyncio.Event()
@@ -397,6 +404,24 @@ class Emulator:
         if self.ready_file is not None:
             self.ready_file.touch()
         await asyncio.gather(*tasks)
+
+    async def _load_hosts(self) -> None:
+        """The host mirrors an earlier emulator process left (none on a new cluster), before any node
+        is seen; and their namespace, for the writes to come."""
+        try:
+            await self.api.create("/api/v1/namespaces", {"metadata": {"name": HOSTS_NAMESPACE}})
+        except ApiError as exc:
+            if not exc.conflict:  # there already
+                raise
+        query = {"labelSelector": HOST_LABEL, "limit": PAGE}
+        while True:
+            page = await self.api.get(f"/api/v1/namespaces/{HOSTS_NAMESPACE}/configmaps", **query)
+            for item in page.get("items") or []:
+                self.saved_hosts[item["metadata"]["name"]] = SavedHost.of(item)
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return
+            query["continue"] = token
 
 
 def failure_of(stage: Mapping[str, Any]) -> tuple[str, str, Failure]:

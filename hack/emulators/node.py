@@ -8,9 +8,13 @@ the kubelet. :class:`NodeState` holds all of that as a small host filesystem (a 
 the few things that are not files (the module version, the MIG layout, the runtime handlers
 containerd has loaded, the device plugins' resources).
 
-The state is mirrored to node annotations (``gpu-operator.sim/...``), written at most every
-:data:`FLUSH_DELAY` seconds per node, so tests and people can read it (``kubectl get node -o yaml``)
-and an emulator restart recovers it (:meth:`NodeState.restore`).
+The state is mirrored to a ConfigMap per node (namespace :data:`HOSTS_NAMESPACE`, named after the
+node, owned by it), written at most every :data:`FLUSH_DELAY` seconds per node, so tests and people
+can read it (``kubectl -n gpu-operator-sim get configmap NODE -o yaml``) and an emulator restart
+recovers it (:meth:`NodeState.restore`). Not on the Node itself: a real host's files never touch the
+Node object, and annotations written there moved its resourceVersion several times a second while
+operands started, so the operator's label writes (which carry it) were refused as stale where the
+images would never have caused it (bench/README.md, "2026-12-04, evening").
 """
 
 from __future__ import annotations
@@ -25,13 +29,15 @@ from typing import Any
 
 from .gpus import COUNT_ANNOTATION, MODEL_ANNOTATION, MODELS, GpuModel
 
-PREFIX = "gpu-operator.sim/"
-FILES_ANNOTATION = PREFIX + "host-files"
-DRIVER_ANNOTATION = PREFIX + "driver"
-MIG_ANNOTATION = PREFIX + "mig"
-HANDLERS_ANNOTATION = PREFIX + "runtime-handlers"
-VALIDATIONS_ANNOTATION = PREFIX + "validations"
-TOOLKIT_ANNOTATION = PREFIX + "toolkit"
+HOSTS_NAMESPACE = "gpu-operator-sim"
+HOST_LABEL = "gpu-operator.sim/host"
+"""On the mirror ConfigMaps: the emulators' own ConfigMap watch leaves them out."""
+FILES_KEY = "host-files"
+DRIVER_KEY = "driver"
+MIG_KEY = "mig"
+HANDLERS_KEY = "runtime-handlers"
+VALIDATIONS_KEY = "validations"
+TOOLKIT_KEY = "toolkit"
 FLUSH_DELAY = 0.2
 
 VALIDATIONS = "/run/nvidia/validations"
@@ -91,9 +97,16 @@ BASE_DIRS = frozenset(
 class NodeState:
     """One node's emulated host. Methods that change it call :meth:`changed`."""
 
-    def __init__(self, name: str, on_dirty: Callable[[NodeState], None]) -> None:
+    def __init__(
+        self, name: str, on_dirty: Callable[[NodeState], None], saved: SavedHost | None = None
+    ) -> None:
         self.name = name
         self._on_dirty = on_dirty
+        self.saved = saved
+        """The mirror an earlier emulator left (restored if it belongs to this very Node)."""
+        self.mirrored: dict[str, str] = {}
+        """The mirror as last written (or restored): a flush writes only what differs."""
+        self.uid = ""
         self.labels: dict[str, str] = {}
         self.annotations: dict[str, str] = {}
         self.unschedulable = False
@@ -124,6 +137,7 @@ class NodeState:
         metadata = body.get("metadata") or {}
         status = body.get("status") or {}
         before = (self.labels, self.unschedulable, self.host_ip, self.capacity, self.gpu_count)
+        self.uid = str(metadata.get("uid") or "")
         self.labels = dict(metadata.get("labels") or {})
         self.annotations = dict(metadata.get("annotations") or {})
         self.unschedulable = bool((body.get("spec") or {}).get("unschedulable"))
@@ -151,19 +165,24 @@ class NodeState:
         return after != before
 
     def restore(self) -> None:
-        """Rebuild the host from the annotations (an emulator restart), or start a fresh node."""
+        """Rebuild the host from its mirror (an emulator restart), or start a fresh node: also when the
+        mirror is of an earlier Node of the same name (deleted and created again)."""
         self.restored = True
+        found = self.saved.data if self.saved is not None else {}
+        saved = found if self.saved is not None and self.saved.node_uid == self.uid else {}
+        self.saved = None
+        self.mirrored = dict(found)  # what the ConfigMap says now: a fresh host's first flush resets it
         self.baseline = _baseline(self.model, self.runtime)
         self.files = dict(self.baseline)
-        saved = self.annotations.get(FILES_ANNOTATION)
-        if saved:
-            for path, value in json.loads(saved).items():
+        files = saved.get(FILES_KEY)
+        if files:
+            for path, value in json.loads(files).items():
                 self.files[path] = Symlink(value["symlink"]) if isinstance(value, dict) else value
-        self.driver = self.annotations.get(DRIVER_ANNOTATION) or None
+        self.driver = saved.get(DRIVER_KEY) or None
         if self.driver:
             self.files[MODULE_REFCNT] = "0\n"
-        self.runtime_handlers = set(filter(None, self.annotations.get(HANDLERS_ANNOTATION, "").split(",")))
-        mig = self.annotations.get(MIG_ANNOTATION)
+        self.runtime_handlers = set(filter(None, saved.get(HANDLERS_KEY, "").split(",")))
+        mig = saved.get(MIG_KEY)
         self.mig = [MigGpu(g["enabled"], list(g["devices"])) for g in json.loads(mig)] if mig else []
         if len(self.mig) != self.gpu_count:
             self.mig = [MigGpu() for _ in range(self.gpu_count)]
@@ -179,7 +198,7 @@ class NodeState:
         event.set()
 
     def changed(self) -> None:
-        """The emulated host changed: wake waiters and schedule the annotation mirror."""
+        """The emulated host changed: wake waiters and schedule the mirror."""
         self.notify()
         self._on_dirty(self)
 
@@ -256,10 +275,10 @@ class NodeState:
             self.known_resources |= set(resources)
             self.changed()
 
-    # --- the annotation mirror ------------------------------------------------------------------
+    # --- the mirror ------------------------------------------------------------------------------
 
-    def annotation_patch(self) -> dict[str, str | None]:
-        """The `gpu-operator.sim/...` annotations describing this host (None: remove)."""
+    def mirror(self) -> dict[str, str]:
+        """The data of the ConfigMap describing this host."""
         extra = {
             path: ({"symlink": value.target} if isinstance(value, Symlink) else value)
             for path, value in sorted(self.files.items())
@@ -268,13 +287,41 @@ class NodeState:
         validations = sorted(p.rsplit("/", 1)[1] for p in self.files if p.startswith(VALIDATIONS + "/"))
         toolkit = "installed" if any(p.startswith("/usr/local/nvidia/toolkit/") for p in self.files) else None
         wanted: dict[str, str | None] = {
-            FILES_ANNOTATION: json.dumps(extra, sort_keys=True) if extra else None,
-            DRIVER_ANNOTATION: self.driver,
-            HANDLERS_ANNOTATION: ",".join(sorted(self.runtime_handlers)) or None,
-            MIG_ANNOTATION: json.dumps([g.as_json() for g in self.mig])
+            FILES_KEY: json.dumps(extra, sort_keys=True) if extra else None,
+            DRIVER_KEY: self.driver,
+            HANDLERS_KEY: ",".join(sorted(self.runtime_handlers)) or None,
+            MIG_KEY: json.dumps([g.as_json() for g in self.mig])
             if any(g.enabled for g in self.mig)
             else None,
-            VALIDATIONS_ANNOTATION: ",".join(validations) or None,
-            TOOLKIT_ANNOTATION: toolkit,
+            VALIDATIONS_KEY: ",".join(validations) or None,
+            TOOLKIT_KEY: toolkit,
         }
-        return {k: v for k, v in wanted.items() if self.annotations.get(k) != v}
+        return {k: v for k, v in wanted.items() if v is not None}
+
+
+@dataclass(frozen=True)
+class SavedHost:
+    """A mirror ConfigMap found at start-up: the Node it was written for, and its data."""
+
+    node_uid: str
+    data: Mapping[str, str]
+
+    @classmethod
+    def of(cls, config_map: Mapping[str, Any]) -> SavedHost:
+        owners = (config_map.get("metadata") or {}).get("ownerReferences") or []
+        uid = next((str(o.get("uid") or "") for o in owners if o.get("kind") == "Node"), "")
+        return cls(uid, dict(config_map.get("data") or {}))
+
+
+def mirror_config_map(node: NodeState, data: Mapping[str, str]) -> dict[str, Any]:
+    """The ConfigMap to apply for `node`'s mirror: owned by the Node, so it goes with it."""
+    metadata: dict[str, Any] = {
+        "name": node.name,
+        "namespace": HOSTS_NAMESPACE,
+        "labels": {HOST_LABEL: "true"},
+    }
+    if node.uid:
+        metadata["ownerReferences"] = [
+            {"apiVersion": "v1", "kind": "Node", "name": node.name, "uid": node.uid}
+        ]
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": dict(data)}

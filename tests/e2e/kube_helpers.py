@@ -49,6 +49,7 @@ from hack.emulators.emulator import (  # the failure protocol: the emulators rea
     FAILURE_REASON_LABEL,
     FAILURE_RESTARTS_ANNOTATION,
 )
+from hack.emulators.node import HOSTS_NAMESPACE
 from hack.emulators.profile import STARTUP_DEFAULT, Profile, profile
 
 T = TypeVar("T")
@@ -632,12 +633,23 @@ UNSCHEDULABLE = "spec.unschedulable"
 
 
 def emulated_host(api: client.ApiClient, node: str) -> dict[str, str]:
-    """The emulators' mirror of a node's host (`gpu-operator.sim/...` annotations, prefix removed):
-    `validations` (files in /run/nvidia/validations), `driver` (the loaded module), `mig`,
-    `runtime-handlers`, `toolkit`, `host-files` (JSON), `gpu-model`, `gpu-count`."""
-    found: Any = client.CoreV1Api(api).read_node(node)
+    """The emulated host of a node: its hardware (the node's `gpu-operator.sim/...` annotations, prefix
+    removed: `gpu-model`, `gpu-count`) and the emulators' mirror of its state (its ConfigMap in
+    HOSTS_NAMESPACE, hack/emulators/node.py): `validations` (files in /run/nvidia/validations),
+    `driver` (the loaded module), `mig`, `runtime-handlers`, `toolkit`, `host-files` (JSON)."""
+    core = client.CoreV1Api(api)
+    found: Any = core.read_node(node)
     annotations = found.metadata.annotations or {}
-    return {k.removeprefix(SIM_PREFIX): v for k, v in annotations.items() if k.startswith(SIM_PREFIX)}
+    host = {k.removeprefix(SIM_PREFIX): v for k, v in annotations.items() if k.startswith(SIM_PREFIX)}
+    try:
+        mirror: Any = core.read_namespaced_config_map(node, HOSTS_NAMESPACE)
+    except ApiException as exc:
+        if exc.status != 404:  # none yet: nothing on the host has changed
+            raise
+    else:
+        if any(o.uid == found.metadata.uid for o in mirror.metadata.owner_references or []):
+            host.update(mirror.data or {})
+    return host
 
 
 class LabelHistory:

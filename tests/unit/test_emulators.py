@@ -26,7 +26,7 @@ from hack.emulators.emulator import (
     failure_of,
 )
 from hack.emulators.kubelet import ContainerState, Failure, PodRunner, render_status
-from hack.emulators.node import MigGpu, NodeState, Symlink
+from hack.emulators.node import HOSTS_NAMESPACE, MigGpu, NodeState, SavedHost, Symlink, mirror_config_map
 from hack.emulators.process import Proc
 from hack.emulators.vfs import ContainerFS
 
@@ -136,9 +136,8 @@ def pod_body(containers: list[dict[str, Any]], volumes: list[dict[str, Any]]) ->
 
 def node_state() -> NodeState:
     state = NodeState("n", lambda node: None)
-    state.observe(
-        {"metadata": {"name": "n", "annotations": {gpus.COUNT_ANNOTATION: "2", gpus.MODEL_ANNOTATION: "L4"}}}
-    )
+    annotations = {gpus.COUNT_ANNOTATION: "2", gpus.MODEL_ANNOTATION: "L4"}
+    state.observe({"metadata": {"name": "n", "uid": "uid-1", "annotations": annotations}})
     return state
 
 
@@ -347,7 +346,7 @@ def test_no_sandbox_no_pod_ip() -> None:
 # --- node state ------------------------------------------------------------------------------
 
 
-def test_node_state_survives_a_restart_through_its_annotations() -> None:
+def test_node_state_survives_a_restart_through_its_mirror() -> None:
     async def run() -> None:
         node = node_state()
         node.write("/run/nvidia/validations/toolkit-ready", "")
@@ -355,24 +354,30 @@ def test_node_state_survives_a_restart_through_its_annotations() -> None:
         node.set_driver("595.91.07")
         node.set_handlers({"nvidia"})
         node.set_mig([MigGpu(True, ["1g.10gb"] * 7), MigGpu()])
-        patch = node.annotation_patch()
-        assert patch["gpu-operator.sim/validations"] == "toolkit-ready"
-        assert patch["gpu-operator.sim/driver"] == "595.91.07"
-        assert "/etc/os-release" not in json.loads(patch["gpu-operator.sim/host-files"] or "{}")
-        restarted = NodeState("n", lambda n: None)
-        restarted.observe(
-            {
-                "metadata": {
-                    "name": "n",
-                    "annotations": {gpus.COUNT_ANNOTATION: "2", gpus.MODEL_ANNOTATION: "L4", **patch},
-                }
-            }
-        )
-        assert restarted.validation("toolkit-ready") and restarted.driver == "595.91.07"
-        assert restarted.runtime_handlers == {"nvidia"}
-        assert restarted.mig[0].devices == ["1g.10gb"] * 7
-        assert restarted.read("/sys/module/nvidia/refcnt") is not None
-        assert restarted.annotation_patch() == {}
+        mirror = node.mirror()
+        assert mirror["validations"] == "toolkit-ready"
+        assert mirror["driver"] == "595.91.07"
+        assert "/etc/os-release" not in json.loads(mirror["host-files"])
+        written = mirror_config_map(node, mirror)
+        assert written["metadata"]["namespace"] == HOSTS_NAMESPACE
+        assert written["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+
+        def restarted(uid: str) -> NodeState:
+            state = NodeState("n", lambda n: None, SavedHost.of(written))
+            annotations = {gpus.COUNT_ANNOTATION: "2", gpus.MODEL_ANNOTATION: "L4"}
+            state.observe({"metadata": {"name": "n", "uid": uid, "annotations": annotations}})
+            return state
+
+        same = restarted("uid-1")
+        assert same.validation("toolkit-ready") and same.driver == "595.91.07"
+        assert same.runtime_handlers == {"nvidia"}
+        assert same.mig[0].devices == ["1g.10gb"] * 7
+        assert same.read("/sys/module/nvidia/refcnt") is not None
+        assert same.mirror() == same.mirrored  # nothing to write again
+        # A Node deleted and created again under the same name is a fresh host.
+        fresh = restarted("uid-2")
+        assert fresh.driver is None and not fresh.validation("toolkit-ready") and fresh.mirror() == {}
+        assert fresh.mirrored == mirror  # the earlier Node's: its first flush writes the fresh host over it
 
     asyncio.run(run())
 
