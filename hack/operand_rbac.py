@@ -67,9 +67,12 @@ def _field_is(target: str, field: str, values: Sequence[str]) -> str:
     return f"(has({target}.{field}) && {target}.{field} == {_list(values)})"
 
 
-def rules_are(rules: Sequence[Mapping[str, Any]]) -> str:
-    """CEL: `object.rules` is exactly `rules`, in order, and nothing is aggregated into it."""
-    parts = ["!has(object.aggregationRule)"]
+def rules_are(rules: Sequence[Mapping[str, Any]], aggregates: bool) -> str:
+    """CEL: `object.rules` is exactly `rules`, in order, and (a ClusterRole, the kind that can)
+    nothing is aggregated into it. Each kind's expressions name only its own fields: the API server
+    type-checks a policy's expressions against the kinds it matches (kube-controller-manager's
+    validatingadmissionpolicystatus controller)."""
+    parts = ["!has(object.aggregationRule)"] if aggregates else []
     if not rules:
         parts.append(_field_is("object", "rules", []))
     else:
@@ -114,7 +117,9 @@ def operand_rbac() -> Obj:
         if kind.endswith("Binding"):
             content = {name: binding_is(o) for name, o in mine.items()}
         else:
-            content = {name: rules_are(o.get("rules") or []) for name, o in mine.items()}
+            content = {
+                name: rules_are(o.get("rules") or [], kind == "ClusterRole") for name, o in mine.items()
+            }
         found[kind] = {"names": sorted(mine), "content": by_name(content)}
     sentinel = "sentinel-runtime-class"
     fixed = {

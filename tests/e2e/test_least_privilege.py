@@ -125,6 +125,29 @@ def test_the_operator_created_everything_it_needs(converged: tuple[Kube, Kube], 
     wait_for(no_write_refused, timeout=60, what="a status without refused writes")
 
 
+def test_the_charts_admission_policies_type_check(converged: tuple[Kube, Kube]) -> None:
+    """kube-controller-manager type-checks each policy's expressions against the kinds it matches and
+    writes the result into its status. A policy whose warnings do not fit in a status (3 MiB; one
+    policy over all seven kinds had more) is type-checked again and again, seconds of the controller
+    manager's CPU each time: every policy must be checked once and clean."""
+    _, admin = converged
+    found = admin.request("GET", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies")
+    ours = [p for p in found["items"] if p["metadata"]["name"].startswith(f"{RELEASE}-writes-")]
+    assert len(ours) == 7, [p["metadata"]["name"] for p in ours]
+
+    def checked() -> None:
+        for policy in ours:
+            name = policy["metadata"]["name"]
+            now = admin.request(
+                "GET", f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{name}"
+            )
+            status = now.get("status") or {}
+            assert status.get("observedGeneration") == now["metadata"]["generation"], (name, status)
+            assert not (status.get("typeChecking") or {}).get("expressionWarnings"), (name, status)
+
+    wait_for(checked, timeout=60, what="every admission policy type-checked without warnings")
+
+
 def test_rewriting_an_operand_role_to_everything_is_refused(converged: tuple[Kube, Kube]) -> None:
     token, admin = converged
     for kind in ("ClusterRole", "Role"):
