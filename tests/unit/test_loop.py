@@ -251,7 +251,8 @@ def test_watches_read_on_while_the_loop_is_idle_and_wait_while_a_pass_runs_or_is
         release.set()  # the pass ends, and so does the wait, before the interval is over
         started = time.monotonic()
         await waiting
-        assert loop.idle.is_set() and time.monotonic() - started < 0.19
+        assert time.monotonic() - started < 0.19
+        await until_idle(loop)
 
     settings = Settings(resync_seconds=3600.0, pass_spacing=0.0, watch_coalesce_seconds=0.2)
     drive(settings, step, script)
@@ -313,4 +314,34 @@ def test_while_the_next_pass_waits_a_quiet_watch_reads_less_often_until_just_bef
         watch_coalesce_seconds=0.1,
         watch_quiet_seconds=0.5,
     )
+    drive(settings, step, script)
+
+
+def test_the_watches_read_when_a_pass_ends_even_with_the_next_one_due() -> None:
+    """What arrived during a pass is read as it ends, before the next pass (woken during this one)
+    starts, not when the coalescing interval is over."""
+    running = threading.Event()
+    release = threading.Event()
+    passes: list[float] = []
+
+    def step(loop: Loop) -> None:
+        passes.append(time.monotonic())
+        running.set()
+        release.wait(5)
+
+    async def script(loop: Loop) -> None:
+        await until_idle(loop)
+        loop.wake()
+        while not running.is_set():
+            await asyncio.sleep(0.01)
+        waiting = loop.settle(BUSY)
+        assert waiting is not None
+        loop.wake()  # an event read during the pass: the next pass is due as soon as this one ends
+        release.set()
+        started = time.monotonic()
+        await waiting
+        assert time.monotonic() - started < 1, "read when the pass ended, not after the 5 s interval"
+        assert len(passes) == 1, "read before the next pass started"
+
+    settings = Settings(resync_seconds=3600.0, pass_spacing=0.0, watch_coalesce_seconds=5.0)
     drive(settings, step, script)
