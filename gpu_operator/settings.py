@@ -48,8 +48,9 @@ class Settings:
     """A label write refused as stale waits this long at most for the node's watch event to bring the
     newer version (reconciler `_node_after_conflict`), and only then reads the node."""
     status_interval_seconds: float = 2.0
-    """A status write that only tells a rollout's progress (node counts, messages) waits until this
-    long after the policy's last one; a changed state, condition or generation goes out at once. A
+    """A status write that only tells a rollout's progress (node counts, messages, components becoming
+    ready; status.progress_only) waits until this long after the policy's last one; a changed
+    state, condition or generation goes out at once. A
     1000-node rollout runs hundreds of passes: without it each would patch the ClusterPolicy (whose
     schema the API server validates on every write) and wait for it before the next labels."""
     pass_spacing: float = 2.0

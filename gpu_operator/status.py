@@ -89,10 +89,14 @@ def status_differs(current: Mapping[str, Any], desired: ClusterPolicyStatus) -> 
 
 def progress_only(current: Mapping[str, Any], desired: ClusterPolicyStatus) -> bool:
     """Whether writing `desired` over `current` would change only how far a rollout has got (node
-    counts, the problems listed, messages), not what the status says: its state, generation and GPU
-    nodes, each component's state, each condition's type, status and reason. Such a write may wait a
-    little (Settings.status_interval_seconds); any other goes out at once, and so does every write of a
-    ready status (the last word of a rollout: nothing may trail it into the cluster's rest)."""
+    counts, the problems listed, messages, components becoming ready while the policy is not), not
+    what the status says: its state, generation and GPU nodes, a component's state otherwise (one
+    that stops being ready, is disabled, unsupported), each condition's type, status and reason. Such
+    a write may wait a little (Settings.status_interval_seconds); any other goes out at once, and so
+    does every write of a ready status (the last word of a rollout: nothing may trail it into the
+    cluster's rest). The components of a 10-node rollout become ready one after another in its last
+    half second: written each at once, six status writes held up the passes that labelled the last
+    nodes and the one that wrote the ready status."""
     body = status_body(desired)
     if body.get("state") == "ready":
         return False
@@ -100,15 +104,21 @@ def progress_only(current: Mapping[str, Any], desired: ClusterPolicyStatus) -> b
     if any(current.get(key) != body.get(key) for key in said):
         return False
 
-    def states(value: Any) -> list[tuple[Any, ...]]:
-        return [(c.get("name"), c.get("enabled"), c.get("state")) for c in value or []]
+    def states(value: Any) -> dict[Any, tuple[Any, Any]]:
+        return {c.get("name"): (c.get("enabled"), c.get("state")) for c in value or []}
 
     def conditions(value: Any) -> list[tuple[Any, ...]]:
         return [(c.get("type"), c.get("status"), c.get("reason")) for c in value or []]
 
-    return states(current.get("components")) == states(body.get("components")) and conditions(
-        current.get("conditions")
-    ) == conditions(body.get("conditions"))
+    def advanced(was: tuple[Any, Any], now: tuple[Any, Any]) -> bool:
+        return was == now or (was[0] == now[0] and was[1] == "notReady" and now[1] == "ready")
+
+    before, after = states(current.get("components")), states(body.get("components"))
+    return (
+        before.keys() == after.keys()
+        and all(advanced(before[name], after[name]) for name in before)
+        and conditions(current.get("conditions")) == conditions(body.get("conditions"))
+    )
 
 
 # --- pods and readiness --------------------------------------------------------------------------

@@ -15,7 +15,7 @@ from typing import Any, cast
 
 import pytest
 
-from gpu_operator.api.status import ClusterPolicyStatus
+from gpu_operator.api.status import ClusterPolicyStatus, ComponentState, ComponentStatus
 from gpu_operator.kube import ApiError, Kube, NotLeader
 from gpu_operator.labels import FIELD_MANAGER
 from gpu_operator.nodes import NodeInfo
@@ -797,6 +797,27 @@ def test_only_progress_counts_as_progress() -> None:
     assert not progress_only(
         ready, ClusterPolicyStatus(state="ready", observedGeneration=1, gpuNodes=2, componentsReady="9/9")
     )
+
+
+def test_a_component_becoming_ready_mid_rollout_is_progress_and_any_other_change_is_not() -> None:
+    def status(*states: tuple[str, bool, ComponentState]) -> ClusterPolicyStatus:
+        components = [ComponentStatus(name=n, enabled=e, state=s) for n, e, s in states]
+        return ClusterPolicyStatus(state="notReady", observedGeneration=1, gpuNodes=2, components=components)
+
+    rolling = status(
+        ("driver", True, "ready"), ("dcgm", True, "notReady"), ("mig-manager", False, "disabled")
+    )
+    before = status_body(rolling)
+    assert progress_only(
+        before, status(("driver", True, "ready"), ("dcgm", True, "ready"), ("mig-manager", False, "disabled"))
+    )
+    for changed in (
+        status(("driver", True, "notReady"), ("dcgm", True, "notReady"), ("mig-manager", False, "disabled")),
+        status(("driver", True, "ready"), ("dcgm", False, "disabled"), ("mig-manager", False, "disabled")),
+        status(("driver", True, "ready"), ("dcgm", True, "notReady"), ("mig-manager", True, "notReady")),
+        status(("driver", True, "ready"), ("dcgm", True, "notReady")),
+    ):
+        assert not progress_only(before, changed), changed.components
 
 
 CRD_KEY = ("apiextensions.k8s.io/v1", "CustomResourceDefinition", "", POLICY_CRD)
