@@ -14,7 +14,7 @@ can read it (``kubectl -n gpu-operator-sim get configmap NODE -o yaml``) and an 
 recovers it (:meth:`NodeState.restore`). Not on the Node itself: a real host's files never touch the
 Node object, and annotations written there moved its resourceVersion several times a second while
 operands started, so the operator's label writes (which carry it) were refused as stale where the
-images would never have caused it (bench/README.md, "2026-12-04, evening").
+images would never have caused it (bench/README.md, "2026-12-04, late night").
 """
 
 from __future__ import annotations
