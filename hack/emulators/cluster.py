@@ -117,20 +117,24 @@ Handler = Callable[[str, JSON], None]
 """(event type: ADDED/MODIFIED/DELETED, or SYNC with {"items": [...]} after a (re)list, object)."""
 
 
+async def list_all(api: Api, path: str, **params: str) -> tuple[list[JSON], str]:
+    """Every item of `path`, listed in pages of PAGE, and the listing's resourceVersion."""
+    items: list[JSON] = []
+    query = {**params, "limit": PAGE}
+    while True:
+        page = await api.get(path, **query)
+        items.extend(page.get("items") or [])
+        token = (page.get("metadata") or {}).get("continue")
+        if not token:
+            return items, str((page.get("metadata") or {}).get("resourceVersion") or "0")
+        query["continue"] = token
+
+
 async def informer(api: Api, path: str, handler: Handler, synced: asyncio.Event, **params: str) -> None:
     """List `path`, hand the items over, then watch from there; start over after any failure."""
     while True:
         try:
-            items: list[JSON] = []
-            query = {**params, "limit": PAGE}
-            while True:
-                page = await api.get(path, **query)
-                items.extend(page.get("items") or [])
-                token = (page.get("metadata") or {}).get("continue")
-                if not token:
-                    break
-                query["continue"] = token
-            version = str((page.get("metadata") or {}).get("resourceVersion") or "0")
+            items, version = await list_all(api, path, **params)
             handler("SYNC", {"items": items})
             synced.set()
             while True:

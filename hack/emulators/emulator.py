@@ -22,7 +22,7 @@ import aiohttp
 
 from . import nfd
 from .api import STRATEGIC_MERGE_PATCH, Api, ApiError
-from .cluster import PAGE, IpPool, Tokens, informer
+from .cluster import IpPool, Tokens, informer, list_all
 from .kubelet import Failure, PodRunner, now
 from .node import FLUSH_DELAY, HOST_LABEL, HOSTS_NAMESPACE, NodeState, SavedHost, mirror_config_map
 from .podspec import Pod, emulated, parse
@@ -413,15 +413,10 @@ class Emulator:
         except ApiError as exc:
             if not exc.conflict:  # there already
                 raise
-        query = {"labelSelector": HOST_LABEL, "limit": PAGE}
-        while True:
-            page = await self.api.get(f"/api/v1/namespaces/{HOSTS_NAMESPACE}/configmaps", **query)
-            for item in page.get("items") or []:
-                self.saved_hosts[item["metadata"]["name"]] = SavedHost.of(item)
-            token = (page.get("metadata") or {}).get("continue")
-            if not token:
-                return
-            query["continue"] = token
+        found, _ = await list_all(
+            self.api, f"/api/v1/namespaces/{HOSTS_NAMESPACE}/configmaps", labelSelector=HOST_LABEL
+        )
+        self.saved_hosts = {item["metadata"]["name"]: SavedHost.of(item) for item in found}
 
 
 def failure_of(stage: Mapping[str, Any]) -> tuple[str, str, Failure]:

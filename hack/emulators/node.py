@@ -168,10 +168,10 @@ class NodeState:
         """Rebuild the host from its mirror (an emulator restart), or start a fresh node: also when the
         mirror is of an earlier Node of the same name (deleted and created again)."""
         self.restored = True
-        found = self.saved.data if self.saved is not None else {}
-        saved = found if self.saved is not None and self.saved.node_uid == self.uid else {}
+        found = self.saved or SavedHost("", {})
+        saved = found.data if found.node_uid == self.uid else {}
         self.saved = None
-        self.mirrored = dict(found)  # what the ConfigMap says now: a fresh host's first flush resets it
+        self.mirrored = dict(found.data)  # what the ConfigMap says now: a fresh host's first flush resets it
         self.baseline = _baseline(self.model, self.runtime)
         self.files = dict(self.baseline)
         files = saved.get(FILES_KEY)

@@ -131,18 +131,14 @@ def test_the_charts_admission_policies_type_check(converged: tuple[Kube, Kube]) 
     policy over all seven kinds had more) is type-checked again and again, seconds of the controller
     manager's CPU each time: every policy must be checked once and clean."""
     _, admin = converged
-    found = admin.request("GET", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies")
-    ours = [p for p in found["items"] if p["metadata"]["name"].startswith(f"{RELEASE}-writes-")]
-    assert len(ours) == 7, [p["metadata"]["name"] for p in ours]
 
     def checked() -> None:
+        found = admin.request("GET", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies")
+        ours = [p for p in found["items"] if p["metadata"]["name"].startswith(f"{RELEASE}-writes-")]
+        assert len(ours) == 7, [p["metadata"]["name"] for p in ours]
         for policy in ours:
-            name = policy["metadata"]["name"]
-            now = admin.request(
-                "GET", f"/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies/{name}"
-            )
-            status = now.get("status") or {}
-            assert status.get("observedGeneration") == now["metadata"]["generation"], (name, status)
+            name, status = policy["metadata"]["name"], policy.get("status") or {}
+            assert status.get("observedGeneration") == policy["metadata"]["generation"], (name, status)
             assert not (status.get("typeChecking") or {}).get("expressionWarnings"), (name, status)
 
     wait_for(checked, timeout=60, what="every admission policy type-checked without warnings")
