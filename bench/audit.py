@@ -118,7 +118,8 @@ def writes(requests: Iterable[Request]) -> list[Request]:
 
 
 def writes_at_rest(requests: Iterable[Request]) -> list[Request]:
-    """Writes, less the leader election's Lease renewals (one every retry period, gpu_operator/leader.py):
+    """Writes, less the leader election's Lease renewals (one every retry period,
+    gpu_operator/runtime/leader.py):
     the cost of having a standby, reported apart (`lease_renewals_per_min`)."""
     return [r for r in writes(requests) if r.resource != "leases"]
 

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_operator.kube import Kube
-from gpu_operator.kubeconfig import write_service_account_kubeconfig
+from gpu_operator.runtime.client import Kube
+from gpu_operator.runtime.kubeconfig import write_service_account_kubeconfig
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "gpu-operator"
@@ -160,7 +160,7 @@ def install_chart(helm: Path, kubeconfig: Path, log_file: Path) -> None:
     )
 
 
-# A sample of what the operator needs (gpu_operator/kube.py), checked before anything is timed:
+# A sample of what the operator needs (gpu_operator/runtime/client.py), checked before anything is timed:
 # (verb, group, resource, namespace).
 REQUIRED_ACCESS = (
     ("watch", "", "nodes", ""),

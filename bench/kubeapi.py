@@ -1,4 +1,4 @@
-"""The bench's API helpers over the project's client (gpu_operator.kube), and watches that timestamp
+"""The bench's API helpers over the project's client (gpu_operator.runtime.client), and watches that timestamp
 a condition.
 
 `Watcher` is how every duration is measured: it lists a collection, opens a watch from the list's
@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gpu_operator.kube import ApiError, Kube, load_api_client
+from gpu_operator.runtime.client import ApiError, Kube, load_api_client
 
 USER_AGENT = "gpu-operator-bench"
 PARTIAL_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import yaml
 
-from gpu_operator.components import COMPONENTS
-from gpu_operator.nodes import NodeInfo
-from gpu_operator.observed import PodInfo
-from gpu_operator.plan import build
-from gpu_operator.store import Store
+from gpu_operator.core.components import COMPONENTS
+from gpu_operator.core.node_labels import NodeInfo
+from gpu_operator.core.observed import PodInfo
+from gpu_operator.core.plan import build
+from gpu_operator.runtime.store import Store
 
 POLICY = Path(__file__).resolve().parents[1] / "examples" / "clusterpolicy.yaml"
 NOW = "2026-12-01T00:00:00Z"

@@ -1,11 +1,12 @@
 """What watching GPU workload pods costs in memory: one cluster-wide pod watch against the driver
-upgrade's per-node watches (gpu_operator/node_pods.py), measured with tracemalloc on copies of a real
+upgrade's per-node watches (gpu_operator/runtime/drain_watches.py), measured with tracemalloc on copies
+of a real
 pod (bench/data/workload-pod.json: a Deployment's pod as the local cluster's API server returned it,
 managedFields included, with a GPU limit).
 
 A cluster-wide watch would receive, list and hold every pod of the cluster all the time, at rest too;
 the per-node watches hold the pods of the nodes being emptied, at most maxParallelUpgrades of them.
-Both keep the same slim records (gpu_operator/upgrade/facts.py WorkloadPod) in the Store.
+Both keep the same slim records (gpu_operator/core/upgrade/facts.py WorkloadPod) in the Store.
 
     python -m bench.pod_memory --nodes 1000 --pods-per-node 30 --watched-nodes 10
 """
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from gpu_operator.store import Store
+from gpu_operator.runtime.store import Store
 
 SAMPLE = Path(__file__).resolve().parent / "data" / "workload-pod.json"
 MIB = 2**20

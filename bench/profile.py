@@ -20,8 +20,8 @@ RECONCILE_STEPS: tuple[tuple[str, str], ...] = (
     ("apply_node_labels", "node label PATCH"),
     ("Kube.delete", "DELETE"),
     ("Kube.apply ", "object apply PATCH"),
-    ("build (gpu_operator/plan.py", "planning (pure)"),
-    ("snapshot (gpu_operator/reconciler.py", "store snapshot"),
+    ("build (gpu_operator/core/plan.py", "planning (pure)"),
+    ("snapshot (gpu_operator/runtime/reconciler.py", "store snapshot"),
     # run_once waits for its label writes itself (concurrent.futures.wait) while the waves go out.
     ("wait (concurrent/futures/_base.py", "waiting for its parallel writes"),
 )
@@ -32,7 +32,7 @@ WRITES: tuple[tuple[str, str], ...] = (
 )
 RECONCILE = "Reconciler.run_once"
 WRITER_THREADS = ("gpu-operator-write", "gpu-operator-apply")
-"""The reconciler's pools (gpu_operator/reconciler.py: label writes, object applies); their samples /
+"""The reconciler's pools (gpu_operator/runtime/reconciler.py: label writes, object applies); their samples /
 ticks = writes in flight."""
 IDLE_LEAF = ".select (selectors.py"
 """The event loop waiting for I/O (EpollSelector.select)."""

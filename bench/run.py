@@ -54,9 +54,9 @@ from bench.cluster import (
 from bench.kubeapi import Objects, Watcher
 from gpu_operator.api import parse_document
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.components import COMPONENTS
-from gpu_operator.kube import ApiError
-from gpu_operator.nodes import GPU_PRESENT, MIG_CONFIG, desired_labels, node_info
+from gpu_operator.core.components import COMPONENTS
+from gpu_operator.core.node_labels import GPU_PRESENT, MIG_CONFIG, desired_labels, node_info
+from gpu_operator.runtime.client import ApiError
 from hack import gen_nodes
 
 POLICY = ROOT / "examples" / "clusterpolicy.yaml"

@@ -50,9 +50,9 @@ from bench.run import (
     git,
     policy_ready,
 )
-from gpu_operator.components import BY_NAME
-from gpu_operator.kube import Kube
-from gpu_operator.upgrade.states import STATE_LABEL
+from gpu_operator.core.components import BY_NAME
+from gpu_operator.core.upgrade.states import STATE_LABEL
+from gpu_operator.runtime.client import Kube
 
 VERSION_A, VERSION_B = "570.195.03", "580.95.05"
 DRIVER = BY_NAME["driver"]

@@ -6,7 +6,7 @@ list and then streams N watch events, taken in turn from real ones (bench/data/w
 pod and node events recorded from a 10-node rollout), each with a resourceVersion of its own, at
 `--rate` a second in small batches, so that each arrives on its own as in a rollout rather than
 thousands in one read. The operator's watch of that kind runs as in the operator (Kopf's
-`infinite_watch` through gpu_operator/watch_guard.py into a Store), and the process's CPU from the
+`infinite_watch` through gpu_operator/runtime/watch_guard.py into a Store), and the process's CPU from the
 first event to the last is divided by N.
 
     python -m bench.watch_cost --events 2000 --rate 100 --coalesce 0.2
@@ -103,9 +103,9 @@ async def watch(port: int, ca: str, kind: str, events: int, reader: str, coalesc
     from kopf._cogs.clients import auth, watching
     from kopf._cogs.structs import credentials, references
 
-    from gpu_operator import safe_json, watch_guard
-    from gpu_operator.store import Store
-    from gpu_operator.watch_stream import Events
+    from gpu_operator.runtime import safe_json, watch_guard
+    from gpu_operator.runtime.store import Store
+    from gpu_operator.runtime.watch_stream import Events
 
     safe_json.install()
     watch_guard.install()
@@ -208,7 +208,10 @@ def main(argv: list[str] | None = None) -> int:
         "--reader",
         choices=["direct", "kopf"],
         default="direct",
-        help="the operator's reader (gpu_operator/watch_stream.py), or Kopf's continuous_watch as before it",
+        help=(
+            "the operator's reader (gpu_operator/runtime/watch_stream.py), "
+            "or Kopf's continuous_watch as before it"
+        ),
     )
     parser.add_argument(
         "--coalesce",

@@ -6,7 +6,7 @@ usage, 1 an unexpected failure while rendering. No input, however broken, produc
 `validate` and `render` are what people run in CI on hand-written YAML.
 
 `validate`, `render` and `crd` never import Kopf or the Kubernetes client; `run` imports the operator
-lazily; `discover` (the node agent, gpu_operator/agent.py), `cleanup` (the chart's pre-delete hook)
+lazily; `discover` (the node agent, gpu_operator/agent/node_agent.py), `cleanup` (the chart's pre-delete hook)
 and `kubeconfig` the Kubernetes client.
 """
 
@@ -30,7 +30,7 @@ from pydantic import BaseModel
 from gpu_operator import __version__
 from gpu_operator.api import KIND, FieldError, PolicyError, parse_document
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.components import COMPONENTS
+from gpu_operator.core.components import COMPONENTS
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -38,7 +38,7 @@ EXIT_INVALID = 2
 
 DEFAULT_NAMESPACE = "gpu-operator"
 DEFAULT_RESCAN_SECONDS = 60.0
-"""How often the discovery agent reads sysfs again (gpu_operator/agent.py says why a minute)."""
+"""How often the discovery agent reads sysfs again (gpu_operator/agent/node_agent.py says why a minute)."""
 DEFAULT_LISTEN = "0.0.0.0:8080"
 
 
@@ -233,7 +233,7 @@ def load_nodes(path: str) -> list[dict[str, Any]]:
 
 def load_config_maps(path: str) -> dict[str, tuple[str, ...]]:
     """ConfigMap name → keys, from `kubectl get configmaps -o yaml` (or ConfigMap documents)."""
-    from gpu_operator.observed import config_map_keys
+    from gpu_operator.core.observed import config_map_keys
 
     found: dict[str, tuple[str, ...]] = {}
     problems: list[str] = []
@@ -255,9 +255,9 @@ def load_config_maps(path: str) -> dict[str, tuple[str, ...]]:
 
 def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     # Imported here so that `validate` and `crd` work without the renderer's templates.
-    from gpu_operator.nodes import cluster_facts
-    from gpu_operator.render import missing_inputs, render
-    from gpu_operator.yaml_text import to_yaml
+    from gpu_operator.core.node_labels import cluster_facts
+    from gpu_operator.core.render import missing_inputs, render
+    from gpu_operator.core.yaml_text import to_yaml
 
     try:
         policies = load_policies(args.file)
@@ -313,9 +313,9 @@ def cmd_crd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from gpu_operator.operator import run  # Kopf is imported only when the operator runs
-    from gpu_operator.server import ServerError
-    from gpu_operator.settings import Settings
+    from gpu_operator.main import run  # Kopf is imported only when the operator runs
+    from gpu_operator.runtime.server import ServerError
+    from gpu_operator.runtime.settings import Settings
 
     settings = Settings(
         namespace=args.namespace,
@@ -337,7 +337,7 @@ def cmd_run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_discover(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from gpu_operator.discovery import ScanError, gpus, pci_labels, read_devices
+    from gpu_operator.agent.discovery import ScanError, gpus, pci_labels, read_devices
 
     if args.dry_run:
         try:
@@ -353,7 +353,7 @@ def cmd_discover(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if not args.node_name:
         print("discover: no node name: give --node-name or set NODE_NAME (the chart sets it)", file=err)
         return EXIT_INVALID
-    from gpu_operator.agent import Agent, run
+    from gpu_operator.agent.node_agent import Agent, run
 
     kube = _client("discover", err)
     if kube is None:
@@ -372,7 +372,7 @@ def _client(command: str, err: TextIO, kubeconfig: str | None = None) -> Any:
     works."""
     from kubernetes.config import ConfigException
 
-    from gpu_operator.kube import Kube, load_api_client
+    from gpu_operator.runtime.client import Kube, load_api_client
 
     try:
         return Kube(load_api_client(kubeconfig))
@@ -382,15 +382,15 @@ def _client(command: str, err: TextIO, kubeconfig: str | None = None) -> Any:
 
 
 def cmd_cleanup(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from gpu_operator.cleanup import cleanup
+    from gpu_operator.runtime.cleanup import cleanup
 
     kube = _client("cleanup", err)
     return EXIT_INVALID if kube is None else cleanup(kube, args.policy, args.timeout, out)
 
 
 def cmd_kubeconfig(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from gpu_operator.kube import ApiError
-    from gpu_operator.kubeconfig import write_service_account_kubeconfig
+    from gpu_operator.runtime.client import ApiError
+    from gpu_operator.runtime.kubeconfig import write_service_account_kubeconfig
 
     namespace, _, name = args.service_account.partition("/")
     source = args.kubeconfig or (os.environ.get("KUBECONFIG") or "").split(os.pathsep)[0]
@@ -464,7 +464,7 @@ def _dns_label(value: str) -> str:
 
 
 def _listen_address(value: str) -> str:
-    from gpu_operator.server import parse_address
+    from gpu_operator.runtime.server import parse_address
 
     if value:
         try:

@@ -69,7 +69,7 @@ echo "demo: installing the CRD and the chart's ServiceAccount and RBAC (operator
 
 echo "demo: starting the operator as system:serviceaccount:$NS:gpu-operator (log: $LOG)"
 stop_operator
-# The admin kubeconfig's cluster, with a fresh token of the chart's ServiceAccount (gpu_operator/kubeconfig.py).
+# The admin kubeconfig's cluster, with a fresh token of the chart's ServiceAccount (gpu_operator/runtime/kubeconfig.py).
 .venv/bin/gpu-operator kubeconfig --service-account "$NS/gpu-operator" --duration 86400 \
   --output "$OPERATOR_KUBECONFIG" >/dev/null
 KUBECONFIG=$OPERATOR_KUBECONFIG setsid .venv/bin/gpu-operator run --namespace "$NS" --listen 127.0.0.1:0 \

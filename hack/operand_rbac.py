@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from gpu_operator.api import parse_spec  # noqa: E402
 from gpu_operator.api.spec import OperatorSpec  # noqa: E402
-from gpu_operator.render import ClusterFacts, render  # noqa: E402
+from gpu_operator.core.render import ClusterFacts, render  # noqa: E402
 
 OUTPUT = ROOT / "charts" / "gpu-operator" / "files" / "operand-rbac.yaml"
 EVERYTHING = ROOT / "tests" / "data" / "policies" / "everything.yaml"

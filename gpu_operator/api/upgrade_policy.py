@@ -2,7 +2,7 @@
 api/upgrade/v1alpha1/upgrade_spec.go) with its names, defaults and meanings, plus two extensions of
 this operator (`canary`, `validation`) that NVIDIA's operator ignores.
 
-The state machine that acts on it is gpu_operator/upgrade/.
+The state machine that acts on it is gpu_operator/core/upgrade/.
 """
 
 from __future__ import annotations

@@ -11,12 +11,8 @@ from decimal import Decimal
 
 from gpu_operator.api import PolicyError, parse_spec
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.components import BY_NAME
-from gpu_operator.doctor import checklist
-from gpu_operator.doctor.checklist import Command
-from gpu_operator.doctor.scheduling import GPU, quantity
-from gpu_operator.doctor.state import LOG_LINES, ClusterState, Obj, is_operand
-from gpu_operator.nodes import (
+from gpu_operator.core.components import BY_NAME
+from gpu_operator.core.node_labels import (
     DEPLOY_OPERANDS,
     NodeInfo,
     awaited,
@@ -25,8 +21,12 @@ from gpu_operator.nodes import (
     takes_operands,
     unmet_dependencies,
 )
-from gpu_operator.observed import PodInfo, component_of, pod_info
-from gpu_operator.plan import pods_by_node
+from gpu_operator.core.observed import PodInfo, component_of, pod_info
+from gpu_operator.core.plan import pods_by_node
+from gpu_operator.doctor import checklist
+from gpu_operator.doctor.checklist import Command
+from gpu_operator.doctor.scheduling import GPU, quantity
+from gpu_operator.doctor.state import LOG_LINES, ClusterState, Obj, is_operand
 
 # --- reading the state -----------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from gpu_operator.core.node_labels import takes_operands
 from gpu_operator.doctor import checklist
 from gpu_operator.doctor.checklist import Command
 from gpu_operator.doctor.cluster import (
@@ -27,7 +28,6 @@ from gpu_operator.doctor.state import (
     Finding,
     Obj,
 )
-from gpu_operator.nodes import takes_operands
 
 
 def _node_ready(node: Obj) -> bool:
@@ -112,7 +112,7 @@ def _upgrade_findings(cluster: Cluster, name: str) -> list[Finding]:
         checklist.kubectl("describe", "node", name),
         *link_commands(cluster, driver, name)[:2],
     )
-    # The operator's status says why (gpu_operator/upgrade/): the step that failed, or what it waits for.
+    # The operator's status says why (gpu_operator/core/upgrade/): the step that failed, or what it waits for.
     says = cluster.upgrade_reason(name)
     if state == "upgrade-failed":
         why = f" ({says})" if says else ""

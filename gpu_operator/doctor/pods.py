@@ -3,6 +3,9 @@ node by node), GPU pods that cannot start, pods the kubelet refused and NVIDIA_V
 
 from __future__ import annotations
 
+from gpu_operator.core.observed import (
+    waiting_reason,
+)
 from gpu_operator.doctor import checklist
 from gpu_operator.doctor.checklist import Command
 from gpu_operator.doctor.cluster import (
@@ -33,9 +36,6 @@ from gpu_operator.doctor.state import (
     Finding,
     Obj,
     rejected_by_kubelet,
-)
-from gpu_operator.observed import (
-    waiting_reason,
 )
 
 # --- operand pods ---------------------------------------------------------------------------------------

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from gpu_operator.core.observed import pod_info
+from gpu_operator.core.ownership import FIELD_MANAGER, MANAGED_BY_LABEL
 from gpu_operator.doctor.scheduling import requested_by_node
 from gpu_operator.doctor.state import (
     LOG_LINES,
@@ -27,9 +29,7 @@ from gpu_operator.doctor.state import (
     quota_worth_recording,
     worth_recording,
 )
-from gpu_operator.kube import ApiError, Kube, load_api_client
-from gpu_operator.labels import FIELD_MANAGER, MANAGED_BY_LABEL
-from gpu_operator.observed import pod_info
+from gpu_operator.runtime.client import ApiError, Kube, load_api_client
 
 DEFAULT_NAMESPACE = "gpu-operator"
 MAX_LOGS = 20

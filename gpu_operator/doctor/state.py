@@ -8,12 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from gpu_operator.core.ownership import FIELD_MANAGER, MANAGED_BY_LABEL
 from gpu_operator.doctor.checklist import Command
 from gpu_operator.doctor.scheduling import (
     GPU,
     gpu_request,
 )
-from gpu_operator.labels import FIELD_MANAGER, MANAGED_BY_LABEL
 
 Severity = Literal["error", "warning"]
 Obj = Mapping[str, Any]
@@ -22,7 +22,7 @@ UPGRADE_STATE = "nvidia.com/gpu-driver-upgrade-state"
 UPGRADE_STARTED = (
     "nvidia.com/gpu-driver-upgrade-validation-start-time",
     "nvidia.com/gpu-driver-upgrade-wait-for-pod-completion-start-time",
-    # This operator's: when the node entered its current state (gpu_operator/upgrade/states.py).
+    # This operator's: when the node entered its current state (gpu_operator/core/upgrade/states.py).
     "nvidia.com/gpu-driver-upgrade-state-start-time",
 )
 GFD_COUNT = "nvidia.com/gpu.count"

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_operator.kube import ApiError, Kube
+from gpu_operator.runtime.client import ApiError, Kube
 
 from .kube_helpers import Cluster, wait_for
 from .operator_process import OperatorProcess

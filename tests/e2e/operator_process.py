@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from gpu_operator.kube import Kube
-from gpu_operator.kubeconfig import write_service_account_kubeconfig
+from gpu_operator.runtime.client import Kube
+from gpu_operator.runtime.kubeconfig import write_service_account_kubeconfig
 
 from .kube_helpers import Cluster
 
@@ -47,7 +47,7 @@ def sa_kubeconfig(
     cluster: Cluster, namespace: str, service_account: str, path: Path, bound_pod: Any = None
 ) -> Path:
     """A kubeconfig at `path` that authenticates with a fresh token of the ServiceAccount
-    (gpu_operator.kubeconfig); with `bound_pod` (a V1Pod) the token is bound to that pod."""
+    (gpu_operator.runtime.kubeconfig); with `bound_pod` (a V1Pod) the token is bound to that pod."""
     bound = None if bound_pod is None else (bound_pod.metadata.name, bound_pod.metadata.uid)
     return write_service_account_kubeconfig(
         Kube(cluster.api), cluster.kubeconfig, namespace, service_account, path, bound_pod=bound

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_operator.kube import ApiError, Kube, path
-from gpu_operator.plan import POLICY_CRD
-from gpu_operator.reconciler import SERVED_ANNOTATION
+from gpu_operator.core.plan import POLICY_CRD
+from gpu_operator.runtime.client import ApiError, Kube, path
+from gpu_operator.runtime.reconciler import SERVED_ANNOTATION
 
 from .chaos import (
     Component,

@@ -23,10 +23,10 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from gpu_operator.components import BY_NAME
-from gpu_operator.discovery import FIELD_MANAGER, NFD_CRD
-from gpu_operator.kube import ApiError, Kube
-from gpu_operator.nodes import GPU_PRESENT, NFD_PREFIX, owned_label_keys
+from gpu_operator.agent.discovery import FIELD_MANAGER, NFD_CRD
+from gpu_operator.core.components import BY_NAME
+from gpu_operator.core.node_labels import GPU_PRESENT, NFD_PREFIX, owned_label_keys
+from gpu_operator.runtime.client import ApiError, Kube
 from hack import gen_nodes
 
 from .kube_helpers import Cluster, list_pods, pod_is_ready, wait_for, wait_timeout

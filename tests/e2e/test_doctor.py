@@ -19,7 +19,7 @@ import kubernetes
 import pytest
 from kubernetes.client import ApiException
 
-from gpu_operator.components import BY_NAME
+from gpu_operator.core.components import BY_NAME
 
 from .kube_helpers import (
     Cluster,

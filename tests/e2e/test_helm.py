@@ -22,7 +22,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from gpu_operator.components import BY_LABEL
+from gpu_operator.core.components import BY_LABEL
 
 from .kube_helpers import SIMULATED_NODE_LABEL, Cluster, wait_for, wait_timeout
 from .operator_process import OPERATOR, ROOT, OperatorProcess, helm, sa_kubeconfig
@@ -191,7 +191,7 @@ def test_upgrade_brings_the_new_crd(cluster: Cluster, operator: OperatorProcess,
     The cluster gets an older CRD (another description, another hash annotation: what an older release
     left behind); then the release is upgraded and the operator restarted, as a new image would be.
     """
-    from gpu_operator.reconciler import CRD_HASH_ANNOTATION
+    from gpu_operator.runtime.reconciler import CRD_HASH_ANNOTATION
 
     new = chart_crd()
     old = copy.deepcopy(new)

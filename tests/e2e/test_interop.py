@@ -17,7 +17,7 @@ from typing import Any
 import kubernetes
 import pytest
 
-from gpu_operator.kube import Kube, path
+from gpu_operator.runtime.client import Kube, path
 
 from .conftest import install_crds
 from .kube_helpers import (

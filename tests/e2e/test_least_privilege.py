@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_operator.kube import ApiError, Kube, load_api_client, path
-from gpu_operator.labels import FIELD_MANAGER
+from gpu_operator.core.ownership import FIELD_MANAGER
+from gpu_operator.runtime.client import ApiError, Kube, load_api_client, path
 
 from .kube_helpers import Cluster, wait_for
 from .operator_process import OperatorProcess, chart_operator

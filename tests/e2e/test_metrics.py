@@ -15,7 +15,7 @@ import pytest
 from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_operator.components import BY_NAME
+from gpu_operator.core.components import BY_NAME
 
 from .kube_helpers import Cluster, clear_failure, inject_failure, wait_for
 from .operator_process import OperatorProcess, chart_operator

@@ -16,8 +16,8 @@ import kubernetes
 import pytest
 from kubernetes.client import ApiException
 
-from gpu_operator.kube import ApiError, Kube, gone_or_changed
-from gpu_operator.observed import ADOPT_ANNOTATION
+from gpu_operator.core.observed import ADOPT_ANNOTATION
+from gpu_operator.runtime.client import ApiError, Kube, gone_or_changed
 from hack import gen_nodes
 
 from .kube_helpers import Cluster, wait_for

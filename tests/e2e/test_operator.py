@@ -13,7 +13,7 @@ import kubernetes
 import pytest
 import yaml
 
-from gpu_operator.components import BY_LABEL, BY_NAME, COMPONENTS
+from gpu_operator.core.components import BY_LABEL, BY_NAME, COMPONENTS
 
 from .kube_helpers import (
     Cluster,

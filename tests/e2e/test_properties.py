@@ -1,6 +1,6 @@
 """Property test against the real API server: any policy the CRD accepts either renders objects the
 API server accepts (a server-side dry run of each) or is reported InvalidSpec, naming a policy field:
-by the models, or by the operator's judge of the dry-run answers (gpu_operator/vetting.py) — never
+by the models, or by the operator's judge of the dry-run answers (gpu_operator/core/vetting.py) — never
 half applied, never mistaken for an API failure.
 
 Policies come from the unit tests' strategies: realistic ones (tests/unit/test_render_properties.py)
@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, Phase, assume, given, reject, settings
 from hypothesis import strategies as st
 
 from gpu_operator.api import PolicyError, parse_spec
-from gpu_operator.kube import ApiError, Kube, path
-from gpu_operator.nodes import cluster_facts
-from gpu_operator.observed import object_key
-from gpu_operator.render import render
-from gpu_operator.vetting import Answers, Context, Failure, judge
+from gpu_operator.core.node_labels import cluster_facts
+from gpu_operator.core.observed import object_key
+from gpu_operator.core.render import render
+from gpu_operator.core.vetting import Answers, Context, Failure, judge
+from gpu_operator.runtime.client import ApiError, Kube, path
 
 from .kube_helpers import Cluster
 from .operator_process import ROOT

@@ -26,8 +26,8 @@ import kubernetes
 import pytest
 from kubernetes.client import ApiException
 
-from gpu_operator.components import BY_NAME
-from gpu_operator.upgrade.states import (
+from gpu_operator.core.components import BY_NAME
+from gpu_operator.core.upgrade.states import (
     ANNOTATION_PREFIX,
     SKIP_LABEL,
     STATE_LABEL,

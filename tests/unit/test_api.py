@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from gpu_operator.api import PolicyError, parse_document, parse_spec
 from gpu_operator.api.crd import crd
-from gpu_operator.components import COMPONENTS
+from gpu_operator.core.components import COMPONENTS
 
 SPEC = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
 

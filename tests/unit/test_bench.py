@@ -321,14 +321,17 @@ def test_profile_shares_of_wall_time() -> None:
     from bench import profile
 
     loop = "MainThread;<module> (gpu-operator:6);run (kopf/_core/reactor/running.py:81)"
-    worker = "asyncio_0;Thread.run (threading.py:982);Reconciler.run_once (gpu_operator/reconciler.py:147)"
+    worker = (
+        "asyncio_0;Thread.run (threading.py:982);Reconciler.run_once (gpu_operator/runtime/reconciler.py:147)"
+    )
     raw = "\n".join(
         [
             f"thread (1): {loop};EpollSelector.select (selectors.py:468) 6",
             f"thread (1): {loop};deepcopy (copy.py:128) 4",
-            f"thread (2): {worker};Kube.apply_node_labels (gpu_operator/kube.py:138);Kube.apply (k.py:1) 5",
-            f"thread (2): {worker};build (gpu_operator/plan.py:150) 2",
-            f"thread (2): {worker};Kube.apply (gpu_operator/kube.py:118) 1",
+            f"thread (2): {worker};Kube.apply_node_labels (gpu_operator/runtime/client.py:138)"
+            ";Kube.apply (k.py:1) 5",
+            f"thread (2): {worker};build (gpu_operator/core/plan.py:150) 2",
+            f"thread (2): {worker};Kube.apply (gpu_operator/runtime/client.py:118) 1",
             f"thread (2): {worker};wait (concurrent/futures/_base.py:305);Condition.wait (t.py:1) 1",
             "thread (3): asyncio_1;Thread.run (threading.py:982);_worker (thread.py:81) 10",
             "thread (4): gpu-operator-write_0;_worker (thread.py:83);Kube.apply_node_labels (k.py:1) 7",
@@ -487,7 +490,7 @@ def test_pod_memory_per_node_watches_hold_a_fraction() -> None:
 
 def test_pass_cost_plans_a_settled_store_and_measures_each_pass() -> None:
     from bench import pass_cost
-    from gpu_operator.plan import build
+    from gpu_operator.core.plan import build
 
     store = pass_cost.filled_store(20)
     plan = build(store.snapshot(pass_cost.NAMESPACE, {}), pass_cost.NOW)

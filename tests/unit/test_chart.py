@@ -23,13 +23,13 @@ import pytest
 import yaml
 
 from gpu_operator import cli
+from gpu_operator.agent.discovery import NFD_CRD
 from gpu_operator.api import parse_spec
 from gpu_operator.api.spec import ClusterPolicySpec, OperatorSpec
-from gpu_operator.components import COMPONENTS
-from gpu_operator.discovery import NFD_CRD
-from gpu_operator.kube import RESOURCES
-from gpu_operator.nodes import PCI_LABELS
-from gpu_operator.render import ClusterFacts, render
+from gpu_operator.core.components import COMPONENTS
+from gpu_operator.core.node_labels import PCI_LABELS
+from gpu_operator.core.render import ClusterFacts, render
+from gpu_operator.runtime.client import RESOURCES
 from hack import operand_rbac
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -501,24 +501,25 @@ def test_service_monitor_and_port(tmp_path: Path) -> None:
 # release (operand) namespace.
 CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
 REQUIRED_EXTRA: Grants = {
-    # operator.py: @kopf.on.event on clusterpolicies, cluster-wide.
+    # main.py: @kopf.on.event on clusterpolicies, cluster-wide.
     ("", "nvidia.com", "clusterpolicies", ""): {"list", "watch"},
-    # kube.py patch_status.
+    # runtime/client.py patch_status.
     ("", "nvidia.com", "clusterpolicies/status", ""): {"patch"},
     # plan.py: controller ownerReference with blockOwnerDeletion (OwnerReferencesPermissionEnforcement).
     ("", "nvidia.com", "clusterpolicies/finalizers", ""): {"update"},
-    # operator.py node_event (watch), kube.py apply_node_labels (server-side apply on existing nodes)
+    # main.py node_event (watch), runtime/client.py apply_node_labels (server-side apply on existing nodes)
     # and patch_node (the driver upgrade's merge patch); reconciler.py _refresh_node (after a 409).
     ("", "", "nodes", ""): {"get", "list", "watch", "patch"},
-    # operator.py pod_event and prime: operand pods, for readiness and waiting reasons.
+    # main.py pod_event and prime: operand pods, for readiness and waiting reasons.
     (NAMESPACE, "", "pods", ""): {"list", "watch"},
-    # operator.py REVISIONS: the driver DaemonSets' ControllerRevisions (the upgrade's target).
+    # main.py REVISIONS: the driver DaemonSets' ControllerRevisions (the upgrade's target).
     (NAMESPACE, "apps", "controllerrevisions", ""): {"list", "watch"},
-    # node_pods.py (list_at and watch of spec.nodeName=<node>, all namespaces) and kube.py delete_pod.
+    # runtime/drain_watches.py (list_at and watch of spec.nodeName=<node>, all namespaces) and
+    # runtime/client.py delete_pod.
     ("", "", "pods", ""): {"list", "watch", "delete"},
-    # kube.py evict.
+    # runtime/client.py evict.
     ("", "", "pods/eviction", ""): {"create"},
-    # kube.py post_event: Events about the cluster-scoped ClusterPolicy live in `default`.
+    # runtime/client.py post_event: Events about the cluster-scoped ClusterPolicy live in `default`.
     ("default", "", "events", ""): {"create"},
     # reconciler.py ensure_crd: get, server-side apply, create when absent (operator.createCRD);
     # announce_served: one more apply once discovery lists it.
@@ -527,7 +528,7 @@ REQUIRED_EXTRA: Grants = {
     # leader.py: the release's Lease (read, renewed; created when absent, which needs no name).
     (NAMESPACE, "coordination.k8s.io", "leases", RELEASE): {"get", "update"},
     (NAMESPACE, "coordination.k8s.io", "leases", ""): {"create"},
-    # operator.py: the operand namespace's watch; reconciler.py _write_namespace (psa.enabled).
+    # main.py: the operand namespace's watch; reconciler.py _write_namespace (psa.enabled).
     ("", "", "namespaces", NAMESPACE): {"list", "watch", "patch"},
     # reconciler.py _ask: the Secrets and PriorityClasses new pods name must exist (metadata only).
     (NAMESPACE, "", "secrets", ""): {"get"},
@@ -542,7 +543,7 @@ BY_NAME_ONLY = frozenset({"ClusterRole", "ClusterRoleBinding", "RuntimeClass", "
 
 def required_grants() -> Grants:
     """Every permission the operator needs, derived from the code."""
-    from gpu_operator.operator import MANAGED  # imports Kopf; keep it out of module import time
+    from gpu_operator.main import MANAGED  # imports Kopf; keep it out of module import time
 
     grants: Grants = {key: set(verbs) for key, verbs in REQUIRED_EXTRA.items()}
 
@@ -553,7 +554,7 @@ def required_grants() -> Grants:
         plural, namespaced = RESOURCES[(obj["apiVersion"], obj["kind"])]
         scope = NAMESPACE if namespaced else ""
         group, name = group_of(obj["apiVersion"]), obj["metadata"]["name"]
-        # kube.py apply (server-side apply creates when missing) and delete (disabled components);
+        # runtime/client.py apply (server-side apply creates when missing) and delete (disabled components);
         # reconciler.py _ask: an object missing from the caches may be someone else's (get).
         if obj["kind"] in BY_NAME_ONLY:
             # Looked up, changed and deleted by name only; created under the chart's admission policy.
@@ -829,7 +830,7 @@ def agent_objects(objects: list[Obj]) -> list[Obj]:
 
 
 def test_agent_rbac_is_exactly_what_the_agent_needs(default_objects: list[Obj]) -> None:
-    """gpu_operator/agent.py: list and watch its own node (field selector), server-side apply of
+    """gpu_operator/agent/node_agent.py: list and watch its own node (field selector), server-side apply of
     labels (patch); in auto mode list and watch NFD's CRD by name."""
     nodes = ("", "", "nodes", "")
     assert granted(default_objects, AGENT) == {

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from gpu_operator import cli
-from gpu_operator.cleanup import cleanup, operator_labels
-from gpu_operator.kube import ApiError, Kube
-from gpu_operator.kubeconfig import write_service_account_kubeconfig
+from gpu_operator.runtime.cleanup import cleanup, operator_labels
+from gpu_operator.runtime.client import ApiError, Kube
+from gpu_operator.runtime.kubeconfig import write_service_account_kubeconfig
 
 DEPLOY = "nvidia.com/gpu.deploy.driver"
 

@@ -13,7 +13,7 @@ import yaml
 from gpu_operator import cli
 from gpu_operator.api import parse_spec
 from gpu_operator.api.crd import crd_yaml
-from gpu_operator.components import COMPONENTS
+from gpu_operator.core.components import COMPONENTS
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 INVALID = sorted((DATA / "invalid").glob("*.yaml"))
@@ -240,8 +240,8 @@ def test_run_help(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_run_passes_options(monkeypatch: pytest.MonkeyPatch) -> None:
-    operator = pytest.importorskip("gpu_operator.operator")
-    from gpu_operator.settings import Settings
+    operator = pytest.importorskip("gpu_operator.main")
+    from gpu_operator.runtime.settings import Settings
 
     calls: list[Settings] = []
     monkeypatch.setattr(operator, "run", calls.append)

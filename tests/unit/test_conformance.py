@@ -37,7 +37,7 @@ import yaml
 from gpu_operator import cli
 from gpu_operator.api import parse_document
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.components import COMPONENTS
+from gpu_operator.core.components import COMPONENTS
 
 Obj = dict[str, Any]
 Fields = dict[tuple[str, str], Any]

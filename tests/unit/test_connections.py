@@ -1,4 +1,4 @@
-"""Kube's own kept-alive connections (gpu_operator/connections.py) against a local HTTP/1.1 server:
+"""Kube's own kept-alive connections (gpu_operator/runtime/connections.py) against a local HTTP/1.1 server:
 what is sent, what comes back, reuse, a connection the server closed, and when the ApiClient is kept."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from gpu_operator.connections import ConnectionFailed, Connections, for_client
-from gpu_operator.kube import ApiError, Kube, NotLeader
+from gpu_operator.runtime.client import ApiError, Kube, NotLeader
+from gpu_operator.runtime.connections import ConnectionFailed, Connections, for_client
 
 
 class Server(ThreadingHTTPServer):

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from gpu_operator import cli
-from gpu_operator.agent import Agent
-from gpu_operator.discovery import (
+from gpu_operator.agent.discovery import (
     FIELD_MANAGER,
     NFD_FEATURE_LABELS,
     PciDevice,
@@ -27,8 +26,9 @@ from gpu_operator.discovery import (
     pci_labels,
     read_devices,
 )
-from gpu_operator.kube import ApiError
-from gpu_operator.nodes import PCI_LABELS, NodeInfo
+from gpu_operator.agent.node_agent import Agent
+from gpu_operator.core.node_labels import PCI_LABELS, NodeInfo
+from gpu_operator.runtime.client import ApiError
 
 VENDOR_ONLY, CLASS_0302, CLASS_0300 = (
     "feature.node.kubernetes.io/pci-10de.present",

@@ -1,4 +1,4 @@
-"""`gpu-operator doctor` as a command: what it records through kube.py (against a fake API), exit
+"""`gpu-operator doctor` as a command: what it records through runtime/client.py (against a fake API), exit
 codes, table and JSON output, saved and loaded states, and bad input that must never give a traceback."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import yaml
 from gpu_operator import cli, doctor
 from gpu_operator.doctor import recording
 from gpu_operator.doctor.state import ClusterState
-from gpu_operator.kube import ApiError, Kube
+from gpu_operator.runtime.client import ApiError, Kube
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "doctor"
 HEALTHY = str(DATA / "healthy.yaml")

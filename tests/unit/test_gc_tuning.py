@@ -1,11 +1,11 @@
-"""The operator's garbage-collector settings (gpu_operator/operator.py tune_gc): what is loaded at
+"""The operator's garbage-collector settings (gpu_operator/main.py tune_gc): what is loaded at
 start-up is frozen out of every collection, and the youngest generation is collected less often."""
 
 from __future__ import annotations
 
 import gc
 
-from gpu_operator.operator import GC_YOUNG_THRESHOLD, tune_gc
+from gpu_operator.main import GC_YOUNG_THRESHOLD, tune_gc
 
 
 def test_tune_gc_freezes_what_is_loaded_and_collects_the_young_less_often() -> None:

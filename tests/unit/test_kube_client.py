@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from kubernetes.config.kube_config import KubeConfigLoader
 
-from gpu_operator import kube as kube_module
-from gpu_operator.kube import ApiError, Kube, load_api_client, throttled
+from gpu_operator.runtime import client as kube_module
+from gpu_operator.runtime.client import ApiError, Kube, load_api_client, throttled
 
 
 def write_kubeconfig(path: Path, port: int) -> None:

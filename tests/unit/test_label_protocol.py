@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.components import BY_NAME
-from gpu_operator.nodes import GPU_PRESENT, MIG_CONFIG, NodeInfo, node_info
-from gpu_operator.observed import DaemonSetInfo, PodInfo
-from gpu_operator.plan import Observed, PolicyRef, build
-from gpu_operator.status import status_body
+from gpu_operator.core.components import BY_NAME
+from gpu_operator.core.node_labels import GPU_PRESENT, MIG_CONFIG, NodeInfo, node_info
+from gpu_operator.core.observed import DaemonSetInfo, PodInfo
+from gpu_operator.core.plan import Observed, PolicyRef, build
+from gpu_operator.core.status import status_body
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hack import operand_managers

@@ -1,4 +1,4 @@
-"""Leader election (gpu_operator/leader.py) on a fake clock and an in-memory Lease with optimistic
+"""Leader election (gpu_operator/runtime/leader.py) on a fake clock and an in-memory Lease with optimistic
 concurrency: one leader at a time, a standby takes over within 15 s of the leader's death, a leader
 cut off from the API server stops writing before anyone else may start, a released lease is taken at
 once."""
@@ -10,8 +10,8 @@ from typing import Any, cast
 
 import pytest
 
-from gpu_operator.kube import ApiError, Kube, NotLeader
-from gpu_operator.leader import Election, Elector, Leadership, Record, Timing, lease_body, record_of
+from gpu_operator.runtime.client import ApiError, Kube, NotLeader
+from gpu_operator.runtime.leader import Election, Elector, Leadership, Record, Timing, lease_body, record_of
 
 TIMING = Timing()
 

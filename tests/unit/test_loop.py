@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from gpu_operator.kube import ApiError
-from gpu_operator.loop import Loop, health, ready
-from gpu_operator.reconciler import Outcome
-from gpu_operator.settings import Settings
-from gpu_operator.store import Store
+from gpu_operator.runtime.client import ApiError
+from gpu_operator.runtime.loop import Loop, health, ready
+from gpu_operator.runtime.reconciler import Outcome
+from gpu_operator.runtime.settings import Settings
+from gpu_operator.runtime.store import Store
 
 SETTINGS = Settings(stuck_after_seconds=100.0, max_backoff_seconds=0.01, resync_seconds=3600.0)
 
@@ -219,7 +219,7 @@ def test_passes_past_the_burst_run_at_the_planning_share() -> None:
 
 
 def test_watches_read_on_while_the_loop_is_idle_and_wait_while_a_pass_runs_or_is_due() -> None:
-    """Loop.settle (gpu_operator/watch_stream.py asks it after each read): None while idle; while a
+    """Loop.settle (gpu_operator/runtime/watch_stream.py asks it after each read): None while idle; while a
     pass runs, a wait that ends when the loop is idle again, or after watch_coalesce_seconds, one timer
     for every watch, quiet or not."""
     running = threading.Event()

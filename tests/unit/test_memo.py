@@ -1,4 +1,4 @@
-"""gpu_operator/memo.py: a result is reused exactly while its inputs stay equal, and a warm memo never
+"""gpu_operator/core/memo.py: a result is reused exactly while its inputs stay equal, and a warm memo never
 changes what a pass decides."""
 
 from __future__ import annotations
@@ -7,12 +7,13 @@ import random
 from dataclasses import replace
 from typing import Any
 
-from gpu_operator import plan, status, upgrades
 from gpu_operator.api.status import NodeProblem
-from gpu_operator.memo import Memo
-from gpu_operator.nodes import NodeInfo
-from gpu_operator.observed import PodInfo
-from gpu_operator.plan import Observed, PolicyRef, build
+from gpu_operator.core import driver_upgrade as upgrades
+from gpu_operator.core import plan, status
+from gpu_operator.core.memo import Memo
+from gpu_operator.core.node_labels import NodeInfo
+from gpu_operator.core.observed import PodInfo
+from gpu_operator.core.plan import Observed, PolicyRef, build
 
 PCI = "feature.node.kubernetes.io/pci-10de.present"
 NOW = "2026-12-01T00:00:00Z"

@@ -1,5 +1,5 @@
 """Metrics: NVIDIA's reconciliation metrics from a pass's plan, per-component gauges, API writes counted
-in kube.py's request path, and the HTTP server that serves them with the probes."""
+in runtime/client.py's request path, and the HTTP server that serves them with the probes."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ import aiohttp
 import pytest
 import urllib3
 
-from gpu_operator import metrics, server
 from gpu_operator.api import parse_spec
-from gpu_operator.components import BY_NAME, COMPONENTS
-from gpu_operator.kube import ApiError, Kube
-from gpu_operator.nodes import NodeInfo
-from gpu_operator.observed import DaemonSetInfo, PodInfo
-from gpu_operator.plan import Observed, Plan, PolicyRef, build
+from gpu_operator.core.components import BY_NAME, COMPONENTS
+from gpu_operator.core.node_labels import NodeInfo
+from gpu_operator.core.observed import DaemonSetInfo, PodInfo
+from gpu_operator.core.plan import Observed, Plan, PolicyRef, build
+from gpu_operator.runtime import metrics, server
+from gpu_operator.runtime.client import ApiError, Kube
 
 PCI = "feature.node.kubernetes.io/pci-10de.present"
 NOW = "2026-01-01T00:00:00Z"
@@ -132,7 +132,7 @@ def test_watch_events() -> None:
     assert counter("gpu_operator_watch_events_total", kind="Pod", type="MODIFIED") >= 1
 
 
-# --- API writes, counted in kube.py --------------------------------------------------------------
+# --- API writes, counted in runtime/client.py --------------------------------------------------------------
 
 
 class FakeResponse:
@@ -145,7 +145,7 @@ class FakeResponse:
 
 
 class FakeApiClient:
-    """The two ApiClient methods kube.py uses; answers with `status`, or fails to connect."""
+    """The two ApiClient methods runtime/client.py uses; answers with `status`, or fails to connect."""
 
     def __init__(self, status: int = 200, connect: bool = True) -> None:
         self.status = status
@@ -272,9 +272,9 @@ def test_server_serves_probes_and_metrics() -> None:
 
 
 def test_operator_probes() -> None:
-    from gpu_operator.loop import Loop, health, ready
-    from gpu_operator.settings import Settings
-    from gpu_operator.store import Store
+    from gpu_operator.runtime.loop import Loop, health, ready
+    from gpu_operator.runtime.settings import Settings
+    from gpu_operator.runtime.store import Store
 
     async def scenario() -> list[tuple[bool, Any]]:
         loop = Loop(Settings())

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpu_operator.api import parse_spec
-from gpu_operator.components import BY_NAME, COMPONENTS, RUNTIME_LABEL
-from gpu_operator.images import tag_of
-from gpu_operator.nodes import (
+from gpu_operator.core.components import BY_NAME, COMPONENTS, RUNTIME_LABEL
+from gpu_operator.core.images import tag_of
+from gpu_operator.core.node_labels import (
     DEPLOY_OPERANDS,
     GPU_PRESENT,
     MIG_CONFIG,

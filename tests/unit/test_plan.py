@@ -10,10 +10,17 @@ from typing import Any
 import pytest
 import yaml
 
-from gpu_operator.components import RUNTIME_LABEL
-from gpu_operator.nodes import GPU_PRESENT, NodeInfo
-from gpu_operator.observed import HASH_ANNOTATION, DaemonSetInfo, ObjectInfo, PodInfo, component_of, pod_info
-from gpu_operator.plan import (
+from gpu_operator.core.components import RUNTIME_LABEL
+from gpu_operator.core.node_labels import GPU_PRESENT, NodeInfo
+from gpu_operator.core.observed import (
+    HASH_ANNOTATION,
+    DaemonSetInfo,
+    ObjectInfo,
+    PodInfo,
+    component_of,
+    pod_info,
+)
+from gpu_operator.core.plan import (
     Applied,
     Observed,
     Plan,
@@ -24,8 +31,14 @@ from gpu_operator.plan import (
     pods_by_node,
     status_differs,
 )
-from gpu_operator.psa import PREVIOUS_ANNOTATION, PSA_LABELS, NamespaceInfo, NamespaceWrite, namespace_info
-from gpu_operator.status import status_body
+from gpu_operator.core.psa import (
+    PREVIOUS_ANNOTATION,
+    PSA_LABELS,
+    NamespaceInfo,
+    NamespaceWrite,
+    namespace_info,
+)
+from gpu_operator.core.status import status_body
 
 PCI = "feature.node.kubernetes.io/pci-10de.present"
 NOW = "2026-11-29T12:00:00Z"

@@ -16,13 +16,14 @@ from typing import Any, cast
 import pytest
 
 from gpu_operator.api.status import ClusterPolicyStatus, ComponentState, ComponentStatus
-from gpu_operator.kube import ApiError, Kube, NotLeader
-from gpu_operator.labels import FIELD_MANAGER
-from gpu_operator.nodes import NodeInfo
-from gpu_operator.observed import ADOPT_ANNOTATION, ObjectKey, PodInfo, component_of, object_key
-from gpu_operator.plan import POLICY_CRD, PolicyRef
-from gpu_operator.psa import PREVIOUS_ANNOTATION, PSA_LABELS, NamespaceInfo
-from gpu_operator.reconciler import (
+from gpu_operator.core.node_labels import NodeInfo
+from gpu_operator.core.observed import ADOPT_ANNOTATION, ObjectKey, PodInfo, component_of, object_key
+from gpu_operator.core.ownership import FIELD_MANAGER
+from gpu_operator.core.plan import POLICY_CRD, PolicyRef
+from gpu_operator.core.psa import PREVIOUS_ANNOTATION, PSA_LABELS, NamespaceInfo
+from gpu_operator.core.status import progress_only, status_body
+from gpu_operator.runtime.client import ApiError, Kube, NotLeader
+from gpu_operator.runtime.reconciler import (
     DISCOVERY_MANAGER,
     SERVED_ANNOTATION,
     Reconciler,
@@ -30,9 +31,8 @@ from gpu_operator.reconciler import (
     in_waves,
     labelled_components,
 )
-from gpu_operator.settings import Settings
-from gpu_operator.status import progress_only, status_body
-from gpu_operator.store import Store
+from gpu_operator.runtime.settings import Settings
+from gpu_operator.runtime.store import Store
 
 PCI = "feature.node.kubernetes.io/pci-10de.present"
 PLUGIN = "nvidia-device-plugin-daemonset"

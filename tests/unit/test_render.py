@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from gpu_operator.api import ClusterPolicySpec, PolicyError, parse_document, parse_spec
-from gpu_operator.components import BY_NAME, COMPONENTS
-from gpu_operator.render import (
+from gpu_operator.core.components import BY_NAME, COMPONENTS
+from gpu_operator.core.render import (
     CLUSTER_SCOPED_KINDS,
     PREREQUISITES,
     ClusterFacts,
@@ -31,8 +31,8 @@ from gpu_operator.render import (
     templates_of,
     warm,
 )
-from gpu_operator.render import environment as template_environment
-from gpu_operator.yaml_text import to_yaml, tojson
+from gpu_operator.core.render import environment as template_environment
+from gpu_operator.core.yaml_text import to_yaml, tojson
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 POLICIES = sorted((DATA / "policies").glob("*.yaml"))

@@ -12,10 +12,10 @@ from hypothesis import strategies as st
 from gpu_operator.api import parse_spec
 from gpu_operator.api.common import quantity_value
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.components import COMPONENTS, Component
-from gpu_operator.render import PREREQUISITES, ClusterFacts, render, variants
-from gpu_operator.template_functions import RESERVED_LABELS
-from gpu_operator.yaml_text import to_yaml
+from gpu_operator.core.components import COMPONENTS, Component
+from gpu_operator.core.render import PREREQUISITES, ClusterFacts, render, variants
+from gpu_operator.core.template_functions import RESERVED_LABELS
+from gpu_operator.core.yaml_text import to_yaml
 
 Obj = dict[str, Any]
 

@@ -1,4 +1,5 @@
-"""Decoding that no input can crash (gpu_operator/safe_json.py), and the request body kube.py sends."""
+"""Decoding that no input can crash (gpu_operator/runtime/safe_json.py), and the request body kube.py
+sends."""
 
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gpu_operator import observed, safe_json
-from gpu_operator.kube import Kube
-from gpu_operator.upgrade import facts
+from gpu_operator.core import observed
+from gpu_operator.core.upgrade import facts
+from gpu_operator.runtime import safe_json
+from gpu_operator.runtime.client import Kube
 
 WATCH_EVENTS = Path(__file__).resolve().parents[2] / "bench" / "data" / "watch-events.jsonl.gz"
 """Pod and node watch events recorded from a 10-node rollout (bench/watch_cost.py)."""

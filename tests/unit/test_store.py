@@ -8,12 +8,12 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from gpu_operator.components import BY_NAME, COMPONENTS
-from gpu_operator.labels import COMPONENT_LABEL
-from gpu_operator.nodes import NodeInfo
-from gpu_operator.observed import PodInfo
-from gpu_operator.status import operands_by_node, pods_by_node
-from gpu_operator.store import Store
+from gpu_operator.core.components import BY_NAME, COMPONENTS
+from gpu_operator.core.node_labels import NodeInfo
+from gpu_operator.core.observed import PodInfo
+from gpu_operator.core.ownership import COMPONENT_LABEL
+from gpu_operator.core.status import operands_by_node, pods_by_node
+from gpu_operator.runtime.store import Store
 
 
 def test_a_pod_whose_reason_alone_changed_only_asks_for_a_pass_soon() -> None:
@@ -36,7 +36,7 @@ def test_a_pod_whose_reason_alone_changed_only_asks_for_a_pass_soon() -> None:
 
 
 def test_a_driver_pod_past_its_init_containers_decides() -> None:
-    """The toolkit is labelled once the driver pod is Initialized (gpu_operator/nodes.py)."""
+    """The toolkit is labelled once the driver pod is Initialized (gpu_operator/core/node_labels.py)."""
     store = Store()
     meta = {"name": "d1", "namespace": "gpu-operator", "labels": {COMPONENT_LABEL: "nvidia-driver"}}
 

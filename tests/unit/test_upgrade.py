@@ -19,7 +19,7 @@ from gpu_operator.api.crd import crd
 from gpu_operator.api.selector import parse_selector
 from gpu_operator.api.status import ClusterPolicyStatus
 from gpu_operator.api.upgrade_policy import UpgradePolicySpec
-from gpu_operator.upgrade import (
+from gpu_operator.core.upgrade import (
     DeletePod,
     EvictPod,
     PatchNode,
@@ -34,10 +34,10 @@ from gpu_operator.upgrade import (
     validator_pod,
     workload_pod,
 )
-from gpu_operator.upgrade.facts import format_time
-from gpu_operator.upgrade.node import CRASH_LOOP_RESTARTS, EVICTION_RETRY_SECONDS
-from gpu_operator.upgrade.rollout import manual_inputs
-from gpu_operator.upgrade.states import (
+from gpu_operator.core.upgrade.facts import format_time
+from gpu_operator.core.upgrade.node_steps import CRASH_LOOP_RESTARTS, EVICTION_RETRY_SECONDS
+from gpu_operator.core.upgrade.rollout import manual_inputs
+from gpu_operator.core.upgrade.states import (
     AUTO_UPGRADE_ANNOTATION,
     FAILURE_ANNOTATION,
     INITIAL_UNSCHEDULABLE_ANNOTATION,
@@ -980,7 +980,8 @@ def _manual_changes(world: World) -> dict[str, tuple[bool, Any]]:
 
 @pytest.mark.parametrize("change", list(_manual_changes(World.make(3))))
 def test_a_manual_plan_depends_on_its_inputs_alone(change: str) -> None:
-    """With autoUpgrade off the plan is reused while `manual_inputs` stay the same (upgrades.py): what
+    """With autoUpgrade off the plan is reused while `manual_inputs` stay the same
+    (core/driver_upgrade.py): what
     they leave out never changes the plan; what they hold does change them."""
     world = World.make(3)
     world.nodes["node-1"] = replace(world.nodes["node-1"], annotations={})

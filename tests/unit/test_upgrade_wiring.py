@@ -15,22 +15,22 @@ from typing import Any, cast
 import pytest
 from test_reconciler import FakeKube, label_owner
 
-from gpu_operator import metrics
-from gpu_operator.kube import ApiError, Kube
-from gpu_operator.labels import FIELD_MANAGER
-from gpu_operator.loop import Loop
-from gpu_operator.node_pods import NodePodWatches, _NodeWatch
-from gpu_operator.plan import PolicyRef, build
-from gpu_operator.reconciler import Reconciler
-from gpu_operator.settings import Settings
-from gpu_operator.status import status_body
-from gpu_operator.store import Store
-from gpu_operator.upgrade.states import (
+from gpu_operator.core.ownership import FIELD_MANAGER
+from gpu_operator.core.plan import PolicyRef, build
+from gpu_operator.core.status import status_body
+from gpu_operator.core.upgrade.states import (
     AUTO_UPGRADE_ANNOTATION,
     FAILURE_ANNOTATION,
     STATE_LABEL,
     STATE_START_ANNOTATION,
 )
+from gpu_operator.runtime import metrics
+from gpu_operator.runtime.client import ApiError, Kube
+from gpu_operator.runtime.drain_watches import NodePodWatches, _NodeWatch
+from gpu_operator.runtime.loop import Loop
+from gpu_operator.runtime.reconciler import Reconciler
+from gpu_operator.runtime.settings import Settings
+from gpu_operator.runtime.store import Store
 
 PCI = "feature.node.kubernetes.io/pci-10de.present"
 OURS = {"app.kubernetes.io/managed-by": "gpu-operator"}
@@ -565,7 +565,7 @@ def test_a_node_watch_lists_then_follows_its_pods() -> None:
 
 def test_pod_watches_follow_exactly_the_nodes_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
     started: list[str] = []
-    monkeypatch.setattr("gpu_operator.node_pods._NodeWatch.__init__", _fake_init(started))
+    monkeypatch.setattr("gpu_operator.runtime.drain_watches._NodeWatch.__init__", _fake_init(started))
     watches = NodePodWatches(cast(Kube, _Forkable()), Store(), lambda: None)
     watches.follow({"gpu-0", "gpu-1"})
     watches.follow({"gpu-1", "gpu-2"})
@@ -619,7 +619,7 @@ def test_a_forked_client_keeps_the_timeouts_and_the_leader_gate() -> None:
 
 
 def test_a_relisting_forgets_the_upgrade_facts_that_vanished() -> None:
-    from gpu_operator.operator import watches
+    from gpu_operator.main import watches
 
     store = Store()
     store.record_managed(driver_daemonset(), False)

@@ -1,4 +1,4 @@
-"""The guard around Kopf's list-then-watch (gpu_operator/watch_guard.py): a finished listing reports
+"""The guard around Kopf's list-then-watch (gpu_operator/runtime/watch_guard.py): a finished listing reports
 what it held, so the Store forgets what vanished while no watch was open; a failing watch is retried
 instead of stopping the operator. And the Kopf function it wraps still has the shape it relies on."""
 
@@ -15,12 +15,12 @@ import pytest
 kopf = pytest.importorskip("kopf")
 from kopf._cogs.clients import errors, watching  # noqa: E402
 
-from gpu_operator import watch_guard  # noqa: E402
-from gpu_operator.nodes import NodeInfo  # noqa: E402
-from gpu_operator.observed import ObjectInfo, PolicyRef  # noqa: E402
-from gpu_operator.operator import watches  # noqa: E402
-from gpu_operator.plan import POLICY_CRD  # noqa: E402
-from gpu_operator.store import Store  # noqa: E402
+from gpu_operator.core.node_labels import NodeInfo  # noqa: E402
+from gpu_operator.core.observed import ObjectInfo, PolicyRef  # noqa: E402
+from gpu_operator.core.plan import POLICY_CRD  # noqa: E402
+from gpu_operator.main import watches  # noqa: E402
+from gpu_operator.runtime import watch_guard  # noqa: E402
+from gpu_operator.runtime.store import Store  # noqa: E402
 
 RESOURCE = SimpleNamespace(group="", plural="nodes")
 

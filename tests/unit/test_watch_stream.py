@@ -1,5 +1,5 @@
-"""The list-then-watch of the kinds recorded straight into the Store (gpu_operator/watch_stream.py),
-through the guard that routes Kopf's watches (gpu_operator/watch_guard.py), against a loopback HTTP
+"""The list-then-watch of the kinds recorded straight into the Store (gpu_operator/runtime/watch_stream.py),
+through the guard that routes Kopf's watches (gpu_operator/runtime/watch_guard.py), against a loopback HTTP
 server that answers a LIST and streams watch events as the API server does."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from aiohttp import web  # noqa: E402
 from kopf._cogs.clients import auth, watching  # noqa: E402
 from kopf._cogs.structs import credentials, references  # noqa: E402
 
-from gpu_operator import watch_guard, watch_stream  # noqa: E402
-from gpu_operator.operator import watches  # noqa: E402
-from gpu_operator.store import Store  # noqa: E402
+from gpu_operator.main import watches  # noqa: E402
+from gpu_operator.runtime import watch_guard, watch_stream  # noqa: E402
+from gpu_operator.runtime.store import Store  # noqa: E402
 
 NODES = references.Resource("", "v1", "nodes", namespaced=False)
 DAEMONSETS = references.Resource("apps", "v1", "daemonsets", namespaced=True)

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 
 from gpu_operator.api.upgrade_policy import UpgradePolicySpec
-from gpu_operator.upgrade import (
+from gpu_operator.core.upgrade import (
     DeletePod,
     DriverDaemonSet,
     DriverPod,
@@ -25,7 +25,7 @@ from gpu_operator.upgrade import (
     WorkloadPod,
     plan_upgrade,
 )
-from gpu_operator.upgrade.states import AUTO_UPGRADE_ANNOTATION, IDLE, SKIP_LABEL, STATE_LABEL
+from gpu_operator.core.upgrade.states import AUTO_UPGRADE_ANNOTATION, IDLE, SKIP_LABEL, STATE_LABEL
 
 START = 1_700_000_000.0
 PDB_MESSAGE = "Cannot evict pod as it would violate the pod's disruption budget."

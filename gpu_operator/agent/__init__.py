@@ -1,0 +1,1 @@
+"""The node discovery agent (`gpu-operator discover`): NFD's NVIDIA PCI labels without NFD."""

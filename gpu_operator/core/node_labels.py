@@ -1,0 +1,349 @@
+"""GPU-node detection and the node labels the operator owns (pure functions, no I/O).
+
+The operator writes node labels with server-side apply under its own field manager, so
+`managedFields` tells which labels are its own. Deploy labels follow the protocol NVIDIA's operand
+managers speak (k8s-driver-manager v0.12.0 `cmd/driver-manager/main.go`, mig-manager v0.15.0
+`pkg/mig/reconfigure/reconfigure.go`), who rewrite them with strategic-merge or merge patches:
+
+* absent or `""`: not decided yet. k8s-driver-manager writes `""` for every operand label that was
+  absent when it reschedules a fresh node (`maybeSetTrue("")`, main.go:1075). The operator sets `true`
+  once the component's dependencies are ready on the node (or, for those its pods wait for by
+  themselves, `Component.waits_for`, started there: the toolkit comes once the driver pod is past its
+  init containers, k8s-driver-manager among them, so that no manager ever finds it `true` and pauses
+  it), taking the label over.
+* `true`: deployed, whoever wrote it. After a pause the manager writes `true` back and owns it; the
+  operator applies the same value too (shared ownership), so that it stays the operator's label.
+* containing `paused-for-` (`paused-for-driver-upgrade`, `paused-for-mig-change`): a manager stopped
+  the component on this node for a while. Never overwritten; reported, with who paused it.
+* `pre-installed` on the driver label: k8s-driver-manager found a driver on the host
+  (`disableContainerizedDriver`, main.go:549). The driver counts as satisfied for its dependents.
+* `false`: opted out (NVIDIA's meaning). Any other value is someone else's and is left alone, reported.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from functools import cached_property
+from typing import Any
+
+from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.core.components import BY_NAME, COMPONENTS, MIG_CONFIG_LABEL, RUNTIME_LABEL, Component
+from gpu_operator.core.images import KERNEL_LABEL, os_name, os_tag
+from gpu_operator.core.ownership import FIELD_MANAGER
+from gpu_operator.core.render import ClusterFacts, runtimes_in_order
+from gpu_operator.core.upgrade.facts import node_ready
+from gpu_operator.core.upgrade.states import ANNOTATION_PREFIX
+
+GPU_PRESENT = "nvidia.com/gpu.present"
+DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
+DEPLOY_OPERANDS = "nvidia.com/gpu.deploy.operands"
+PAUSED_MARK = "paused-for-"
+PRE_INSTALLED = "pre-installed"
+MIG_CONFIG = MIG_CONFIG_LABEL
+GPU_RESOURCE = "nvidia.com/gpu"
+NFD_PREFIX = "feature.node.kubernetes.io/"
+PCI_LABELS = (
+    "feature.node.kubernetes.io/pci-10de.present",
+    "feature.node.kubernetes.io/pci-0302_10de.present",
+    "feature.node.kubernetes.io/pci-0300_10de.present",
+)
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """The few facts about a node the operator decides on; kept small (1000s of nodes in memory)."""
+
+    name: str
+    labels: Mapping[str, str]
+    gpu_allocatable: int = 0
+    own_labels: frozenset[str] = frozenset()
+    """Label keys the operator's field manager owns (set by server-side apply)."""
+    shared_labels: frozenset[str] = frozenset()
+    """Those of `own_labels` another manager owns too (it wrote the same value)."""
+    writers: Mapping[str, str] = field(default_factory=dict)
+    """Deploy label → the manager that set it, for values other than "" and "true" (pauses, opt-outs)."""
+    resource_version: str = field(default="", compare=False)
+    """The node as last seen: label writes carry it, so a stale view conflicts instead of overwriting."""
+    uid: str = ""
+    """Label writes carry it too, so that a write never re-creates a Node deleted meanwhile; Events
+    about the node name it."""
+    runtime: str | None = None
+    """Container runtime the kubelet reports (containerd, crio, docker); None if unknown."""
+    os_image: str = ""
+    """The kubelet's `status.nodeInfo.osImage`: the OS when NFD has not labelled the node."""
+    upgrade_annotations: Mapping[str, str] = field(default_factory=dict)
+    """The driver-upgrade annotations (`nvidia.com/gpu-driver-upgrade*`), the state machine's memory;
+    other annotations are not kept, so their changes cost nothing."""
+    unschedulable: bool = False
+    ready: bool = True
+    """The NodeReady condition (True when the node reports none)."""
+
+    @cached_property
+    def is_gpu(self) -> bool:
+        """NFD saw an NVIDIA PCI device, someone else marked it as a GPU node, or it advertises GPUs.
+        Kept once asked (a pass asks it of every node several times; a NodeInfo never changes)."""
+        if any(self.labels.get(key) == "true" for key in PCI_LABELS):
+            return True
+        if self.labels.get(GPU_PRESENT) == "true" and GPU_PRESENT not in self.own_labels:
+            return True
+        return self.gpu_allocatable > 0
+
+
+def owned_label_keys(
+    managed_fields: Iterable[Mapping[str, Any]], manager: str = FIELD_MANAGER
+) -> frozenset[str]:
+    """The label keys `manager` owns by server-side apply, from a node's `metadata.managedFields`."""
+    keys: set[str] = set()
+    for entry in managed_fields:
+        if entry.get("manager") != manager or entry.get("operation") != "Apply":
+            continue
+        labels = (entry.get("fieldsV1") or {}).get("f:metadata", {}).get("f:labels", {})
+        keys.update(key.removeprefix("f:") for key in labels if key.startswith("f:"))
+    return frozenset(keys)
+
+
+def _label_owners(
+    managed_fields: Iterable[Mapping[str, Any]], labels: Mapping[str, str]
+) -> tuple[frozenset[str], frozenset[str], dict[str, str]]:
+    """(keys we own, of those the ones someone else owns too, unusual deploy labels → their manager)."""
+    ours: set[str] = set()
+    others: dict[str, str] = {}
+    for entry in managed_fields:
+        fields = (entry.get("fieldsV1") or {}).get("f:metadata", {}).get("f:labels", {})
+        keys = [key.removeprefix("f:") for key in fields if key.startswith("f:")]
+        if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply":
+            ours.update(keys)
+        else:
+            others.update(dict.fromkeys(keys, str(entry.get("manager") or "an unnamed manager")))
+    writers = {
+        key: manager
+        for key, manager in others.items()
+        if key.startswith(DEPLOY_PREFIX) and labels.get(key) not in (None, "", "true")
+    }
+    return frozenset(ours), frozenset(ours & others.keys()), writers
+
+
+def _quantity_int(value: Any) -> int:
+    try:
+        return int(str(value))
+    except ValueError:
+        return 0
+
+
+# `status.nodeInfo.containerRuntimeVersion` is `<runtime>://<version>` (NVIDIA's getRuntimeString,
+# controllers/state_manager.go:562-577).
+_RUNTIME_PREFIXES = (("containerd", "containerd"), ("cri-o", "crio"), ("docker", "docker"))
+
+
+def _runtime(version: str) -> str | None:
+    return next((name for prefix, name in _RUNTIME_PREFIXES if version.startswith(prefix)), None)
+
+
+def node_info(body: Mapping[str, Any]) -> NodeInfo:
+    metadata = body.get("metadata") or {}
+    status = body.get("status") or {}
+    allocatable = status.get("allocatable") or {}
+    node_status = status.get("nodeInfo") or {}
+    labels = dict(metadata.get("labels") or {})
+    own, shared, writers = _label_owners(metadata.get("managedFields") or (), labels)
+    return NodeInfo(
+        name=metadata["name"],
+        labels=labels,
+        gpu_allocatable=_quantity_int(allocatable.get(GPU_RESOURCE, 0)),
+        own_labels=own,
+        shared_labels=shared,
+        writers=writers,
+        resource_version=str(metadata.get("resourceVersion") or ""),
+        uid=str(metadata.get("uid") or ""),
+        runtime=_runtime(str(node_status.get("containerRuntimeVersion") or "")),
+        os_image=str(node_status.get("osImage") or ""),
+        upgrade_annotations={
+            k: v for k, v in (metadata.get("annotations") or {}).items() if k.startswith(ANNOTATION_PREFIX)
+        },
+        unschedulable=bool((body.get("spec") or {}).get("unschedulable")),
+        ready=node_ready(body),
+    )
+
+
+def gpu_nodes(nodes: Iterable[NodeInfo]) -> list[NodeInfo]:
+    return sorted((n for n in nodes if n.is_gpu), key=lambda n: n.name)
+
+
+def node_runtime(node: NodeInfo, default_runtime: str | None) -> str:
+    """The runtime the kubelet reports, else `operator.defaultRuntime`, else containerd (NVIDIA's default)."""
+    return node.runtime or default_runtime or "containerd"
+
+
+def cluster_facts(
+    nodes: Iterable[Mapping[str, Any]] | Iterable[NodeInfo],
+    namespace: str,
+    environ: Mapping[str, str],
+    default_runtime: str | None = None,
+) -> ClusterFacts:
+    """Rendering facts from the GPU nodes: the OS of the first one (the driver image's suffix, as NVIDIA
+    does), the kernels (one precompiled driver DaemonSet each) and the container runtimes (one toolkit
+    DaemonSet each). Nodes opted out of operands still count: their labels may change any time."""
+    infos = [n if isinstance(n, NodeInfo) else node_info(n) for n in nodes]
+    gpus = gpu_nodes(infos)
+    kernels = {
+        (n.labels[KERNEL_LABEL], os_name(n.labels, n.os_image)) for n in gpus if n.labels.get(KERNEL_LABEL)
+    }
+    return ClusterFacts(
+        namespace=namespace,
+        os_tag=os_tag(gpus[0].labels, gpus[0].os_image) if gpus else None,
+        kernels=tuple(sorted(kernels, key=lambda k: (k[0], k[1] or ""))),
+        runtimes=runtimes_in_order({node_runtime(n, default_runtime) for n in gpus}),
+        environ=dict(environ),
+    )
+
+
+def runtime_labels(node: NodeInfo, policy: ClusterPolicySpec) -> dict[str, str]:
+    """The runtime label the toolkit DaemonSets select on; part of desired_labels, so it is written in
+    the same apply as the deploy labels."""
+    split = any(c.split == "runtime" and c.enabled(policy) for c in COMPONENTS)
+    if not split or _foreign(node, RUNTIME_LABEL):
+        return {}
+    return {RUNTIME_LABEL: node_runtime(node, policy.operator.defaultRuntime)}
+
+
+def takes_operands(node: NodeInfo) -> bool:
+    return node.is_gpu and node.labels.get(DEPLOY_OPERANDS) != "false"
+
+
+class Deploy(Enum):
+    """What a component's deploy label on a node says (see the module docstring)."""
+
+    UNDECIDED = "undecided"
+    DEPLOYED = "deployed"
+    PAUSED = "paused"
+    HOST = "host"
+    OPTED_OUT = "opted out"
+    HELD = "held"
+
+
+def deploy_state(component: Component, node: NodeInfo) -> Deploy:
+    value = node.labels.get(component.deploy_label)
+    if not value:
+        return Deploy.UNDECIDED
+    if value == "true":
+        return Deploy.DEPLOYED
+    if value == "false":
+        return Deploy.OPTED_OUT
+    if PAUSED_MARK in value:
+        return Deploy.PAUSED
+    if value == PRE_INSTALLED and component.host_installed:
+        return Deploy.HOST
+    return Deploy.HELD
+
+
+def runs_on(component: Component, node: NodeInfo) -> bool:
+    """Whether an (enabled) component belongs on this node, before dependency gating: not opted out,
+    and not a driver found pre-installed on the host. A paused component still belongs there."""
+    if not takes_operands(node) or not component.node_filter(node.labels):
+        return False
+    return deploy_state(component, node) not in (Deploy.OPTED_OUT, Deploy.HOST)
+
+
+IsReady = Callable[[str, str], bool]
+"""(component name, node name) → whether that component's pod on that node is ready (or, for
+`is_started`, has started: its init containers are done)."""
+
+
+def unmet_dependencies(
+    component: Component,
+    policy: ClusterPolicySpec,
+    node: NodeInfo,
+    is_ready: IsReady,
+    is_started: IsReady | None = None,
+) -> list[str]:
+    """The dependencies still to be met on this node before `component` may be labelled there.
+
+    A dependency is met once it is ready there; one the component's own pods wait for by themselves
+    (`Component.waits_for`) already once its pod has started there (`is_started`; None: only when
+    ready) while its deploy label is `true`. For the driver that is once k8s-driver-manager, its init
+    container, is done with the node's labels: a toolkit labelled earlier, with a driver still loaded,
+    would be paused, evicted and restored by it (k8s-driver-manager v0.12.0 main.go:358-366). A
+    dependency that does not run on the node (disabled in the policy, or opted out by a node label
+    such as a pre-installed driver) counts as satisfied; its own dependencies then apply, and must be
+    ready (the component's pods do not wait for those).
+    """
+
+    def started(dep: Component) -> bool:
+        return (
+            is_started is not None
+            and is_started(dep.name, node.name)
+            and deploy_state(dep, node) == Deploy.DEPLOYED
+        )
+
+    waiting: list[str] = []
+    for name in component.depends_on:
+        dep = BY_NAME[name]
+        if dep.enabled(policy) and runs_on(dep, node):
+            if not is_ready(name, node.name) and not (name in component.waits_for and started(dep)):
+                waiting.append(name)
+        else:
+            # Without `is_started`: the component's pods do not wait for a dependency's dependencies.
+            waiting.extend(d for d in unmet_dependencies(dep, policy, node, is_ready) if d not in waiting)
+    return waiting
+
+
+def awaited(component: Component, policy: ClusterPolicySpec, node: NodeInfo, is_ready: IsReady) -> list[str]:
+    """The dependencies the component's pods on this node are waiting for by themselves (in Init):
+    those of `Component.waits_for` that run there and are not ready yet."""
+    return [
+        name
+        for name in component.waits_for
+        if BY_NAME[name].enabled(policy) and runs_on(BY_NAME[name], node) and not is_ready(name, node.name)
+    ]
+
+
+def desired_labels(
+    node: NodeInfo, policy: ClusterPolicySpec | None, is_ready: IsReady, is_started: IsReady | None = None
+) -> dict[str, str]:
+    """The complete set of labels the operator wants to own on `node` (server-side apply removes the rest).
+
+    Deploy labels are added once a component's dependencies are met on the node (see
+    `unmet_dependencies`) and then kept (a restarting driver pod does not tear down the stack above
+    it); `true` written by an operand manager is kept the same way. With no active policy the set is
+    empty, which removes every label the operator added (see `released_labels` for the ones it shares).
+    """
+    if policy is None or not node.is_gpu:
+        return {}
+    labels: dict[str, str] = {}
+    if not _foreign(node, GPU_PRESENT):
+        labels[GPU_PRESENT] = "true"
+    if not takes_operands(node):
+        return labels
+    labels.update(runtime_labels(node, policy))
+    for component in COMPONENTS:
+        if not component.enabled(policy) or not runs_on(component, node):
+            continue
+        state = deploy_state(component, node)
+        if state == Deploy.DEPLOYED or (
+            state == Deploy.UNDECIDED
+            and not unmet_dependencies(component, policy, node, is_ready, is_started)
+        ):
+            labels[component.deploy_label] = "true"
+    for component in COMPONENTS:
+        if component.enabled(policy) and component.node_filter(node.labels):
+            extra = component.node_labels(policy)
+            labels.update((key, value) for key, value in extra.items() if not _foreign(node, key))
+    return labels
+
+
+def released_labels(node: NodeInfo, wanted: Mapping[str, str]) -> dict[str, str]:
+    """Deploy labels the operator stops owning that another manager co-owns (a `true` restored by
+    k8s-driver-manager or mig-manager): leaving them out of the apply would leave them on the node, so
+    they are removed explicitly, each only if it still has this value."""
+    return {
+        key: node.labels[key]
+        for key in sorted(node.shared_labels - wanted.keys())
+        if key.startswith(DEPLOY_PREFIX) and node.labels.get(key) == "true"
+    }
+
+
+def _foreign(node: NodeInfo, key: str) -> bool:
+    """The label exists and someone else owns it: never overwrite or remove it."""
+    return key in node.labels and key not in node.own_labels

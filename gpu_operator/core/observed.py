@@ -1,0 +1,248 @@
+"""Slim records of the cluster objects the operator watches, extracted from full bodies.
+
+Watches deliver whole objects; only these few fields are kept in memory, so a 1000-node cluster
+with nine operands (9000 pods) stays small, and decisions never depend on fields we did not look at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_operator.core.components import BY_LABEL
+from gpu_operator.core.ownership import COMPONENT_LABEL, FIELD_MANAGER
+
+HASH_ANNOTATION = "nvidia.com/gpu-operator.applied-hash"
+
+# Container states that mean "still coming up", as opposed to failing.
+STARTING_REASONS = frozenset(
+    {"", "ContainerCreating", "PodInitializing", "Pending", "Running", "Terminating"}
+)
+
+
+def component_of(metadata: Mapping[str, Any]) -> str:
+    """The component an object belongs to, from its `app.kubernetes.io/component` label."""
+    value = str((metadata.get("labels") or {}).get(COMPONENT_LABEL) or "")
+    known = BY_LABEL.get(value)
+    return known.name if known is not None else value
+
+
+@dataclass(frozen=True)
+class PolicyRef:
+    """One ClusterPolicy as the watch last saw it."""
+
+    name: str
+    uid: str
+    generation: int
+    created: str
+    spec: Mapping[str, Any]
+    status: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    name: str
+    component: str
+    node: str
+    ready: bool
+    reason: str
+    """Why it is not ready: a container waiting reason, Unschedulable, Terminating, ... ('' if ready)."""
+    message: str
+    terminating: bool
+    created: str
+    initialized: bool = False
+    """Its init containers are done (the `Initialized` condition): for the driver, k8s-driver-manager
+    has finished with the node's operand labels."""
+
+    @property
+    def failing(self) -> bool:
+        return not self.ready and self.reason not in STARTING_REASONS
+
+
+def waiting_reason(statuses: list[Mapping[str, Any]]) -> tuple[str, str] | None:
+    """(reason, message) of the first container waiting or terminated (not Completed), if any."""
+    for status in statuses:
+        state = status.get("state") or {}
+        for key in ("waiting", "terminated"):
+            if state.get(key):
+                reason = state[key].get("reason") or key.capitalize()
+                if key == "terminated" and reason == "Completed":
+                    continue
+                return reason, (state[key].get("message") or "")[:200]
+    return None
+
+
+def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
+    """Readiness and the most telling reason of one operand pod; None for pods not bound to a component."""
+    metadata = body.get("metadata") or {}
+    component = component_of(metadata)
+    spec = body.get("spec") or {}
+    status = body.get("status") or {}
+    node = spec.get("nodeName") or _affinity_node(spec)
+    if not component or not node:
+        return None
+    conditions = {c.get("type"): c for c in status.get("conditions") or []}
+    ready = (conditions.get("Ready") or {}).get("status") == "True"
+    terminating = bool(metadata.get("deletionTimestamp"))
+    reason, message = "", ""
+    if terminating:
+        reason = "Terminating"
+    elif not ready:
+        scheduled = conditions.get("PodScheduled") or {}
+        found = waiting_reason(status.get("initContainerStatuses") or []) or waiting_reason(
+            status.get("containerStatuses") or []
+        )
+        if scheduled.get("status") == "False":
+            reason, message = scheduled.get("reason") or "Unschedulable", scheduled.get("message") or ""
+        elif found:
+            reason, message = found
+        else:
+            reason = status.get("phase") or "Pending"
+            if reason == "Running":
+                reason = "NotReady"
+    return PodInfo(
+        name=metadata.get("name", ""),
+        component=component,
+        node=node,
+        ready=ready and not terminating,
+        reason=reason,
+        message=message,
+        terminating=terminating,
+        created=metadata.get("creationTimestamp") or "",
+        initialized=(conditions.get("Initialized") or {}).get("status") == "True",
+    )
+
+
+def _affinity_node(spec: Mapping[str, Any]) -> str | None:
+    """DaemonSet pods are pinned by node affinity before they are bound; use it for unscheduled pods."""
+    try:
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
+            "nodeSelectorTerms"
+        ]
+        for term in terms:
+            for field in term.get("matchFields") or []:
+                if field.get("key") == "metadata.name" and field.get("values"):
+                    return str(field["values"][0])
+    except (KeyError, TypeError):
+        return None
+    return None
+
+
+@dataclass(frozen=True)
+class DaemonSetInfo:
+    name: str
+    component: str
+    generation: int
+    observed_generation: int
+    desired: int
+    ready: int
+    updated: int
+    available: int
+    unavailable: int
+    on_delete: bool
+
+    @property
+    def rolled_out(self) -> bool:
+        """NVIDIA's isDaemonSetReady, except that OnDelete pods on an older revision still count."""
+        if self.observed_generation < self.generation or self.unavailable:
+            return False
+        if self.on_delete:
+            return self.ready == self.desired
+        return self.updated == self.desired and self.available == self.desired
+
+
+def daemonset_info(body: Mapping[str, Any]) -> DaemonSetInfo:
+    metadata = body.get("metadata") or {}
+    status = body.get("status") or {}
+    strategy = ((body.get("spec") or {}).get("updateStrategy") or {}).get("type")
+    return DaemonSetInfo(
+        name=metadata.get("name", ""),
+        component=component_of(metadata),
+        generation=int(metadata.get("generation") or 0),
+        observed_generation=int(status.get("observedGeneration") or 0),
+        desired=int(status.get("desiredNumberScheduled") or 0),
+        ready=int(status.get("numberReady") or 0),
+        updated=int(status.get("updatedNumberScheduled") or 0),
+        available=int(status.get("numberAvailable") or 0),
+        unavailable=int(status.get("numberUnavailable") or 0),
+        on_delete=strategy == "OnDelete",
+    )
+
+
+ObjectKey = tuple[str, str, str, str]
+"""(apiVersion, kind, namespace or '', name)."""
+
+
+def object_key(body: Mapping[str, Any]) -> ObjectKey:
+    metadata = body.get("metadata") or {}
+    return (body["apiVersion"], body["kind"], metadata.get("namespace") or "", metadata["name"])
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What drift detection and the ownership rule need of an object with one of our names or labels."""
+
+    key: ObjectKey
+    component: str
+    applied_hash: str
+    generation: int
+    resource_version: str
+    owner_uid: str
+    """The uid of its controller, when that is a ClusterPolicy ('' otherwise)."""
+    managers: tuple[str, ...] = ()
+    """The field managers that wrote it (metadata.managedFields), sorted."""
+    adopt: bool = False
+    """Its owner handed it over to the operator (ADOPT_ANNOTATION)."""
+
+
+ADOPT_ANNOTATION = "nvidia.com/gpu-operator.adopt"
+"""Set to "true" on an object that has an operand's name to let the operator take it over (an object of
+another tool, or of NVIDIA's operator under another ClusterPolicy); without it such an object is
+reported as a conflict and left alone."""
+
+
+def object_info(body: Mapping[str, Any], key: ObjectKey | None = None) -> ObjectInfo:
+    """The slim record of an object; `key` when the body does not say (a metadata-only lookup)."""
+    metadata = body.get("metadata") or {}
+    owners = [
+        o
+        for o in metadata.get("ownerReferences") or []
+        if o.get("controller") and o.get("kind") == "ClusterPolicy" and _is_policy_group(o.get("apiVersion"))
+    ]
+    annotations = metadata.get("annotations") or {}
+    return ObjectInfo(
+        key=key or object_key(body),
+        component=component_of(metadata),
+        applied_hash=annotations.get(HASH_ANNOTATION, ""),
+        generation=int(metadata.get("generation") or 0),
+        resource_version=str(metadata.get("resourceVersion") or ""),
+        owner_uid=owners[0].get("uid", "") if owners else "",
+        managers=tuple(sorted({str(m.get("manager") or "") for m in metadata.get("managedFields") or []})),
+        adopt=annotations.get(ADOPT_ANNOTATION) == "true",
+    )
+
+
+def _is_policy_group(api_version: Any) -> bool:
+    return str(api_version or "").startswith("nvidia.com/")
+
+
+def created_by_us(info: ObjectInfo, active_uid: str | None, policy_uids: Collection[str]) -> bool:
+    """Whether the operator created this object and may delete it: it is controlled by the active
+    ClusterPolicy (or by one that no longer exists: left over from a deleted policy, which the garbage
+    collector removes as well) and written by the operator's field manager. Our labels alone prove
+    nothing: anyone can set them."""
+    if not info.owner_uid or FIELD_MANAGER not in info.managers:
+        return False
+    return info.owner_uid == active_uid or info.owner_uid not in policy_uids
+
+
+def may_rewrite(info: ObjectInfo, active_uid: str | None, policy_uids: Collection[str]) -> bool:
+    """Whether the operator may apply its content over this existing object: it created it, or the
+    object's owner handed it over (ADOPT_ANNOTATION)."""
+    return info.adopt or created_by_us(info, active_uid, policy_uids)
+
+
+def config_map_keys(body: Mapping[str, Any]) -> tuple[str, ...]:
+    """The file names a ConfigMap holds (text and binary)."""
+    return tuple(sorted({*(body.get("data") or {}), *(body.get("binaryData") or {})}))

@@ -1,0 +1,520 @@
+"""The pure core: (ClusterPolicies, observed cluster) → what to apply, delete and label, and the status.
+
+Nothing here does I/O, so every decision is unit-tested without a cluster. The reconciler feeds it
+the watch caches and carries out the result.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
+from functools import partial
+from typing import Any
+
+from gpu_operator.api import GROUP, KIND, VERSION, FieldError, PolicyError, parse_spec
+from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.api.status import REASON_CONFLICT, REASON_RECONCILE_FAILED, ClusterPolicyStatus
+from gpu_operator.core.components import COMPONENTS
+from gpu_operator.core.driver_upgrade import driver_rolling, plan_driver_upgrade, with_upgrade_status
+from gpu_operator.core.memo import Memo
+from gpu_operator.core.node_labels import (
+    IsReady,
+    NodeInfo,
+    cluster_facts,
+    desired_labels,
+    gpu_nodes,
+    released_labels,
+)
+from gpu_operator.core.observed import (
+    HASH_ANNOTATION,
+    DaemonSetInfo,
+    ObjectInfo,
+    ObjectKey,
+    PodInfo,
+    PolicyRef,
+    component_of,
+    config_map_keys,
+    created_by_us,
+    object_key,
+)
+from gpu_operator.core.psa import NamespaceInfo, NamespaceWrite, namespace_write
+from gpu_operator.core.render import ClusterFacts, missing_inputs, render
+from gpu_operator.core.status import (
+    NO_OPERANDS,
+    Event,
+    Note,
+    Operands,
+    Signature,
+    events_for,
+    ignored_status,
+    invalid_status,
+    operands_by_node,
+    pods_by_node,
+    policy_status,
+    progress_only,
+    readiness,
+    started,
+    status_body,
+    status_differs,
+    with_errors,
+    with_problems,
+)
+from gpu_operator.core.upgrade import Facts, UpgradePlan
+from gpu_operator.core.upgrade.facts import parse_time
+from gpu_operator.core.vetting import Context, Problems
+
+__all__ = ["Observed", "Plan", "PolicyRef", "build", "conclude", "pods_by_node", "status_differs"]
+
+POLICY_CRD = f"clusterpolicies.{GROUP}"
+SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
+NVIDIA_DRIVER_CRD = f"nvidiadrivers.{GROUP}"
+"""The Prometheus operator's CRD: ServiceMonitors are rendered only while it is established."""
+
+
+def active_policy(policies: Iterable[PolicyRef]) -> PolicyRef | None:
+    """NVIDIA's singleton rule: the oldest ClusterPolicy is active; ties go to the lowest name."""
+    return min(policies, key=lambda p: (p.created, p.name), default=None)
+
+
+@dataclass(frozen=True)
+class Observed:
+    policies: tuple[PolicyRef, ...]
+    nodes: Mapping[str, NodeInfo]
+    pods: Iterable[PodInfo]
+    daemonsets: Mapping[str, DaemonSetInfo]
+    """By DaemonSet name (a component may have several: one per runtime, one per kernel)."""
+    objects: Mapping[ObjectKey, ObjectInfo]
+    namespace: str
+    environ: Mapping[str, str] = field(default_factory=dict)
+    nvidia_driver_crd: bool = False
+    config_maps: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """ConfigMap name → keys, in the operand namespace."""
+    service_monitor_crd: bool = False
+    """Whether the Prometheus operator's ServiceMonitor CRD is installed and established."""
+    operand_namespace: NamespaceInfo | None = None
+    """The operand namespace as watched (None: not seen, e.g. not created yet)."""
+    speaking: Mapping[tuple[str, str], PodInfo] | None = None
+    """pods_by_node(pods), when the Store kept it (None: computed from `pods`)."""
+    operands: Mapping[str, Operands] | None = None
+    """operands_by_node(speaking), when the Store kept it (None: computed)."""
+    upgrade: Facts = field(default_factory=lambda: Facts(nodes=()))
+    """The driver upgrade's facts but nodes and time: driver and validator pods, driver DaemonSets at
+    their revision, the pods of the nodes being emptied, and the answers to our evictions."""
+
+
+@dataclass
+class Plan:
+    active: PolicyRef | None
+    spec: ClusterPolicySpec | None
+    errors: list[FieldError]
+    objects: list[dict[str, Any]]
+    """Desired objects, in dependency order, owner-referenced and hash-annotated."""
+    deletes: list[ObjectKey]
+    node_labels: dict[str, dict[str, str]]
+    """Nodes whose operator-owned labels must change → the complete set to own."""
+    statuses: dict[str, ClusterPolicyStatus]
+    """Policy name → the status it should have before the writes (`conclude` gives the final one)."""
+    notes: list[Note]
+    """Remarks about the active policy (unsupported sections, NVIDIADriver CRD, skipped objects)."""
+    label_releases: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Nodes → shared deploy labels to remove explicitly, with the value each must still have."""
+    namespace_write: NamespaceWrite | None = None
+    """The operand namespace's pod-security labels to change (psa.enabled)."""
+    gpu_nodes: int = 0
+    """Nodes detected as GPU nodes (the metrics' gpu_operator_gpu_nodes_total)."""
+    upgrade: UpgradePlan | None = None
+    """The driver upgrade's writes, Events, status and wake-up (None: no valid active policy)."""
+    problems: Problems | None = None
+    """Why the active policy's current generation is not written (None: nothing stops it)."""
+    running: int | None = None
+    """The generation whose objects and labels this plan keeps: the current one, the last one written
+    when the current cannot be, None when neither is known (then the plan writes nothing)."""
+    missing_inputs: tuple[FieldError, ...] = ()
+    """Inputs a component lacks (its DaemonSet is withheld): they refuse any change."""
+
+
+@dataclass(frozen=True)
+class Applied:
+    """What our own last apply of an object returned: later differences are someone else's edits."""
+
+    hash: str
+    generation: int
+    resource_version: str
+
+
+def to_write(
+    plan: Plan, objects: Mapping[ObjectKey, ObjectInfo], applied: Mapping[ObjectKey, Applied]
+) -> list[dict[str, Any]]:
+    """The plan's objects that need an apply (see in_sync): the change of this pass."""
+    return [
+        o
+        for o in plan.objects
+        if not in_sync(
+            o["metadata"]["annotations"][HASH_ANNOTATION], objects.get(key := object_key(o)), applied.get(key)
+        )
+    ]
+
+
+def vetting_context(plan: Plan, observed: Observed) -> Context | None:
+    """What judging this plan's change needs of it (None: the plan writes nothing)."""
+    if plan.active is None or plan.spec is None:
+        return None
+    return Context(
+        policy=plan.active.name,
+        policy_uid=plan.active.uid,
+        policy_uids=frozenset(p.uid for p in observed.policies),
+        spec=plan.spec,
+        namespace=observed.namespace,
+        cached=observed.objects,
+        # The plan's own ConfigMaps (the operands' scripts) are written with the change or there already.
+        config_maps={
+            **observed.config_maps,
+            **{o["metadata"]["name"]: config_map_keys(o) for o in plan.objects if o["kind"] == "ConfigMap"},
+        },
+        missing_inputs=plan.missing_inputs,
+    )
+
+
+def in_sync(desired_hash: str, observed: ObjectInfo | None, applied: Applied | None) -> bool:
+    """Whether an object needs no apply: present, at our desired content, and untouched since our apply.
+
+    Objects with a spec generation (DaemonSets) count as edited when the generation moves; others
+    (ConfigMaps, RBAC, ...) when the resourceVersion moves. Status updates by controllers move neither.
+    """
+    if observed is None or observed.applied_hash != desired_hash or applied is None:
+        return False
+    if applied.hash != desired_hash:
+        return False
+    if applied.generation:
+        return observed.generation == applied.generation
+    return observed.resource_version == applied.resource_version
+
+
+def content_hash(body: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:20]
+
+
+def _owned(obj: dict[str, Any], policy: PolicyRef) -> dict[str, Any]:
+    metadata = obj.setdefault("metadata", {})
+    metadata["ownerReferences"] = [
+        {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": KIND,
+            "name": policy.name,
+            "uid": policy.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    metadata.setdefault("annotations", {})[HASH_ANNOTATION] = content_hash(obj)
+    return obj
+
+
+@dataclass(frozen=True)
+class Good:
+    """The last generation of the active policy whose change was proven and fully written: what the
+    operands run. A generation that cannot be written leaves the cluster on it (objects and node
+    labels, so that a GPU node joining meanwhile still gets the running stack)."""
+
+    uid: str
+    generation: int
+    spec: Mapping[str, Any]
+
+
+def build(
+    observed: Observed,
+    now: str,
+    good: Good | None = None,
+    problems: Problems | None = None,
+    clock: float | None = None,
+) -> Plan:
+    """The plan of a pass. `problems`: why the active policy's current generation cannot be written
+    (found by proving its change, gpu_operator/core/vetting.py); then, as for a spec the models refuse,
+    the plan runs `good` (the last generation written) if there is one, else changes nothing.
+    `clock`: `now` in Unix seconds (the driver upgrade's timeouts), by default `now`'s."""
+    policies = observed.policies
+    active = active_policy(policies)
+    statuses: dict[str, ClusterPolicyStatus] = {}
+    for other in policies:
+        if active is not None and other.name != active.name:
+            statuses[other.name] = ignored_status(other, active, observed.namespace, now)
+    pods = observed.speaking if observed.speaking is not None else pods_by_node(observed.pods)
+    operands = observed.operands if observed.operands is not None else operands_by_node(pods)
+    is_ready, is_started = readiness(pods), started(pods)
+    nodes = list(observed.nodes.values())
+    count = len(gpu_nodes(nodes))
+    if active is None:
+        labels = _label_changes(nodes, None, is_ready, is_started, operands)
+        releases = _releases(observed.nodes, labels)
+        psa = namespace_write(observed.operand_namespace, enabled=False)
+        uids = {p.uid for p in policies}
+        deletes = sorted(k for k, info in observed.objects.items() if created_by_us(info, None, uids))
+        return Plan(None, None, [], [], deletes, labels, statuses, [], releases, psa, count)
+    try:
+        current: ClusterPolicySpec | None = _parsed(active.spec)
+    except PolicyError as exc:
+        current, problems = None, Problems(invalid=tuple(exc.errors))
+    # The spec that runs (None: leave everything as it is), its source and generation.
+    running: int | None = active.generation
+    source, spec = active.spec, current
+    if problems:
+        if good is not None and good.uid == active.uid and good.spec != active.spec:
+            running, source, spec = good.generation, good.spec, _parsed(good.spec)
+        else:
+            running, spec = None, None
+    shown = spec or current
+    if shown is None:
+        statuses[active.name] = invalid_status(active, problems or Problems(), observed.namespace, now)
+        return Plan(
+            active,
+            None,
+            list(problems.invalid if problems else ()),
+            [],
+            [],
+            {},
+            statuses,
+            [],
+            gpu_nodes=count,
+            problems=problems,
+        )
+
+    facts = cluster_facts(nodes, observed.namespace, observed.environ, shown.operator.defaultRuntime)
+    # Only the ConfigMaps the policy names, so that other ConfigMap changes do not re-render.
+    named = {name for c in COMPONENTS for _, name in c.config_maps(shown)}
+    facts = replace(
+        facts,
+        config_maps={n: k for n, k in observed.config_maps.items() if n in named},
+        service_monitor_crd=observed.service_monitor_crd,
+    )
+    objects = _rendered(replace(active, spec=source), shown, facts)
+    missing = {
+        c.name: found for c in COMPONENTS if c.enabled(shown) and (found := missing_inputs(c, shown, facts))
+    }
+    notes = _notes(shown, observed.nvidia_driver_crd)
+    if (
+        not observed.service_monitor_crd
+        and shown.dcgmExporter.is_enabled()
+        and shown.dcgmExporter.service_monitor_enabled()
+    ):
+        # NVIDIA's rule (object_controls.go:5060): no Prometheus operator, no ServiceMonitor (the
+        # renderer leaves it out), and the exporter is still ready. Created at the next pass once the
+        # CRD is established.
+        notes.append(Note(SERVICE_MONITOR_SKIPPED, "ServiceMonitorSkipped"))
+    wanted = {object_key(o) for o in objects}
+    # A DaemonSet withheld for a missing input stays as it is (NVIDIA's behaviour): deleting the
+    # driver's would unload the driver under running GPU workloads.
+    kept = {
+        key for key, info in observed.objects.items() if key[1] == "DaemonSet" and info.component in missing
+    }
+    # Only what the operator created goes, never an object because it carries our labels.
+    uids = {p.uid for p in policies}
+    deletes = sorted(
+        key
+        for key, info in observed.objects.items()
+        if key not in wanted and key not in kept and created_by_us(info, active.uid, uids)
+    )
+    labels = _label_changes(nodes, shown, is_ready, is_started, operands)
+    # Status reflects the labels as they will be once this plan is carried out.
+    planned = {n.name: _with_labels(n, labels[n.name]) if n.name in labels else n for n in nodes}
+    daemonsets: dict[str, list[DaemonSetInfo | None]] = {}
+    for obj in objects:
+        if obj["kind"] == "DaemonSet":
+            daemonset = observed.daemonsets.get(obj["metadata"]["name"])
+            daemonsets.setdefault(component_of(obj["metadata"]), []).append(daemonset)
+    status = policy_status(
+        active, shown, planned, pods, operands, observed.namespace, daemonsets, missing, notes, now
+    )
+    upgrade = None
+    if spec is not None:
+        # The upgrade follows the generation that runs (the last one written when the current cannot be).
+        seconds = clock if clock is not None else parse_time(now) or 0.0
+        upgrade = plan_driver_upgrade(spec, nodes, observed.upgrade, objects, seconds)
+        status = with_upgrade_status(status, spec, upgrade, driver_rolling(objects, observed.upgrade))
+    if problems:
+        status = with_problems(active, status, problems, running, now)
+    statuses[active.name] = status
+    inputs = tuple(e for found in missing.values() for e in found)
+    if spec is None:
+        # Nothing known to run but the cluster as it is: leave objects, labels and namespace alone.
+        return Plan(
+            active,
+            shown,
+            [],
+            [],
+            [],
+            {},
+            statuses,
+            notes,
+            gpu_nodes=count,
+            problems=problems,
+            missing_inputs=inputs,
+        )
+    return Plan(
+        active,
+        spec,
+        [],
+        objects,
+        deletes,
+        labels,
+        statuses,
+        notes,
+        _releases(observed.nodes, labels),
+        namespace_write(observed.operand_namespace, spec.psa.enabled),
+        count,
+        upgrade=upgrade,
+        problems=problems,
+        running=running,
+        missing_inputs=inputs,
+    )
+
+
+_RENDERED: dict[str, list[dict[str, Any]]] = {}
+_PARSED: Memo[ClusterPolicySpec | list[FieldError]] = Memo()
+
+
+def _parsed(spec: Mapping[str, Any]) -> ClusterPolicySpec:
+    """parse_spec, once per spec content: the same parsed spec (one object) for every pass of a
+    generation, so the per-node memos see it unchanged. Parsed specs are never mutated."""
+
+    def parse() -> ClusterPolicySpec | list[FieldError]:
+        try:
+            return parse_spec(spec)
+        except PolicyError as exc:
+            return list(exc.errors)
+
+    found = _PARSED.get("spec", (spec,), parse)
+    if isinstance(found, list):
+        raise PolicyError(found)  # a new one each time: a raised exception keeps its traceback
+    return found
+
+
+def _rendered(policy: PolicyRef, spec: ClusterPolicySpec, facts: ClusterFacts) -> list[dict[str, Any]]:
+    """The owned, hashed objects; rendered again only when the policy or the facts change (most passes
+    are caused by pod and node events and change neither). Callers must not mutate the result."""
+    key = json.dumps([policy.name, policy.uid, policy.spec, asdict(facts)], sort_keys=True)
+    if key not in _RENDERED:
+        _RENDERED.clear()
+        _RENDERED[key] = [_owned(obj, policy) for obj in render(spec, facts)]
+    return _RENDERED[key]
+
+
+def _with_labels(node: NodeInfo, owned: Mapping[str, str]) -> NodeInfo:
+    labels = {k: v for k, v in node.labels.items() if k not in node.own_labels}
+    labels.update(owned)
+    return replace(node, labels=labels, own_labels=frozenset(owned))
+
+
+_LABELS: Memo[dict[str, str] | None] = Memo()
+"""Node name → the labels to write there (None: those it has), while the node, the spec and the node's
+operand pods stay the same (gpu_operator/core/memo.py)."""
+
+
+def _label_changes(
+    nodes: Collection[NodeInfo],
+    spec: ClusterPolicySpec | None,
+    is_ready: IsReady,
+    is_started: IsReady,
+    operands: Mapping[str, Operands],
+) -> dict[str, dict[str, str]]:
+    """Node → its desired labels, for the nodes where they differ from the labels the operator owns."""
+
+    def change(node: NodeInfo) -> dict[str, str] | None:
+        want = desired_labels(node, spec, is_ready, is_started)
+        have = {key: node.labels[key] for key in node.own_labels if key in node.labels}
+        return want if want != have else None
+
+    changes: dict[str, dict[str, str]] = {}
+    for node in nodes:
+        mine = operands.get(node.name, NO_OPERANDS)
+        found = _LABELS.get(node.name, (node, spec, mine), partial(change, node))
+        if found is not None:
+            changes[node.name] = found
+    _LABELS.keep({node.name for node in nodes})
+    return changes
+
+
+def _releases(
+    nodes: Mapping[str, NodeInfo], labels: Mapping[str, Mapping[str, str]]
+) -> dict[str, dict[str, str]]:
+    found = {name: released_labels(nodes[name], want) for name, want in labels.items()}
+    return {name: keys for name, keys in found.items() if keys}
+
+
+SERVICE_MONITOR_SKIPPED = (
+    "spec.dcgmExporter.serviceMonitor is enabled, but the Prometheus operator's ServiceMonitor CRD "
+    "(servicemonitors.monitoring.coreos.com) is not installed: no ServiceMonitor was created; it will be "
+    "once the CRD is"
+)
+
+
+def _notes(spec: ClusterPolicySpec, nvidia_driver_crd: bool) -> list[Note]:
+    notes = [
+        Note(f"spec.{name} is enabled but not supported by this operator; it is ignored")
+        for name in spec.unsupported_enabled()
+    ]
+    notes += [Note(f"accepted but not acted on: {field}", "Ignored") for field in spec.ignored_fields()]
+    if spec.driver.useNvidiaDriverCRD and not nvidia_driver_crd:
+        notes.append(
+            Note(
+                "spec.driver.useNvidiaDriverCRD is set, but no NVIDIADriver CRD is installed; "
+                "the driver is managed from this ClusterPolicy"
+            )
+        )
+    return notes
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    """What a pass ends with, once its writes are done."""
+
+    plan: Plan
+    """The plan with every policy's final status."""
+    status_writes: dict[str, dict[str, Any]]
+    """Policy name → the status body to write, for the statuses that differ from the cluster's."""
+    events: dict[str, list[Event]]
+    """Policy name → the Events to post once its status is written."""
+    reported: dict[str, Signature]
+    """Policy name → what its Events have now said (the `reported` of the next pass)."""
+    progress: frozenset[str] = frozenset()
+    """The policies of `status_writes` whose write only tells a rollout's progress (status.progress_only)."""
+
+
+def conclude(
+    plan: Plan,
+    policies: Iterable[PolicyRef],
+    errors: Mapping[str, str],
+    reported: Mapping[str, Signature],
+    now: str,
+    conflicts: Mapping[str, str] | None = None,
+) -> Conclusion:
+    """The statuses, status writes and Events of a pass, from its plan and the facts its writes
+    returned: `errors` (component or object → the API server's message) are what could not be
+    written, `conflicts` (component → message) the objects of our names that are someone else's;
+    `reported` what the Events of earlier passes said, by policy."""
+    statuses = dict(plan.statuses)
+    if plan.active is not None and plan.active.name in statuses:
+        final = statuses[plan.active.name]
+        if conflicts:
+            final = with_errors(plan.active, final, conflicts, REASON_CONFLICT, "conflict", now)
+        if errors:
+            final = with_errors(plan.active, final, errors, REASON_RECONCILE_FAILED, "apply failed", now)
+        statuses[plan.active.name] = final
+    writes: dict[str, dict[str, Any]] = {}
+    events: dict[str, list[Event]] = {}
+    signatures: dict[str, Signature] = {}
+    progress: set[str] = set()
+    for policy in policies:
+        status = statuses.get(policy.name)
+        if status is None:
+            continue
+        if status_differs(policy.status, status):
+            writes[policy.name] = status_body(status)
+            if progress_only(policy.status, status):
+                progress.add(policy.name)
+        active = plan.active is not None and plan.active.name == policy.name
+        events[policy.name], signatures[policy.name] = events_for(
+            policy, status, plan.notes if active else [], reported.get(policy.name)
+        )
+    return Conclusion(replace(plan, statuses=statuses), writes, events, signatures, frozenset(progress))

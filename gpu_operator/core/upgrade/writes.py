@@ -1,0 +1,106 @@
+"""What the state machine asks the caller to do: three kinds of API writes, and Events.
+
+Each node's writes come in order and the caller stops at the first one that fails: the node patch
+(state label, annotations and cordon in one merge patch, so a state never lands without its side
+effects) always comes first, so a pod is evicted only from a node that is already cordoned and whose
+label already says so. An eviction's answer, whatever it is, is an observation, not a failure: the
+caller records it in Facts.evictions (by pod UID) and goes on. After a node patch the caller must
+put the returned Node into its cache before the next pass, or the limits would be counted on a stale
+view. Different nodes' writes may run in parallel, except that the nodes that start their upgrade in
+this pass (`NodeActions.starts`) go after all the others, and only once those succeeded: the slot
+and the cordon they take may be the ones a finishing node gives back in the same pass, and the
+API server must never show both at once.
+
+| write      | API call                                                                  | body            |
+|------------|---------------------------------------------------------------------------|-----------------|
+| PatchNode  | PATCH /api/v1/nodes/{node}, application/merge-patch+json                  | `body()`        |
+| EvictPod   | POST /api/v1/namespaces/{ns}/pods/{name}/eviction                         | `body()`        |
+| DeletePod  | DELETE /api/v1/namespaces/{ns}/pods/{name}                                | `body()`        |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from gpu_operator.core.upgrade.states import EVENT_REASON
+
+
+@dataclass(frozen=True)
+class PatchNode:
+    """Labels and annotations to set (None: remove) and the cordon to apply (None: leave as it is)."""
+
+    node: str
+    labels: Mapping[str, str | None] = field(default_factory=dict)
+    annotations: Mapping[str, str | None] = field(default_factory=dict)
+    unschedulable: bool | None = None
+
+    def body(self) -> dict[str, Any]:
+        metadata: dict[str, Any] = {}
+        if self.labels:
+            metadata["labels"] = dict(self.labels)
+        if self.annotations:
+            metadata["annotations"] = dict(self.annotations)
+        body: dict[str, Any] = {"metadata": metadata}
+        if self.unschedulable is not None:
+            # Merge patch: null removes the field, which is how `kubectl uncordon` leaves a node too.
+            body["spec"] = {"unschedulable": True if self.unschedulable else None}
+        return body
+
+
+@dataclass(frozen=True)
+class EvictPod:
+    """Evict through the Eviction API, so PodDisruptionBudgets hold. The UID precondition keeps a
+    replacement pod of the same name (StatefulSet) from being evicted by a stale decision."""
+
+    namespace: str
+    name: str
+    uid: str
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "deleteOptions": {"preconditions": {"uid": self.uid}},
+        }
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    """Delete a pod: the old driver pod at pod-restart-required (its DaemonSet is OnDelete), or, with
+    `force` once the timeout has passed, a pod whose eviction is still refused."""
+
+    namespace: str
+    name: str
+    uid: str
+    why: Literal["driver-restart", "forced"]
+
+    def body(self) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": self.uid}}
+
+
+Write = PatchNode | EvictPod | DeletePod
+
+
+@dataclass(frozen=True)
+class UpgradeEvent:
+    """An Event on the node (`node` set) or on the ClusterPolicy (`node` None)."""
+
+    node: str | None
+    type: Literal["Normal", "Warning"]
+    message: str
+    reason: str = EVENT_REASON
+
+
+@dataclass(frozen=True)
+class NodeActions:
+    """One node's writes, in order (stop at the first failure), and the Events to post once they
+    succeeded."""
+
+    node: str
+    writes: tuple[Write, ...]
+    events: tuple[UpgradeEvent, ...] = ()
+    starts: bool = False
+    """The node starts its upgrade in this pass (see the module docstring for the order)."""

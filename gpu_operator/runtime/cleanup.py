@@ -1,0 +1,62 @@
+"""`gpu-operator cleanup`: the Helm chart's pre-delete hook (charts/gpu-operator/templates/cleanup-hook.yaml).
+
+`helm uninstall` deletes the operator's Deployment, ServiceAccount and RBAC before custom resources,
+so without this hook the ClusterPolicy would go last, when no operator is left to remove the node
+labels it set (nvidia.com/gpu.present, nvidia.com/gpu.deploy.*). The operands themselves would
+still go (the garbage collector follows their ownerReferences), the labels would not.
+
+Deletes the ClusterPolicy, then waits (at most `timeout` seconds) until no node carries a label owned
+by the operator's field manager. Always returns 0: a missing operator must not make the release
+impossible to uninstall; it is logged instead, one JSON line per message.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+from gpu_operator.core.node_labels import DEPLOY_PREFIX, GPU_PRESENT, owned_label_keys
+from gpu_operator.runtime.client import ApiError, Kube, path
+
+LABEL_PREFIXES = (DEPLOY_PREFIX, GPU_PRESENT)
+
+
+def operator_labels(node: Mapping[str, Any]) -> list[str]:
+    """Labels of `node` set by the operator (owned by its field manager), not by hand."""
+    metadata = node.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    owned = owned_label_keys(metadata.get("managedFields") or ())
+    return sorted(k for k in owned if k in labels and k.startswith(LABEL_PREFIXES))
+
+
+def cleanup(kube: Kube, policy: str, timeout: float, out: TextIO) -> int:
+    def log(message: str, **fields: Any) -> None:
+        print(json.dumps({"message": message, **fields}), file=out, flush=True)
+
+    deadline = time.monotonic() + timeout
+    try:
+        kube.request("DELETE", path("nvidia.com/v1", "ClusterPolicy", name=policy), kind="ClusterPolicy")
+        log("deleted the ClusterPolicy", policy=policy)
+    except ApiError as exc:
+        if exc.status != 404:
+            log("cannot delete the ClusterPolicy", policy=policy, error=str(exc))
+            return 0
+    left: dict[str, list[str]] = {}
+    try:
+        while (remaining := deadline - time.monotonic()) > 0:
+            listing = kube.request("GET", path("v1", "Node"))
+            found = {n["metadata"]["name"]: operator_labels(n) for n in listing.get("items") or []}
+            left = {name: labels for name, labels in found.items() if labels}
+            if not left:
+                log("the operator removed its node labels")
+                return 0
+            # Wake on the next node change (or at the deadline) instead of polling.
+            version = str((listing.get("metadata") or {}).get("resourceVersion") or "")
+            for _event in kube.watch("v1", "Node", {"resourceVersion": version}, max(1, int(remaining))):
+                break
+    except ApiError as exc:
+        log("cannot read the nodes", error=str(exc))
+    log("gave up waiting: is the operator running? Node labels left behind", nodes=left)
+    return 0

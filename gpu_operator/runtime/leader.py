@@ -1,0 +1,289 @@
+"""Leader election with a coordination.k8s.io/v1 Lease, as client-go's leaderelection does it.
+
+Kopf's peering only lets operators pause for each other; it is not leader election. Here every
+replica runs the watches (warm caches), but only the holder of the Lease runs reconcile passes and
+writes: every write of the operator's client asks `Elector.leading` first (kube.Kube.may_write).
+
+The rules (`Election`, pure, its clock passed in, so unit tests run it on a fake one):
+
+- A replica that holds the lease renews it every `retry` seconds. It leads while its last successful
+  renewal *started* less than `renew_deadline` ago: a leader cut off from the API server stops
+  writing before anyone else may take over, since others wait a full `duration` after they last
+  saw the lease change, and renew_deadline < duration.
+- A standby reads the lease every `retry` seconds and takes it over once it has seen no change for
+  `duration` seconds (its own monotonic clock: no comparison of clocks across machines), or at once
+  when the holder released it (holder empty) on a clean shutdown.
+- Writes carry the resourceVersion read: of two replicas that try at once, one gets 409 Conflict.
+
+client-go's defaults are 15/10/2 s; scaled to 10/7/2 s, a standby takes over at most
+duration + two retry periods = 14 s after the leader's last renewal (SIGKILL), within 15 s.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from gpu_operator.runtime import metrics
+from gpu_operator.runtime.client import ApiError, Kube, path
+
+log = logging.getLogger("gpu_operator")
+
+LEASE_API = ("coordination.k8s.io/v1", "Lease")
+
+
+@dataclass(frozen=True)
+class Timing:
+    duration: float = 10.0
+    renew_deadline: float = 7.0
+    retry: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.retry < self.renew_deadline < self.duration:
+            raise ValueError(f"leader election needs 0 < retry < renew deadline < duration, not {self}")
+
+
+@dataclass(frozen=True)
+class Record:
+    """A Lease's spec, and the resourceVersion it was read at."""
+
+    holder: str
+    duration_seconds: int
+    acquire_time: str
+    renew_time: str
+    transitions: int
+    resource_version: str = ""
+
+    def same_as(self, other: Record | None) -> bool:
+        """Unchanged, as far as a standby can tell (renewals move renew_time)."""
+        return other is not None and replace(self, resource_version="") == replace(other, resource_version="")
+
+
+def micro_time(moment: datetime | None = None) -> str:
+    """metav1.MicroTime: RFC 3339 with microseconds."""
+    return (moment or datetime.now(UTC)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+class Election:
+    """What one replica knows of the lease and decides about it."""
+
+    def __init__(self, identity: str, timing: Timing) -> None:
+        self.identity = identity
+        self.timing = timing
+        self.observed: Record | None = None
+        self.observed_at = 0.0
+        """When the lease was last seen to change (this replica's monotonic clock)."""
+        self.renewed_at: float | None = None
+        """When our last successful acquire or renewal was sent."""
+
+    def observe(self, record: Record | None, now: float) -> None:
+        if record is None or not record.same_as(self.observed):
+            self.observed_at = now
+        self.observed = record
+
+    def wanted(self, now: float, stamp: str) -> Record | None:
+        """The record to write now (acquire or renew), or None: someone else holds a live lease."""
+        duration = int(self.timing.duration)
+        current = self.observed
+        if current is not None and current.holder == self.identity:
+            return replace(current, renew_time=stamp, duration_seconds=duration)
+        if current is not None and current.holder and now < self.observed_at + current.duration_seconds:
+            return None
+        transitions = 0 if current is None else current.transitions + 1
+        version = "" if current is None else current.resource_version
+        return Record(self.identity, duration, stamp, stamp, transitions, version)
+
+    def wrote(self, record: Record, sent_at: float, now: float) -> None:
+        self.observe(record, now)
+        self.renewed_at = sent_at if record.holder == self.identity else None
+
+    def leading(self, now: float) -> bool:
+        return (
+            self.renewed_at is not None
+            and self.observed is not None
+            and self.observed.holder == self.identity
+            and now - self.renewed_at < self.timing.renew_deadline
+        )
+
+    def released(self, stamp: str) -> Record | None:
+        """The record that hands the lease back on shutdown (None: not ours to release)."""
+        if self.observed is None or self.observed.holder != self.identity:
+            return None
+        return replace(self.observed, holder="", duration_seconds=1, renew_time=stamp)
+
+
+def record_of(lease: Mapping[str, Any]) -> Record:
+    spec = lease.get("spec") or {}
+    return Record(
+        holder=str(spec.get("holderIdentity") or ""),
+        duration_seconds=int(spec.get("leaseDurationSeconds") or 0),
+        acquire_time=str(spec.get("acquireTime") or ""),
+        renew_time=str(spec.get("renewTime") or ""),
+        transitions=int(spec.get("leaseTransitions") or 0),
+        resource_version=str((lease.get("metadata") or {}).get("resourceVersion") or ""),
+    )
+
+
+def lease_body(namespace: str, name: str, record: Record) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if record.resource_version:
+        metadata["resourceVersion"] = record.resource_version
+    return {
+        "apiVersion": LEASE_API[0],
+        "kind": LEASE_API[1],
+        "metadata": metadata,
+        "spec": {
+            "holderIdentity": record.holder,
+            "leaseDurationSeconds": record.duration_seconds,
+            "acquireTime": record.acquire_time,
+            "renewTime": record.renew_time,
+            "leaseTransitions": record.transitions,
+        },
+    }
+
+
+class Elector:
+    """Runs an Election against the API server in its own thread (never behind a pass or Kopf's loop).
+
+    `kube` must not be gated by `leading` (the lease writes are what makes this replica the leader);
+    its timeouts must be well below the renew deadline."""
+
+    def __init__(
+        self,
+        kube: Kube,
+        namespace: str,
+        name: str,
+        identity: str,
+        timing: Timing,
+        on_change: Callable[[bool], None] = lambda leading: None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kube = kube
+        self.namespace = namespace
+        self.name = name
+        self.election = Election(identity, timing)
+        self.on_change = on_change
+        self.clock = clock
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="gpu-operator-leader", daemon=True)
+        self._was_leading = False
+        self._said = ""
+
+    def leading(self) -> bool:
+        with self.lock:
+            return self.election.leading(self.clock())
+
+    def start(self) -> Elector:
+        log.info("leader election: lease %s/%s as %s", self.namespace, self.name, self.election.identity)
+        self.thread.start()
+        return self
+
+    def stop(self, release: bool = True) -> None:
+        """Stop campaigning; with `release`, hand the lease back so a standby takes over at once."""
+        self.stopping.set()
+        if self.thread.is_alive():
+            self.thread.join(timeout=self.election.timing.retry + sum(self.kube.timeout))
+        if release:
+            with self.lock:
+                record = self.election.released(micro_time())
+            if record is not None:
+                try:
+                    self._write(record)
+                    log.info("leader election: released the lease")
+                except ApiError as exc:
+                    log.warning("leader election: could not release the lease: %s", exc)
+        self._changed(False)
+
+    def _run(self) -> None:
+        while not self.stopping.is_set():
+            self.step()
+            self.stopping.wait(self.election.timing.retry)
+
+    def step(self) -> None:
+        """One round: read the lease, acquire or renew it when due. The leader renews on the lease as
+        it last wrote it, without reading it first (client-go's optimistic fast path): one request
+        every `retry` seconds at rest instead of two; a refused renewal (409: someone else wrote it)
+        falls back to reading it."""
+        try:
+            if self._renewed():
+                self._say("")
+                return
+            try:
+                current: Record | None = record_of(self.kube.get(*LEASE_API, self.name, self.namespace))
+            except ApiError as exc:
+                if exc.status != 404:
+                    raise
+                current = None
+            with self.lock:
+                self.election.observe(current, self.clock())
+                wanted = self.election.wanted(self.clock(), micro_time())
+            if wanted is not None:
+                self._write(wanted)
+            self._say("")
+        except ApiError as exc:
+            # 409: another replica wrote first; anything else: the API server is not reachable now.
+            self._say(f"leader election: {exc}")
+        finally:
+            self._changed(self.leading())
+
+    def _renewed(self) -> bool:
+        """The leader's renewal without a read first; False when not leading or refused."""
+        with self.lock:
+            if not self.election.leading(self.clock()):
+                return False
+            wanted = self.election.wanted(self.clock(), micro_time())
+        if wanted is None:
+            return False
+        try:
+            self._write(wanted)
+        except ApiError as exc:
+            log.debug("leader election: renewal without a read refused (%s); reading the lease", exc)
+            return False
+        return True
+
+    def _write(self, record: Record) -> None:
+        """Create or replace the lease (at the resourceVersion read), and take in what it became."""
+        body = lease_body(self.namespace, self.name, record)
+        sent_at = self.clock()
+        if record.resource_version:
+            answer = self.kube.request(
+                "PUT", path(*LEASE_API, self.namespace, self.name), body=body, kind="Lease"
+            )
+        else:
+            answer = self.kube.request("POST", path(*LEASE_API, self.namespace), body=body, kind="Lease")
+        with self.lock:
+            self.election.wrote(record_of(answer), sent_at, self.clock())
+
+    def _changed(self, leading: bool) -> None:
+        if leading == self._was_leading:
+            return
+        self._was_leading = leading
+        metrics.LEADER.set(1 if leading else 0)
+        log.info("leader election: %s", "leading: this replica reconciles" if leading else "standing by")
+        self.on_change(leading)
+
+    def _say(self, message: str) -> None:
+        """Log a problem once, not every round."""
+        if message and message != self._said:
+            log.warning("%s", message)
+        self._said = message
+
+
+class Leadership:
+    """Whether this replica leads: always without leader election, else what its Elector says (no
+    until the elector runs and wins)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.elector: Elector | None = None
+
+    def leading(self) -> bool:
+        if not self.enabled:
+            return True
+        return self.elector is not None and self.elector.leading()

@@ -1,0 +1,678 @@
+"""Carries out a plan: the watch caches in, API writes out, and only the writes that change something.
+
+Only I/O: `Reconciler.run_once` takes a snapshot of the Store (filled by the watch handlers), lets the
+pure core decide (plan.build), asks the API server what the pure side needs to prove the change
+(gpu_operator/core/vetting.py: lookups and dry runs), carries out the writes of a proven change, hands
+what they returned back to the pure side (plan.conclude: the final status and the Events) and
+writes that. Writes, and the questions before them, happen only when the desired state differs
+from what the watches show, so a converged cluster costs the API server nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from functools import partial
+from math import inf
+from typing import Any, Protocol, TypeVar
+
+from gpu_operator.api import GROUP, PLURAL, VERSION
+from gpu_operator.api.crd import crd
+from gpu_operator.core.components import COMPONENTS
+from gpu_operator.core.node_labels import NodeInfo
+from gpu_operator.core.observed import (
+    HASH_ANNOTATION,
+    ObjectInfo,
+    ObjectKey,
+    component_of,
+    object_info,
+    object_key,
+)
+from gpu_operator.core.plan import (
+    POLICY_CRD,
+    Applied,
+    Conclusion,
+    Good,
+    Observed,
+    Plan,
+    build,
+    conclude,
+    content_hash,
+    to_write,
+    vetting_context,
+)
+from gpu_operator.core.psa import PRIVILEGED, NamespaceInfo, NamespaceWrite
+from gpu_operator.core.render import PREREQUISITES
+from gpu_operator.core.status import Signature
+from gpu_operator.core.upgrade import DeletePod, EvictionResult, EvictPod, NodeActions, PatchNode
+from gpu_operator.core.upgrade.facts import format_time
+from gpu_operator.core.vetting import (
+    LOOKED_UP_KINDS,
+    Answers,
+    Failure,
+    Problems,
+    Reference,
+    Requests,
+    Verdict,
+    judge,
+    requests,
+)
+from gpu_operator.runtime.client import ApiError, Kube, NotLeader, gone_or_changed, preconditioned
+from gpu_operator.runtime.settings import Settings
+from gpu_operator.runtime.store import Store
+
+log = logging.getLogger("gpu_operator")
+T = TypeVar("T")
+
+
+CRD_API = ("apiextensions.k8s.io/v1", "CustomResourceDefinition")
+CRD_HASH_ANNOTATION = "nvidia.com/gpu-operator.crd-hash"
+SERVED_ANNOTATION = "nvidia.com/gpu-operator.served"
+"""When the API server's discovery listed the ClusterPolicy CRD again after it was absent (see
+announce_served)."""
+DISCOVERY_MANAGER = "gpu-operator-discovery"
+
+
+def ensure_crd(kube: Kube, create: bool) -> bool:
+    """Server-side apply our own CRD when the cluster's differs, so a `helm upgrade` (Helm never
+    upgrades CRDs) or a new image never runs against a stale schema that prunes new fields; create it
+    when it is absent only with `create` (the chart's operator.createCRD). True when it is current."""
+    body = crd()
+    body["metadata"].setdefault("annotations", {})[CRD_HASH_ANNOTATION] = content_hash(body)
+    try:
+        current = kube.get(*CRD_API, body["metadata"]["name"])
+    except ApiError as exc:
+        if exc.status != 404:
+            log.warning("cannot read the ClusterPolicy CRD (%s); leaving it as it is", exc)
+            return False
+        if not create:
+            log.warning("the ClusterPolicy CRD is not installed; waiting for it (operator.createCRD is off)")
+            return False
+        current = {}
+    annotations = (current.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(CRD_HASH_ANNOTATION) == body["metadata"]["annotations"][CRD_HASH_ANNOTATION]:
+        return True
+    try:
+        kube.apply(body)
+    except ApiError as exc:
+        log.warning("cannot apply the ClusterPolicy CRD (%s); it may be stale", exc)
+        return False
+    log.info("%s the ClusterPolicy CRD", "updated" if current else "created")
+    return True
+
+
+def announce_served(
+    kube: Kube,
+    seconds: float = 30.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> bool:
+    """Once the API server's discovery lists a CRD that was absent (created again, by us or anyone),
+    write one annotation on it, so that Kopf watches its objects. Kopf learns what is served only by
+    re-reading discovery on each event of a CRD (kopf/_core/reactor/observation.py,
+    process_discovered_resource_event), and the API server publishes a new CRD in discovery from a
+    queue of its own, after the events of the creation and of Established. When Kopf's last re-read
+    came first, it would never watch ClusterPolicies (seen when the CRD was deleted and created again
+    on a loaded machine). True once written; False when discovery did not list the CRD within
+    `seconds` or a call failed."""
+    deadline = clock() + seconds
+    try:
+        while not kube.served(f"{GROUP}/{VERSION}", PLURAL):
+            if clock() >= deadline:
+                log.warning("the API server does not serve %s after %.0f s; trying again", PLURAL, seconds)
+                return False
+            sleep(0.2)
+        metadata = {"name": POLICY_CRD, "annotations": {SERVED_ANNOTATION: format_time(time.time())}}
+        note = {"apiVersion": CRD_API[0], "kind": CRD_API[1], "metadata": metadata}
+        kube.apply(note, manager=DISCOVERY_MANAGER)
+    except ApiError as exc:
+        log.warning("cannot announce the ClusterPolicy CRD to the watches (%s); trying again", exc)
+        return False
+    log.info("the API server serves %s: announced to the watches", PLURAL)
+    return True
+
+
+def in_waves(
+    objects: Iterable[dict[str, Any]], leading: set[str]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The objects to write in three waves, each after the one before: the shared ones (RuntimeClasses)
+    and the ServiceAccounts, RBAC, ConfigMaps and the rest of the `leading` components (those whose
+    pods this pass's labels make due); their DaemonSets, with everything but the DaemonSets of the
+    others; the others' DaemonSets.
+
+    A DaemonSet comes after its component's other objects and the RuntimeClasses (its pods need their
+    ServiceAccount, RBAC and ConfigMaps, and the API server refuses a pod whose RuntimeClass is not
+    there); nothing else orders them: a binding may name a role that is not there yet. Written one
+    after another per component, the driver's DaemonSet of a 10-node rollout went out seven applies,
+    0.46 s, after its first object, the last of every DaemonSet (bench/README.md); in waves, two
+    rounds of the appliers after it."""
+    first: list[dict[str, Any]] = []
+    second: list[dict[str, Any]] = []
+    third: list[dict[str, Any]] = []
+    for body in objects:
+        component = component_of(body["metadata"])
+        leads = component in leading or component == PREREQUISITES
+        if body["kind"] == "DaemonSet":
+            (second if leads else third).append(body)
+        else:
+            (first if leads else second).append(body)
+    return first, second, third
+
+
+def labelled_components(node_labels: Mapping[str, Mapping[str, str]]) -> set[str]:
+    """The components whose deploy label a pass sets (to "true") on some node."""
+    return {
+        component.name
+        for component in COMPONENTS
+        if any(labels.get(component.deploy_label) == "true" for labels in node_labels.values())
+    }
+
+
+def now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class PodWatches(Protocol):
+    """What the reconciler asks of gpu_operator/runtime/drain_watches.py: watch the pods of exactly these
+    nodes,
+    and wait (bounded) for the first listing of nodes newly watched."""
+
+    def follow(self, nodes: Iterable[str]) -> None: ...
+
+    def wait_listed(self, nodes: Iterable[str], timeout: float) -> bool: ...
+
+
+LISTING_SECONDS = 5.0
+"""How long a pass waits for the pods of nodes whose upgrade it starts, before it plans again."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    plan: Plan
+    """The pass's plan, with the final statuses."""
+    errors: Mapping[str, str]
+    """What could not be written, and why (component, object or generation → message): retried."""
+    stale: tuple[str, ...] = ()
+    """Objects (node/..., namespace/...) that changed between the snapshot and their write: a new
+    pass should follow soon."""
+    wake_at: float | None = None
+    """Run a pass at this time (Unix seconds) even if no watch event comes: the driver upgrade's next
+    timeout or eviction retry."""
+
+
+def _failure(exc: ApiError) -> Failure:
+    return Failure(exc.status, exc.reason, exc.message, exc.causes)
+
+
+@contextmanager
+def _recorded(errors: dict[str, str], what: str) -> Iterator[None]:
+    """Run one write; whatever the API server answers (a refusal, a 5xx, no answer at all), the failure
+    is recorded and the pass goes on with every other object, node and status: the loop retries the
+    pass with backoff. Except NotLeader: a replica that lost the lease stops writing at once."""
+    try:
+        yield
+    except NotLeader:
+        raise
+    except ApiError as exc:
+        log.warning("%s: %s", what, exc)
+        errors.setdefault(what, str(exc))
+
+
+def _unless_changed(what: str, stale: list[str], write: Callable[[], object]) -> bool:
+    """Run a write that carries the uid and resourceVersion the plan saw. An object changed since (a
+    manager's pause, an admin's label), deleted or replaced (see kube.gone_or_changed) means the write
+    is left to the next pass, which is asked for. True when the write went through."""
+    try:
+        write()
+    except ApiError as exc:
+        if not gone_or_changed(exc):
+            raise
+        _left_to_next_pass(what, stale)
+        return False
+    return True
+
+
+def _left_to_next_pass(what: str, stale: list[str]) -> None:
+    log.info("%s changed since this pass read it; the next pass decides again", what)
+    stale.append(what)
+
+
+@dataclass
+class Reconciler:
+    kube: Kube
+    store: Store
+    settings: Settings
+    crd_current: bool = False
+    """Whether the ClusterPolicy CRD was found at our schema (checked again when its watch says it
+    went)."""
+    crd_announced: bool = True
+    """False from when the CRD's watch saw it absent until announce_served told Kopf it is back."""
+    applied: dict[ObjectKey, Applied] = field(default_factory=dict)
+    reported: dict[str, Signature] = field(default_factory=dict)
+    """Policy name → what the Events posted for it have said."""
+    pod_watches: PodWatches | None = None
+    """The pods of the nodes a driver upgrade empties (None: none are watched, as in unit tests that
+    feed the Store themselves)."""
+    evictions: dict[str, EvictionResult] = field(default_factory=dict)
+    """Pod UID → the API server's answer to our last Eviction of it: facts for the next pass."""
+    evictions_lock: threading.Lock = field(default_factory=threading.Lock)
+    good: Good | None = None
+    """The last generation of the active policy written in full (see plan.Good)."""
+    status_written: dict[str, float] = field(default_factory=dict)
+    """Policy name → when (monotonic) its status was last written: progress-only writes wait."""
+    pool: ThreadPoolExecutor = field(init=False)
+    appliers: ThreadPoolExecutor = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.pool = ThreadPoolExecutor(self.settings.writers, "gpu-operator-write")
+        self.appliers = ThreadPoolExecutor(self.settings.appliers, "gpu-operator-apply")
+
+    def run_once(self) -> Outcome:
+        """One pass. A change is proven before any of it is written (gpu_operator/core/vetting.py); API
+        errors on single objects do not stop the pass: every other object, node and status is still
+        handled, and the errors go into the status and the returned Outcome.
+
+        Writes run in parallel (a 1000-node rollout is 1000 label patches per stage), the objects in
+        waves (`in_waves`): a component's DaemonSet after its ServiceAccount, RBAC and ConfigMaps."""
+        if self.store.get("crds", POLICY_CRD) is False:
+            # The watch saw it go (or not established yet): Kopf's watch of its objects went too.
+            self.crd_announced = False
+        if not self.crd_current or not self.crd_announced:
+            self.crd_current = ensure_crd(self.kube, self.settings.create_crd)
+            if self.crd_current and not self.crd_announced:
+                self.crd_announced = announce_served(self.kube)
+            if self.crd_current:
+                self.store.put("crds", POLICY_CRD, True)
+        clock = time.time()
+        stamp = format_time(clock)
+        observed, plan, verdict = self._plan(stamp, clock)
+        known = observed.upgrade.pods_known
+        needed = plan.upgrade.pods_needed if plan.upgrade is not None else frozenset()
+        unlisted = needed - known if known is not None else frozenset()
+        if (
+            unlisted
+            and self.pod_watches is not None
+            and self.pod_watches.wait_listed(unlisted, LISTING_SECONDS)
+        ):
+            # Nodes about to start their upgrade (or met mid-way after a restart): with their pods
+            # listed, this pass takes them as far as they go (cordon, evictions, driver restart) instead
+            # of cordoning them and waiting for a pass of their own.
+            clock = time.time()
+            stamp = format_time(clock)
+            observed, plan, verdict = self._plan(stamp, clock)
+        errors: dict[str, str] = {}
+        label_errors: dict[str, str] = {}
+        stale: list[str] = []
+        # The node labels go out with the objects, not after them, each on threads of their own (the
+        # writers, the appliers): a deploy label needs nothing but the proven plan (the DaemonSet
+        # controller creates the pods once both are there), and neither queues behind the other. After
+        # the objects, a 10-node rollout's first stage waited a second for every component's chain of
+        # applies; behind a 100-node stage's labels, the driver's DaemonSet went out 2.9 s after the
+        # policy, 2 s after its first label (bench/README.md).
+        labelling = (
+            partial(
+                self._label,
+                observed.nodes[node],
+                labels,
+                plan.label_releases.get(node, {}),
+                label_errors,
+                stale,
+            )
+            for node, labels in plan.node_labels.items()
+        )
+        labelled = [self.pool.submit(job) for job in labelling]
+        try:
+            leading = labelled_components(plan.node_labels) if verdict.writes else set()
+            for wave in in_waves(verdict.writes, leading):
+                self._in_parallel((partial(self._apply, body, errors) for body in wave), self.appliers)
+        finally:
+            wait(labelled)
+        for future in labelled:
+            future.result()
+        if not errors:  # never delete what runs before its replacement is in place
+            self._in_parallel(partial(self._delete, key, errors) for key in verdict.deletes)
+        errors.update(label_errors)
+        if plan.namespace_write is not None and observed.operand_namespace is not None:
+            self._write_namespace(observed.operand_namespace, plan.namespace_write, errors, stale)
+        upgrade = plan.upgrade
+        refused: list[str] = []
+        if upgrade is not None and plan.active is not None:
+            policy = {"name": plan.active.name, "uid": plan.active.uid}
+            # Starts last, and only once the others are written (gpu_operator/core/upgrade/writes.py).
+            failed: list[str] = []
+            for starts in (False, True):
+                if not failed:
+                    self._in_parallel(
+                        partial(self._upgrade_node, actions, observed.nodes, policy, errors, refused, failed)
+                        for actions in upgrade.actions
+                        if actions.starts == starts
+                    )
+        if self.pod_watches is not None:
+            self.pod_watches.follow(upgrade.pods_needed if upgrade is not None else ())
+        conclusion = conclude(plan, observed.policies, errors, self.reported, stamp, verdict.conflicts)
+        active = plan.active
+        if active is not None and plan.spec is not None and not plan.problems and not errors:
+            self.good = Good(active.uid, active.generation, active.spec)
+        status_due = self._write_statuses(conclusion)
+        wake_at = upgrade.wake_at if upgrade is not None else None
+        if status_due is not None:
+            wake_at = status_due if wake_at is None else min(wake_at, status_due)
+        if refused:
+            # The status written above predates the refusal: say at once what the eviction waits for.
+            wake_at = clock
+        unsettled = {**verdict.conflicts, **errors}
+        if plan.problems and active is not None:
+            unsettled[f"generation {active.generation}"] = "; ".join(plan.problems.lines())
+        return Outcome(conclusion.plan, unsettled, tuple(sorted(stale)), wake_at)
+
+    def _plan(self, stamp: str, clock: float) -> tuple[Observed, Plan, Verdict]:
+        observed = self.store.snapshot(self.settings.namespace, self.settings.environ)
+        with self.evictions_lock:
+            # Answers about pods no longer watched (gone, or their node done) are of no use any more.
+            known = {p.uid for p in observed.upgrade.pods}
+            self.evictions = {uid: e for uid, e in self.evictions.items() if uid in known}
+            observed = replace(observed, upgrade=replace(observed.upgrade, evictions=dict(self.evictions)))
+        return (observed, *self._prove(observed, stamp, clock))
+
+    def _prove(self, observed: Observed, stamp: str, clock: float) -> tuple[Plan, Verdict]:
+        """The plan to carry out and its proven change. A generation that cannot be written leaves
+        the cluster on the last one written (self.good); when that cannot take the cluster's new facts
+        either, or none is known (after a restart), nothing changes."""
+        plan = build(observed, stamp, self.good, clock=clock)
+        verdict = self._vet(plan, observed)
+        if verdict.proven:
+            return plan, verdict
+        if plan.problems is None:  # the current generation itself: fall back to the last one written
+            plan = build(observed, stamp, self.good, verdict.problems, clock)
+            verdict = self._vet(plan, observed)
+            if verdict.proven:
+                return plan, verdict
+        problems = (plan.problems or Problems()) + verdict.problems
+        return build(observed, stamp, None, problems, clock), Verdict(conflicts=verdict.conflicts)
+
+    def _vet(self, plan: Plan, observed: Observed) -> Verdict:
+        """Ask the API server what the plan's change needs asked (nothing when nothing is to be
+        written), and judge it."""
+        context = vetting_context(plan, observed)
+        if context is None:
+            return Verdict(deletes=tuple(plan.deletes))
+        writes = to_write(plan, observed.objects, self.applied)
+        if not writes:
+            return judge(context, writes, plan.deletes, Answers(dry_run={}))
+        answers = self._ask(requests(writes, observed.objects, context.spec))
+        verdict = judge(context, writes, plan.deletes, answers)
+        if not verdict.proven:
+            return verdict
+        dry_runs = self._gather(partial(self._dry_run, body) for body in verdict.dry_run)
+        answers = replace(answers, dry_run=dict(dry_runs))
+        return judge(context, writes, plan.deletes, answers)
+
+    def _ask(self, asks: Requests) -> Answers:
+        """Look up, metadata only, the objects and references the judge asked about. A lookup this
+        ServiceAccount may not make (403, e.g. an older chart) counts as not there (objects) or not
+        checked (references)."""
+        found: dict[ObjectKey, ObjectInfo | None] = {}
+        present: dict[tuple[str, str], bool] = {}
+        failed: dict[str, Failure] = {}
+
+        def fetch(api_version: str, kind: str, name: str, namespace: str) -> tuple[bool, Any]:
+            """(answered, the metadata or None when there is no such object)."""
+            try:
+                return True, self.kube.metadata(api_version, kind, name, namespace)
+            except ApiError as exc:
+                if exc.status != 403:
+                    failed[f"looking up {kind} {name}"] = _failure(exc)
+                else:
+                    log.warning("cannot check whether %s %s exists: %s", kind, name, exc)
+                return False, None
+
+        def lookup(key: ObjectKey) -> None:
+            api_version, kind, namespace, name = key
+            answered, body = fetch(api_version, kind, name, namespace)
+            if answered:
+                found[key] = None if body is None else object_info(body, key)
+
+        def check(ref: Reference) -> None:
+            api_version, _ = LOOKED_UP_KINDS[ref.kind]
+            namespace = self.settings.namespace if ref.kind == "Secret" else ""
+            answered, body = fetch(api_version, ref.kind, ref.name, namespace)
+            if answered:
+                present[ref.kind, ref.name] = body is not None
+
+        self._in_parallel(
+            [*(partial(lookup, key) for key in asks.lookups), *(partial(check, r) for r in asks.references)]
+        )
+        return Answers(found=found, present=present, failed=failed)
+
+    def _dry_run(self, body: dict[str, Any]) -> tuple[ObjectKey, Failure | None]:
+        try:
+            self.kube.apply(body, dry_run=True)
+        except NotLeader:
+            raise
+        except ApiError as exc:
+            return object_key(body), _failure(exc)
+        return object_key(body), None
+
+    def _in_parallel(
+        self, jobs: Iterable[Callable[[], None]], pool: ThreadPoolExecutor | None = None
+    ) -> None:
+        """Run the jobs on the writers (or `pool`); after all have finished, re-raise the first failure."""
+        self._gather(jobs, pool)
+
+    def _gather(self, jobs: Iterable[Callable[[], T]], pool: ThreadPoolExecutor | None = None) -> list[T]:
+        """Run the jobs on the writers (or `pool`); their results, in order (the first failure re-raised
+        once all have finished)."""
+        futures = [(pool or self.pool).submit(job) for job in jobs]
+        wait(futures)
+        return [future.result() for future in futures]
+
+    def _apply(self, body: dict[str, Any], errors: dict[str, str]) -> None:
+        key = object_key(body)
+        desired_hash = body["metadata"]["annotations"][HASH_ANNOTATION]
+        component = component_of(body["metadata"]) or key[1]
+        with _recorded(errors, component):
+            result = self.kube.apply(body)
+            log.info("applied %s %s/%s", key[1], key[2], key[3])
+            info = object_info(result)
+            self.store.put("objects", key, info)
+            self.applied[key] = Applied(desired_hash, info.generation, info.resource_version)
+
+    def _delete(self, key: ObjectKey, errors: dict[str, str]) -> None:
+        log.info("deleting %s %s/%s (no longer wanted)", key[1], key[2], key[3])
+        with _recorded(errors, key[1] + "/" + key[3]):
+            self.kube.delete(key)
+            self.store.put("objects", key, None)
+            self.applied.pop(key, None)
+
+    def _label(
+        self,
+        node: NodeInfo,
+        labels: Mapping[str, str],
+        releases: Mapping[str, str],
+        errors: dict[str, str],
+        stale: list[str],
+    ) -> None:
+        log.info("node %s: operator labels %s", node.name, sorted(labels))
+        what = f"node/{node.name}"
+        with _recorded(errors, what):
+            # On the node as the plan saw it: if k8s-driver-manager or mig-manager changed a label since,
+            # the write conflicts (409) rather than undo their pause, and the next pass decides again.
+            # Its uid too: a node deleted meanwhile is never created again by the write.
+            def apply(version: str) -> None:
+                written = self.kube.apply_node_labels(node.name, labels, node.uid, version)
+                # The node as written, before its watch event: a pass in between must not write the
+                # same labels again on the version this one replaced (a 409), and the event, equal to
+                # it, wakes no pass.
+                self.store.record_node(written, False)
+
+            current: NodeInfo | None = self.store.get("nodes", node.name)
+            if current is not None and current != node:
+                # The watch brought a change the plan would read while this write waited its turn (a
+                # stage's label writes queue for seconds on a busy API server): refused as stale anyway.
+                _left_to_next_pass(what, stale)
+                return
+            # Its resourceVersion alone may have moved meanwhile (another manager's annotation, a status
+            # update): the decision stands, on the newest version known.
+            version = node.resource_version if current is None else current.resource_version
+            done = _unless_changed(what, stale, partial(apply, version))
+            if not done:
+                fresh = self._node_after_conflict(node.name, version)
+                # Only its resourceVersion moved (a status update, another manager's annotation: in a
+                # 10-node bench round one label write in six): everything the plan read of the node
+                # is the same, so its decision stands and the write goes again at once, on the new
+                # version, instead of a pass later.
+                if fresh is not None and fresh == node:
+                    stale.remove(what)
+                    done = _unless_changed(what, stale, partial(apply, fresh.resource_version))
+            if done and releases:
+                log.info("node %s: removing shared labels %s", node.name, sorted(releases))
+                self.kube.rewrite_labels("Node", node.name, {k: (v, None) for k, v in releases.items()})
+
+    def _node_after_conflict(self, name: str, refused: str) -> NodeInfo | None:
+        """The node as it is now, after a label write on its version `refused` was refused as stale.
+        Its watch event brings the newer version within about `watch_coalesce_seconds` (the readers
+        take a running pass's events together, which is also why the Store lags the node by that
+        much): waited for, at most `stale_wait_seconds`, instead of reading the node (in a 1000-node
+        round 722 reads, one for every seventh label write); read only if it does not come."""
+        arrived, found = self.store.wait_node(name, refused, self.settings.stale_wait_seconds)
+        return found if arrived else self._refresh_node(name)
+
+    def _refresh_node(self, name: str) -> NodeInfo | None:
+        """After a label write refused as stale: the node as it is now, into the Store, so that the next
+        pass plans on it; the Store's node then (None when it could not be read). Waiting for its watch
+        event instead, a node whose events lag stays at the refused version and every pass writes on it
+        again: 6256 of 10,552 label writes in one 1000-node round whose node watch was reopened 16
+        times, up to 29 in a row on one node. Only after a 409 on a write, so never at rest; the Store
+        drops watch events older than what it holds."""
+        try:
+            self.store.record_node(self.kube.get("v1", "Node", name), False)
+        except ApiError as exc:
+            log.info("node %s: not read again after the stale write (%s); its watch brings it", name, exc)
+            return None
+        found: NodeInfo | None = self.store.get("nodes", name)
+        return found
+
+    def _upgrade_node(
+        self,
+        actions: NodeActions,
+        nodes: Mapping[str, NodeInfo],
+        policy: Mapping[str, str],
+        errors: dict[str, str],
+        refused: list[str],
+        failed: list[str],
+    ) -> None:
+        """One node's driver-upgrade writes, in order, stopping at the first that fails (the node goes
+        to `failed`); then its Events. Refused evictions go to `refused`.
+        The node patch's result goes into the Store at once: the next pass must count this node as
+        cordoned and in progress even before the watch brings it."""
+        what = f"node/{actions.node}"
+        for write in actions.writes:
+            if isinstance(write, EvictPod):
+                if not self._evict(write).accepted:
+                    refused.append(write.uid)
+                continue
+            done = False
+            with _recorded(errors, what):
+                if isinstance(write, PatchNode):
+                    log.info("node %s: driver upgrade %s", write.node, write.body())
+                    self.store.record_node(self.kube.patch_node(write.node, write.body()), False)
+                else:
+                    self._delete_pod(write)
+                done = True
+            if not done:
+                failed.append(actions.node)
+                return
+        stamp = now()
+        for event in actions.events:
+            target, kind = policy, ("nvidia.com/v1", "ClusterPolicy")
+            if event.node is not None:
+                node = nodes.get(event.node)
+                target, kind = {"name": event.node, "uid": node.uid if node else ""}, ("v1", "Node")
+            try:
+                self.kube.post_event(target, event.type, event.reason, event.message, stamp, kind=kind)
+            except ApiError as exc:
+                log.warning(
+                    "could not post Event %s on %s: %s", event.reason, event.node or "the policy", exc
+                )
+
+    def _evict(self, write: EvictPod) -> EvictionResult:
+        """Whatever the answer (201, 429 from a PodDisruptionBudget, 404, no answer at all), it is a fact
+        for the next pass, never a failure: the state machine retries, waits or times out."""
+        try:
+            self.kube.evict(write.namespace, write.name, write.body())
+            result = EvictionResult(201, "", time.time())
+            log.info("evicted pod %s/%s (driver upgrade)", write.namespace, write.name)
+        except ApiError as exc:
+            result = EvictionResult(exc.status, str(exc).split(": ", 1)[-1], time.time())
+            log.info("eviction of pod %s/%s refused: %s", write.namespace, write.name, exc)
+        with self.evictions_lock:
+            self.evictions[write.uid] = result
+        return result
+
+    def _delete_pod(self, write: DeletePod) -> None:
+        log.info("deleting pod %s/%s (%s)", write.namespace, write.name, write.why)
+        try:
+            self.kube.delete_pod(write.namespace, write.name, write.body())
+        except ApiError as exc:
+            # Gone already, or the name is another pod's now (UID precondition): nothing to delete.
+            if exc.status not in (404, 409):
+                raise
+
+    def _write_namespace(
+        self, namespace: NamespaceInfo, write: NamespaceWrite, errors: dict[str, str], stale: list[str]
+    ) -> None:
+        log.info("namespace %s: pod-security labels %s", namespace.name, write.labels or "released")
+        what = f"namespace/{namespace.name}"
+        with _recorded(errors, what):
+            version = namespace.resource_version
+            if write.restore:
+                restore = {key: (PRIVILEGED, value) for key, value in write.restore.items()}
+                self.kube.rewrite_labels("Namespace", namespace.name, restore)
+                version = ""  # the restore moved it on; the uid still keeps the write from creating it
+            body = preconditioned(
+                "v1", "Namespace", namespace.name, write.labels, namespace.uid, version, write.annotations
+            )
+            _unless_changed(what, stale, partial(self.kube.apply, body))
+
+    def _write_statuses(self, conclusion: Conclusion) -> float | None:
+        """Write the statuses that differ and post their Events; a progress-only write made too soon
+        after the last one is left to a later pass: when that is due (Unix seconds), or None."""
+        due = inf
+        for name, events in conclusion.events.items():
+            body = conclusion.status_writes.get(name)
+            if body is not None and name in conclusion.progress:
+                wait = self.status_written.get(name, -inf) + self.settings.status_interval_seconds
+                wait -= time.monotonic()
+                if wait > 0:
+                    body = None
+                    due = min(due, time.time() + wait)
+            if body is not None:
+                try:
+                    self.kube.patch_status(name, body)
+                except ApiError as exc:
+                    if exc.status != 404:
+                        raise
+                    continue  # deleted meanwhile; its DELETED event is on the way
+                self.status_written[name] = time.monotonic()
+            self.reported[name] = conclusion.reported[name]
+            stamp = now()
+            for event in events:
+                # Events are a courtesy; the status already says it all, so a failure must not fail
+                # the pass.
+                try:
+                    self.kube.post_event(
+                        {"name": event.policy, "uid": event.uid},
+                        event.type,
+                        event.reason,
+                        event.message,
+                        stamp,
+                    )
+                except ApiError as exc:
+                    log.warning("could not post Event %s on ClusterPolicy %s: %s", event.reason, name, exc)
+        return None if due == inf else due
