@@ -11,7 +11,7 @@ For each size N, on a fresh local cluster (hack/cluster.sh, kwok) with N GPU nod
 * the first operator run then stays at rest for --rest-seconds: its requests from the audit log;
 * between runs everything is removed again (the policy or the limit's objects, pods, node labels).
 
-Runs alternate their order (limit first, then operator first, ...) on the same cluster; see README.md.
+Runs alternate their order (limit first, then operator first, ...) on the same cluster; see bench/README.md.
 
     python -m bench.run --sizes 10 100 1000 --rounds 10=3 100=3 1000=1
 """
@@ -640,7 +640,7 @@ class SizeBench:
         if cleanup:
             # The joined node goes first, and the operator is given time to see it gone: deleting a
             # node while the operator removes its labels makes its server-side apply try to create the
-            # node (403, a failed pass; see README.md), which is not what this bench measures.
+            # node (403, a failed pass; see bench/README.md), which is not what this bench measures.
             gone = time.time()
             kubeapi.delete(self.api, f"{NODES}/{joined['node']}", body={"gracePeriodSeconds": 0})
             Watcher(

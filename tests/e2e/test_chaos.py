@@ -4,7 +4,8 @@ its own process, of the control plane and of the network, on the local cluster o
 After each fault, the invariants: operands that ran still run (the same DaemonSets, same uid and
 generation, unless the fault changed the policy), no duplicate object, no Node created, the status
 honest (observedGeneration = generation, Ready only when every operand DaemonSet is rolled out), and
-convergence within a bound. Recovery times go to .cache/chaos-results.json (README: production).
+convergence within a bound. Recovery times go to .cache/chaos-results.json (docs/production.md, "What the
+chaos tests show").
 
 `make test` runs the quick faults; `make test-chaos` all of them (marker `chaos`).
 """

@@ -1,6 +1,6 @@
 """The diagnosis of `gpu-operator doctor` on recorded cluster states (tests/data/doctor): a state
-recorded from the local cluster broken as in the README (demo-broken.json) and small written ones,
-one per group of symptoms; plus the scheduler filters it re-runs."""
+recorded from the local cluster broken as in docs/troubleshooting.md (demo-broken.json) and small
+written ones, one per group of symptoms; plus the scheduler filters it re-runs."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def commands(finding: Finding, level: str, where: str = "") -> list[str]:
     return [c.command for c in finding.commands if c.level == level and c.where == where]
 
 
-# --- the recorded state: the README's broken demo cluster ------------------------------------------
+# --- the recorded state: the broken demo cluster of docs/troubleshooting.md ---------------------
 
 
 def test_recorded_broken_demo() -> None:
