@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator
@@ -287,6 +288,32 @@ def test_every_field_of_the_model_reaches_the_policy(tmp_path: Path) -> None:
         and not (at(written, path) is None and left_out_at_default.get(path) == at(expected, path))
     }
     assert not lost, f"(given, written): {lost}"
+
+
+@needs_helm
+def test_values_without_the_operand_defaults_mean_the_operators_defaults(tmp_path: Path) -> None:
+    """`helm upgrade --reuse-values` from a release of the 0.1 chart keeps its values, whose operand
+    sections were empty (or absent): the policy then leaves every field to the operator's default."""
+    copy = tmp_path / "chart"
+    shutil.copytree(CHART, copy)
+    values = yaml.safe_load((copy / "values.yaml").read_text())
+    for name in set(ClusterPolicySpec.model_fields) - {"operator"}:
+        values.pop(name, None)
+    for name in ("platform", "gpuCluster", "draDriver", "extraObjects", "node-feature-discovery"):
+        values.pop(name, None)
+    values["nfd"] = {"enabled": False}
+    values["driver"] = {}
+    (copy / "values.yaml").write_text(yaml.safe_dump(values))
+    proc = helm("template", RELEASE, str(copy), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION)
+    policy = find([d for d in yaml.safe_load_all(proc.stdout) if d], "ClusterPolicy")
+    validate_policy(policy)
+    spec = policy["spec"]
+    # Only the switches NVIDIA's chart always writes, at the operator's defaults; no image, no upgrade policy.
+    enabled = {name: s["enabled"] for name, s in spec.items() if "enabled" in s}
+    assert enabled == {"driver": True, "psa": False, "cdi": True, "sandboxWorkloads": False}
+    assert not [name for name, s in spec.items() if {"repository", "image", "version"} & set(s)]
+    assert "upgradePolicy" not in spec["driver"]
+    assert policy["spec"]["daemonsets"]["labels"]["helm.sh/chart"] == "gpu-operator-0.1.0"
 
 
 @needs_helm

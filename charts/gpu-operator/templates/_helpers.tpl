@@ -106,12 +106,12 @@ is empty, false or zero, so the operator's default applies. `version` is written
 {{- end }}
 {{- end }}
 
-{{/* An operand section as NVIDIA's chart writes it: `enabled` always (unless .optional and unset),
-the image and container fields when set, then .keys when set. Prints YAML (use fromYaml). */}}
+{{/* An operand section as NVIDIA's chart writes it: `enabled` when given, the image and container
+fields when set, then .keys when set. Prints YAML (use fromYaml). */}}
 {{- define "gpu-operator.component" -}}
 {{- $from := .from | default dict }}
 {{- $out := dict }}
-{{- if or (hasKey $from "enabled") (not .optional) }}
+{{- if hasKey $from "enabled" }}
 {{- $_ := set $out "enabled" (index $from "enabled" | default false) }}
 {{- end }}
 {{- $keys := concat (list "repository" "image" "version" "imagePullPolicy" "imagePullSecrets" "resources" "env" "args" "hostNetwork") (.keys | default list) }}
@@ -146,7 +146,12 @@ so `kubectl patch --type=json` works as it does there. tests/unit/test_nvidia_va
 result with NVIDIA's rendering for its defaults and documented overrides.
 */}}
 {{- define "gpu-operator.clusterPolicySpec" -}}
-{{- $v := .Values }}
+{{- /* Every section as a map, also when the values lack it (`helm upgrade --reuse-values` from a release
+of an older chart): a missing field then falls back to the operator's default. */}}
+{{- $v := dict }}
+{{- range $name := list "hostPaths" "daemonsets" "validator" "mig" "psa" "psp" "cdi" "driver" "vgpuManager" "kataManager" "vfioManager" "vgpuDeviceManager" "ccManager" "toolkit" "devicePlugin" "dcgm" "dcgmExporter" "gfd" "migManager" "nodeStatusExporter" "gds" "gdrcopy" "sandboxWorkloads" "sandboxDevicePlugin" "kataSandboxDevicePlugin" }}
+{{- $_ := set $v $name (index $.Values $name | default dict) }}
+{{- end }}
 {{- $spec := dict }}
 
 {{- $paths := dict }}
@@ -164,7 +169,7 @@ result with NVIDIA's rendering for its defaults and documented overrides.
 {{- end }}
 {{- $_ := set $spec "daemonsets" $daemonsets }}
 
-{{- $validator := include "gpu-operator.component" (dict "from" $v.validator "optional" true) | fromYaml }}
+{{- $validator := include "gpu-operator.component" (dict "from" $v.validator) | fromYaml }}
 {{- range $step := list "plugin" "cuda" "driver" "toolkit" "vfioPCI" "vgpuManager" "vgpuDevices" }}
 {{- with index ($v.validator | default dict) $step }}
 {{- $_ := set $validator $step (dict "env" (.env | default list)) }}
@@ -193,7 +198,7 @@ result with NVIDIA's rendering for its defaults and documented overrides.
 {{- if not $crd }}
 {{- $_ := set $driver "kernelModuleType" (dig "kernelModuleType" "auto" $d) }}
 {{- $_ := set $driver "usePrecompiled" (dig "usePrecompiled" false $d) }}
-{{- $_ := mergeOverwrite $driver (include "gpu-operator.component" (dict "from" (omit $d "enabled") "optional" true "keys" (list "startupProbe" "livenessProbe" "readinessProbe" "repoConfig" "certConfig" "licensingConfig" "virtualTopology" "kernelModuleConfig" "secretEnv" "useOpenKernelModules")) | fromYaml) }}
+{{- $_ := mergeOverwrite $driver (include "gpu-operator.component" (dict "from" (omit $d "enabled") "keys" (list "startupProbe" "livenessProbe" "readinessProbe" "repoConfig" "certConfig" "licensingConfig" "virtualTopology" "kernelModuleConfig" "secretEnv" "useOpenKernelModules")) | fromYaml) }}
 {{- $_ := set $driver "rdma" (dict "enabled" (dig "rdma" "enabled" false $d) "useHostMofed" (dig "rdma" "useHostMofed" false $d)) }}
 {{- $_ := set $driver "manager" (include "gpu-operator.driverManager" ($d.manager | default dict) | fromYaml) }}
 {{- end }}
@@ -269,12 +274,12 @@ result with NVIDIA's rendering for its defaults and documented overrides.
 {{- include "gpu-operator.copySet" (dict "from" $v.sandboxWorkloads "to" $sandbox "keys" (list "defaultWorkload" "mode")) }}
 {{- $_ := set $spec "sandboxWorkloads" $sandbox }}
 {{- /* NVIDIA's chart writes sandboxDevicePlugin.enabled only when true. */}}
-{{- $sdp := include "gpu-operator.component" (dict "from" (omit ($v.sandboxDevicePlugin | default dict) "enabled") "optional" true) | fromYaml }}
+{{- $sdp := include "gpu-operator.component" (dict "from" (omit ($v.sandboxDevicePlugin | default dict) "enabled")) | fromYaml }}
 {{- if dig "enabled" false $v.sandboxDevicePlugin }}
 {{- $_ := set $sdp "enabled" true }}
 {{- end }}
 {{- $_ := set $spec "sandboxDevicePlugin" $sdp }}
-{{- $_ := set $spec "kataSandboxDevicePlugin" (include "gpu-operator.component" (dict "from" $v.kataSandboxDevicePlugin "optional" true) | fromYaml) }}
+{{- $_ := set $spec "kataSandboxDevicePlugin" (include "gpu-operator.component" (dict "from" $v.kataSandboxDevicePlugin) | fromYaml) }}
 {{- toYaml $spec }}
 {{- end }}
 
