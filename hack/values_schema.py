@@ -292,14 +292,14 @@ def nfd_schema() -> Schema:
         {
             "enabled": {
                 "type": "boolean",
-                "description": "NFD is not bundled: true is reported, with how to install it.",
+                "description": "Install Node Feature Discovery (the vendored chart) with this release.",
             },
             "nodefeaturerules": {
                 "type": "boolean",
                 "description": "A NodeFeatureRule labelling nodes with GPUDirect modules loaded (needs NFD).",
             },
         },
-        "Node Feature Discovery.",
+        "Node Feature Discovery (a dependency of the chart, as in NVIDIA's).",
     )
 
 
@@ -307,7 +307,7 @@ def node_discovery_schema() -> Schema:
     return {
         "enum": ["auto", "builtin", "nfd", "none"],
         "description": "How GPU nodes are found: auto (the node agent, idle while NFD is installed), "
-        "builtin (the agent, always), nfd (Node Feature Discovery, installed separately), none (by hand).",
+        "builtin (the agent, always), nfd (NFD: nfd.enabled or separately), none (by hand).",
     }
 
 
@@ -436,7 +436,10 @@ def values_schema() -> Schema:
         "nodeDiscovery": node_discovery_schema(),
         "nodeDiscoveryAgent": node_discovery_agent_schema(),
         "nfd": nfd_schema(),
-        "node-feature-discovery": {"type": "object", "description": "NVIDIA's NFD subchart values (unused)."},
+        "node-feature-discovery": {
+            "type": "object",
+            "description": "Values of the NFD subchart (nfd.enabled); its own schema checks them.",
+        },
         "platform": _strict(
             {"openshift": {"type": "boolean", "description": "Not supported (reported when true)."}},
             "NVIDIA's platform switches.",

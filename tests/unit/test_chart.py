@@ -222,8 +222,36 @@ def test_chart_metadata() -> None:
         "0.1.0",
     )
     assert chart["kubeVersion"] == ">=1.30.0-0"
-    # Helm refuses to render a chart whose (even disabled) dependency is not vendored: NFD is separate.
-    assert "dependencies" not in chart
+    # NFD, as NVIDIA's chart has it, vendored: Helm refuses a chart whose (even disabled) dependency is
+    # missing from charts/, and fetching it needs the network.
+    assert chart["dependencies"] == [
+        {
+            "name": "node-feature-discovery",
+            "version": "0.19.0",
+            "repository": "oci://registry.k8s.io/nfd/charts",
+            "condition": "nfd.enabled",
+        }
+    ]
+    vendored = yaml.safe_load((CHART / "charts" / "node-feature-discovery" / "Chart.yaml").read_text())
+    assert (vendored["name"], vendored["version"]) == ("node-feature-discovery", "0.19.0")
+    assert (CHART / "charts" / "node-feature-discovery" / "LICENSE").is_file()
+
+
+@needs_helm
+def test_nfd_only_when_enabled() -> None:
+    """Off by default: not one NFD object, not its CRDs (whose presence alone would idle the node agent)."""
+
+    def nfd(*args: str) -> list[tuple[str, str]]:
+        return sorted(
+            (o["kind"], o["metadata"]["name"])
+            for o in render_chart("--include-crds", *args)
+            if "nfd" in o["metadata"]["name"] or "node-feature" in o["metadata"]["name"]
+        )
+
+    assert nfd() == []
+    enabled = nfd("--set", "nfd.enabled=true")
+    assert ("DaemonSet", f"{RELEASE}-node-feature-discovery-worker") in enabled
+    assert ("CustomResourceDefinition", "nodefeatures.nfd.k8s-sigs.io") in enabled
 
 
 # --- the ClusterPolicy ----------------------------------------------------------------------------

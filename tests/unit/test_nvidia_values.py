@@ -114,7 +114,12 @@ def our_objects(case: str) -> tuple[Obj, ...]:
 
 
 def config_maps(objects: tuple[Obj, ...]) -> dict[str, Any]:
-    return {o["metadata"]["name"]: o["data"] for o in objects if o["kind"] == "ConfigMap"}
+    """The ConfigMaps of the chart itself (not of its NFD subchart, compared in test_nfd_is_nvidias)."""
+    return {
+        o["metadata"]["name"]: o["data"]
+        for o in objects
+        if o["kind"] == "ConfigMap" and o["metadata"]["labels"]["helm.sh/chart"].startswith("gpu-operator-")
+    }
 
 
 def json_paths(value: Any, prefix: Path_ = ()) -> Iterator[Path_]:
@@ -144,7 +149,7 @@ def take(dump: dict[str, Any], path: Path_) -> Any:
 
 
 def test_every_case_has_nvidias_rendering() -> None:
-    rendered = {p.stem for p in DATA.glob("*.yaml")} - {"cases", "values-v26.7.0"}
+    rendered = {p.stem for p in DATA.glob("*.yaml")} - {"cases", "values-v26.7.0", "defaults.nfd"}
     rendered = {name for name in rendered if not name.endswith(".values")}
     assert rendered == set(CASES), "run tests/data/nvidia-chart/render.py (README.md there)"
     for case in CASES:
@@ -192,6 +197,28 @@ def test_the_same_config_maps_are_created(case: str) -> None:
     assert config_maps(our_objects(case)) == config_maps(nvidia_objects(case))
 
 
+def nfd_objects(objects: tuple[Obj, ...] | list[Obj]) -> list[Obj]:
+    chart = [
+        o for o in objects if o["metadata"].get("labels", {}).get("helm.sh/chart", "").startswith("node-")
+    ]
+    return sorted(chart, key=lambda o: (o["kind"], o["metadata"]["name"]))
+
+
+@needs_helm
+@pytest.mark.parametrize(
+    "args", [["--set", "nfd.enabled=true"], ["-f", str(DATA / "values-v26.7.0.yaml")]], ids=["set", "file"]
+)
+def test_nfd_is_nvidias(args: list[str]) -> None:
+    """nfd.enabled installs NFD (the vendored chart) exactly as NVIDIA's chart does by default: same
+    objects, same configuration (NVIDIA's node-feature-discovery values are this chart's defaults)."""
+    nvidia = nfd_objects([d for d in yaml.safe_load_all((DATA / "defaults.nfd.yaml").read_text()) if d])
+    ours = nfd_objects(render_chart(*args))
+    assert [(o["kind"], o["metadata"]["name"]) for o in ours] == [
+        (o["kind"], o["metadata"]["name"]) for o in nvidia
+    ]
+    assert ours == nvidia
+
+
 def test_a_listed_difference_applies_to_some_case() -> None:
     for difference in DIFFERENCES:
         assert [c for c in CASES if fnmatch.fnmatchcase(c, difference.cases)], difference
@@ -231,7 +258,6 @@ NOT_ACTED_ON = {
     "operator.defaultGPUMode": (["--set", "operator.defaultGPUMode=vm-passthrough"], "defaultGPUMode"),
     "operator.logging.timeEncoding": (["--set", "operator.logging.timeEncoding=rfc3339"], "timeEncoding"),
     "platform.openshift": (["--set", "platform.openshift=true"], "OpenShift"),
-    "nfd.enabled": (["--set", "nfd.enabled=true"], "helm install nfd"),
     "driver.nvidiaDriverCRD": (["--set", "driver.nvidiaDriverCRD.enabled=true"], "NVIDIADriver"),
     "gpuCluster.deployCR": (
         ["--set", "gpuCluster.deployCR=true", "--set", "clusterPolicy.deployCR=false"],
@@ -251,7 +277,8 @@ def test_install_notes_list_what_is_not_acted_on(tmp_path: Path) -> None:
 
 @needs_helm
 def test_nvidias_values_file_gives_notes_for_what_it_sets(tmp_path: Path) -> None:
-    """NVIDIA's values.yaml switches on NFD and names NVIDIA's operator image: both are said."""
+    """NVIDIA's values.yaml switches on NFD (installed) and names NVIDIA's operator image (not used)."""
     notes = install_notes(tmp_path, "-f", str(DATA / "values-v26.7.0.yaml"))
-    assert "helm install nfd" in notes and "name NVIDIA's operator image" in notes, notes
+    assert "Node Feature Discovery is installed with this release" in notes, notes
+    assert "name NVIDIA's operator image" in notes, notes
     assert "ghcr.io/gpu-operator/gpu-operator:0.1.0" in notes

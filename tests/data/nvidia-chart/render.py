@@ -8,7 +8,8 @@ Run at test-writing time, not by the tests (NVIDIA's chart is not part of this r
 It extracts deployments/gpu-operator at --ref into a temporary folder, sets Chart.yaml's version and
 appVersion to the tag (what NVIDIA's release does; the source tree says v1.0.0-devel/main-latest),
 renders each case with `helm template` and writes <case>.yaml: the ClusterPolicy and the ConfigMaps
-the chart created (not those of its NFD subchart). It also writes values-<ref>.yaml: NVIDIA's
+the chart created (not those of its NFD subchart; defaults.nfd.yaml has those of the default case).
+It also writes values-<ref>.yaml: NVIDIA's
 values.yaml at --ref without its comments (the input of the nvidia-values-file case).
 """
 
@@ -46,7 +47,8 @@ def extract(repo: str, ref: str, into: Path) -> Path:
     return chart
 
 
-def render(helm: str, chart: Path, args: list[str]) -> list[dict[str, Any]]:
+def render(helm: str, chart: Path, args: list[str], *, nfd: bool = False) -> list[dict[str, Any]]:
+    """The gpu-operator chart's ClusterPolicy and ConfigMaps, or (nfd) every object of its NFD subchart."""
     args = [str(HERE / a) if a.endswith(".yaml") else a for a in args]
     proc = subprocess.run(
         [
@@ -67,7 +69,12 @@ def render(helm: str, chart: Path, args: list[str]) -> list[dict[str, Any]]:
     if proc.returncode != 0:
         raise SystemExit(f"helm template {' '.join(args)} failed:\n{proc.stderr}")
     docs = [d for d in yaml.safe_load_all(proc.stdout) if d]
-    # Only the gpu-operator chart's own objects (not those of its NFD subchart).
+    if nfd:
+        return [
+            d
+            for d in docs
+            if d["metadata"].get("labels", {}).get("helm.sh/chart", "").startswith("node-feature-")
+        ]
     return [
         d
         for d in docs
@@ -93,6 +100,11 @@ def main() -> int:
             header = f"# NVIDIA's chart {options.ref}: helm template {' '.join(case['args'])}\n"
             (HERE / f"{name}.yaml").write_text(header + yaml.safe_dump_all(objects, sort_keys=True))
             print(f"{name}: {len(objects)} objects")
+        # NVIDIA's chart installs NFD by default: what its NFD subchart renders, with NVIDIA's values.
+        objects = render(options.helm, chart, [], nfd=True)
+        header = "# NVIDIA's chart " + options.ref + ": helm template (its NFD subchart's objects)\n"
+        (HERE / "defaults.nfd.yaml").write_text(header + yaml.safe_dump_all(objects, sort_keys=True))
+        print(f"defaults.nfd: {len(objects)} objects")
     return 0
 
 
