@@ -1,10 +1,13 @@
 """Generate the chart's values.schema.json: the operand part from the pydantic models, the rest by hand.
 
-The chart passes each top-level operand key (`driver`, `devicePlugin`, ...) unchanged into the
-ClusterPolicy's spec, so those keys get exactly the schema of the matching `ClusterPolicySpec` field:
-a typo or a wrong type fails `helm install`/`helm template` with the value's path, before anything
-reaches the cluster. The ClusterPolicy's own `spec.operator` lives under `clusterPolicy.operator`,
-because the chart's `operator` key configures the operator's Deployment.
+The chart writes each top-level operand key (`driver`, `devicePlugin`, ...) into the ClusterPolicy's
+spec the way NVIDIA's chart does, so those keys get the schema of the matching `ClusterPolicySpec`
+field, plus what NVIDIA's values add there: chart-only keys (`config.create`/`data`,
+`driver.nvidiaDriverCRD`), "" for an unset string of a section (the chart leaves it out) and numbers
+for `version` (written as a string). A typo or a wrong type fails `helm install`/`helm template` with
+the value's path, before anything reaches the cluster. The ClusterPolicy's own `spec.operator` comes
+from NVIDIA's keys of the chart's `operator` section and from `clusterPolicy.operator`; the rest of
+`operator` configures the operator's Deployment.
 
 Helm 3.21 validates with santhosh-tekuri/jsonschema v6 (draft 2020-12 by default; `$defs`/`$ref`
 work). Pydantic's titles and the CRD-only `x-kubernetes-*` keys are dropped; CEL rules are the API
@@ -32,6 +35,10 @@ Schema = dict[str, Any]
 
 # ClusterPolicySpec fields that are not top-level chart keys (see the module docstring).
 NOT_TOP_LEVEL = ("operator",)
+# NVIDIA's keys of the chart's `operator` section that go to the ClusterPolicy's spec.operator.
+POLICY_OPERATOR_KEYS = ("runtimeClass", "defaultRuntime", "use_ocp_driver_toolkit")
+# Sections that hold an image whose unset strings NVIDIA's values write as "" (left out by the chart).
+_IMAGE_SECTIONS = ("DriverManagerSpec",)
 # Keywords whose value maps names to schemas (not keywords themselves).
 _NAME_MAPS = ("properties", "$defs", "patternProperties")
 
@@ -60,29 +67,134 @@ def _strict(properties: Schema, description: str) -> Schema:
     }
 
 
-def operator_schema() -> Schema:
-    """The chart's `operator` section: the operator's Deployment, ServiceAccount and image."""
+# NVIDIA's chart-only keys inside operand sections: (section, sub-section or "", keys).
+def _chart_only() -> tuple[tuple[str, str, Schema], ...]:
+    create: Schema = {
+        "type": "boolean",
+        "description": "Create the ConfigMap `name` from `data` (NVIDIA's chart).",
+    }
+    return (
+        (
+            "devicePlugin",
+            "config",
+            {
+                "create": create,
+                "data": {**_STRING_MAP, "description": "Configurations by name (ConfigMap keys)."},
+            },
+        ),
+        (
+            "migManager",
+            "config",
+            {
+                "create": create,
+                "data": {**_STRING_MAP, "description": "config.yaml: mig-parted configurations."},
+            },
+        ),
+        (
+            "dcgmExporter",
+            "config",
+            {"create": create, "data": {"type": "string", "description": "The metrics CSV."}},
+        ),
+        (
+            "driver",
+            "",
+            {
+                "nvidiaDriverCRD": _strict(
+                    {
+                        "enabled": {
+                            "type": "boolean",
+                            "description": "Written as spec.driver.useNvidiaDriverCRD.",
+                        },
+                        "deployDefaultCR": {"type": "boolean"},
+                        "driverType": {"enum": ["gpu", "vgpu", "vgpu-host-manager"]},
+                        "nodeSelector": _STRING_MAP,
+                    },
+                    "NVIDIADriver objects: not supported by this operator (reported).",
+                )
+            },
+        ),
+    )
+
+
+def _operator_spec_fields(model: Schema) -> Schema:
+    """NVIDIA's keys of the `operator` section that go to the ClusterPolicy's spec.operator."""
+    fields = model["$defs"]["OperatorSpec"]["properties"]
+    return {name: fields[name] for name in POLICY_OPERATOR_KEYS}
+
+
+def _nvidia_operator_keys() -> Schema:
+    """NVIDIA's other keys of its `operator` section (its operator's Deployment), with their meaning here."""
+    return {
+        "repository": {
+            "type": "string",
+            "description": "NVIDIA's operator image registry: not used (this chart runs its own; reported).",
+        },
+        "version": {
+            "type": ["string", "number"],
+            "description": "NVIDIA's operator image tag: not used (reported).",
+        },
+        "imagePullPolicy": {
+            "enum": ["Always", "IfNotPresent", "Never"],
+            "description": "Replaces image.pullPolicy.",
+        },
+        "annotations": {**_STRING_MAP, "description": "Annotations of the operator's pod (NVIDIA's name)."},
+        "labels": {**_STRING_MAP, "description": "Labels of every object of the chart (NVIDIA's name)."},
+        "logging": _strict(
+            {
+                "timeEncoding": {"enum": ["epoch", "millis", "nano", "iso8601", "rfc3339", "rfc3339nano"]},
+                "level": {
+                    "anyOf": [
+                        {"enum": ["debug", "info", "warn", "error", "dpanic", "panic", "fatal"]},
+                        {"type": "integer", "minimum": 0},
+                    ]
+                },
+                "develMode": {"type": "boolean"},
+            },
+            "NVIDIA's operator logging: level debug (or a number) means verbose, develMode plain logs.",
+        ),
+        "cleanupCRD": {"type": "boolean", "description": "Not done by this chart (reported)."},
+        "upgradeCRD": {"type": "boolean", "description": "The operator keeps its CRD current anyway."},
+        "defaultGPUMode": {
+            "type": "string",
+            "description": "Not a ClusterPolicy field: not used (reported).",
+        },
+    }
+
+
+def operator_schema(model: Schema) -> Schema:
+    """The chart's `operator` section: the operator's Deployment and image, and NVIDIA's keys."""
+    image = _strict(
+        {
+            "repository": {
+                "type": "string",
+                "description": "Registry and path; empty means `name` is the whole image.",
+            },
+            "name": {"type": "string", "minLength": 1},
+            "tag": {"type": "string", "description": "Empty means the chart's appVersion."},
+            "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
+        },
+        "The operator image: <repository>/<name>:<tag>.",
+    )
     return _strict(
         {
-            "image": _strict(
-                {
-                    "repository": {
-                        "type": "string",
-                        "description": "Registry and path; empty means `name` is the whole image.",
-                    },
-                    "name": {"type": "string", "minLength": 1},
-                    "tag": {"type": "string", "description": "Empty means the chart's appVersion."},
-                    "pullPolicy": {"enum": ["Always", "IfNotPresent", "Never"]},
-                },
-                "The operator image: <repository>/<name>:<tag>.",
-            ),
+            "image": {
+                "anyOf": [
+                    image,
+                    {"type": "string", "description": "NVIDIA's operator image name: not used (reported)."},
+                ]
+            },
             "imagePullSecrets": {
                 "type": "array",
                 "items": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": ["name"],
-                    "properties": {"name": _NAME},
+                    "anyOf": [
+                        _NAME,
+                        {
+                            "type": "object",
+                            "additionalProperties": False,
+                            "required": ["name"],
+                            "properties": {"name": _NAME},
+                        },
+                    ]
                 },
             },
             "replicas": {
@@ -114,6 +226,9 @@ def operator_schema() -> Schema:
                             "enabled": {"type": "boolean"},
                             "interval": {"type": "string", "pattern": r"^([0-9]+(ms|s|m|h))+$"},
                             "labels": _STRING_MAP,
+                            "additionalLabels": {**_STRING_MAP, "description": "NVIDIA's name for labels."},
+                            "honorLabels": {"type": "boolean"},
+                            "relabelings": _LIST_OF_OBJECTS,
                         },
                         "A ServiceMonitor (Prometheus operator) for the metrics Service.",
                     ),
@@ -147,8 +262,10 @@ def operator_schema() -> Schema:
                 },
                 "The operator's ServiceAccount.",
             ),
+            **_operator_spec_fields(model),
+            **_nvidia_operator_keys(),
         },
-        "The operator's Deployment (not the ClusterPolicy's spec.operator: see clusterPolicy.operator).",
+        "The operator's Deployment, and NVIDIA's keys of this section (runtimeClass, ...: spec.operator).",
     )
 
 
@@ -156,10 +273,14 @@ def cluster_policy_schema() -> Schema:
     return _strict(
         {
             "create": {"type": "boolean", "description": "Create the ClusterPolicy from these values."},
+            "deployCR": {
+                "type": "boolean",
+                "description": "NVIDIA's name: created when create and deployCR.",
+            },
             "name": _NAME,
             "operator": {
                 "$ref": "#/$defs/OperatorSpec",
-                "description": "The ClusterPolicy's spec.operator (named so because `operator` is taken).",
+                "description": "The ClusterPolicy's spec.operator; wins over the same keys of `operator`.",
             },
         },
         "The ClusterPolicy this release creates.",
@@ -170,12 +291,15 @@ def nfd_schema() -> Schema:
     return _strict(
         {
             "enabled": {
-                "const": False,
-                "description": "NFD is not bundled: install it separately (see the chart's README) and set "
-                "nodeDiscovery to nfd, or leave nodeDiscovery at auto.",
-            }
+                "type": "boolean",
+                "description": "Install Node Feature Discovery (the vendored chart) with this release.",
+            },
+            "nodefeaturerules": {
+                "type": "boolean",
+                "description": "A NodeFeatureRule labelling nodes with GPUDirect modules loaded (needs NFD).",
+            },
         },
-        "Node Feature Discovery.",
+        "Node Feature Discovery (a dependency of the chart, as in NVIDIA's).",
     )
 
 
@@ -183,7 +307,7 @@ def node_discovery_schema() -> Schema:
     return {
         "enum": ["auto", "builtin", "nfd", "none"],
         "description": "How GPU nodes are found: auto (the node agent, idle while NFD is installed), "
-        "builtin (the agent, always), nfd (Node Feature Discovery, installed separately), none (by hand).",
+        "builtin (the agent, always), nfd (NFD: nfd.enabled or separately), none (by hand).",
     }
 
 
@@ -238,6 +362,50 @@ def doctor_schema() -> Schema:
     )
 
 
+def _nullable_string(schema: Schema) -> bool:
+    branches = schema.get("anyOf", [])
+    return {"type": "null"} in branches and any(b.get("type") == "string" or "enum" in b for b in branches)
+
+
+def _nvidia_strings(section: Schema) -> None:
+    """NVIDIA's values write an unset string of a section as "" (the chart leaves it out) and may give
+    `version` as a number (the chart writes it as a string)."""
+    for name, prop in section.get("properties", {}).items():
+        if _nullable_string(prop):
+            prop["anyOf"].append({"const": ""})
+        if name == "version" and "anyOf" in prop:
+            prop["anyOf"].append({"type": "number"})
+
+
+def _inline(model: Schema, schema: Schema) -> Schema:
+    """A copy of the definition a property refers to (directly or as the non-null branch of anyOf), so
+    keys can be added to it at this place only."""
+    ref = schema.get("$ref") or next((b["$ref"] for b in schema.get("anyOf", []) if "$ref" in b), None)
+    if ref is None:
+        raise SystemExit(f"expected a reference to a section: {schema}")
+    copy: Schema = json.loads(json.dumps(model["$defs"][ref.rsplit("/", 1)[1]]))
+    return copy
+
+
+def _nvidia_sections(model: Schema) -> None:
+    """Turn the model's operand sections into NVIDIA's values sections (see the module docstring)."""
+    top = model["properties"]
+    for name in top:
+        if name not in NOT_TOP_LEVEL:
+            section = _inline(model, top[name])
+            top[name] = {**section, "description": top[name].get("description", section.get("description"))}
+            _nvidia_strings(top[name])
+    for name in _IMAGE_SECTIONS:
+        _nvidia_strings(model["$defs"][name])
+    for name, sub, keys in _chart_only():
+        target: Schema = top[name]
+        if sub:
+            inlined = _inline(model, target["properties"][sub])
+            target["properties"][sub] = inlined
+            target = inlined
+        target["properties"].update(keys)
+
+
 def _clean(schema: Any) -> Any:
     """Drop pydantic titles and CRD-only `x-kubernetes-*` keywords, recursively."""
     if isinstance(schema, list):
@@ -257,16 +425,43 @@ def _clean(schema: Any) -> Any:
 
 def values_schema() -> Schema:
     model: Schema = _clean(ClusterPolicySpec.model_json_schema())
+    _nvidia_sections(model)
     operands = {name: sub for name, sub in model["properties"].items() if name not in NOT_TOP_LEVEL}
     properties: Schema = {
         "global": {"type": "object", "description": "Helm's global values (unused)."},
         "nameOverride": {"type": "string", "description": "Replaces the chart name in object names."},
         "fullnameOverride": {"type": "string", "description": "The name of the operator's objects."},
-        "operator": operator_schema(),
+        "operator": operator_schema(model),
         "clusterPolicy": cluster_policy_schema(),
         "nodeDiscovery": node_discovery_schema(),
         "nodeDiscoveryAgent": node_discovery_agent_schema(),
         "nfd": nfd_schema(),
+        "node-feature-discovery": {
+            "type": "object",
+            "description": "Values of the NFD subchart (nfd.enabled); its own schema checks them.",
+        },
+        "platform": _strict(
+            {"openshift": {"type": "boolean", "description": "Not supported (reported when true)."}},
+            "NVIDIA's platform switches.",
+        ),
+        "gpuCluster": _strict(
+            {
+                "deployCR": {
+                    "type": "boolean",
+                    "description": "Not supported (reported; refused with deployCR).",
+                }
+            },
+            "NVIDIA's GPUCluster (DRA) CR.",
+        ),
+        "draDriver": {
+            "type": "object",
+            "description": "NVIDIA's DRA driver (with gpuCluster): not supported.",
+        },
+        "extraObjects": {
+            "type": "array",
+            "description": "More manifests for the release; strings are rendered with `tpl`.",
+            "items": {"anyOf": [{"type": "object"}, {"type": "string"}]},
+        },
         "cleanup": cleanup_schema(),
         "doctor": doctor_schema(),
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterable, Iterator
@@ -221,8 +222,36 @@ def test_chart_metadata() -> None:
         "0.1.0",
     )
     assert chart["kubeVersion"] == ">=1.30.0-0"
-    # Helm refuses to render a chart whose (even disabled) dependency is not vendored: NFD is separate.
-    assert "dependencies" not in chart
+    # NFD, as NVIDIA's chart has it, vendored: Helm refuses a chart whose (even disabled) dependency is
+    # missing from charts/, and fetching it needs the network.
+    assert chart["dependencies"] == [
+        {
+            "name": "node-feature-discovery",
+            "version": "0.19.0",
+            "repository": "oci://registry.k8s.io/nfd/charts",
+            "condition": "nfd.enabled",
+        }
+    ]
+    vendored = yaml.safe_load((CHART / "charts" / "node-feature-discovery" / "Chart.yaml").read_text())
+    assert (vendored["name"], vendored["version"]) == ("node-feature-discovery", "0.19.0")
+    assert (CHART / "charts" / "node-feature-discovery" / "LICENSE").is_file()
+
+
+@needs_helm
+def test_nfd_only_when_enabled() -> None:
+    """Off by default: not one NFD object, not its CRDs (whose presence alone would idle the node agent)."""
+
+    def nfd(*args: str) -> list[tuple[str, str]]:
+        return sorted(
+            (o["kind"], o["metadata"]["name"])
+            for o in render_chart("--include-crds", *args)
+            if "nfd" in o["metadata"]["name"] or "node-feature" in o["metadata"]["name"]
+        )
+
+    assert nfd() == []
+    enabled = nfd("--set", "nfd.enabled=true")
+    assert ("DaemonSet", f"{RELEASE}-node-feature-discovery-worker") in enabled
+    assert ("CustomResourceDefinition", "nodefeatures.nfd.k8s-sigs.io") in enabled
 
 
 # --- the ClusterPolicy ----------------------------------------------------------------------------
@@ -239,41 +268,195 @@ def validate_policy(policy: Obj) -> None:
     assert proc.returncode == 0, proc.stderr
 
 
-def test_default_cluster_policy_is_all_defaults_and_valid(default_objects: list[Obj]) -> None:
+def test_default_cluster_policy_has_every_section_and_is_valid(default_objects: list[Obj]) -> None:
+    """Every section is written, as NVIDIA's chart writes them (tests/unit/test_nvidia_values.py
+    compares the content), so `kubectl patch --type=json` finds /spec/mig/strategy and the like."""
     policy = find(default_objects, "ClusterPolicy")
     assert policy["metadata"]["name"] == "cluster-policy"
     assert "helm.sh/resource-policy" not in (policy["metadata"].get("annotations") or {})
-    assert policy["spec"] == {}
+    assert set(policy["spec"]) == set(ClusterPolicySpec.model_fields) - {"psp"}
+    assert policy["spec"]["mig"] == {"strategy": "single"}
+    assert policy["spec"]["dcgm"]["enabled"] is False
+    assert policy["spec"]["nodeStatusExporter"]["enabled"] is False
+    assert policy["spec"]["driver"]["upgradePolicy"]["autoUpgrade"] is True
     validate_policy(policy)
 
 
+def leaf_values(value: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    if isinstance(value, dict) and value:
+        for key, sub in value.items():
+            yield from leaf_values(sub, (*prefix, key))
+    else:
+        yield prefix, value
+
+
+def at(dump: Any, path: tuple[str, ...]) -> Any:
+    for key in path:
+        dump = dump.get(key) if isinstance(dump, dict) else None
+    return dump
+
+
 @needs_helm
-def test_operand_values_pass_through_unchanged(tmp_path: Path) -> None:
+def test_every_field_of_the_model_reaches_the_policy(tmp_path: Path) -> None:
+    """Every field of a policy that sets them all (data/policies/everything.yaml), given as values, means
+    the same in the ClusterPolicy the chart writes: no model field is dropped by the template."""
     spec = everything_spec()
     values = {key: value for key, value in spec.items() if key != "operator"}
     values["clusterPolicy"] = {"name": "everything", "operator": spec["operator"]}
     policy = find(render_chart("-f", values_file(tmp_path, values)), "ClusterPolicy")
-    assert policy["spec"] == spec
     validate_policy(policy)
+    expected = parse_spec(spec).model_dump(mode="json")
+    written = parse_spec(policy["spec"]).model_dump(mode="json")
+    # NVIDIA's chart never writes devicePlugin.mps; this one only when it is not the default.
+    left_out_at_default: dict[tuple[str, ...], str] = {("devicePlugin", "mps", "root"): "/run/nvidia/mps"}
+    lost = {
+        ".".join(path): (at(expected, path), at(written, path))
+        for path, _ in leaf_values(spec)
+        if at(expected, path) != at(written, path)
+        and not (at(written, path) is None and left_out_at_default.get(path) == at(expected, path))
+    }
+    assert not lost, f"(given, written): {lost}"
+
+
+@needs_helm
+def test_values_without_the_operand_defaults_mean_the_operators_defaults(tmp_path: Path) -> None:
+    """`helm upgrade --reuse-values` from a release of the 0.1 chart keeps its values, whose operand
+    sections were empty (or absent): the policy then leaves every field to the operator's default."""
+    copy = tmp_path / "chart"
+    shutil.copytree(CHART, copy)
+    values = yaml.safe_load((copy / "values.yaml").read_text())
+    for name in set(ClusterPolicySpec.model_fields) - {"operator"}:
+        values.pop(name, None)
+    for name in ("platform", "gpuCluster", "draDriver", "extraObjects", "node-feature-discovery"):
+        values.pop(name, None)
+    values["nfd"] = {"enabled": False}
+    values["driver"] = {}
+    (copy / "values.yaml").write_text(yaml.safe_dump(values))
+    proc = helm("template", RELEASE, str(copy), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION)
+    policy = find([d for d in yaml.safe_load_all(proc.stdout) if d], "ClusterPolicy")
+    validate_policy(policy)
+    spec = policy["spec"]
+    # Only the switches NVIDIA's chart always writes, at the operator's defaults; no image, no upgrade policy.
+    enabled = {name: s["enabled"] for name, s in spec.items() if "enabled" in s}
+    assert enabled == {"driver": True, "psa": False, "cdi": True, "sandboxWorkloads": False}
+    assert not [name for name, s in spec.items() if {"repository", "image", "version"} & set(s)]
+    assert "upgradePolicy" not in spec["driver"]
+    assert policy["spec"]["daemonsets"]["labels"]["helm.sh/chart"] == "gpu-operator-0.1.0"
 
 
 @needs_helm
 def test_cluster_policy_can_be_left_out() -> None:
-    objects = render_chart("--set", "clusterPolicy.create=false")
-    assert not [o for o in objects if o["kind"] == "ClusterPolicy"]
+    for flag in ("clusterPolicy.create=false", "clusterPolicy.deployCR=false"):
+        objects = render_chart("--set", flag)
+        assert not [o for o in objects if o["kind"] in ("ClusterPolicy", "Job")], flag
 
 
 def test_spec_keys_are_the_models_fields() -> None:
-    """Every ClusterPolicySpec field but `operator` is a top-level value, in the template and the schema."""
-    helpers = (CHART / "templates" / "_helpers.tpl").read_text()
-    match = re.search(r'define "gpu-operator.specKeys" -}}\n(.*?)\n', helpers)
-    assert match is not None
+    """Every ClusterPolicySpec field but `operator` is a top-level value, in values.yaml and the schema."""
     expected = set(ClusterPolicySpec.model_fields) - {"operator"}
-    assert set(match.group(1).split()) == expected
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert expected <= set(schema["properties"])
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    assert all(values[key] == {} for key in expected & set(values)), "operand sections default to {}"
+    assert expected <= set(values)
+
+
+@needs_helm
+@pytest.mark.parametrize(
+    "component", ["driver", "toolkit", "devicePlugin", "dcgm", "dcgmExporter", "gfd", "migManager", "gds"]
+)
+def test_a_version_alone_keeps_the_image(component: str) -> None:
+    """`--set <component>.version=X` alone: repository and image stay NVIDIA's, so the CRD takes it."""
+    policy = find(render_chart("--set", f"{component}.version=1.2.3"), "ClusterPolicy")
+    section = policy["spec"][component]
+    assert section["version"] == "1.2.3"
+    assert section["repository"] and section["image"]
+    validate_policy(policy)
+
+
+@needs_helm
+def test_nvidias_operator_keys() -> None:
+    objects = render_chart(
+        "--set",
+        "operator.defaultRuntime=crio",
+        "--set",
+        "operator.imagePullSecrets[0]=regcred",
+        "--set",
+        "operator.imagePullSecrets[1].name=other",
+        "--set",
+        "operator.runtimeClass=nvidia-gpu",
+        "--set",
+        "operator.imagePullPolicy=Always",
+        "--set",
+        "operator.annotations.a=b",
+        "--set",
+        "operator.logging.level=debug",
+        "--set",
+        "operator.repository=nvcr.io/nvidia",
+        "--set",
+        "operator.image=gpu-operator",
+        "--set",
+        "operator.version=v26.7.0",
+    )
+    operator = find(objects, "ClusterPolicy")["spec"]["operator"]
+    assert operator == {"defaultRuntime": "crio", "runtimeClass": "nvidia-gpu"}
+    pod = find(objects, "Deployment")["spec"]["template"]
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "other"}]
+    assert find(objects, "ServiceAccount", RELEASE)["imagePullSecrets"] == [
+        {"name": "regcred"},
+        {"name": "other"},
+    ]
+    assert pod["metadata"]["annotations"] == {"a": "b"}
+    container = pod["spec"]["containers"][0]
+    # NVIDIA's operator image is not this operator: the chart keeps its own.
+    assert container["image"] == "ghcr.io/gpu-operator/gpu-operator:0.1.0"
+    assert container["imagePullPolicy"] == "Always"
+    assert "--verbose" in container["args"]
+    runtime_classes = find(objects, "ClusterRole", RELEASE)
+    assert "nvidia-gpu" in json.dumps(runtime_classes)
+
+
+@needs_helm
+def test_cluster_policy_operator_wins_over_nvidias_keys() -> None:
+    objects = render_chart(
+        "--set", "operator.runtimeClass=a", "--set", "clusterPolicy.operator.runtimeClass=b"
+    )
+    assert find(objects, "ClusterPolicy")["spec"]["operator"]["runtimeClass"] == "b"
+
+
+@needs_helm
+def test_extra_objects_and_node_feature_rules(tmp_path: Path) -> None:
+    values = {
+        "extraObjects": [
+            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "extra-{{ .Release.Name }}"}},
+            "apiVersion: v1\nkind: Secret\nmetadata:\n  name: {{ .Release.Name }}-secret\n",
+        ],
+        "nfd": {"nodefeaturerules": True},
+    }
+    objects = render_chart("-f", values_file(tmp_path, values))
+    find(objects, "ConfigMap", f"extra-{RELEASE}")
+    find(objects, "Secret", f"{RELEASE}-secret")
+    rule = find(objects, "NodeFeatureRule")
+    assert {r["name"] for r in rule["spec"]["rules"]} == {
+        "kernel-module-gdrdrv",
+        "kernel-module-nvidia_fs",
+        "kernel-module-nvidia_peermem",
+    }
+
+
+REFUSED = [
+    (["--set", "devicePlugin.config.create=true", "--set", "devicePlugin.config.name=x"], "config.data"),
+    (["--set", "devicePlugin.config.create=true", "--set", "devicePlugin.config.data.a=b"], "config.name"),
+    (["--set", "cdi.enabled=false", "--set", "cdi.nriPluginEnabled=true"], "needs cdi.enabled"),
+    (["--set", "toolkit.enabled=false", "--set", "cdi.nriPluginEnabled=true"], "container toolkit"),
+    (["--set", "gpuCluster.deployCR=true"], "cannot both be true"),
+]
+
+
+@needs_helm
+@pytest.mark.parametrize(("args", "message"), REFUSED, ids=[" ".join(a) for a, _ in REFUSED])
+def test_combinations_nvidias_chart_refuses(args: list[str], message: str) -> None:
+    proc = helm(*template_args(*args), check=False)
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
 
 
 # --- values schema ----------------------------------------------------------------------------------
@@ -309,7 +492,14 @@ BAD_VALUES = [
         "",
     ),
     (["--set", "driver.foo=1"], "/driver", "'foo' not allowed"),
-    (["--set", "devicePlugin.version=1"], "/devicePlugin/version", "want string"),
+    (["--set", "devicePlugin.version=true"], "/devicePlugin/version", ""),
+    (["--set", "devicePlugin.config.creat=true"], "/devicePlugin/config", "'creat' not allowed"),
+    (["--set", "driver.nvidiaDriverCRD.enable=true"], "/driver/nvidiaDriverCRD", "'enable' not allowed"),
+    (["--set", "operator.logging.level=loud"], "/operator/logging/level", ""),
+    (["--set", "operator.imagePullSecrets[0]=Not A Name"], "/operator/imagePullSecrets/0", ""),
+    (["--set", "operator.defaultRuntime=rkt"], "/operator/defaultRuntime", ""),
+    (["--set", "driver.repository=Not A Registry"], "/driver/repository", ""),
+    (["--set", "platform.openshfit=true"], "/platform", "'openshfit' not allowed"),
     (
         ["--set", "dcgmExporter.serviceMonitor.enabled=yes"],
         "/dcgmExporter/serviceMonitor/enabled",
@@ -320,7 +510,7 @@ BAD_VALUES = [
     (["--set", "clusterPolicy.name=Not_A_Name"], "/clusterPolicy/name", ""),
     (["--set", "operator.serviceAccount.name=Not A Name"], "/operator/serviceAccount/name", ""),
     (["--set", "operator.priorityClassName=critical!"], "/operator/priorityClassName", ""),
-    (["--set", "nfd.enabled=true"], "/nfd/enabled", ""),
+    (["--set", "nfd.enabled=maybe"], "/nfd/enabled", "want boolean"),
     (["--set", "drivers.enabled=false"], "'drivers' not allowed", ""),
     (["--set", "nodeDiscovery=yes"], "/nodeDiscovery", "'auto', 'builtin', 'nfd', 'none'"),
     (["--set", "nodeDiscoveryAgent.rescanSeconds=0"], "/nodeDiscoveryAgent/rescanSeconds", ""),
@@ -346,8 +536,13 @@ def test_operand_sections_are_strict() -> None:
     for name in ClusterPolicySpec.model_fields:
         if name == "operator":
             continue
-        ref = schema["properties"][name]["$ref"].removeprefix("#/$defs/")
-        assert schema["$defs"][ref]["additionalProperties"] is False, name
+        assert schema["properties"][name]["additionalProperties"] is False, name
+    for name in ("config", "upgradePolicy", "manager", "rdma"):
+        ref = schema["properties"]["driver" if name != "config" else "devicePlugin"]["properties"][name]
+        target = next((b for b in ref.get("anyOf", [ref]) if b.get("type") != "null"), ref)
+        if "$ref" in target:
+            target = schema["$defs"][target["$ref"].removeprefix("#/$defs/")]
+        assert target["additionalProperties"] is False, name
 
 
 # --- the Deployment ---------------------------------------------------------------------------------

@@ -37,6 +37,9 @@ helm.sh/chart: {{ include "gpu-operator.chart" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/component: gpu-operator
+{{- with .Values.operator.labels }}
+{{ toYaml . }}
+{{- end }}
 {{- end }}
 
 {{- define "gpu-operator.serviceAccountName" -}}
@@ -47,9 +50,25 @@ app.kubernetes.io/component: gpu-operator
 {{- end }}
 {{- end }}
 
+{{/*
+The operator's own image: operator.image's fields over their defaults. NVIDIA's values name NVIDIA's
+operator image (operator.repository, operator.image as a string, operator.version): this chart does not
+run that one, so they leave this chart's image in place (the install notes say so).
+*/}}
+{{- define "gpu-operator.imageFields" -}}
+{{- $given := .Values.operator.image }}
+{{- $fields := dict "repository" "ghcr.io/gpu-operator" "name" "gpu-operator" "tag" "" "pullPolicy" "IfNotPresent" }}
+{{- if kindIs "map" $given }}
+{{- range $key, $value := $given }}
+{{- $_ := set $fields $key $value }}
+{{- end }}
+{{- end }}
+{{- toYaml $fields }}
+{{- end }}
+
 {{- define "gpu-operator.image" -}}
-{{- $image := .Values.operator.image }}
-{{- $tag := default .Chart.AppVersion $image.tag }}
+{{- $image := include "gpu-operator.imageFields" . | fromYaml }}
+{{- $tag := $image.tag | default .Chart.AppVersion }}
 {{- if $image.repository }}
 {{- printf "%s/%s:%s" (trimSuffix "/" $image.repository) $image.name $tag }}
 {{- else }}
@@ -57,25 +76,210 @@ app.kubernetes.io/component: gpu-operator
 {{- end }}
 {{- end }}
 
-{{/*
-ClusterPolicySpec fields that are top-level values, copied unchanged into the ClusterPolicy's spec
-(tests/unit/test_chart.py keeps this list equal to the model's fields, less `operator`).
-*/}}
-{{- define "gpu-operator.specKeys" -}}
-daemonsets driver toolkit devicePlugin dcgmExporter dcgm nodeStatusExporter gfd mig migManager validator psa psp cdi hostPaths sandboxWorkloads vfioManager vgpuManager vgpuDeviceManager sandboxDevicePlugin kataManager kataSandboxDevicePlugin ccManager gds gdrcopy
+{{/* The operator image's pull policy: NVIDIA's operator.imagePullPolicy, else operator.image.pullPolicy. */}}
+{{- define "gpu-operator.pullPolicy" -}}
+{{- .Values.operator.imagePullPolicy | default (include "gpu-operator.imageFields" . | fromYaml).pullPolicy }}
 {{- end }}
 
-{{/* The ClusterPolicy's spec: the non-empty sections among the values above. */}}
+{{/* operator.imagePullSecrets as a pod's list: names (NVIDIA's form) or {name: ...} objects. */}}
+{{- define "gpu-operator.imagePullSecrets" -}}
+{{- $out := list }}
+{{- range .Values.operator.imagePullSecrets }}
+{{- $out = append $out (ternary (dict "name" .) . (kindIs "string" .)) }}
+{{- end }}
+{{- with $out }}
+{{- toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Copy into .to the keys of .from named in .keys that are set: NVIDIA's chart leaves out a key whose value
+is empty, false or zero, so the operator's default applies. `version` is written as a string (a
+`--set gds.version=2.17` gives a number), as NVIDIA's chart quotes it.
+*/}}
+{{- define "gpu-operator.copySet" -}}
+{{- $from := .from | default dict }}
+{{- range $key := .keys }}
+{{- with index $from $key }}
+{{- $_ := set $.to $key (ternary (toString .) . (eq $key "version")) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* An operand section as NVIDIA's chart writes it: `enabled` when given, the image and container
+fields when set, then .keys when set. Prints YAML (use fromYaml). */}}
+{{- define "gpu-operator.component" -}}
+{{- $from := .from | default dict }}
+{{- $out := dict }}
+{{- if hasKey $from "enabled" }}
+{{- $_ := set $out "enabled" (index $from "enabled" | default false) }}
+{{- end }}
+{{- $keys := concat (list "repository" "image" "version" "imagePullPolicy" "imagePullSecrets" "resources" "env" "args" "hostNetwork") (.keys | default list) }}
+{{- include "gpu-operator.copySet" (dict "from" $from "to" $out "keys" $keys) }}
+{{- toYaml $out }}
+{{- end }}
+
+{{/* The image of NVIDIA's driver manager (a `manager`/`driverManager` section): the fields that are set. */}}
+{{- define "gpu-operator.driverManager" -}}
+{{- $out := dict }}
+{{- include "gpu-operator.copySet" (dict "from" . "to" $out "keys" (list "repository" "image" "version" "imagePullPolicy" "env")) }}
+{{- toYaml $out }}
+{{- end }}
+
+{{/* Whether this release creates the ClusterPolicy: clusterPolicy.create and NVIDIA's clusterPolicy.deployCR. */}}
+{{- define "gpu-operator.createsPolicy" -}}
+{{- if and .Values.clusterPolicy.create (dig "deployCR" true .Values.clusterPolicy) }}true{{ end }}
+{{- end }}
+
+{{/* The ClusterPolicy's spec.operator: NVIDIA's keys of the chart's `operator` section, then
+clusterPolicy.operator (which wins where both are set). */}}
+{{- define "gpu-operator.policyOperator" -}}
+{{- $out := dict }}
+{{- include "gpu-operator.copySet" (dict "from" .Values.operator "to" $out "keys" (list "runtimeClass" "defaultRuntime" "use_ocp_driver_toolkit")) }}
+{{- toYaml (mergeOverwrite $out (deepCopy (.Values.clusterPolicy.operator | default dict))) }}
+{{- end }}
+
+{{/*
+The ClusterPolicy's spec, written section by section as NVIDIA's chart writes it from the same values
+(deployments/gpu-operator/templates/clusterpolicy.yaml): the same sections and the same JSON paths,
+so `kubectl patch --type=json` works as it does there. tests/unit/test_nvidia_values.py compares the
+result with NVIDIA's rendering for its defaults and documented overrides.
+*/}}
 {{- define "gpu-operator.clusterPolicySpec" -}}
+{{- /* Every section as a map, also when the values lack it (`helm upgrade --reuse-values` from a release
+of an older chart): a missing field then falls back to the operator's default. */}}
+{{- $v := dict }}
+{{- range $name := list "hostPaths" "daemonsets" "validator" "mig" "psa" "psp" "cdi" "driver" "vgpuManager" "kataManager" "vfioManager" "vgpuDeviceManager" "ccManager" "toolkit" "devicePlugin" "dcgm" "dcgmExporter" "gfd" "migManager" "nodeStatusExporter" "gds" "gdrcopy" "sandboxWorkloads" "sandboxDevicePlugin" "kataSandboxDevicePlugin" }}
+{{- $_ := set $v $name (index $.Values $name | default dict) }}
+{{- end }}
 {{- $spec := dict }}
-{{- with .Values.clusterPolicy.operator }}
-{{- $_ := set $spec "operator" . }}
+
+{{- $paths := dict }}
+{{- include "gpu-operator.copySet" (dict "from" $v.hostPaths "to" $paths "keys" (list "rootFS" "driverInstallDir" "kubeletRootDir")) }}
+{{- $_ := set $spec "hostPaths" $paths }}
+
+{{- $_ := set $spec "operator" (include "gpu-operator.policyOperator" . | fromYaml) }}
+
+{{- $ds := $v.daemonsets | default dict }}
+{{- $labels := dict "helm.sh/chart" (include "gpu-operator.chart" .) "app.kubernetes.io/managed-by" (include "gpu-operator.name" .) }}
+{{- $daemonsets := dict "labels" (mergeOverwrite $labels (deepCopy ($ds.labels | default dict))) }}
+{{- include "gpu-operator.copySet" (dict "from" $ds "to" $daemonsets "keys" (list "annotations" "tolerations" "priorityClassName" "updateStrategy" "podSecurityContext")) }}
+{{- with $ds.rollingUpdate }}
+{{- $_ := set $daemonsets "rollingUpdate" (dict "maxUnavailable" (toString .maxUnavailable)) }}
 {{- end }}
-{{- range $key := splitList " " (include "gpu-operator.specKeys" .) }}
-{{- with index $.Values $key }}
-{{- $_ := set $spec $key . }}
+{{- $_ := set $spec "daemonsets" $daemonsets }}
+
+{{- $validator := include "gpu-operator.component" (dict "from" $v.validator) | fromYaml }}
+{{- range $step := list "plugin" "cuda" "driver" "toolkit" "vfioPCI" "vgpuManager" "vgpuDevices" }}
+{{- with index ($v.validator | default dict) $step }}
+{{- $_ := set $validator $step (dict "env" (.env | default list)) }}
 {{- end }}
 {{- end }}
+{{- $_ := set $spec "validator" $validator }}
+
+{{- $mig := dict }}
+{{- include "gpu-operator.copySet" (dict "from" $v.mig "to" $mig "keys" (list "strategy")) }}
+{{- $_ := set $spec "mig" $mig }}
+
+{{- $_ := set $spec "psa" (dict "enabled" (dig "enabled" false $v.psa)) }}
+{{- with $v.psp }}
+{{- $_ := set $spec "psp" . }}
+{{- end }}
+
+{{- $cdi := dict "enabled" (dig "enabled" true $v.cdi) }}
+{{- if and $cdi.enabled (dig "nriPluginEnabled" false $v.cdi) }}
+{{- $_ := set $cdi "nriPluginEnabled" true }}
+{{- end }}
+{{- $_ := set $spec "cdi" $cdi }}
+
+{{- $d := $v.driver }}
+{{- $crd := or (dig "nvidiaDriverCRD" "enabled" false $d) (dig "useNvidiaDriverCRD" false $d) }}
+{{- $driver := dict "enabled" (dig "enabled" true $d) "useNvidiaDriverCRD" $crd }}
+{{- if not $crd }}
+{{- $_ := set $driver "kernelModuleType" (dig "kernelModuleType" "auto" $d) }}
+{{- $_ := set $driver "usePrecompiled" (dig "usePrecompiled" false $d) }}
+{{- $_ := mergeOverwrite $driver (include "gpu-operator.component" (dict "from" (omit $d "enabled") "keys" (list "startupProbe" "livenessProbe" "readinessProbe" "repoConfig" "certConfig" "licensingConfig" "virtualTopology" "kernelModuleConfig" "secretEnv" "useOpenKernelModules")) | fromYaml) }}
+{{- $_ := set $driver "rdma" (dict "enabled" (dig "rdma" "enabled" false $d) "useHostMofed" (dig "rdma" "useHostMofed" false $d)) }}
+{{- $_ := set $driver "manager" (include "gpu-operator.driverManager" ($d.manager | default dict) | fromYaml) }}
+{{- end }}
+{{- with $d.upgradePolicy }}
+{{- $u := . }}
+{{- $policy := dict "autoUpgrade" ($u.autoUpgrade | default false) "maxParallelUpgrades" ($u.maxParallelUpgrades | default 0) "maxUnavailable" ($u.maxUnavailable | default "25%") }}
+{{- $wait := dict "timeoutSeconds" (dig "waitForCompletion" "timeoutSeconds" nil $u) }}
+{{- include "gpu-operator.copySet" (dict "from" $u.waitForCompletion "to" $wait "keys" (list "podSelector")) }}
+{{- $_ := set $policy "waitForCompletion" $wait }}
+{{- $deletion := mergeOverwrite (deepCopy ($u.gpuPodDeletion | default dict)) ($u.podDeletion | default dict) }}
+{{- $_ := set $policy "podDeletion" (dict "force" ($deletion.force | default false) "timeoutSeconds" $deletion.timeoutSeconds "deleteEmptyDir" ($deletion.deleteEmptyDir | default false)) }}
+{{- $drainValues := $u.drain | default dict }}
+{{- $drain := dict "enable" ($drainValues.enable | default false) "force" ($drainValues.force | default false) "timeoutSeconds" $drainValues.timeoutSeconds "deleteEmptyDir" ($drainValues.deleteEmptyDir | default false) }}
+{{- include "gpu-operator.copySet" (dict "from" $drainValues "to" $drain "keys" (list "podSelector")) }}
+{{- $_ := set $policy "drain" $drain }}
+{{- include "gpu-operator.copySet" (dict "from" $u "to" $policy "keys" (list "canary" "validation")) }}
+{{- $_ := set $driver "upgradePolicy" $policy }}
+{{- end }}
+{{- if $d.hostNetwork }}
+{{- $_ := set $driver "hostNetwork" true }}
+{{- end }}
+{{- $_ := set $spec "driver" $driver }}
+
+{{- $vgpu := include "gpu-operator.component" (dict "from" $v.vgpuManager "keys" (list "kernelModuleConfig")) | fromYaml }}
+{{- $_ := set $vgpu "driverManager" (include "gpu-operator.driverManager" (dig "driverManager" dict $v.vgpuManager) | fromYaml) }}
+{{- $_ := set $spec "vgpuManager" $vgpu }}
+{{- $_ := set $spec "kataManager" (include "gpu-operator.component" (dict "from" $v.kataManager "keys" (list "config")) | fromYaml) }}
+{{- $vfio := include "gpu-operator.component" (dict "from" $v.vfioManager) | fromYaml }}
+{{- $_ := set $vfio "driverManager" (include "gpu-operator.driverManager" (dig "driverManager" dict $v.vfioManager) | fromYaml) }}
+{{- $_ := set $spec "vfioManager" $vfio }}
+{{- $_ := set $spec "vgpuDeviceManager" (include "gpu-operator.component" (dict "from" $v.vgpuDeviceManager "keys" (list "config")) | fromYaml) }}
+{{- $_ := set $spec "ccManager" (include "gpu-operator.component" (dict "from" $v.ccManager "keys" (list "defaultMode")) | fromYaml) }}
+{{- $_ := set $spec "toolkit" (include "gpu-operator.component" (dict "from" $v.toolkit "keys" (list "installDir")) | fromYaml) }}
+
+{{- $plugin := include "gpu-operator.component" (dict "from" $v.devicePlugin) | fromYaml }}
+{{- with dig "config" "name" "" $v.devicePlugin }}
+{{- $_ := set $plugin "config" (dict "name" . "default" (dig "config" "default" "" $v.devicePlugin | toString)) }}
+{{- end }}
+{{- /* NVIDIA's chart never writes mps; this chart does when it differs from the default. */}}
+{{- with dig "mps" "root" "" $v.devicePlugin }}
+{{- if ne . "/run/nvidia/mps" }}
+{{- $_ := set $plugin "mps" (dict "root" .) }}
+{{- end }}
+{{- end }}
+{{- $_ := set $spec "devicePlugin" $plugin }}
+
+{{- $_ := set $spec "dcgm" (include "gpu-operator.component" (dict "from" $v.dcgm "keys" (list "hostPort")) | fromYaml) }}
+
+{{- $exporter := include "gpu-operator.component" (dict "from" $v.dcgmExporter "keys" (list "annotations" "serviceMonitor" "service" "hostPID" "hpcJobMapping" "enablePodLabels" "enablePodUID" "podLabelAllowlistRegex" "serviceMonitoring")) | fromYaml }}
+{{- with dig "config" "name" "" $v.dcgmExporter }}
+{{- $_ := set $exporter "config" (dict "name" .) }}
+{{- end }}
+{{- $_ := set $spec "dcgmExporter" $exporter }}
+
+{{- $_ := set $spec "gfd" (include "gpu-operator.component" (dict "from" $v.gfd) | fromYaml) }}
+
+{{- $mm := include "gpu-operator.component" (dict "from" $v.migManager "keys" (list "gpuClientsConfig")) | fromYaml }}
+{{- with dig "config" dict $v.migManager }}
+{{- $config := dict "default" (.default | default "" | toString) }}
+{{- include "gpu-operator.copySet" (dict "from" . "to" $config "keys" (list "name")) }}
+{{- $_ := set $mm "config" $config }}
+{{- end }}
+{{- $_ := set $spec "migManager" $mm }}
+
+{{- $_ := set $spec "nodeStatusExporter" (include "gpu-operator.component" (dict "from" $v.nodeStatusExporter) | fromYaml) }}
+{{- range $name := list "gds" "gdrcopy" }}
+{{- with index $v $name }}
+{{- $_ := set $spec $name (include "gpu-operator.component" (dict "from" .) | fromYaml) }}
+{{- end }}
+{{- end }}
+
+{{- $sandbox := dict "enabled" (dig "enabled" false $v.sandboxWorkloads) }}
+{{- include "gpu-operator.copySet" (dict "from" $v.sandboxWorkloads "to" $sandbox "keys" (list "defaultWorkload" "mode")) }}
+{{- $_ := set $spec "sandboxWorkloads" $sandbox }}
+{{- /* NVIDIA's chart writes sandboxDevicePlugin.enabled only when true. */}}
+{{- $sdp := include "gpu-operator.component" (dict "from" (omit ($v.sandboxDevicePlugin | default dict) "enabled")) | fromYaml }}
+{{- if dig "enabled" false $v.sandboxDevicePlugin }}
+{{- $_ := set $sdp "enabled" true }}
+{{- end }}
+{{- $_ := set $spec "sandboxDevicePlugin" $sdp }}
+{{- $_ := set $spec "kataSandboxDevicePlugin" (include "gpu-operator.component" (dict "from" $v.kataSandboxDevicePlugin) | fromYaml) }}
 {{- toYaml $spec }}
 {{- end }}
 
@@ -98,6 +302,6 @@ tests/unit/test_chart.py fails when it is stale.
 {{/* The RuntimeClasses the operator creates: the ClusterPolicy's operator.runtimeClass and the CDI ones. */}}
 {{- define "gpu-operator.runtimeClasses" -}}
 {{- $all := include "gpu-operator.operandRBAC" . | fromYaml }}
-{{- $own := .Values.clusterPolicy.operator.runtimeClass | default $all.RuntimeClass.default }}
+{{- $own := (include "gpu-operator.policyOperator" . | fromYaml).runtimeClass | default $all.RuntimeClass.default }}
 {{- toYaml (uniq (prepend $all.RuntimeClass.names $own)) }}
 {{- end }}
