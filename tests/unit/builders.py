@@ -153,7 +153,7 @@ def watched_node(name: str = "gpu-0") -> NodeInfo:
     return gpu_node(name, uid=f"uid-{name}", resource_version="1")
 
 
-def pod_info(
+def operand_pod(
     name: str,
     component: str,
     node: str,
@@ -169,7 +169,7 @@ def pod_info(
     return PodInfo(name, component, node, ready, reason, message, terminating, created, initialized)
 
 
-def daemonset_info(name: str, component: str, desired: int = 1, ready: int | None = None) -> DaemonSetInfo:
+def operand_daemonset(name: str, component: str, desired: int = 1, ready: int | None = None) -> DaemonSetInfo:
     """An operand DaemonSet on its current generation, every pod updated, `ready` of them ready and
     available (all unless given)."""
     ready = desired if ready is None else ready

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Any, cast
 
 import pytest
-from builders import PCI, gpu_node, node_body, pod_info, watched_node
+from builders import PCI, gpu_node, node_body, operand_pod, watched_node
 
 from gpu_operator.api.status import ClusterPolicyStatus, ComponentState, ComponentStatus
 from gpu_operator.core.node_labels import NodeInfo
@@ -760,7 +760,7 @@ def test_progress_waits_for_the_status_interval_and_a_new_state_does_not() -> No
     settle(rec, fake)
     written = len(fake.statuses)
     # One of the two drivers comes up: counts change, no state does.
-    rec.store.put("pods", "d0", pod_info("d0", "driver", "gpu-0"))
+    rec.store.put("pods", "d0", operand_pod("d0", "driver", "gpu-0"))
     outcome = rec.run_once()
     assert len(fake.statuses) == written, "progress only, just after a write: it waits"
     assert (
