@@ -88,9 +88,17 @@ def pod_body(
     return {"metadata": metadata, "spec": {"nodeName": node}, "status": found}
 
 
-def operand_pod_body(name: str, component: str, node: str = "gpu-0", **fields: Any) -> dict[str, Any]:
+def operand_pod_body(
+    name: str,
+    component: str,
+    node: str = "gpu-0",
+    *,
+    conditions: list[dict[str, str]] | None = None,
+    status: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """A pod of one of the operator's DaemonSets (labelled with its component)."""
-    return pod_body(name, node, labels={COMPONENT_LABEL: component}, **fields)
+    labels = {COMPONENT_LABEL: component}
+    return pod_body(name, node, labels=labels, conditions=conditions, status=status)
 
 
 def gpu_request_pod(resources: Mapping[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
@@ -107,11 +115,12 @@ def daemonset_body(
     ready: int,
     desired: int,
     resource_version: str,
+    updated: int | None = None,
     generation: int = 1,
     labels: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """An operand DaemonSet in the operator's namespace, rolled out to `ready` of `desired` nodes
-    (every pod on the current template)."""
+    """An operand DaemonSet in the operator's namespace, `ready` of its `desired` pods ready and
+    available, `updated` of them on the current template (all unless given)."""
     metadata = {
         "name": name,
         "namespace": NAMESPACE,
@@ -120,7 +129,7 @@ def daemonset_body(
         "labels": {**(labels or {}), COMPONENT_LABEL: component},
     }
     status = {"observedGeneration": 1, "desiredNumberScheduled": desired, "numberReady": ready}
-    status |= {"updatedNumberScheduled": desired, "numberAvailable": ready}
+    status |= {"updatedNumberScheduled": desired if updated is None else updated, "numberAvailable": ready}
     return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": metadata, "status": status}
 
 
