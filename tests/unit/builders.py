@@ -75,17 +75,33 @@ def pod_body(
     *,
     namespace: str = NAMESPACE,
     labels: Mapping[str, str] | None = None,
+    uid: str | None = None,
+    owners: list[dict[str, Any]] | None = None,
+    created: str | None = None,
+    containers: list[dict[str, Any]] | None = None,
     conditions: list[dict[str, str]] | None = None,
     status: Mapping[str, Any] | None = None,
+    typed: bool = False,
 ) -> dict[str, Any]:
-    """A Pod scheduled to `node`: its status is `status`, or just `conditions`."""
+    """A Pod scheduled to `node`: its status is `status`, or just `conditions`; the other metadata and
+    its containers when given; `typed` adds apiVersion and kind."""
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
+    if uid is not None:
+        metadata["uid"] = uid
     if labels is not None:
         metadata["labels"] = dict(labels)
+    if owners is not None:
+        metadata["ownerReferences"] = owners
+    if created is not None:
+        metadata["creationTimestamp"] = created
+    spec: dict[str, Any] = {"nodeName": node}
+    if containers is not None:
+        spec["containers"] = containers
     found: dict[str, Any] = dict(status or {})
     if conditions is not None:
         found["conditions"] = conditions
-    return {"metadata": metadata, "spec": {"nodeName": node}, "status": found}
+    body: dict[str, Any] = {"apiVersion": "v1", "kind": "Pod"} if typed else {}
+    return body | {"metadata": metadata, "spec": spec, "status": found}
 
 
 def operand_pod_body(
