@@ -259,7 +259,7 @@ def test_watches_read_on_while_the_loop_is_idle_and_wait_while_a_pass_runs_or_is
 
     def step(loop: Loop) -> None:
         running.set()
-        release.wait(5)
+        release.wait(30)  # until the script lets it end (a guard against a hang)
 
     async def script(loop: Loop) -> None:
         await until_idle(loop)
@@ -356,7 +356,7 @@ def test_the_watches_read_when_a_pass_ends_even_with_the_next_one_due() -> None:
     def step(loop: Loop) -> None:
         passes.append(loop.clock())
         running.set()
-        release.wait(5)
+        release.wait(30)  # until the script lets it end (a guard against a hang)
 
     async def script(loop: Loop) -> None:
         await until_idle(loop)
