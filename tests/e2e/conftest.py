@@ -23,6 +23,8 @@ from kubernetes import client, config
 from kubernetes.client import ApiException
 
 from .kube_helpers import Cluster, clear_all_failures, emulator_profile, failure_injection_supported, wait_for
+from .operator_process import OperatorProcess, chart_operator
+from .test_operator import CONVERGE, NS, SEED_CONFIG_MAPS, assert_cleaned_up, delete_policies
 
 ROOT = Path(__file__).resolve().parents[2]
 CRD_FILE = ROOT / "crds" / "clusterpolicy.yaml"
@@ -126,6 +128,29 @@ def cluster() -> Iterator[Cluster]:
         api.close()
         if started_here and os.environ.get("GPU_OPERATOR_KEEP_CLUSTER") != "1":
             _make("cluster-down")
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    """The chart's ServiceAccount and RBAC (no in-cluster Deployment) and the operator running as it,
+    one per test module (a module that needs another defines its own `operator`)."""
+    with chart_operator(cluster, tmp_path_factory.mktemp("operator"), NS) as process:
+        yield process
+
+
+@pytest.fixture
+def clean(cluster: Cluster, operator: OperatorProcess) -> Iterator[OperatorProcess]:
+    """Every test ends with no ClusterPolicy, no operand object and no operator-set node label."""
+    try:
+        yield operator
+    finally:
+        delete_policies(cluster)
+        for path in SEED_CONFIG_MAPS:
+            cluster.kubectl("delete", "-f", str(path), "--ignore-not-found")
+        if not operator.running:
+            operator.start()
+        wait_for(lambda: assert_cleaned_up(cluster), timeout=CONVERGE, what="cleanup after the test")
+        operator.assert_clean_log()
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,6 @@
 """Input that cannot hurt, end to end: what the CRD refuses, what the operator refuses when an older or
 looser CRD let it in, content nested thousands of levels deep, and Unicode that must arrive intact."""
 
-# ruff: noqa: F811  (the operator and clean fixtures come from test_operator and are parameters here)
 from __future__ import annotations
 
 import json
@@ -16,17 +15,15 @@ import pytest
 from .conftest import CRD_FILE, install_crds
 from .kube_helpers import Cluster, wait_for
 from .operator_process import OperatorProcess
-from .test_operator import (  # noqa: F401  (fixtures)
+from .test_operator import (
     CONVERGE,
     GROUP,
     PLURAL,
     VERSION,
     apply_policy,
-    clean,
     condition,
     daemonsets,
     get_policy,
-    operator,
     operator_labels,
     policy_from,
     wait_state,

@@ -33,11 +33,9 @@ from .kube_helpers import (
 from .operator_process import OPERATOR, OperatorProcess, chart_operator, sa_kubeconfig
 from .test_operator import (
     CONVERGE,
-    GROUP,
-    PLURAL,
-    VERSION,
     apply_policy,
     assert_cleaned_up,
+    delete_policies,
     policy_from,
     wait_state,
 )
@@ -79,9 +77,7 @@ def stack(
 
 
 def remove_policy(cluster: Cluster, operator: OperatorProcess) -> None:
-    custom = client.CustomObjectsApi(cluster.api)
-    for item in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]:
-        custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, item["metadata"]["name"])
+    delete_policies(cluster)
     if not operator.running:
         operator.start()
     wait_for(lambda: assert_cleaned_up(cluster), timeout=CONVERGE, what="ClusterPolicy and operands removed")

@@ -5,7 +5,6 @@ for k8s-driver-manager, JSON merge for mig-manager), exactly as hack/operand_man
 them from their sources; the real images run as those ServiceAccounts, a test client is enough here.
 """
 
-# ruff: noqa: F811  (the operator and clean fixtures come from test_operator and are parameters here)
 from __future__ import annotations
 
 import json
@@ -30,18 +29,16 @@ from .kube_helpers import (
     wait_for,
 )
 from .operator_process import ROOT, OperatorProcess
-from .test_operator import (  # noqa: F401  (fixtures)
+from .test_operator import (
     COMPONENT,
     CONVERGE,
     DRIVER,
     NS,
     apply_policy,
-    clean,
     condition,
     get_policy,
     label_node,
     node_labels,
-    operator,
     owners,
     policy_from,
     wait_state,

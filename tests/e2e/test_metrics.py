@@ -9,10 +9,8 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from typing import Any
 
 import pytest
-from kubernetes import client
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpu_operator.core.components import BY_NAME
@@ -21,11 +19,9 @@ from .kube_helpers import Cluster, clear_failure, inject_failure, wait_for
 from .operator_process import OperatorProcess, chart_operator
 from .test_operator import (
     CONVERGE,
-    GROUP,
-    PLURAL,
-    VERSION,
     apply_policy,
     assert_cleaned_up,
+    delete_policies,
     policy_from,
     writes_by,
 )
@@ -44,9 +40,7 @@ def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iter
         try:
             yield process
         finally:
-            custom: Any = client.CustomObjectsApi(cluster.api)
-            for item in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]:
-                custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, item["metadata"]["name"])
+            delete_policies(cluster)
             wait_for(lambda: assert_cleaned_up(cluster), timeout=CONVERGE, what="operands removed")
             process.assert_clean_log()
 

@@ -6,7 +6,6 @@ creates a Node. After each: the operands that ran still run with the same genera
 should not be was created, changed or deleted, the status names the policy field, and the next valid
 edit converges."""
 
-# ruff: noqa: F811  (the operator and clean fixtures come from test_operator and are parameters here)
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -23,16 +22,14 @@ from hack import gen_nodes
 from .kube_helpers import Cluster, wait_for
 from .operator_process import OperatorProcess
 from .test_bad_input import running_operands
-from .test_operator import (  # noqa: F401  (fixtures)
+from .test_operator import (
     CONVERGE,
     NS,
     apply_policy,
-    clean,
     condition,
     daemonsets,
     get_policy,
     node_labels,
-    operator,
     policy_from,
     wait_state,
 )

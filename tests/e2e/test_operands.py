@@ -26,17 +26,14 @@ from .kube_helpers import (
     pod_is_ready,
     wait_for,
 )
-from .test_operator import (  # noqa: F401  (fixtures)
+from .test_operator import (
     COMPONENT,
     CONVERGE,
     DRIVER,
     MANAGED,
     NS,
     apply_policy,
-    clean,
-    get_policy,
     node_labels,
-    operator,
     policy_from,
     wait_state,
 )

@@ -26,7 +26,7 @@ from .kube_helpers import (
     wait_for,
     wait_timeout,
 )
-from .operator_process import ROOT, OperatorProcess, chart_operator
+from .operator_process import ROOT, OperatorProcess
 
 # The generated models type every field Optional; these tests read live objects whose fields are set,
 # so they use the client untyped rather than assert on each attribute.
@@ -44,30 +44,6 @@ SEED_CONFIG_MAPS = (ROOT / "examples" / "device-plugin-config.yaml", ROOT / "exa
 """The ConfigMaps the seed sample (seed-sample.yaml, examples/clusterpolicy.yaml) names."""
 CONVERGE = wait_timeout(120.0)
 """Seconds a policy may take to converge: 120 under the instant profile, plus one operand start."""
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    """The chart's ServiceAccount and RBAC (no in-cluster Deployment) and the operator running as it."""
-    with chart_operator(cluster, tmp_path_factory.mktemp("operator"), NS) as process:
-        yield process
-
-
-@pytest.fixture
-def clean(cluster: Cluster, operator: OperatorProcess) -> Iterator[OperatorProcess]:
-    """Every test ends with no ClusterPolicy, no operand object and no operator-set node label."""
-    try:
-        yield operator
-    finally:
-        custom = client.CustomObjectsApi(cluster.api)
-        for item in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]:
-            custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, item["metadata"]["name"])
-        for path in SEED_CONFIG_MAPS:
-            cluster.kubectl("delete", "-f", str(path), "--ignore-not-found")
-        if not operator.running:
-            operator.start()
-        wait_for(lambda: assert_cleaned_up(cluster), timeout=CONVERGE, what="cleanup after the test")
-        operator.assert_clean_log()
 
 
 @pytest.fixture
@@ -100,6 +76,13 @@ def policy_from(name: str, policy_name: str | None = None) -> dict[str, Any]:
     if policy_name:
         body["metadata"]["name"] = policy_name
     return body
+
+
+def delete_policies(cluster: Cluster) -> None:
+    """Delete every ClusterPolicy (the operator then removes what they made)."""
+    custom = client.CustomObjectsApi(cluster.api)
+    for item in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]:
+        custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, item["metadata"]["name"])
 
 
 def get_policy(cluster: Cluster, name: str) -> dict[str, Any]:

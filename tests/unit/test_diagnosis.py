@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import gpu_request_pod, node_body
 
 from gpu_operator.doctor import scheduling
 from gpu_operator.doctor.diagnosis import diagnose, summary
@@ -288,16 +289,8 @@ def test_invalid_policy() -> None:
 def node(
     labels: dict[str, str] | None = None, taints: list[dict[str, str]] | None = None, **status: Any
 ) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "n", "labels": labels or {}},
-        "spec": {"taints": taints or []},
-        "status": {"allocatable": {"nvidia.com/gpu": "8", "pods": "110", "cpu": "4", **status}},
-    }
-
-
-def pod(**spec: Any) -> dict[str, Any]:
-    resources = spec.pop("resources", {"limits": {"nvidia.com/gpu": "1"}})
-    return {"spec": {"containers": [{"name": "c", "resources": resources}], **spec}}
+    allocatable = {"nvidia.com/gpu": "8", "pods": "110", "cpu": "4", **status}
+    return node_body("n", labels, spec={"taints": taints or []}, status={"allocatable": allocatable})
 
 
 TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
@@ -321,8 +314,8 @@ def test_tolerates(toleration: dict[str, str], tolerated: bool) -> None:
 def test_verdicts_follow_the_scheduler_order() -> None:
     cordoned = node(taints=[TAINT])
     cordoned["spec"]["unschedulable"] = True
-    assert scheduling.verdict(pod(), cordoned, {}).filter == "NodeUnschedulable"  # type: ignore[union-attr]
-    found = scheduling.verdict(pod(nodeSelector={"x": "y"}), node(taints=[TAINT]), {})
+    assert scheduling.verdict(gpu_request_pod(), cordoned, {}).filter == "NodeUnschedulable"  # type: ignore[union-attr]
+    found = scheduling.verdict(gpu_request_pod(nodeSelector={"x": "y"}), node(taints=[TAINT]), {})
     assert (
         found is not None
         and found.filter == "TaintToleration"
@@ -330,14 +323,14 @@ def test_verdicts_follow_the_scheduler_order() -> None:
     )
     assert found.reason == "node(s) had untolerated taint(s)"
     prefer = {"key": "k", "effect": "PreferNoSchedule"}
-    found = scheduling.verdict(pod(nodeSelector={"x": "y"}), node(taints=[prefer]), {})
+    found = scheduling.verdict(gpu_request_pod(nodeSelector={"x": "y"}), node(taints=[prefer]), {})
     assert found is not None and found.filter == "NodeAffinity" and found.label == "x"
-    found = scheduling.verdict(pod(), node(), {"nvidia.com/gpu": "8"})
+    found = scheduling.verdict(gpu_request_pod(), node(), {"nvidia.com/gpu": "8"})
     assert found is not None and found.reason == "Insufficient nvidia.com/gpu"
     assert found.detail == "requests 1, allocatable 8, in use 8"
-    found = scheduling.verdict(pod(resources={"requests": {"cpu": "5"}}), node(), {})
+    found = scheduling.verdict(gpu_request_pod(resources={"requests": {"cpu": "5"}}), node(), {})
     assert found is not None and found.reason == "Insufficient cpu"
-    assert scheduling.verdict(pod(), node(), {"nvidia.com/gpu": "7"}) is None
+    assert scheduling.verdict(gpu_request_pod(), node(), {"nvidia.com/gpu": "7"}) is None
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import node_body
 
 from gpu_operator import cli
 from gpu_operator.agent.discovery import (
@@ -367,7 +368,7 @@ class ScriptedWatchApi:
 
 
 def node(version: str, **labels: str) -> dict[str, Any]:
-    return {"metadata": {"name": "gpu-0", "resourceVersion": version, "labels": labels}}
+    return node_body("gpu-0", labels, resource_version=version)
 
 
 def test_follow_lists_watches_resumes_and_relists_when_expired(sysfs: Path) -> None:

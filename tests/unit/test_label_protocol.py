@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import PCI, operand_daemonset, operand_pod
 
 from gpu_operator.core.components import BY_NAME
 from gpu_operator.core.node_labels import GPU_PRESENT, MIG_CONFIG, NodeInfo, node_info
-from gpu_operator.core.observed import DaemonSetInfo, PodInfo
 from gpu_operator.core.plan import Observed, PolicyRef, build
 from gpu_operator.core.status import status_body
 
@@ -32,7 +32,6 @@ from hack.operand_managers import (
     mig_manager_true,
 )
 
-PCI = "feature.node.kubernetes.io/pci-10de.present"
 DRIVER_MANAGER = "k8s-driver-manager"
 MIG_MANAGER = "nvidia-mig-manager"
 NOW = "2026-12-01T00:00:00Z"
@@ -153,12 +152,12 @@ class Cluster:
     def observed(self) -> Observed:
         policies = () if self.spec is None else (PolicyRef("p", "uid", 1, NOW, self.spec, {}),)
         pods = [
-            PodInfo(f"{c}-x", c, self.node.name, c in self.ready, "", "", False, NOW, initialized=True)
+            operand_pod(f"{c}-x", c, self.node.name, c in self.ready, created=NOW, initialized=True)
             for c in sorted(self.ready | self.started)
         ]
         # Each DaemonSet schedules on the node while its label says "true", and is ready with its pod.
         daemonsets = {
-            ds: DaemonSetInfo(ds, c, 1, 1, 1, int(c in self.ready), 1, int(c in self.ready), 0, False)
+            ds: operand_daemonset(ds, c, 1, int(c in self.ready))
             for c in self.deployed()
             if c in BY_NAME
             for ds in [BY_NAME[c].daemonset]

@@ -9,19 +9,12 @@ from collections.abc import Mapping
 from typing import Any, cast
 
 import pytest
+from builders import Clock
 
 from gpu_operator.runtime.client import ApiError, Kube, NotLeader
 from gpu_operator.runtime.leader import Election, Elector, Leadership, Record, Timing, lease_body, record_of
 
 TIMING = Timing()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class LeaseServer:
@@ -89,8 +82,8 @@ def test_timing_must_leave_a_margin() -> None:
         Timing(duration=10, renew_deadline=10, retry=2)
 
 
-def test_one_leader_and_a_standby_takes_over_within_15_seconds_of_its_death() -> None:
-    clock, server = Clock(), LeaseServer()
+def test_one_leader_and_a_standby_takes_over_within_15_seconds_of_its_death(clock: Clock) -> None:
+    server = LeaseServer()
     a, b = elector(server, clock, "a"), elector(server, clock, "b")
     rounds = run(clock, [a, b], 30)
     assert all(len(leaders) == 1 for leaders in rounds), rounds
@@ -106,8 +99,8 @@ def test_one_leader_and_a_standby_takes_over_within_15_seconds_of_its_death() ->
     assert record_of(cast(dict[str, Any], server.lease)).transitions == 1
 
 
-def test_a_leader_cut_off_stops_before_a_standby_may_start() -> None:
-    clock, server = Clock(), LeaseServer()
+def test_a_leader_cut_off_stops_before_a_standby_may_start(clock: Clock) -> None:
+    server = LeaseServer()
     a, b = elector(server, clock, "a"), elector(server, clock, "b")
     run(clock, [a, b], 10)
     assert a.leading()
@@ -130,8 +123,8 @@ def test_a_leader_cut_off_stops_before_a_standby_may_start() -> None:
     assert started > stopped + 2, "no overlap: the old leader stopped writing well before"
 
 
-def test_a_released_lease_is_taken_at_the_next_round() -> None:
-    clock, server = Clock(), LeaseServer()
+def test_a_released_lease_is_taken_at_the_next_round(clock: Clock) -> None:
+    server = LeaseServer()
     a, b = elector(server, clock, "a"), elector(server, clock, "b")
     run(clock, [a, b], 6)
     a.stop(release=True)
@@ -140,8 +133,8 @@ def test_a_released_lease_is_taken_at_the_next_round() -> None:
     assert b.leading()
 
 
-def test_a_standby_writes_nothing_while_the_lease_is_held() -> None:
-    clock, server = Clock(), LeaseServer()
+def test_a_standby_writes_nothing_while_the_lease_is_held(clock: Clock) -> None:
+    server = LeaseServer()
     a = elector(server, clock, "a")
     run(clock, [a], 4)
     writes = server.writes
@@ -150,10 +143,10 @@ def test_a_standby_writes_nothing_while_the_lease_is_held() -> None:
     assert server.writes == writes and not b.leading()
 
 
-def test_the_leader_renews_without_reading_and_reads_once_its_renewal_is_refused() -> None:
+def test_the_leader_renews_without_reading_and_reads_once_its_renewal_is_refused(clock: Clock) -> None:
     """At rest a leader costs the API server one write per retry period, no read (client-go's fast
     path); a lease someone else wrote meanwhile (a 409 on the renewal) is read and respected."""
-    clock, server = Clock(), LeaseServer()
+    server = LeaseServer()
     a = elector(server, clock, "a")
     run(clock, [a], 4)
     reads, writes = server.reads, server.writes

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
+from builders import Clock
 
 from gpu_operator.runtime.client import ApiError
 from gpu_operator.runtime.loop import Loop, health, ready
@@ -19,14 +20,6 @@ from gpu_operator.runtime.settings import Settings
 from gpu_operator.runtime.store import Store
 
 SETTINGS = Settings(stuck_after_seconds=100.0, max_backoff_seconds=0.01, resync_seconds=3600.0)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def outcome() -> Outcome:
@@ -38,8 +31,7 @@ def live(loop: Loop) -> bool:
     return health(loop, Store())[0]
 
 
-def test_work_waiting_without_a_finished_pass_fails_liveness() -> None:
-    clock = Clock()
+def test_work_waiting_without_a_finished_pass_fails_liveness(clock: Clock) -> None:
     loop = Loop(SETTINGS, clock)
     loop.started = True
     clock.now += 1000  # idle for long: nothing to do is not stuck
@@ -54,8 +46,7 @@ def test_work_waiting_without_a_finished_pass_fails_liveness() -> None:
     assert live(loop) and loop.stuck_for() == 0
 
 
-def test_work_arriving_during_a_pass_waits_from_its_end() -> None:
-    clock = Clock()
+def test_work_arriving_during_a_pass_waits_from_its_end(clock: Clock) -> None:
     loop = Loop(SETTINGS, clock)
     loop.started = True
     loop.wake()
@@ -109,13 +100,51 @@ def test_an_unreachable_api_server_is_progress_and_a_good_pass_clears_last_error
     assert ready(loop)[0]
 
 
+class SteppedLoop(asyncio.SelectorEventLoop):
+    """An event loop whose clock runs with the real one and jumps when the test says (`skip`): the
+    tests set their intervals a minute or more long, so that no timer fires on its own while a test
+    runs, however slow the machine, and each fires when the test moves the clock past it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.skipped = 0.0
+
+    def time(self) -> float:
+        return super().time() + self.skipped
+
+
+async def skip(seconds: float) -> None:
+    """Move the event loop's clock (and the Loop's, which reads it) on; the timers now due have run
+    when this returns."""
+    running = asyncio.get_running_loop()
+    assert isinstance(running, SteppedLoop)
+    running.skipped += seconds
+    for _ in range(2):  # the timers due run in the next iteration, after the task that yielded
+        await asyncio.sleep(0)
+
+
+async def until(condition: Callable[[], bool], what: str) -> None:
+    """Wait (at most 10 s, a guard against a hang, not a bound on speed) until `condition` holds."""
+    for _ in range(1000):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"never: {what}")
+
+
+async def done(waiting: Awaitable[object]) -> None:
+    """Await a wait that the test has already made due (a guard against a hang, not a bound on speed)."""
+    await asyncio.wait_for(waiting, timeout=10)
+
+
 def drive(
     settings: Settings, step: Callable[[Loop], None], script: Callable[[Loop], Awaitable[None]]
 ) -> None:
-    """Run the loop, each pass doing `step` and then succeeding, while `script` acts and checks."""
+    """Run the loop, each pass doing `step` and then succeeding, while `script` acts and checks; the
+    Loop's clock is the event loop's, that `skip` moves on."""
 
     async def main() -> None:
-        loop = Loop(settings)
+        loop = Loop(settings, asyncio.get_running_loop().time)
         loop.listed.set()
 
         def one_pass() -> Outcome:
@@ -128,26 +157,30 @@ def drive(
         finally:
             task.cancel()
 
-    asyncio.run(main())
+    with asyncio.Runner(loop_factory=SteppedLoop) as runner:
+        runner.run(main())
 
 
 def test_changes_that_only_show_coalesce_into_one_pass_soon() -> None:
-    settings = Settings(status_interval_seconds=0.2, resync_seconds=3600.0)
+    settings = Settings(status_interval_seconds=60.0, resync_seconds=86400.0)
     started: list[float] = []
 
     async def script(loop: Loop) -> None:
-        await asyncio.sleep(0.05)
+        await until_idle(loop)
         for _ in range(20):  # pods going Init:1/4, Init:2/4, ... on many nodes
             loop.wake_soon()
         await asyncio.sleep(0.1)
         assert started == [], "not at once"
-        await asyncio.sleep(0.3)
+        await skip(60.0)
+        await until_idle(loop)
         assert len(started) == 1, "one pass for them all"
         loop.wake_soon()
         loop.wake()  # a change that decides: at once, and it takes the pending one along
-        await asyncio.sleep(0.05)
+        await until(lambda: len(started) == 2, "the pass at once")
         assert len(started) == 2 and loop.soon is None
-        await asyncio.sleep(0.3)
+        await until_idle(loop)
+        await skip(60.0)
+        await until_idle(loop)
         assert len(started) == 2
 
     drive(settings, lambda loop: started.append(loop.clock()), script)
@@ -183,7 +216,7 @@ def test_the_next_pass_waits_twice_the_cpu_the_last_one_took() -> None:
     assert all(gap >= 3.0 * cpu for gap, cpu in zip(gaps, burnt, strict=False)), (gaps, burnt)
 
 
-def test_once_the_planning_burst_is_spent_passes_wait_for_the_budget_to_refill() -> None:
+def test_once_the_planning_burst_is_spent_passes_wait_for_the_budget_to_refill(clock: Clock) -> None:
     settings = Settings(
         pass_spacing=2.0,
         max_pass_spacing_seconds=1.0,
@@ -191,7 +224,6 @@ def test_once_the_planning_burst_is_spent_passes_wait_for_the_budget_to_refill()
         planning_share=0.1,
         max_budget_wait_seconds=10.0,
     )
-    clock = Clock()
     loop = Loop(settings, clock)
     loop.started = True
     assert loop.spacing(0.01) == 0.02, "within the burst: spaced by its cost alone"
@@ -227,7 +259,7 @@ def test_watches_read_on_while_the_loop_is_idle_and_wait_while_a_pass_runs_or_is
 
     def step(loop: Loop) -> None:
         running.set()
-        release.wait(5)
+        release.wait(30)  # until the script lets it end (a guard against a hang)
 
     async def script(loop: Loop) -> None:
         await until_idle(loop)
@@ -240,21 +272,21 @@ def test_watches_read_on_while_the_loop_is_idle_and_wait_while_a_pass_runs_or_is
             await asyncio.sleep(0.01)
         waiting = loop.settle(QUIET)
         assert waiting is not None and loop.quiet_reads.timer is None, "a pass runs: quiet or not"
-        started, timer = time.monotonic(), loop.reads.timer
-        await asyncio.sleep(0.1)
+        timer = loop.reads.timer
+        await skip(30.0)
         other = loop.settle(BUSY)  # another watch, later in the same interval
         assert other is not None and loop.reads.timer is timer, "one timer, one wake-up for every watch"
-        await asyncio.gather(waiting, other)  # the pass is still running: after the interval
-        assert 0.15 <= time.monotonic() - started < 2 and loop.reads.timer is None
+        assert not loop.reads.ended.is_set(), "not before the interval is over"
+        await skip(30.0)
+        await done(asyncio.gather(waiting, other))  # the pass is still running: after the interval
+        assert loop.reads.timer is None
         waiting = loop.settle(BUSY)
         assert waiting is not None
         release.set()  # the pass ends, and so does the wait, before the interval is over
-        started = time.monotonic()
-        await waiting
-        assert time.monotonic() - started < 0.19
+        await done(waiting)  # the clock was not moved on: the interval is not over
         await until_idle(loop)
 
-    settings = Settings(resync_seconds=3600.0, pass_spacing=0.0, watch_coalesce_seconds=0.2)
+    settings = Settings(resync_seconds=86400.0, pass_spacing=0.0, watch_coalesce_seconds=60.0)
     drive(settings, step, script)
     assert Loop(Settings(watch_coalesce_seconds=0)).settle(BUSY) is None, "0: every event read at once"
 
@@ -266,11 +298,7 @@ BUSY = 1_000_000.0
 
 
 async def until_idle(loop: Loop) -> None:
-    for _ in range(100):
-        if loop.idle.is_set():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the loop never went idle")
+    await until(loop.idle.is_set, "the loop went idle")
 
 
 def test_while_the_next_pass_waits_a_quiet_watch_reads_less_often_until_just_before_it() -> None:
@@ -281,7 +309,7 @@ def test_while_the_next_pass_waits_a_quiet_watch_reads_less_often_until_just_bef
     passes: list[float] = []
 
     def step(loop: Loop) -> None:
-        passes.append(time.monotonic())
+        passes.append(loop.clock())
         spent = time.thread_time() + 0.05
         while time.thread_time() < spent:  # CPU: what the spacing after the pass is sized by
             pass
@@ -289,30 +317,31 @@ def test_while_the_next_pass_waits_a_quiet_watch_reads_less_often_until_just_bef
     async def script(loop: Loop) -> None:
         await until_idle(loop)
         loop.wake()
-        while loop.next_pass_at is None:
-            await asyncio.sleep(0.005)
-        assert not loop.idle.is_set(), "the pass's spacing (pass_spacing times its CPU: 2 s)"
+        await until(lambda: loop.next_pass_at is not None, "the pass ended")
+        assert not loop.idle.is_set(), "the pass's spacing (pass_spacing times its CPU: 1200 s)"
         busy, quiet = loop.settle(BUSY), loop.settle(QUIET)
         assert busy is not None and quiet is not None and loop.quiet_reads.timer is not None
-        started = time.monotonic()
-        await busy
-        assert time.monotonic() - started < 0.3, "a busy watch: watch_coalesce_seconds"
-        await quiet
-        assert 0.4 < time.monotonic() - started < 1.5, "a quiet watch: watch_quiet_seconds"
+        await skip(60.0)
+        await done(busy)  # a busy watch: watch_coalesce_seconds
+        assert not loop.quiet_reads.ended.is_set(), "a quiet watch waits longer"
+        await skip(240.0)
+        await done(quiet)  # a quiet watch: watch_quiet_seconds
         loop.wake()  # an event read meanwhile: a pass is due at the end of the spacing
-        while loop.next_pass_at is not None and loop.next_pass_at - loop.clock() > 0.5:
-            await asyncio.sleep(0.01)
+        assert loop.next_pass_at is not None
+        await skip(loop.next_pass_at - loop.clock() - 250.0)  # the pass 250 s away: within a quiet wait
         near = loop.settle(QUIET)
         assert near is not None and loop.quiet_reads.timer is None, "the pass is near: no quiet wait"
-        await near
+        await skip(60.0)
+        await done(near)
         assert len(passes) == 1, "read before the next pass"
 
     settings = Settings(
-        resync_seconds=3600.0,
-        pass_spacing=40.0,
-        max_pass_spacing_seconds=2.0,
-        watch_coalesce_seconds=0.1,
-        watch_quiet_seconds=0.5,
+        resync_seconds=86400.0,
+        pass_spacing=1e5,
+        max_pass_spacing_seconds=1200.0,
+        watch_coalesce_seconds=60.0,
+        watch_quiet_seconds=300.0,
+        watch_quiet_bytes=300 * 384 * 1024,  # QUIET under 384 KiB a second, BUSY over it
     )
     drive(settings, step, script)
 
@@ -325,9 +354,9 @@ def test_the_watches_read_when_a_pass_ends_even_with_the_next_one_due() -> None:
     passes: list[float] = []
 
     def step(loop: Loop) -> None:
-        passes.append(time.monotonic())
+        passes.append(loop.clock())
         running.set()
-        release.wait(5)
+        release.wait(30)  # until the script lets it end (a guard against a hang)
 
     async def script(loop: Loop) -> None:
         await until_idle(loop)
@@ -338,10 +367,8 @@ def test_the_watches_read_when_a_pass_ends_even_with_the_next_one_due() -> None:
         assert waiting is not None
         loop.wake()  # an event read during the pass: the next pass is due as soon as this one ends
         release.set()
-        started = time.monotonic()
-        await waiting
-        assert time.monotonic() - started < 1, "read when the pass ended, not after the 5 s interval"
+        await done(waiting)  # read when the pass ended: the clock never reaches the 60 s interval
         assert len(passes) == 1, "read before the next pass started"
 
-    settings = Settings(resync_seconds=3600.0, pass_spacing=0.0, watch_coalesce_seconds=5.0)
+    settings = Settings(resync_seconds=86400.0, pass_spacing=0.0, watch_coalesce_seconds=60.0)
     drive(settings, step, script)

@@ -7,6 +7,8 @@ import random
 from dataclasses import replace
 from typing import Any
 
+from builders import gpu_node, operand_pod
+
 from gpu_operator.api.status import NodeProblem
 from gpu_operator.core import driver_upgrade as upgrades
 from gpu_operator.core import plan, status
@@ -15,7 +17,6 @@ from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import PodInfo
 from gpu_operator.core.plan import Observed, PolicyRef, build
 
-PCI = "feature.node.kubernetes.io/pci-10de.present"
 NOW = "2026-12-01T00:00:00Z"
 
 
@@ -45,11 +46,11 @@ def observed(nodes: dict[str, NodeInfo], pods: tuple[PodInfo, ...]) -> Observed:
 
 
 def test_a_warm_memo_decides_what_a_cold_one_does() -> None:
-    nodes = {f"gpu-{i}": NodeInfo(f"gpu-{i}", {PCI: "true"}, uid=f"u{i}") for i in range(3)}
+    nodes = {f"gpu-{i}": gpu_node(f"gpu-{i}", uid=f"u{i}") for i in range(3)}
     driver = {**nodes["gpu-0"].labels, "nvidia.com/gpu.deploy.driver": "true"}
     key = "nvidia.com/gpu.deploy.driver"
     nodes["gpu-0"] = replace(nodes["gpu-0"], labels=driver, own_labels=frozenset({key}))
-    pods = (PodInfo("d0", "driver", "gpu-0", False, "ContainerCreating", "", False, NOW),)
+    pods = (operand_pod("d0", "driver", "gpu-0", False, "ContainerCreating", created=NOW),)
     steps = [
         (nodes, pods),
         (nodes, (replace(pods[0], initialized=True),)),  # past k8s-driver-manager: the toolkit next

@@ -16,16 +16,15 @@ from typing import Any, cast
 import aiohttp
 import pytest
 import urllib3
+from builders import PCI, operand_daemonset, operand_pod
 
 from gpu_operator.api import parse_spec
 from gpu_operator.core.components import BY_NAME, COMPONENTS
 from gpu_operator.core.node_labels import NodeInfo
-from gpu_operator.core.observed import DaemonSetInfo, PodInfo
 from gpu_operator.core.plan import Observed, Plan, PolicyRef, build
 from gpu_operator.runtime import metrics, server
 from gpu_operator.runtime.client import ApiError, Kube
 
-PCI = "feature.node.kubernetes.io/pci-10de.present"
 NOW = "2026-01-01T00:00:00Z"
 
 
@@ -47,12 +46,8 @@ def plan_for(spec: dict[str, Any] | None, ready_pods: bool = False, nodes: int =
     ]
     labels = {PCI: "true", **{f"nvidia.com/gpu.deploy.{c}": "true" for c in components}}
     infos = {name: NodeInfo(name, labels) for name in names}
-    pods = tuple(PodInfo(f"{c}-{n}", c, n, True, "", "", False, NOW) for c in components for n in names)
-    daemonsets = {
-        ds: DaemonSetInfo(ds, c, 1, 1, nodes, nodes, nodes, nodes, 0, False)
-        for c in components
-        for ds in [BY_NAME[c].daemonset]
-    }
+    pods = tuple(operand_pod(f"{c}-{n}", c, n, created=NOW) for c in components for n in names)
+    daemonsets = {ds: operand_daemonset(ds, c, nodes) for c in components for ds in [BY_NAME[c].daemonset]}
     return build(Observed(policies, infos, pods, daemonsets, {}, "gpu-operator"), NOW)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from builders import PCI, gpu_node, node_body
 
 from gpu_operator.api import parse_spec
 from gpu_operator.core.components import BY_NAME, COMPONENTS, RUNTIME_LABEL
@@ -18,12 +19,6 @@ from gpu_operator.core.node_labels import (
     node_info,
     unmet_dependencies,
 )
-
-PCI = "feature.node.kubernetes.io/pci-10de.present"
-
-
-def gpu_node(labels: dict[str, str] | None = None, own: frozenset[str] = frozenset()) -> NodeInfo:
-    return NodeInfo("gpu-0", {PCI: "true", **(labels or {})}, 0, own)
 
 
 def ready_all(component: str, node: str) -> bool:
@@ -83,7 +78,7 @@ def test_fresh_gpu_node_gets_only_the_driver_first_then_the_toolkit_once_the_dri
     assert desired_labels(gpu_node(), spec, ready_none, only()) == first
     # The driver pod in its init containers (k8s-driver-manager): the toolkit label would be paused
     # by it, its pod evicted and re-created, where a driver is still loaded.
-    node = gpu_node({deploy("driver"): "true"})
+    node = gpu_node(labels={deploy("driver"): "true"})
     assert deploy("container-toolkit") not in desired_labels(node, spec, ready_none, only())
     # Past them, the driver container installing: the toolkit's pod waits in Init for it by itself.
     labels = desired_labels(node, spec, ready_none, only("driver"))
@@ -92,7 +87,7 @@ def test_fresh_gpu_node_gets_only_the_driver_first_then_the_toolkit_once_the_dri
 
 def test_the_validator_comes_only_once_the_toolkit_is_ready() -> None:
     spec = parse_spec({})
-    node = gpu_node({deploy("driver"): "true", deploy("container-toolkit"): "true"})
+    node = gpu_node(labels={deploy("driver"): "true", deploy("container-toolkit"): "true"})
     for waiting in (only(), only("driver")):
         labels = desired_labels(node, spec, waiting, ready_all)
         assert deploy("operator-validator") not in labels and deploy("device-plugin") not in labels
@@ -105,14 +100,14 @@ def test_the_validator_comes_only_once_the_toolkit_is_ready() -> None:
 def test_a_started_dependency_counts_only_for_what_waits_for_it_and_while_it_is_deployed() -> None:
     spec = parse_spec({})
     for value in ("paused-for-driver-upgrade", "custom"):
-        node = gpu_node({deploy("driver"): value})
+        node = gpu_node(labels={deploy("driver"): value})
         assert deploy("container-toolkit") not in desired_labels(node, spec, ready_none, ready_all), value
     toolkit, plugin = BY_NAME["container-toolkit"], BY_NAME["device-plugin"]
-    node = gpu_node({deploy("driver"): "true"})
+    node = gpu_node(labels={deploy("driver"): "true"})
     assert unmet_dependencies(toolkit, spec, node, ready_none) == ["driver"]  # not told: only when ready
     assert unmet_dependencies(toolkit, spec, node, ready_none, only("driver")) == []
     # The device plugin's pods do not wait for the toolkit: it must be ready.
-    node = gpu_node({deploy("driver"): "true", deploy("container-toolkit"): "true"})
+    node = gpu_node(labels={deploy("driver"): "true", deploy("container-toolkit"): "true"})
     assert unmet_dependencies(plugin, spec, node, only("driver"), ready_all) == ["container-toolkit"]
 
 
@@ -125,18 +120,10 @@ def test_registry_order_and_waits() -> None:
 
 
 def test_runtime_label_from_the_kubelet_else_default_runtime() -> None:
-    body = {
-        "metadata": {"name": "n", "labels": {PCI: "true"}},
-        "status": {"nodeInfo": {"containerRuntimeVersion": "cri-o://1.30.4"}},
-    }
+    body = node_body("n", {PCI: "true"}, status={"nodeInfo": {"containerRuntimeVersion": "cri-o://1.30.4"}})
     assert desired_labels(node_info(body), parse_spec({}), ready_none)[RUNTIME_LABEL] == "crio"
-    unknown = NodeInfo(
-        "n",
-        {PCI: "true"},
-        runtime=node_info(
-            {"metadata": {"name": "n"}, "status": {"nodeInfo": {"containerRuntimeVersion": "kwok-v0.8"}}}
-        ).runtime,
-    )
+    kwok = node_body("n", status={"nodeInfo": {"containerRuntimeVersion": "kwok-v0.8"}})
+    unknown = NodeInfo("n", {PCI: "true"}, runtime=node_info(kwok).runtime)
     assert unknown.runtime is None
     spec = parse_spec({"operator": {"defaultRuntime": "docker"}})
     assert desired_labels(unknown, spec, ready_none)[RUNTIME_LABEL] == "docker"
@@ -171,7 +158,7 @@ def test_chain_follows_readiness_per_node() -> None:
 
 def test_labels_once_set_by_us_are_kept_while_a_dependency_restarts() -> None:
     key = deploy("container-toolkit")
-    node = gpu_node({key: "true"}, own=frozenset({key, deploy("driver"), GPU_PRESENT}))
+    node = gpu_node(labels={key: "true"}, own_labels=frozenset({key, deploy("driver"), GPU_PRESENT}))
     assert desired_labels(node, parse_spec({}), ready_none)[key] == "true"
 
 
@@ -187,26 +174,26 @@ def test_disabled_dependency_counts_as_satisfied_but_its_own_dependencies_apply(
 
 
 def test_foreign_values_are_never_touched_and_opt_out_a_dependency() -> None:
-    node = gpu_node({deploy("driver"): "false"})
+    node = gpu_node(labels={deploy("driver"): "false"})
     labels = desired_labels(node, parse_spec({}), ready_none)
     assert deploy("driver") not in labels  # not ours: left as the user set it
     # A driver opted out on this node (pre-installed) no longer holds the toolkit back.
     assert labels[deploy("container-toolkit")] == "true"
-    paused = gpu_node({deploy("device-plugin"): "paused-for-driver-upgrade"})
+    paused = gpu_node(labels={deploy("device-plugin"): "paused-for-driver-upgrade"})
     assert deploy("device-plugin") not in desired_labels(paused, parse_spec({}), ready_all)
 
 
 def test_operands_false_takes_the_node_out() -> None:
-    node = gpu_node({DEPLOY_OPERANDS: "false"})
+    node = gpu_node(labels={DEPLOY_OPERANDS: "false"})
     assert desired_labels(node, parse_spec({}), ready_all) == {GPU_PRESENT: "true"}
 
 
 def test_mig_manager_only_on_mig_capable_nodes_with_default_layout() -> None:
-    node = gpu_node({"nvidia.com/mig.capable": "true"})
+    node = gpu_node(labels={"nvidia.com/mig.capable": "true"})
     labels = desired_labels(node, parse_spec({}), ready_all)
     assert labels[deploy("mig-manager")] == "true"
     assert labels[MIG_CONFIG] == "all-disabled"
-    user_layout = gpu_node({"nvidia.com/mig.capable": "true", "nvidia.com/mig.config": "all-1g.10gb"})
+    user_layout = gpu_node(labels={"nvidia.com/mig.capable": "true", "nvidia.com/mig.config": "all-1g.10gb"})
     assert MIG_CONFIG not in desired_labels(user_layout, parse_spec({}), ready_all)
 
 
@@ -217,23 +204,16 @@ def test_no_policy_or_non_gpu_node_owns_nothing() -> None:
 
 def test_cluster_facts_from_first_gpu_node() -> None:
     nodes = [
-        {
-            "metadata": {
-                "name": "cpu-0",
-                "labels": {"feature.node.kubernetes.io/system-os_release.ID": "rhel"},
-            }
-        },
-        {
-            "metadata": {
-                "name": "gpu-1",
-                "labels": {
-                    PCI: "true",
-                    "feature.node.kubernetes.io/system-os_release.ID": "rhel",
-                    "feature.node.kubernetes.io/system-os_release.VERSION_ID": "9.4",
-                    "feature.node.kubernetes.io/kernel-version.full": "5.14.0-427.el9.x86_64",
-                },
-            }
-        },
+        node_body("cpu-0", {"feature.node.kubernetes.io/system-os_release.ID": "rhel"}),
+        node_body(
+            "gpu-1",
+            {
+                PCI: "true",
+                "feature.node.kubernetes.io/system-os_release.ID": "rhel",
+                "feature.node.kubernetes.io/system-os_release.VERSION_ID": "9.4",
+                "feature.node.kubernetes.io/kernel-version.full": "5.14.0-427.el9.x86_64",
+            },
+        ),
     ]
     facts = cluster_facts(nodes, "ns", {})
     assert facts.os_tag == "rhel9"  # the driver image's tag: RHEL's major version only
@@ -245,10 +225,7 @@ def test_cluster_facts_from_first_gpu_node() -> None:
 def test_cluster_facts_list_every_kernel_and_runtime_in_nvidias_order() -> None:
     def node(name: str, kernel: str, runtime: str) -> dict[str, object]:
         labels = {PCI: "true", "feature.node.kubernetes.io/kernel-version.full": kernel}
-        return {
-            "metadata": {"name": name, "labels": labels},
-            "status": {"nodeInfo": {"containerRuntimeVersion": runtime}},
-        }
+        return node_body(name, labels, status={"nodeInfo": {"containerRuntimeVersion": runtime}})
 
     nodes = [
         node("a", "6.8", "docker://27"),
@@ -276,10 +253,7 @@ def test_cluster_facts_list_every_kernel_and_runtime_in_nvidias_order() -> None:
 )
 def test_without_nfd_the_os_comes_from_the_kubelet(os_image: str, tag: str | None) -> None:
     """The chart's node agent sets only PCI labels: the driver tag still gets the node's OS."""
-    node = {
-        "metadata": {"name": "gpu-0", "labels": {PCI: "true"}},
-        "status": {"nodeInfo": {"osImage": os_image}},
-    }
+    node = node_body("gpu-0", {PCI: "true"}, status={"nodeInfo": {"osImage": os_image}})
     assert cluster_facts([node], "ns", {}).os_tag == tag
 
 
@@ -289,10 +263,7 @@ def test_nfd_labels_win_over_the_kubelets_os_image() -> None:
         "feature.node.kubernetes.io/system-os_release.ID": "ubuntu",
         "feature.node.kubernetes.io/system-os_release.VERSION_ID": "24.04",
     }
-    node = {
-        "metadata": {"name": "gpu-0", "labels": labels},
-        "status": {"nodeInfo": {"osImage": "Ubuntu 22.04.4 LTS"}},
-    }
+    node = node_body("gpu-0", labels, status={"nodeInfo": {"osImage": "Ubuntu 22.04.4 LTS"}})
     assert cluster_facts([node], "ns", {}).os_tag == "ubuntu24.04"
 
 

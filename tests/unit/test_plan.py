@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from builders import PCI, gpu_node, operand_daemonset, operand_pod
 
 from gpu_operator.core.components import RUNTIME_LABEL
 from gpu_operator.core.node_labels import GPU_PRESENT, NodeInfo
@@ -40,7 +41,6 @@ from gpu_operator.core.psa import (
 )
 from gpu_operator.core.status import status_body
 
-PCI = "feature.node.kubernetes.io/pci-10de.present"
 NOW = "2026-11-29T12:00:00Z"
 OURS = ("gpu-operator", "kube-controller-manager")
 """The field managers of an object the operator created (and a controller updated the status of)."""
@@ -51,7 +51,7 @@ def policy(name: str = "cluster-policy", created: str = "2026-01-01T00:00:00Z", 
 
 
 def observed(*policies: PolicyRef, nodes: list[NodeInfo] | None = None, **kw: Any) -> Observed:
-    nodes = nodes if nodes is not None else [NodeInfo("gpu-0", {PCI: "true"}), NodeInfo("cpu-0", {})]
+    nodes = nodes if nodes is not None else [gpu_node(), NodeInfo("cpu-0", {})]
     return Observed(
         policies=policies,
         nodes={n.name: n for n in nodes},
@@ -112,7 +112,7 @@ def test_disabled_component_objects_are_deleted() -> None:
 def test_invalid_spec_changes_nothing_and_names_the_field() -> None:
     stale = ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-driver-daemonset")
     info = ObjectInfo(stale, "driver", "h", 1, "1", "uid-cluster-policy", OURS)
-    node = NodeInfo("gpu-0", {PCI: "true", GPU_PRESENT: "true"}, own_labels=frozenset({GPU_PRESENT}))
+    node = gpu_node(labels={GPU_PRESENT: "true"}, own_labels=frozenset({GPU_PRESENT}))
     bad = policy(driver={"upgradePolicy": {"maxUnavailable": "lots"}})
     plan = build(observed(bad, nodes=[node], objects={stale: info}), NOW)
     assert plan.objects == [] and plan.deletes == [] and plan.node_labels == {}
@@ -122,9 +122,7 @@ def test_invalid_spec_changes_nothing_and_names_the_field() -> None:
 
 
 def test_no_policy_removes_operator_labels_and_objects() -> None:
-    node = NodeInfo(
-        "gpu-0", {PCI: "true", GPU_PRESENT: "true", "team": "a"}, own_labels=frozenset({GPU_PRESENT})
-    )
+    node = gpu_node(labels={GPU_PRESENT: "true", "team": "a"}, own_labels=frozenset({GPU_PRESENT}))
     key = ("v1", "ConfigMap", "gpu-operator", "x")
     # Left by a ClusterPolicy that is gone; a user's object with our labels is not ours to delete.
     left = ObjectInfo(key, "driver", "h", 0, "1", "uid-deleted-policy", OURS)
@@ -137,10 +135,9 @@ def test_no_policy_removes_operator_labels_and_objects() -> None:
 
 def test_status_names_the_failing_node_and_reason() -> None:
     nodes = [
-        NodeInfo(
+        gpu_node(
             f"gpu-{i}",
             {
-                PCI: "true",
                 GPU_PRESENT: "true",
                 "nvidia.com/gpu.deploy.driver": "true",
                 RUNTIME_LABEL: "containerd",
@@ -150,9 +147,9 @@ def test_status_names_the_failing_node_and_reason() -> None:
         for i in range(2)
     ]
     pods = [
-        PodInfo("d0", "driver", "gpu-0", True, "", "", False, "t"),
+        operand_pod("d0", "driver", "gpu-0"),
         # Its main container crash-loops: past its init containers (k8s-driver-manager).
-        PodInfo("d1", "driver", "gpu-1", False, "CrashLoopBackOff", "back-off", False, "t", initialized=True),
+        operand_pod("d1", "driver", "gpu-1", False, "CrashLoopBackOff", "back-off", initialized=True),
     ]
     ds = {
         "nvidia-driver-daemonset": DaemonSetInfo(
@@ -178,9 +175,9 @@ def test_status_names_the_failing_node_and_reason() -> None:
 
 def test_a_toolkit_pod_waiting_in_init_for_its_driver_is_reported_as_waiting() -> None:
     deployed = ("nvidia.com/gpu.deploy.driver", "nvidia.com/gpu.deploy.container-toolkit")
-    node = NodeInfo(
+    node = gpu_node(
         "gpu-0",
-        {PCI: "true", GPU_PRESENT: "true", RUNTIME_LABEL: "containerd", **dict.fromkeys(deployed, "true")},
+        {GPU_PRESENT: "true", RUNTIME_LABEL: "containerd", **dict.fromkeys(deployed, "true")},
         own_labels=frozenset({GPU_PRESENT, RUNTIME_LABEL, *deployed}),
     )
 
@@ -190,8 +187,8 @@ def test_a_toolkit_pod_waiting_in_init_for_its_driver_is_reported_as_waiting() -
         component: dict[str, Any] = next(c for c in status["components"] if c["name"] == "container-toolkit")
         return component
 
-    building = PodInfo("d", "driver", "gpu-0", False, "Running", "", False, "t", initialized=True)
-    initializing = PodInfo("t", "container-toolkit", "gpu-0", False, "Pending", "", False, "t")
+    building = operand_pod("d", "driver", "gpu-0", False, "Running", initialized=True)
+    initializing = operand_pod("t", "container-toolkit", "gpu-0", False, "Pending")
     waiting = {"node": "gpu-0", "reason": "WaitingForDependency", "message": "waiting for driver"}
     for toolkit in (None, initializing):
         found = toolkit_status(building, toolkit)
@@ -266,8 +263,8 @@ def test_pod_reasons() -> None:
 
 
 def test_live_pod_speaks_over_terminating_one() -> None:
-    old = PodInfo("a", "driver", "n", True, "Terminating", "", True, "2026-01-02")
-    new = PodInfo("b", "driver", "n", False, "ContainerCreating", "", False, "2026-01-01")
+    old = operand_pod("a", "driver", "n", True, "Terminating", terminating=True, created="2026-01-02")
+    new = operand_pod("b", "driver", "n", False, "ContainerCreating", created="2026-01-01")
     assert pods_by_node([old, new])[("driver", "n")] == new
 
 
@@ -327,13 +324,9 @@ def test_status_counts_every_daemonset_of_a_component() -> None:
         )
         for n, r in runtimes.items()
     ]
-    pods = [PodInfo(f"t{n}", "container-toolkit", n, True, "", "", False, "t") for n in runtimes]
-    first = DaemonSetInfo(
-        "nvidia-container-toolkit-daemonset", "container-toolkit", 1, 1, 1, 1, 1, 1, 0, False
-    )
-    crio = DaemonSetInfo(
-        "nvidia-container-toolkit-daemonset-crio", "container-toolkit", 1, 1, 1, 1, 1, 1, 0, False
-    )
+    pods = [operand_pod(f"t{n}", "container-toolkit", n) for n in runtimes]
+    first = operand_daemonset("nvidia-container-toolkit-daemonset", "container-toolkit")
+    crio = operand_daemonset("nvidia-container-toolkit-daemonset-crio", "container-toolkit")
 
     def toolkit(daemonsets: dict[str, DaemonSetInfo]) -> dict[str, Any]:
         plan = build(observed(policy(), nodes=nodes, pods=pods, daemonsets=daemonsets), NOW)
@@ -387,8 +380,8 @@ def ready_everywhere(plan_objects: list[dict[str, Any]], node: str) -> dict[str,
     found = {
         o["metadata"]["name"]: component_of(o["metadata"]) for o in plan_objects if o["kind"] == "DaemonSet"
     }
-    pods = [PodInfo(f"{c}-x", c, node, True, "", "", False, NOW) for c in set(found.values())]
-    daemonsets = {ds: DaemonSetInfo(ds, c, 1, 1, 1, 1, 1, 1, 0, False) for ds, c in found.items()}
+    pods = [operand_pod(f"{c}-x", c, node, created=NOW) for c in set(found.values())]
+    daemonsets = {ds: operand_daemonset(ds, c) for ds, c in found.items()}
     return {"pods": pods, "daemonsets": daemonsets}
 
 

@@ -8,10 +8,10 @@ import threading
 from dataclasses import replace
 from typing import Any
 
+from builders import condition, daemonset_body, operand_pod, operand_pod_body
+
 from gpu_operator.core.components import BY_NAME, COMPONENTS
 from gpu_operator.core.node_labels import NodeInfo
-from gpu_operator.core.observed import PodInfo
-from gpu_operator.core.ownership import COMPONENT_LABEL
 from gpu_operator.core.status import operands_by_node, pods_by_node
 from gpu_operator.runtime.store import Store
 
@@ -19,13 +19,12 @@ from gpu_operator.runtime.store import Store
 def test_a_pod_whose_reason_alone_changed_only_asks_for_a_pass_soon() -> None:
     shown: list[bool] = []
     store = Store(shown=lambda: shown.append(True))
-    meta = {"name": "t1", "namespace": "gpu-operator", "labels": {COMPONENT_LABEL: "container-toolkit"}}
 
     def pod(ready: bool, waiting: str = "") -> dict[str, Any]:
-        status: dict[str, Any] = {"conditions": [{"type": "Ready", "status": str(ready)}]}
-        if waiting:
-            status["initContainerStatuses"] = [{"state": {"waiting": {"reason": waiting}}}]
-        return {"metadata": meta, "spec": {"nodeName": "gpu-0"}, "status": status}
+        status = {"initContainerStatuses": [{"state": {"waiting": {"reason": waiting}}}]} if waiting else {}
+        return operand_pod_body(
+            "t1", "container-toolkit", conditions=[condition("Ready", ready)], status=status
+        )
 
     assert store.record_pod(pod(False, "PodInitializing"), False), "a new pod decides"
     assert not store.record_pod(pod(False, "CrashLoopBackOff"), False) and shown == [True]
@@ -38,14 +37,10 @@ def test_a_pod_whose_reason_alone_changed_only_asks_for_a_pass_soon() -> None:
 def test_a_driver_pod_past_its_init_containers_decides() -> None:
     """The toolkit is labelled once the driver pod is Initialized (gpu_operator/core/node_labels.py)."""
     store = Store()
-    meta = {"name": "d1", "namespace": "gpu-operator", "labels": {COMPONENT_LABEL: "nvidia-driver"}}
 
     def pod(initialized: bool) -> dict[str, Any]:
-        conditions = [
-            {"type": "Initialized", "status": str(initialized)},
-            {"type": "Ready", "status": "False"},
-        ]
-        return {"metadata": meta, "spec": {"nodeName": "gpu-0"}, "status": {"conditions": conditions}}
+        conditions = [condition("Initialized", initialized), condition("Ready", False)]
+        return operand_pod_body("d1", "nvidia-driver", conditions=conditions)
 
     assert store.record_pod(pod(False), False)
     assert store.get("pods", "gpu-operator/d1").reason == "Pending"
@@ -56,18 +51,16 @@ def test_a_driver_pod_past_its_init_containers_decides() -> None:
 
 def test_a_daemonsets_status_counts_only_when_its_rollout_changes() -> None:
     store = Store()
-    meta = {
-        "name": "nvidia-dcgm",
-        "namespace": "gpu-operator",
-        "generation": 1,
-        "labels": {COMPONENT_LABEL: "dcgm"},
-    }
 
-    def ds(version: int, ready: int, desired: int = 3) -> dict[str, Any]:
-        status = {"observedGeneration": 1, "desiredNumberScheduled": desired, "numberReady": ready}
-        status |= {"updatedNumberScheduled": desired, "numberAvailable": ready}
-        body = {"apiVersion": "apps/v1", "kind": "DaemonSet", "status": status}
-        return body | {"metadata": meta | {"resourceVersion": str(version)}}
+    def ds(version: int, ready: int, desired: int = 3, generation: int = 1) -> dict[str, Any]:
+        return daemonset_body(
+            "nvidia-dcgm",
+            "dcgm",
+            ready=ready,
+            desired=desired,
+            resource_version=str(version),
+            generation=generation,
+        )
 
     assert store.record_managed(ds(1, 0), False)
     assert not store.record_managed(ds(2, 1), False), "1 of 3 ready: nothing the plan reads changed"
@@ -75,7 +68,7 @@ def test_a_daemonsets_status_counts_only_when_its_rollout_changes() -> None:
     assert not store.record_managed(ds(3, 2, desired=4), False)
     assert store.record_managed(ds(4, 4, desired=4), False), "rolled out"
     assert store.record_managed(ds(5, 5, desired=5), False), "rolled out on another node count"
-    assert store.record_managed(ds(6, 5, desired=5) | {"metadata": meta | {"generation": 2}}, False), "edited"
+    assert store.record_managed(ds(6, 5, desired=5, generation=2), False), "edited"
 
 
 def test_the_pod_that_speaks_for_each_slot_is_kept_as_pods_come_and_go() -> None:
@@ -86,15 +79,13 @@ def test_the_pod_that_speaks_for_each_slot_is_kept_as_pods_come_and_go() -> None
         if rng.random() < 0.2:
             store.put("pods", key, None)
         else:
-            pod = PodInfo(
+            pod = operand_pod(
                 key,
                 rng.choice(["driver", "dcgm"]),
                 rng.choice(["gpu-0", "gpu-1"]),
                 rng.random() < 0.5,
-                "",
-                "",
-                rng.random() < 0.3,
-                f"2026-12-01T00:00:{rng.randrange(60):02d}Z",
+                terminating=rng.random() < 0.3,
+                created=f"2026-12-01T00:00:{rng.randrange(60):02d}Z",
             )
             store.put("pods", key, pod)
         if step % 50 == 0:
@@ -114,7 +105,7 @@ def test_a_pod_change_gives_its_node_a_new_row_and_leaves_the_others_as_they_are
     """What the per-node memos rely on to find an unchanged node by one comparison (plan, status)."""
     store = Store()
     pods = {
-        node: PodInfo(f"gpu-operator/d-{node}", "driver", node, False, "", "", False, "2026-12-01T00:00:00Z")
+        node: operand_pod(f"gpu-operator/d-{node}", "driver", node, False, created="2026-12-01T00:00:00Z")
         for node in ("gpu-0", "gpu-1")
     }
     for pod in pods.values():

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from builders import condition, node_body
 from hypothesis import given
 from hypothesis import strategies as st
 from upgrade_world import PDB_MESSAGE, START, World
@@ -214,13 +215,10 @@ def test_any_selector_text_parses_or_says_why(text: str) -> None:
 
 
 def test_facts_from_bodies() -> None:
-    node = upgrade_node(
-        {
-            "metadata": {"name": "n1", "labels": {"a": "b"}},
-            "spec": {"unschedulable": True},
-            "status": {"conditions": [{"type": "Ready", "status": "False"}]},
-        }
+    body = node_body(
+        "n1", {"a": "b"}, spec={"unschedulable": True}, status={"conditions": [condition("Ready", False)]}
     )
+    node = upgrade_node(body)
     assert (node.name, node.unschedulable, node.ready) == ("n1", True, False)
     template = {
         "spec": {

@@ -12,7 +12,9 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any, cast
 
+import builders
 import pytest
+from builders import PCI, condition
 from test_reconciler import FakeKube, label_owner
 
 from gpu_operator.core.ownership import FIELD_MANAGER
@@ -32,7 +34,6 @@ from gpu_operator.runtime.reconciler import Reconciler
 from gpu_operator.runtime.settings import Settings
 from gpu_operator.runtime.store import Store
 
-PCI = "feature.node.kubernetes.io/pci-10de.present"
 OURS = {"app.kubernetes.io/managed-by": "gpu-operator"}
 NOW = time.time()
 """The time the fixtures are stamped from: set again before each test (`fresh_now`), since the passes
@@ -53,24 +54,21 @@ def stamp(seconds: float) -> str:
 def node_body(
     name: str, version: int, state: str = "upgrade-done", unschedulable: bool = False, **annotations: str
 ) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": name,
-            "uid": f"uid-{name}",
-            "resourceVersion": str(version),
-            "labels": {PCI: "true", STATE_LABEL: state},
-            "annotations": {
-                AUTO_UPGRADE_ANNOTATION: "true",
-                STATE_START_ANNOTATION: str(int(NOW - 60)),
-                "other.example.com/note": "not the upgrade's",
-                **annotations,
-            },
+    return builders.node_body(
+        name,
+        {PCI: "true", STATE_LABEL: state},
+        uid=f"uid-{name}",
+        resource_version=str(version),
+        annotations={
+            AUTO_UPGRADE_ANNOTATION: "true",
+            STATE_START_ANNOTATION: str(int(NOW - 60)),
+            "other.example.com/note": "not the upgrade's",
+            **annotations,
         },
-        "spec": {"unschedulable": True} if unschedulable else {},
-        "status": {"conditions": [{"type": "Ready", "status": "True"}]},
-    }
+        spec={"unschedulable": True} if unschedulable else {},
+        status={"conditions": [condition("Ready", True)]},
+        typed=True,
+    )
 
 
 def driver_daemonset() -> dict[str, Any]:
@@ -156,24 +154,19 @@ def pod_body(
         labels["controller-revision-hash"] = revision_hash
     resources = {"limits": {"nvidia.com/gpu": "1"}} if gpu else {}
     statuses = [{"name": "c", "ready": ready, "restartCount": restarts}]
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": "gpu-operator" if component else "ml",
-            "uid": f"uid-{name}",
-            "labels": labels,
-            "ownerReferences": [owner],
-            "creationTimestamp": stamp(NOW - 600 if created is None else created),
-        },
-        "spec": {"nodeName": node, "containers": [{"name": "c", "resources": resources}]},
-        "status": {
-            "phase": "Running",
-            "conditions": [{"type": "Ready", "status": "True" if ready else "False"}],
-            "containerStatuses": statuses,
-        },
-    }
+    return builders.pod_body(
+        name,
+        node,
+        namespace="gpu-operator" if component else "ml",
+        uid=f"uid-{name}",
+        labels=labels,
+        owners=[owner],
+        created=stamp(NOW - 600 if created is None else created),
+        containers=[{"name": "c", "resources": resources}],
+        conditions=[condition("Ready", ready)],
+        status={"phase": "Running", "containerStatuses": statuses},
+        typed=True,
+    )
 
 
 def _merge(target: dict[str, Any], patch: Mapping[str, Any]) -> None:

@@ -14,6 +14,7 @@ import pytest
 
 kopf = pytest.importorskip("kopf")
 from aiohttp import web  # noqa: E402
+from builders import daemonset_body, node_body  # noqa: E402
 from kopf._cogs.clients import auth, watching  # noqa: E402
 from kopf._cogs.structs import credentials, references  # noqa: E402
 
@@ -32,7 +33,7 @@ def line(kind: str | None, body: dict[str, Any]) -> bytes:
 
 
 def node(name: str, version: str, **labels: str) -> dict[str, Any]:
-    return {"kind": "Node", "metadata": {"name": name, "resourceVersion": version, "labels": labels}}
+    return node_body(name, labels, resource_version=version, typed=True)
 
 
 @dataclass
@@ -272,18 +273,12 @@ def test_only_policies_crds_and_the_namespace_go_through_kopfs_workers() -> None
         "namespaces",
     }
     record = next(w.record for w in every if w.plural == "daemonsets")
-    metadata = {
-        "name": "nvidia-dcgm",
-        "namespace": "gpu-operator",
-        "generation": 1,
-        "resourceVersion": "5",
-        "labels": {"app.kubernetes.io/managed-by": "gpu-operator", "app.kubernetes.io/component": "dcgm"},
-    }
+    ours = {"app.kubernetes.io/managed-by": "gpu-operator"}
 
     def daemonset(ready: int) -> dict[str, Any]:
-        status = {"observedGeneration": 1, "desiredNumberScheduled": 2, "numberReady": ready}
-        status |= {"updatedNumberScheduled": ready, "numberAvailable": ready}
-        return {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": metadata, "status": status}
+        return daemonset_body(
+            "nvidia-dcgm", "dcgm", ready=ready, desired=2, updated=ready, resource_version="5", labels=ours
+        )
 
     key = ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-dcgm")
     stream: list[Part] = [
