@@ -18,6 +18,18 @@ managers speak (k8s-driver-manager v0.12.0 `cmd/driver-manager/main.go`, mig-man
 * `pre-installed` on the driver label: k8s-driver-manager found a driver on the host
   (`disableContainerizedDriver`, main.go:549). The driver counts as satisfied for its dependents.
 * `false`: opted out (NVIDIA's meaning). Any other value is someone else's and is left alone, reported.
+
+When no ClusterPolicy is active (deleted, or `helm uninstall`, whose pre-delete hook deletes it), the
+operator removes the deploy labels of this protocol, not only the ones it owns (`uninstall_removals`),
+so that an uninstall leaves no `nvidia.com/gpu.deploy.*` marks behind (NVIDIA/gpu-operator#1391): a
+leftover `""` or pause would keep an operand off the node after a reinstall. Which writer is whose is
+told by the node's managedFields: a field manager is named after the writing binary (client-go's
+default User-Agent, up to its first "/", when the writer names none), so `gpu-operator` is this
+operator (and NVIDIA's, the same binary name), `driver-manager` and `nvidia-mig-manager` are the
+operand managers it deploys (`OPERAND_MANAGERS`). A deploy label goes when every manager that owns it
+is one of those, or when its value is `""` or a bare pause, which only the protocol writes (the
+shell-script versions of both managers wrote through `kubectl label`, whose manager `kubectl-label`
+is also a person's). `false` always stays, and so does any other value someone else wrote.
 """
 
 from __future__ import annotations
@@ -40,10 +52,18 @@ GPU_PRESENT = "nvidia.com/gpu.present"
 DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
 DEPLOY_OPERANDS = "nvidia.com/gpu.deploy.operands"
 PAUSED_MARK = "paused-for-"
+PAUSES = ("paused-for-driver-upgrade", "paused-for-mig-change")
+"""The pauses k8s-driver-manager and mig-manager write over a `true` (or an empty label)."""
 PRE_INSTALLED = "pre-installed"
 MIG_CONFIG = MIG_CONFIG_LABEL
 GPU_RESOURCE = "nvidia.com/gpu"
 NFD_PREFIX = "feature.node.kubernetes.io/"
+OPERAND_MANAGERS = frozenset({"driver-manager", "nvidia-mig-manager"})
+"""The field managers of the operand managers the operator deploys, which rewrite deploy labels on the
+operator's behalf: k8s-driver-manager (`/usr/bin/driver-manager`, the driver pod's init container) and
+mig-manager (`nvidia-mig-manager`). Both are client-go programs that name no field manager, so the
+API server names theirs after the binary (the User-Agent up to its first "/"). GFD writes no node
+label itself (NFD's nfd-master copies its NodeFeature), the other operands none at all."""
 PCI_LABELS = (
     "feature.node.kubernetes.io/pci-10de.present",
     "feature.node.kubernetes.io/pci-0302_10de.present",
@@ -64,6 +84,11 @@ class NodeInfo:
     """Those of `own_labels` another manager owns too (it wrote the same value)."""
     writers: Mapping[str, str] = field(default_factory=dict)
     """Deploy label → the manager that set it, for values other than "" and "true" (pauses, opt-outs)."""
+    protocol_labels: frozenset[str] = frozenset()
+    """The deploy labels every owner of which is the operator (`gpu-operator`, whatever the operation:
+    its apply, its patches, NVIDIA's operator's updates) or an operand manager (`OPERAND_MANAGERS`),
+    and `nvidia.com/gpu.present` when only the operator owns it: what an uninstall removes whatever
+    their value but `false` (`uninstall_removals`)."""
     resource_version: str = field(default="", compare=False)
     """The node as last seen: label writes carry it, so a stale view conflicts instead of overwriting."""
     uid: str = ""
@@ -106,23 +131,40 @@ def owned_label_keys(
 
 def _label_owners(
     managed_fields: Iterable[Mapping[str, Any]], labels: Mapping[str, str]
-) -> tuple[frozenset[str], frozenset[str], dict[str, str]]:
-    """(keys we own, of those the ones someone else owns too, unusual deploy labels → their manager)."""
+) -> tuple[frozenset[str], frozenset[str], dict[str, str], frozenset[str]]:
+    """(keys we own, of those the ones someone else owns too, unusual deploy labels → their manager,
+    the protocol's labels: see NodeInfo.protocol_labels)."""
     ours: set[str] = set()
     others: dict[str, str] = {}
+    managers: dict[str, set[str]] = {}
     for entry in managed_fields:
         fields = (entry.get("fieldsV1") or {}).get("f:metadata", {}).get("f:labels", {})
         keys = [key.removeprefix("f:") for key in fields if key.startswith("f:")]
-        if entry.get("manager") == FIELD_MANAGER and entry.get("operation") == "Apply":
+        manager = str(entry.get("manager") or "")
+        for key in keys:
+            managers.setdefault(key, set()).add(manager)
+        if manager == FIELD_MANAGER and entry.get("operation") == "Apply":
             ours.update(keys)
         else:
-            others.update(dict.fromkeys(keys, str(entry.get("manager") or "an unnamed manager")))
+            others.update(dict.fromkeys(keys, manager or "an unnamed manager"))
     writers = {
         key: manager
         for key, manager in others.items()
         if key.startswith(DEPLOY_PREFIX) and labels.get(key) not in (None, "", "true")
     }
-    return frozenset(ours), frozenset(ours & others.keys()), writers
+    # The labels' own key strings, not the managedFields' copies: thousands of nodes stay in memory.
+    protocol = frozenset(
+        key
+        for key in labels
+        if (key.startswith(DEPLOY_PREFIX) or key == GPU_PRESENT)
+        and (owners := managers.get(key))
+        and owners <= (_OPERATOR if key == GPU_PRESENT else _PROTOCOL)
+    )
+    return frozenset(ours), frozenset(ours & others.keys()), writers, protocol
+
+
+_OPERATOR = frozenset({FIELD_MANAGER})
+_PROTOCOL = _OPERATOR | OPERAND_MANAGERS
 
 
 def _quantity_int(value: Any) -> int:
@@ -147,7 +189,7 @@ def node_info(body: Mapping[str, Any]) -> NodeInfo:
     allocatable = status.get("allocatable") or {}
     node_status = status.get("nodeInfo") or {}
     labels = dict(metadata.get("labels") or {})
-    own, shared, writers = _label_owners(metadata.get("managedFields") or (), labels)
+    own, shared, writers, protocol = _label_owners(metadata.get("managedFields") or (), labels)
     return NodeInfo(
         name=metadata["name"],
         labels=labels,
@@ -155,6 +197,7 @@ def node_info(body: Mapping[str, Any]) -> NodeInfo:
         own_labels=own,
         shared_labels=shared,
         writers=writers,
+        protocol_labels=protocol,
         resource_version=str(metadata.get("resourceVersion") or ""),
         uid=str(metadata.get("uid") or ""),
         runtime=_runtime(str(node_status.get("containerRuntimeVersion") or "")),
@@ -342,6 +385,34 @@ def released_labels(node: NodeInfo, wanted: Mapping[str, str]) -> dict[str, str]
         for key in sorted(node.shared_labels - wanted.keys())
         if key.startswith(DEPLOY_PREFIX) and node.labels.get(key) == "true"
     }
+
+
+def uninstall_removals(node: NodeInfo) -> dict[str, str]:
+    """With no active ClusterPolicy: the labels to remove from `node` explicitly, each with the value it
+    must still have, besides the ones the operator's empty apply drops (those only it owns).
+
+    Every deploy label the operator or the operand managers it deploys wrote (`protocol_labels`:
+    their `true`, `""` and pauses, k8s-driver-manager's `pre-installed`), and any `""` or bare pause,
+    whoever wrote it: only the protocol writes those (k8s-driver-manager's `""` for every operand it
+    does not find labelled, mig-manager's `true` for nvsm), and left behind they would keep an operand
+    off the node after a reinstall. Never `false` (an opt-out is a person's decision, which the
+    managers carry over unchanged), nor another value someone else wrote. `nvidia.com/gpu.present`
+    too when the operator alone owns it under another operation (NVIDIA's operator wrote it).
+    """
+    applied_only = node.own_labels - node.shared_labels
+    return {
+        key: value
+        for key, value in sorted(node.labels.items())
+        if key not in applied_only
+        and value != "false"
+        and (key in node.protocol_labels or (key.startswith(DEPLOY_PREFIX) and value in ("", *PAUSES)))
+    }
+
+
+def left_on_uninstall(node: NodeInfo) -> list[str]:
+    """The labels the operator still has to remove from `node` once no ClusterPolicy is active: the ones
+    it owns (its empty apply drops them) and `uninstall_removals`. Empty: nothing of ours is left."""
+    return sorted({key for key in node.own_labels if key in node.labels} | uninstall_removals(node).keys())
 
 
 def _foreign(node: NodeInfo, key: str) -> bool:

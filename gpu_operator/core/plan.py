@@ -26,6 +26,7 @@ from gpu_operator.core.node_labels import (
     desired_labels,
     gpu_nodes,
     released_labels,
+    uninstall_removals,
 )
 from gpu_operator.core.observed import (
     HASH_ANNOTATION,
@@ -119,7 +120,9 @@ class Plan:
     notes: list[Note]
     """Remarks about the active policy (unsupported sections, NVIDIADriver CRD, skipped objects)."""
     label_releases: dict[str, dict[str, str]] = field(default_factory=dict)
-    """Nodes → shared deploy labels to remove explicitly, with the value each must still have."""
+    """Nodes → labels to remove explicitly, with the value each must still have, after the node's
+    apply if it is in `node_labels` too: shared deploy labels, and with no active policy the operand
+    managers' (node_labels.uninstall_removals)."""
     namespace_write: NamespaceWrite | None = None
     """The operand namespace's pod-security labels to change (psa.enabled)."""
     gpu_nodes: int = 0
@@ -246,8 +249,9 @@ def build(
     nodes = list(observed.nodes.values())
     count = len(gpu_nodes(nodes))
     if active is None:
+        # Uninstalled (or not installed yet): every label of ours goes, and the operand managers' too.
         labels = _label_changes(nodes, None, is_ready, is_started, operands)
-        releases = _releases(observed.nodes, labels)
+        releases = _uninstall_releases(observed.nodes, labels)
         psa = namespace_write(observed.operand_namespace, enabled=False)
         uids = {p.uid for p in policies}
         deletes = sorted(k for k, info in observed.objects.items() if created_by_us(info, None, uids))
@@ -440,6 +444,21 @@ def _releases(
 ) -> dict[str, dict[str, str]]:
     found = {name: released_labels(nodes[name], want) for name, want in labels.items()}
     return {name: keys for name, keys in found.items() if keys}
+
+
+def _uninstall_releases(
+    nodes: Mapping[str, NodeInfo], labels: Mapping[str, Mapping[str, str]]
+) -> dict[str, dict[str, str]]:
+    """With no active policy: on every node (not only those whose own labels change), the labels to
+    remove besides the empty apply's (`uninstall_removals`, and the shared ones `released_labels`
+    gives). Kept nowhere but on the nodes, so an operator restarted half-way through finds the rest."""
+    found: dict[str, dict[str, str]] = {}
+    for name, node in nodes.items():
+        remove = released_labels(node, labels[name]) if name in labels else {}
+        remove.update(uninstall_removals(node))
+        if remove:
+            found[name] = remove
+    return found
 
 
 SERVICE_MONITOR_SKIPPED = (

@@ -5,9 +5,10 @@ so without this hook the ClusterPolicy would go last, when no operator is left t
 labels it set (nvidia.com/gpu.present, nvidia.com/gpu.deploy.*). The operands themselves would
 still go (the garbage collector follows their ownerReferences), the labels would not.
 
-Deletes the ClusterPolicy, then waits (at most `timeout` seconds) until no node carries a label owned
-by the operator's field manager. Always returns 0: a missing operator must not make the release
-impossible to uninstall; it is logged instead, one JSON line per message.
+Deletes the ClusterPolicy, then waits (at most `timeout` seconds) until no node carries a label the
+operator removes once no policy is active (core/node_labels.py `left_on_uninstall`: its own, and the
+deploy labels its operand managers wrote on its behalf). Always returns 0: a missing operator must
+not make the release impossible to uninstall; it is logged instead, one JSON line per message.
 """
 
 from __future__ import annotations
@@ -17,18 +18,13 @@ import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
-from gpu_operator.core.node_labels import DEPLOY_PREFIX, GPU_PRESENT, owned_label_keys
+from gpu_operator.core.node_labels import left_on_uninstall, node_info
 from gpu_operator.runtime.client import ApiError, Kube, path
-
-LABEL_PREFIXES = (DEPLOY_PREFIX, GPU_PRESENT)
 
 
 def operator_labels(node: Mapping[str, Any]) -> list[str]:
-    """Labels of `node` set by the operator (owned by its field manager), not by hand."""
-    metadata = node.get("metadata") or {}
-    labels = metadata.get("labels") or {}
-    owned = owned_label_keys(metadata.get("managedFields") or ())
-    return sorted(k for k in owned if k in labels and k.startswith(LABEL_PREFIXES))
+    """Labels of `node` the operator still has to remove, not those set by hand."""
+    return left_on_uninstall(node_info(node))
 
 
 def cleanup(kube: Kube, policy: str, timeout: float, out: TextIO) -> int:

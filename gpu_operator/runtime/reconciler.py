@@ -315,7 +315,7 @@ class Reconciler:
         # the objects, a 10-node rollout's first stage waited a second for every component's chain of
         # applies; behind a 100-node stage's labels, the driver's DaemonSet went out 2.9 s after the
         # policy, 2 s after its first label (bench/README.md).
-        labelling = (
+        labelling = [
             partial(
                 self._label,
                 observed.nodes[node],
@@ -325,7 +325,13 @@ class Reconciler:
                 stale,
             )
             for node, labels in plan.node_labels.items()
-        )
+        ]
+        # Nodes with only labels to remove (an uninstall's: the operand managers' deploy labels).
+        labelling += [
+            partial(self._release, node, releases, label_errors)
+            for node, releases in plan.label_releases.items()
+            if node not in plan.node_labels
+        ]
         labelled = [self.pool.submit(job) for job in labelling]
         try:
             leading = labelled_components(plan.node_labels) if verdict.writes else set()
@@ -533,6 +539,13 @@ class Reconciler:
             if done and releases:
                 log.info("node %s: removing shared labels %s", node.name, sorted(releases))
                 self.kube.rewrite_labels("Node", node.name, {k: (v, None) for k, v in releases.items()})
+
+    def _release(self, node: str, releases: Mapping[str, str], errors: dict[str, str]) -> None:
+        """Remove labels the operator does not own, each only if it still has the value planned on (a
+        change meanwhile leaves them all to the next pass, which the change's watch event wakes)."""
+        log.info("node %s: removing labels %s", node, sorted(releases))
+        with _recorded(errors, f"node/{node}"):
+            self.kube.rewrite_labels("Node", node, {k: (v, None) for k, v in releases.items()})
 
     def _node_after_conflict(self, name: str, refused: str) -> NodeInfo | None:
         """The node as it is now, after a label write on its version `refused` was refused as stale.

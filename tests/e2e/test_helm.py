@@ -23,10 +23,10 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from gpu_operator.core.components import BY_LABEL
+from gpu_operator.core.node_labels import left_on_uninstall, node_info
 
 from .kube_helpers import SIMULATED_NODE_LABEL, Cluster, wait_for, wait_timeout
 from .operator_process import OPERATOR, ROOT, OperatorProcess, helm, sa_kubeconfig
-from .test_operator import operator_labels, owned_labels
 
 pytestmark = pytest.mark.e2e
 
@@ -140,9 +140,10 @@ def leftovers(cluster: Cluster) -> list[str]:
     for kind, list_all in cluster_wide:
         found += [f"{kind} {o.metadata.name}" for o in list_all(label_selector=MANAGED).items]
     for node in core.list_node().items:
-        # Only what the operator set: the driver manager's own "" marks for components the operator
-        # does not run (k8s-driver-manager v0.12.0) are not ours to remove.
-        labels = operator_labels(node.metadata.labels or {}) & owned_labels(node)
+        # What the operator set, and what its operands' managers wrote on its behalf (the driver
+        # manager's "" marks for the components nobody runs, k8s-driver-manager v0.12.0); a person's
+        # labels stay.
+        labels = left_on_uninstall(node_info(core.api_client.sanitize_for_serialization(node)))
         if labels:
             found.append(f"node {node.metadata.name} labels {sorted(labels)}")
     return found

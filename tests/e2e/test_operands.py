@@ -294,3 +294,86 @@ def test_driver_restart_evicts_gpu_pods_and_pauses_the_operands(cluster: Cluster
     # k8s-driver-manager cordoned the node to evict the GPU job, and uncordoned it afterwards.
     assert values[UNSCHEDULABLE] == ["false", "true", "false"], values[UNSCHEDULABLE]
     wait_state(cluster, "cluster-policy", "ready")
+
+
+HOLD = "e2e.gpu-operator/hold"
+"""A finalizer that keeps an operand pod terminating, and so k8s-driver-manager waiting with the
+operands paused, for as long as a test needs."""
+
+
+def deploy_labels(cluster: Cluster) -> dict[str, dict[str, tuple[str, set[str]]]]:
+    """GPU node → its `nvidia.com/gpu.deploy.*` labels, each with its value and the managers owning it."""
+    found: dict[str, dict[str, tuple[str, set[str]]]] = {}
+    for node in client.CoreV1Api(cluster.api).list_node().items:
+        managers: dict[str, set[str]] = {}
+        for entry in node.metadata.managed_fields or []:
+            for key in ((entry.fields_v1 or {}).get("f:metadata") or {}).get("f:labels") or {}:
+                managers.setdefault(key.removeprefix("f:"), set()).add(entry.manager)
+        labels = node.metadata.labels or {}
+        found[node.metadata.name] = {
+            k: (v, managers.get(k, set()))
+            for k, v in labels.items()
+            if k.startswith("nvidia.com/gpu.deploy.")
+        }
+    return found
+
+
+def test_deleting_the_policy_mid_driver_upgrade_removes_every_deploy_label_but_a_persons(
+    cluster: Cluster,
+    clean: Any,  # noqa: F811  (the fixture imported above)
+) -> None:
+    """NVIDIA/gpu-operator#1391: the policy deleted while k8s-driver-manager holds the operands paused
+    on a node, and the operator killed as it starts cleaning up. The restarted operator removes every
+    deploy label it or the operand managers wrote (k8s-driver-manager's pauses and `""` marks, its
+    restored `true`s, mig-manager's), and keeps the opt-outs a person set with kubectl."""
+    node = "gpu-node-1"
+    mine = {"nvidia.com/gpu.deploy.dcgm": "false", "nvidia.com/gpu.deploy.dcgm-exporter": "false"}
+    # The exporter too: without DCGM on the node it would crash-loop, as the real image does.
+    cluster.kubectl("label", "node", node, *(f"{k}={v}" for k, v in mine.items()))
+    core = client.CoreV1Api(cluster.api)
+    held = None
+    try:
+        force = {"manager": {"env": [{"name": "FORCE_REINSTALL", "value": "true"}]}}
+        apply_policy(cluster, policy(driver=force))
+        wait_state(cluster, "cluster-policy", "ready")
+        before = ready_pods(cluster, node)
+        held = before["device-plugin"].metadata.name
+        core.patch_namespaced_pod(held, NS, {"metadata": {"finalizers": [HOLD]}})
+        # A new driver pod on a node with a driver loaded: its k8s-driver-manager pauses the operands
+        # and waits for their pods, the device plugin's among them, to go.
+        core.delete_namespaced_pod(before[DRIVER].metadata.name, NS)
+        paused = "nvidia.com/gpu.deploy.device-plugin"
+
+        def holding() -> None:
+            value, managers = deploy_labels(cluster)[node].get(paused, ("", set()))
+            assert (value, managers) == (PAUSED_FOR_DRIVER, {"driver-manager"}), (value, managers)
+
+        wait_for(holding, timeout=CONVERGE, what=f"k8s-driver-manager pausing the operands on {node}")
+        left = deploy_labels(cluster)
+        # What a cleanup has to remove besides the operator's own labels: the managers' marks for the
+        # operands nobody runs (k8s-driver-manager's "", mig-manager's `true`), on every GPU node.
+        nvsm = {n: left[n].get("nvidia.com/gpu.deploy.nvsm") for n in gpu_nodes(cluster.api)}
+        managers = {"driver-manager", "nvidia-mig-manager"}
+        assert all(found and found[1] <= managers for found in nvsm.values()), nvsm
+        custom = client.CustomObjectsApi(cluster.api)
+        custom.delete_cluster_custom_object("nvidia.com", "v1", "clusterpolicies", "cluster-policy")
+        clean.kill()
+        clean.start()
+
+        def only_mine_left() -> None:
+            found = {n: labels for n, labels in deploy_labels(cluster).items() if labels}
+            assert found == {node: {k: (v, {"kubectl-label"}) for k, v in mine.items()}}, found
+
+        wait_for(
+            only_mine_left, timeout=CONVERGE, what="every deploy label of the operator and operands gone"
+        )
+        # The device plugin's pod was held all along: k8s-driver-manager never lifted its pause itself.
+        assert core.read_namespaced_pod(held, NS).metadata.deletion_timestamp is not None
+    finally:
+        if held is not None:
+            try:
+                core.patch_namespaced_pod(held, NS, {"metadata": {"finalizers": None}})
+            except kubernetes.client.ApiException as exc:
+                if exc.status != 404:
+                    raise
+        cluster.kubectl("label", "node", node, *(f"{k}-" for k in mine))

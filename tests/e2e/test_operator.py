@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from gpu_operator.core.components import BY_LABEL, BY_NAME, COMPONENTS
+from gpu_operator.core.node_labels import left_on_uninstall, node_info
 
 from .kube_helpers import (
     Cluster,
@@ -157,22 +158,11 @@ def assert_cleaned_up(cluster: Cluster) -> None:
     ]
     assert not left, f"operator objects left: {left}"
     for node in core.list_node().items:
-        labels = node.metadata.labels or {}
-        owned = owned_labels(node)
-        ours = {k: v for k, v in labels.items() if k in operator_labels(labels) and k in owned}
-        # None the operator still owns may remain. Values other tools wrote stay, as on a real node:
-        # the tests' "false", and what k8s-driver-manager and mig-manager patched (hack/emulators).
-        assert not ours, f"{node.metadata.name} keeps operator labels {ours}"
-
-
-def owned_labels(node: Any) -> set[str]:
-    """Label keys the operator's field manager (server-side apply) owns on the node."""
-    keys: set[str] = set()
-    for entry in node.metadata.managed_fields or []:
-        if entry.manager == "gpu-operator" and entry.operation == "Apply":
-            labels = ((entry.fields_v1 or {}).get("f:metadata") or {}).get("f:labels") or {}
-            keys |= {k.removeprefix("f:") for k in labels}
-    return keys
+        # None the operator still owns may remain, nor a deploy label the operand managers wrote on its
+        # behalf (core/node_labels.py `left_on_uninstall`). Values other tools wrote stay, as on a real
+        # node: the tests' "false".
+        left = left_on_uninstall(node_info(core.api_client.sanitize_for_serialization(node)))
+        assert not left, f"{node.metadata.name} keeps operator labels {left}"
 
 
 def assert_pods_exactly_on_gpu_nodes(cluster: Cluster, policy: dict[str, Any]) -> None:

@@ -21,13 +21,22 @@ from gpu_operator.runtime.kubeconfig import write_service_account_kubeconfig
 DEPLOY = "nvidia.com/gpu.deploy.driver"
 
 
-def node(name: str, labels: dict[str, str], owned: list[str]) -> dict[str, Any]:
+def node(
+    name: str, labels: dict[str, str], owned: list[str], manager: str = "gpu-operator"
+) -> dict[str, Any]:
+    """A Node whose labels `owned` belong to `manager` (the operator's apply by default), the rest to
+    kubectl-label (a person)."""
     fields: dict[str, Any] = {"f:metadata": {"f:labels": {f"f:{key}": {} for key in owned}}}
+    hand: dict[str, Any] = {"f:metadata": {"f:labels": {f"f:{k}": {} for k in labels if k not in owned}}}
+    operation = "Apply" if manager == "gpu-operator" else "Update"
     return {
         "metadata": {
             "name": name,
             "labels": labels,
-            "managedFields": [{"manager": "gpu-operator", "operation": "Apply", "fieldsV1": fields}],
+            "managedFields": [
+                {"manager": manager, "operation": operation, "fieldsV1": fields},
+                {"manager": "kubectl-label", "operation": "Update", "fieldsV1": hand},
+            ],
         }
     }
 
@@ -62,11 +71,17 @@ def run(fake: FakeKube, timeout: float = 30.0) -> list[dict[str, Any]]:
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
-def test_only_labels_the_operator_owns_count() -> None:
-    hand = node("a", {DEPLOY: "true", "nvidia.com/gpu.present": "true", "team": "x"}, ["team"])
+def test_only_labels_the_operator_removes_count() -> None:
+    hand = node("a", {DEPLOY: "true", "nvidia.com/gpu.present": "true", "team": "x"}, [])
     assert operator_labels(hand) == []
     ours = node("b", {DEPLOY: "true", "nvidia.com/gpu.present": "true"}, [DEPLOY, "nvidia.com/gpu.present"])
     assert operator_labels(ours) == [DEPLOY, "nvidia.com/gpu.present"]
+    # k8s-driver-manager's marks (written on the operator's behalf) go too; a person's opt-out stays.
+    nvsm, dcgm = "nvidia.com/gpu.deploy.nvsm", "nvidia.com/gpu.deploy.dcgm"
+    manager = node(
+        "c", {nvsm: "", DEPLOY: "paused-for-driver-upgrade", dcgm: "false"}, [nvsm, DEPLOY], "driver-manager"
+    )
+    assert operator_labels(manager) == [DEPLOY, nvsm]
 
 
 def test_deletes_the_policy_and_waits_for_the_labels_to_go() -> None:

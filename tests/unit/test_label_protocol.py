@@ -32,7 +32,8 @@ from hack.operand_managers import (
     mig_manager_true,
 )
 
-DRIVER_MANAGER = "k8s-driver-manager"
+DRIVER_MANAGER = "driver-manager"
+"""k8s-driver-manager's field manager: its binary's name (client-go's default User-Agent)."""
 MIG_MANAGER = "nvidia-mig-manager"
 NOW = "2026-12-01T00:00:00Z"
 
@@ -277,28 +278,61 @@ def test_driver_upgrade_pause_is_respected_reported_and_restored() -> None:
     assert all(c["state"] == "ready" for c in cluster.reconcile().values() if c["enabled"])
 
 
-def test_cleanup_after_a_restore_removes_what_the_operator_shared() -> None:
+def deploy_labels(node: Node) -> dict[str, str]:
+    return {k: v for k, v in node.labels.items() if k.startswith(deploy(""))}
+
+
+def test_cleanup_after_a_restore_removes_the_operators_and_the_managers_labels() -> None:
     cluster = Cluster()
     cluster.node.driver_manager_reschedules()
     cluster.bring_up(STACK)
     cluster.node.driver_manager_evicts()
     cluster.node.driver_manager_reschedules()
     cluster.bring_up(STACK)
+    # The driver manager's "" marks for the operands nobody deploys here, and the `true`s it restored.
+    assert cluster.node.owners[deploy("nvsm")] == {DRIVER_MANAGER}
+    assert cluster.node.owners[deploy("device-plugin")] == {DRIVER_MANAGER, "gpu-operator"}
     cluster.spec = None  # the policy is deleted
     cluster.reconcile()
-    left = {k: v for k, v in cluster.node.labels.items() if k.startswith("nvidia.com/")}
-    # What stays is the driver manager's own "not decided" marks for operands nobody deployed.
-    assert left and all(v == "" and cluster.node.owners[k] == {DRIVER_MANAGER} for k, v in left.items()), left
+    assert deploy_labels(cluster.node) == {}
+    assert GPU_PRESENT not in cluster.node.labels
+    version = cluster.node.version
+    cluster.reconcile()
+    assert cluster.node.version == version, "a write with nothing left to remove"
 
 
-def test_pause_during_cleanup_is_left_to_its_manager() -> None:
+def test_cleanup_during_a_pause_removes_it_and_keeps_a_persons_opt_out() -> None:
     cluster = Cluster()
+    cluster.node.patch("kubectl-label", {deploy("dcgm-exporter"): "false"})
+    cluster.node.driver_manager_reschedules()
+    cluster.bring_up(STACK)
+    cluster.node.driver_manager_evicts()
+    assert cluster.node.labels[deploy("device-plugin")] == "paused-for-driver-upgrade"
+    # The manager carried the opt-out over unchanged: it is still the person's.
+    assert cluster.node.owners[deploy("dcgm-exporter")] == {"kubectl-label"}
+    cluster.spec = None
+    cluster.reconcile()
+    assert deploy_labels(cluster.node) == {deploy("dcgm-exporter"): "false"}
+
+
+def test_cleanup_goes_on_after_a_restart_and_after_a_late_manager_write() -> None:
+    """The operator keeps nothing about a cleanup but what the node says: killed between its apply
+    and its removals, the next operator finishes; a manager writing again afterwards (its pod not yet
+    gone) is cleaned up by the pass its write wakes."""
+    cluster = Cluster()
+    cluster.node.driver_manager_reschedules()
     cluster.bring_up(STACK)
     cluster.node.driver_manager_evicts()
     cluster.spec = None
+    plan = build(cluster.observed(), NOW)
+    cluster.node.apply(plan.node_labels[cluster.node.name])  # killed before the removals
+    assert deploy_labels(cluster.node) and not any("gpu-operator" in o for o in cluster.node.owners.values())
     cluster.reconcile()
-    assert cluster.node.labels[deploy("device-plugin")] == "paused-for-driver-upgrade"
-    assert deploy("driver") not in cluster.node.labels
+    assert deploy_labels(cluster.node) == {}
+    cluster.node.driver_manager_reschedules()
+    assert deploy_labels(cluster.node)
+    cluster.reconcile()
+    assert deploy_labels(cluster.node) == {}
 
 
 def test_mig_reconfiguration_pauses_and_restores_even_absent_labels() -> None:
@@ -314,8 +348,11 @@ def test_mig_reconfiguration_pauses_and_restores_even_absent_labels() -> None:
     cluster.bring_up(STACK | {"mig-manager"})
     components = cluster.reconcile()
     assert all(components[c]["state"] == "ready" for c in STACK | {"mig-manager"})
-    # nvsm was never ours: mig-manager's "true" for it stays its own.
+    # nvsm was never ours: mig-manager's "true" for it stays its own, until the policy goes.
     assert cluster.node.owners[deploy("nvsm")] == {MIG_MANAGER}
+    cluster.spec = None
+    cluster.reconcile()
+    assert deploy_labels(cluster.node) == {}
 
 
 def test_pre_installed_driver_counts_as_satisfied() -> None:

@@ -719,6 +719,30 @@ def test_shared_labels_leaving_the_set_are_removed_explicitly() -> None:
     assert fake.rewritten == {("Node", "gpu-0"): {key: ("true", None)}}
 
 
+def test_with_no_policy_the_managers_labels_go_even_where_the_operator_owns_none() -> None:
+    fake = FakeKube()
+    store = Store()
+    nvsm, plugin = "nvidia.com/gpu.deploy.nvsm", "nvidia.com/gpu.deploy.device-plugin"
+    # Only k8s-driver-manager's marks are left: its "" and a pause (the operator's apply went already).
+    store.put(
+        "nodes",
+        "gpu-0",
+        NodeInfo(
+            "gpu-0",
+            {PCI: "true", nvsm: "", plugin: "paused-for-driver-upgrade"},
+            protocol_labels=frozenset({nvsm, plugin}),
+            uid="u0",
+        ),
+    )
+    rec = Reconciler(cast(Kube, fake), store, Settings(stale_wait_seconds=0.05), crd_current=True)
+    outcome = rec.run_once()
+    assert fake.labels == {}, "an apply with nothing of the operator's to change"
+    assert fake.rewritten == {
+        ("Node", "gpu-0"): {nvsm: ("", None), plugin: ("paused-for-driver-upgrade", None)}
+    }
+    assert not outcome.errors
+
+
 def test_psa_namespace_write_restores_then_applies_never_creating_it() -> None:
     enforce, audit, warn = PSA_LABELS
     fake = FakeKube()
