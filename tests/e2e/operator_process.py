@@ -17,10 +17,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from kubernetes import client
+
 from gpu_operator.runtime.client import Kube
 from gpu_operator.runtime.kubeconfig import write_service_account_kubeconfig
 
-from .kube_helpers import Cluster
+from .kube_helpers import SIMULATED_NODE_LABEL, Cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR = Path(sys.executable).parent / "gpu-operator"
@@ -41,6 +43,20 @@ def helm(cluster: Cluster, *args: str) -> str:
     )
     assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stderr}"
     return result.stdout
+
+
+def run_cleanup_hook(cluster: Cluster, policy: str) -> None:
+    """What the chart's pre-delete hook Job runs (`gpu-operator cleanup`), run here where kwok would
+    complete the Job without running it (simulated nodes run no container)."""
+    core: Any = client.CoreV1Api(cluster.api)
+    if not core.list_node(label_selector=f"{SIMULATED_NODE_LABEL}=true").items:
+        return  # a real cluster runs the hook itself
+    subprocess.run(
+        [str(OPERATOR), "cleanup", "--policy", policy, "--timeout", "120"],
+        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+        check=True,
+        timeout=150,
+    )
 
 
 def sa_kubeconfig(

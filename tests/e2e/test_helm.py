@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,8 +23,8 @@ from kubernetes.client.exceptions import ApiException
 from gpu_operator.core.components import BY_LABEL
 from gpu_operator.core.node_labels import left_on_uninstall, node_info
 
-from .kube_helpers import SIMULATED_NODE_LABEL, Cluster, wait_for, wait_timeout
-from .operator_process import OPERATOR, ROOT, OperatorProcess, helm, sa_kubeconfig
+from .kube_helpers import Cluster, wait_for, wait_timeout
+from .operator_process import ROOT, OperatorProcess, helm, run_cleanup_hook, sa_kubeconfig
 
 pytestmark = pytest.mark.e2e
 
@@ -152,16 +150,25 @@ def leftovers(cluster: Cluster) -> list[str]:
 # --- the tests, in order -------------------------------------------------------------------------
 
 
+def rendered_spec(cluster: Cluster) -> dict[str, Any]:
+    """The ClusterPolicy spec the chart renders with the fixture's values (`helm template`)."""
+    rendered = helm(cluster, "template", RELEASE, str(CHART), "-n", NS, "--set", "operator.replicas=0")
+    policy = next(d for d in yaml.safe_load_all(rendered) if d and d.get("kind") == "ClusterPolicy")
+    spec: dict[str, Any] = policy["spec"]
+    return spec
+
+
 def test_sample_policy_converges(cluster: Cluster, operator: OperatorProcess) -> None:
     policy = wait_ready(cluster)
-    assert policy["spec"] == {}, "default values give an all-defaults ClusterPolicy"
+    assert policy["spec"] == rendered_spec(cluster), "the chart's ClusterPolicy is kept as written"
     assert set(daemonsets(cluster)) >= {"driver", "container-toolkit", "device-plugin", "operator-validator"}
     operator.assert_clean_log()
 
 
 def test_upgrade_changes_only_the_device_plugin(cluster: Cluster, operator: OperatorProcess) -> None:
     before = {name: ds.metadata.generation for name, ds in daemonsets(cluster).items()}
-    generation = get_policy(cluster)["metadata"]["generation"]
+    old = get_policy(cluster)
+    generation = old["metadata"]["generation"]
     env = [{"name": "DEVICE_LIST_STRATEGY", "value": "envvar"}]
     helm(
         cluster,
@@ -172,7 +179,8 @@ def test_upgrade_changes_only_the_device_plugin(cluster: Cluster, operator: Oper
         f"devicePlugin.env={json.dumps(env)}",
     )
     policy = wait_ready(cluster, generation=generation + 1)
-    assert policy["spec"] == {"devicePlugin": {"env": env}}
+    assert policy["spec"]["devicePlugin"].pop("env") == env
+    assert policy["spec"] == old["spec"], "the upgrade changed only the device plugin's env"
 
     def rolled() -> dict[str, Any]:
         found = daemonsets(cluster)
@@ -220,25 +228,11 @@ def test_upgrade_brings_the_new_crd(cluster: Cluster, operator: OperatorProcess,
     operator.assert_clean_log()
 
 
-def simulated(cluster: Cluster) -> bool:
-    """kwok nodes: pods are simulated, no container (so no Helm hook Job) ever runs."""
-    core: Any = client.CoreV1Api(cluster.api)
-    nodes = core.list_node(label_selector=f"{SIMULATED_NODE_LABEL}=true")
-    return bool(nodes.items)
-
-
 def test_uninstall_leaves_nothing_behind(cluster: Cluster, operator: OperatorProcess) -> None:
     """Helm deletes the operator's RBAC before the ClusterPolicy; the chart's pre-delete hook
     (`gpu-operator cleanup`) deletes the policy first and waits for the operator to remove its labels."""
     assert leftovers(cluster), "the release should have created operands before this test"
-    if simulated(cluster):
-        # kwok completes the hook's Job without running it: run its script here, as the Job would.
-        subprocess.run(
-            [str(OPERATOR), "cleanup", "--policy", POLICY, "--timeout", "120"],
-            env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
-            check=True,
-            timeout=CONVERGE + 30,
-        )
+    run_cleanup_hook(cluster, POLICY)
     helm(cluster, "uninstall", RELEASE, "--namespace", NS, "--wait", "--timeout", "2m")
 
     def policy_gone() -> None:

@@ -320,7 +320,7 @@ def deploy_labels(cluster: Cluster) -> dict[str, dict[str, tuple[str, set[str]]]
 
 def test_deleting_the_policy_mid_driver_upgrade_removes_every_deploy_label_but_a_persons(
     cluster: Cluster,
-    clean: Any,  # noqa: F811  (the fixture imported above)
+    clean: Any,
 ) -> None:
     """NVIDIA/gpu-operator#1391: the policy deleted while k8s-driver-manager holds the operands paused
     on a node, and the operator killed as it starts cleaning up. The restarted operator removes every
