@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal
-from typing import Annotated, Any, ClassVar, Literal
+from functools import cache
+from types import UnionType
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -51,11 +53,76 @@ PositiveInt = Annotated[int, Field(ge=1, le=INT32_MAX)]
 
 class Model(BaseModel):
     """Strict base: unknown fields and wrong types are errors (as the API server's schema would say),
-    so a typo is reported instead of silently ignored or coerced."""
+    so a typo is reported instead of silently ignored or coerced.
+
+    Empty means unset: an empty list or mapping given for a field that may be unset (`args: []`,
+    `env: []`, `tolerations: []`, `labels: {}`, `resources: {}`...) is read as if it were absent.
+    NVIDIA's operator only acts on these when they have content (`len(spec.Args) > 0`, `len(...Env) >
+    0`, `len(Daemonsets.Tolerations) > 0`... in controllers/object_controls.go), and its Helm values
+    write them empty by default; taken literally, `args: []` would replace the image's arguments and
+    leave the container with a bare `sh -c`, and `tolerations: []` would drop the default toleration.
+    """
 
     model_config = ConfigDict(
         extra="forbid", strict=True, populate_by_name=True, use_attribute_docstrings=True
     )
+
+    KEEP_EMPTY: ClassVar[frozenset[str]] = frozenset()
+    """Fields whose empty value means something else than unset (documented on the field)."""
+    EMPTY_IS_UNSET: ClassVar[bool] = False
+    """An object of this model whose fields are all empty or null, given for a field that may be unset,
+    is unset too (`resources: {limits: {}}`): it says nothing more than its absence would."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_is_unset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = _optional_collections(cls)
+        empty = [key for key, value in data.items() if key in fields and _is_empty(value, fields[key])]
+        if not empty:
+            return data
+        return {key: value for key, value in data.items() if key not in empty}
+
+
+_EmptyKind = Literal["list", "mapping", "object"]
+
+
+def _is_empty(value: Any, kind: _EmptyKind) -> bool:
+    """Whether a value given for a field of this kind is empty; a value of the wrong type is not (it is
+    refused as it would be anyway)."""
+    if kind == "list":
+        return value == [] and isinstance(value, list)
+    if not isinstance(value, dict):
+        return False
+    return not value or (kind == "object" and all(v in ([], {}, None) for v in value.values()))
+
+
+@cache
+def _optional_collections(model: type[Model]) -> dict[str, _EmptyKind]:
+    """The fields of `model` that may be unset (None) and take a list, a mapping, or an EMPTY_IS_UNSET
+    object, by name and alias."""
+    found: dict[str, _EmptyKind] = {}
+    for name, info in model.model_fields.items():
+        members = get_args(info.annotation) if get_origin(info.annotation) in (Union, UnionType) else ()
+        if name in model.KEEP_EMPTY or type(None) not in members:
+            continue
+        for member in members:
+            if get_origin(member) is Annotated:
+                member = get_args(member)[0]
+            origin = get_origin(member) or member
+            kind: _EmptyKind | None = None
+            if origin is list:
+                kind = "list"
+            elif origin is dict:
+                kind = "mapping"
+            elif isinstance(origin, type) and issubclass(origin, Model) and origin.EMPTY_IS_UNSET:
+                kind = "object"
+            if kind is not None:
+                found[name] = kind
+                if info.alias:
+                    found[info.alias] = kind
+    return found
 
 
 _NOT_INT64 = "does not fit the 64-bit integer the API server stores"
@@ -310,6 +377,8 @@ def quantity_value(value: int | str) -> Decimal:
 
 class ResourceRequirements(Model):
     """CPU, memory and other resource requests and limits of the operand's containers."""
+
+    EMPTY_IS_UNSET: ClassVar[bool] = True
 
     limits: dict[str, Quantity] | None = None
     """Maximum amount of each resource, e.g. {cpu: 500m, memory: 1Gi}."""

@@ -478,3 +478,57 @@ def test_name_patterns_agree_with_crd(value: str) -> None:
         node = crd_node(dotted)
         by_crd = re.fullmatch(node["pattern"], value) is not None and len(value) <= node["maxLength"]
         assert accepts(field) == by_crd, dotted
+
+
+# --- empty means unset ----------------------------------------------------------------------------
+
+
+def test_empty_lists_and_maps_are_unset_as_for_nvidia() -> None:
+    # NVIDIA's Helm values write these empty; its operator acts on them only when they have content.
+    spec = parse_spec(
+        {
+            "daemonsets": {"tolerations": [], "labels": {}, "annotations": {}},
+            "devicePlugin": {"args": [], "env": [], "imagePullSecrets": [], "resources": {}},
+            "validator": {"resources": {"limits": {}, "requests": {}}, "plugin": {"env": []}},
+            "driver": {"manager": {"env": []}},
+            "dcgmExporter": {"serviceMonitor": {"additionalLabels": {}, "relabelings": []}},
+            "kataManager": {"config": {}},
+        }
+    )
+    assert spec.daemonsets.tolerations is None
+    assert spec.daemonsets.labels is None and spec.daemonsets.annotations is None
+    plugin = spec.devicePlugin
+    assert (plugin.args, plugin.env, plugin.imagePullSecrets, plugin.resources) == (None, None, None, None)
+    assert spec.validator.resources is None
+    assert spec.validator.plugin is not None and spec.validator.plugin.env is None
+    assert spec.driver.manager is not None and spec.driver.manager.env is None
+    monitor = spec.dcgmExporter.serviceMonitor
+    assert monitor is not None and (monitor.additionalLabels, monitor.relabelings) == (None, None)
+    assert spec.kataManager.config is None
+    # Empty is the same policy as absent, so it is also rendered the same.
+    assert spec == parse_spec(
+        {
+            "devicePlugin": {},
+            "validator": {"plugin": {}},
+            "driver": {"manager": {}},
+            "dcgmExporter": {"serviceMonitor": {}},
+        }
+    )
+
+
+def test_content_is_kept_and_still_checked() -> None:
+    spec = parse_spec({"devicePlugin": {"args": [""], "resources": {"limits": {"cpu": "1"}, "requests": {}}}})
+    assert spec.devicePlugin.args == [""]
+    assert spec.devicePlugin.resources is not None
+    assert spec.devicePlugin.resources.limits == {"cpu": "1"} and spec.devicePlugin.resources.requests is None
+    with pytest.raises(PolicyError, match=r"spec\.devicePlugin\.args: Input should be a valid list"):
+        parse_spec({"devicePlugin": {"args": {}}})
+
+
+def test_an_empty_canary_selector_keeps_its_meaning() -> None:
+    # Our extension: nodeSelector {} selects every GPU node, which is not what leaving it out means.
+    policy: dict[str, Any] = {"driver": {"upgradePolicy": {"canary": {"nodeSelector": {}}}}}
+    upgrade = parse_spec(policy).driver.upgradePolicy
+    assert upgrade is not None and upgrade.canary is not None and upgrade.canary.nodeSelector == {}
+    with pytest.raises(PolicyError, match="canary needs nodeSelector, count or both"):
+        parse_spec({"driver": {"upgradePolicy": {"canary": {}}}})
