@@ -14,6 +14,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from gpu_operator.api.common import (
+    IMAGE_RULES,
     Annotations,
     ComponentSpec,
     ConfigMapRef,
@@ -23,6 +24,8 @@ from gpu_operator.api.common import (
     FreeForm,
     HostDir,
     HostPath,
+    ImageName,
+    ImageVersion,
     IntOrPercent,
     Labels,
     Model,
@@ -30,7 +33,9 @@ from gpu_operator.api.common import (
     OffByDefault,
     PodSecurityContext,
     ProbeSpec,
+    Repository,
     Toleration,
+    check_image,
     crd_schema,
 )
 from gpu_operator.api.upgrade_policy import UpgradePolicySpec
@@ -170,16 +175,23 @@ class RDMASpec(Model):
 class DriverManagerSpec(Model):
     """The k8s-driver-manager init container that prepares a node for a driver (re)install."""
 
-    repository: str | None = None
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": IMAGE_RULES})
+
+    repository: Repository | None = None
     """Image registry and path."""
-    image: str | None = None
+    image: ImageName | None = None
     """Image name (alone: a full reference)."""
-    version: str | None = None
+    version: ImageVersion | None = None
     """Image tag or digest."""
     imagePullPolicy: Literal["Always", "Never", "IfNotPresent"] | None = None
     """Image pull policy."""
     env: list[EnvVar] | None = None
     """Environment of the driver manager (eviction and drain settings)."""
+
+    @model_validator(mode="after")
+    def _complete_image(self) -> DriverManagerSpec:
+        check_image(self.repository, self.image, self.version)
+        return self
 
 
 class RepoConfigSpec(Model):
