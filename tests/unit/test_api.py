@@ -597,3 +597,31 @@ def test_an_empty_canary_selector_keeps_its_meaning() -> None:
     assert upgrade is not None and upgrade.canary is not None and upgrade.canary.nodeSelector == {}
     with pytest.raises(PolicyError, match="canary needs nodeSelector, count or both"):
         parse_spec({"driver": {"upgradePolicy": {"canary": {}}}})
+
+
+# --- images without a registry --------------------------------------------------------------------
+
+
+def test_images_without_a_registry_host_are_named() -> None:
+    spec = parse_spec(
+        {
+            "devicePlugin": {"repository": "nvidia", "image": "k8s-device-plugin", "version": "v0.20.0"},
+            "validator": {"image": "busybox"},
+            "driver": {"manager": {"image": "driver-manager", "version": "sha256:" + "a" * 64}},
+            "toolkit": {"image": "localhost/nvidia/container-toolkit", "version": "v1"},
+            "gfd": {"image": "REGISTRY/nvidia/gfd:v1"},  # capitals: a host, as the runtimes read it
+            "dcgm": {"image": "[::1]:5000/dcgm"},
+            "migManager": {"enabled": False, "image": "nvidia/k8s-mig-manager:v1"},  # not deployed
+            "sandboxDevicePlugin": {"enabled": True, "image": "nvidia/kubevirt-gpu-device-plugin:v1"},
+        }
+    )
+    found = [line.split(": ", 1)[0] for line in spec.images_without_registry()]
+    assert found == ["spec.validator.image", "spec.devicePlugin.repository", "spec.driver.manager.image"]
+    text = "\n".join(spec.images_without_registry())
+    assert "(docker.io/library/busybox)" in text
+    assert "(docker.io/nvidia/k8s-device-plugin:v0.20.0)" in text
+    assert f"(docker.io/library/driver-manager@sha256:{'a' * 64})" in text
+    assert parse_spec({}).images_without_registry() == []
+    assert (
+        parse_spec({"driver": {"enabled": False, "manager": {"image": "m"}}}).images_without_registry() == []
+    )
