@@ -177,6 +177,9 @@ def summary(policy: Policy) -> str:
         parts.append(
             f"{_plural(len(deprecated), 'deprecated field')}: {', '.join(d.path for d in deprecated)}"
         )
+    hub = [found.split(":", 1)[0] for found in policy.spec.images_without_registry()]
+    if hub:
+        parts.append(f"{_plural(len(hub), 'image')} without a registry host (Docker Hub): {', '.join(hub)}")
     unsupported = policy.spec.unsupported_enabled()
     if unsupported:
         parts.append(f"{_plural(len(unsupported), 'unsupported section')} enabled: {', '.join(unsupported)}")
@@ -190,6 +193,7 @@ def warnings_for(policy: Policy) -> list[str]:
         for name in policy.spec.unsupported_enabled()
     )
     lines.extend(f"warning: accepted but not acted on: {field}" for field in policy.spec.ignored_fields())
+    lines.extend(f"warning: {found}" for found in policy.spec.images_without_registry())
     return lines
 
 

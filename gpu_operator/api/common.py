@@ -10,27 +10,19 @@ from __future__ import annotations
 
 import re
 from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal
-from typing import Annotated, Any, ClassVar, Literal
+from functools import cache
+from types import UnionType
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, model_validator
+
+from gpu_operator.api import image_reference
 
 # fullmatch and re.ASCII everywhere: `$` alone accepts a trailing newline, and `\d`/`\w` would accept
 # non-ASCII digits and letters; the API server (RE2, same patterns in the CRD) accepts neither.
 _QUANTITY = re.compile(r"^[+-]?(\d+(\.\d*)?|\.\d+)(([KMGTPE]i)|[numkMGTPE]|[eE][+-]?\d+)?$", re.ASCII)
 # A count as digits is at most 9 of them, so it always fits the int32 the API server stores.
 _INT_OR_PERCENT = re.compile(r"^(\d{1,9}|\d+%)$", re.ASCII)
-# A registry host (with optional port) and path, as Docker reference grammar allows (lowercase path).
-_REPOSITORY = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9.-]*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
-# NVIDIA allows only `[a-zA-Z0-9-]+`; we also accept path segments (`nvidia/driver`), as the seed
-# article's sample does.
-_IMAGE = re.compile(r"^[a-z0-9]+([._-][a-z0-9]+)*(/[a-z0-9]+([._-][a-z0-9]+)*)*$")
-_FULL_IMAGE = re.compile(
-    r"^[a-zA-Z0-9][a-zA-Z0-9.-]*(:[0-9]+)?(/[a-z0-9]+([._-][a-z0-9]+)*)*"
-    r"(:[\w][\w.-]{0,127})?(@sha256:[a-f0-9]{64})?$",
-    re.ASCII,
-)
-_TAG = re.compile(r"^[\w][\w.-]{0,127}$", re.ASCII)
-_DIGEST = re.compile(r"^sha256:[a-f0-9]{64}$")
 _LABEL_NAME = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
@@ -51,11 +43,76 @@ PositiveInt = Annotated[int, Field(ge=1, le=INT32_MAX)]
 
 class Model(BaseModel):
     """Strict base: unknown fields and wrong types are errors (as the API server's schema would say),
-    so a typo is reported instead of silently ignored or coerced."""
+    so a typo is reported instead of silently ignored or coerced.
+
+    Empty means unset: an empty list or mapping given for a field that may be unset (`args: []`,
+    `env: []`, `tolerations: []`, `labels: {}`, `resources: {}`...) is read as if it were absent.
+    NVIDIA's operator only acts on these when they have content (`len(spec.Args) > 0`, `len(...Env) >
+    0`, `len(Daemonsets.Tolerations) > 0`... in controllers/object_controls.go), and its Helm values
+    write them empty by default; taken literally, `args: []` would replace the image's arguments and
+    leave the container with a bare `sh -c`, and `tolerations: []` would drop the default toleration.
+    """
 
     model_config = ConfigDict(
         extra="forbid", strict=True, populate_by_name=True, use_attribute_docstrings=True
     )
+
+    KEEP_EMPTY: ClassVar[frozenset[str]] = frozenset()
+    """Fields whose empty value means something else than unset (documented on the field)."""
+    EMPTY_IS_UNSET: ClassVar[bool] = False
+    """An object of this model whose fields are all empty or null, given for a field that may be unset,
+    is unset too (`resources: {limits: {}}`): it says nothing more than its absence would."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _empty_is_unset(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        fields = _optional_collections(cls)
+        empty = [key for key, value in data.items() if key in fields and _is_empty(value, fields[key])]
+        if not empty:
+            return data
+        return {key: value for key, value in data.items() if key not in empty}
+
+
+_EmptyKind = Literal["list", "mapping", "object"]
+
+
+def _is_empty(value: Any, kind: _EmptyKind) -> bool:
+    """Whether a value given for a field of this kind is empty; a value of the wrong type is not (it is
+    refused as it would be anyway)."""
+    if kind == "list":
+        return value == [] and isinstance(value, list)
+    if not isinstance(value, dict):
+        return False
+    return not value or (kind == "object" and all(v in ([], {}, None) for v in value.values()))
+
+
+@cache
+def _optional_collections(model: type[Model]) -> dict[str, _EmptyKind]:
+    """The fields of `model` that may be unset (None) and take a list, a mapping, or an EMPTY_IS_UNSET
+    object, by name and alias."""
+    found: dict[str, _EmptyKind] = {}
+    for name, info in model.model_fields.items():
+        members = get_args(info.annotation) if get_origin(info.annotation) in (Union, UnionType) else ()
+        if name in model.KEEP_EMPTY or type(None) not in members:
+            continue
+        for member in members:
+            if get_origin(member) is Annotated:
+                member = get_args(member)[0]
+            origin = get_origin(member) or member
+            kind: _EmptyKind | None = None
+            if origin is list:
+                kind = "list"
+            elif origin is dict:
+                kind = "mapping"
+            elif isinstance(origin, type) and issubclass(origin, Model) and origin.EMPTY_IS_UNSET:
+                kind = "object"
+            if kind is not None:
+                found[name] = kind
+                if info.alias:
+                    found[info.alias] = kind
+    return found
 
 
 _NOT_INT64 = "does not fit the 64-bit integer the API server stores"
@@ -173,11 +230,6 @@ LabelValue = Annotated[
 ]
 
 
-Repository = Annotated[
-    str,
-    _pattern(_REPOSITORY, "image repository (registry host and path)"),
-    crd_schema(pattern=_REPOSITORY.pattern),
-]
 EnvName = Annotated[
     str, _pattern(_ENV_NAME, "environment variable name"), crd_schema(pattern=_ENV_NAME.pattern)
 ]
@@ -252,24 +304,112 @@ HostDir = Annotated[
 """A host directory an operand writes into: absolute, and never `/` itself."""
 
 
-def _image(value: str) -> str:
-    if _IMAGE.fullmatch(value) or _FULL_IMAGE.fullmatch(value):
-        return value
-    raise ValueError(f"{value!r} is not a valid image name or reference")
+def _reference_pattern(pattern: re.Pattern[str], what: str) -> AfterValidator:
+    return _pattern(pattern, f"{what} (distribution/reference grammar, which container runtimes use)")
 
 
-def _version(value: str) -> str:
-    if _TAG.fullmatch(value) or _DIGEST.fullmatch(value):
-        return value
-    raise ValueError(f"{value!r} is not a valid image tag or 'sha256:<64 hex>' digest")
-
-
+Repository = Annotated[
+    str,
+    Field(max_length=image_reference.NAME_MAX),
+    _reference_pattern(image_reference.REPOSITORY, "image repository: a registry host and/or lowercase path"),
+    crd_schema(pattern=image_reference.REPOSITORY.pattern),
+]
 ImageName = Annotated[
-    str, AfterValidator(_image), crd_schema(pattern=f"{_IMAGE.pattern}|{_FULL_IMAGE.pattern}")
+    str,
+    Field(max_length=image_reference.REFERENCE_MAX),
+    _reference_pattern(image_reference.REFERENCE, "image name or reference"),
+    crd_schema(pattern=image_reference.REFERENCE.pattern),
 ]
 ImageVersion = Annotated[
-    str, AfterValidator(_version), crd_schema(pattern=f"{_TAG.pattern}|{_DIGEST.pattern}")
+    str,
+    Field(max_length=image_reference.TAG_MAX),
+    _pattern(
+        image_reference.VERSION,
+        f"image tag (letters, digits, '_', '.' and '-', at most {image_reference.TAG_MAX}, not starting "
+        "with '.' or '-') or 'sha256:<64 hex>' digest",
+    ),
+    crd_schema(pattern=image_reference.VERSION.pattern),
 ]
+
+
+def _cel_string(text: str) -> str:
+    return "'" + text.replace("\\", "\\\\") + "'"
+
+
+IMAGE_RULES: list[JsonValue] = [
+    {
+        "rule": "!has(self.repository) || (has(self.image) && has(self.version))",
+        "message": "repository is set, so image and version must be set too (or give image alone)",
+        "fieldPath": ".repository",
+    },
+    {
+        "rule": "!has(self.version) || has(self.image)",
+        "message": "version is set but image is not",
+        "fieldPath": ".version",
+    },
+    {
+        "rule": (
+            "!has(self.repository) || !has(self.image) || "
+            f"self.image.matches({_cel_string(image_reference.PATH.pattern)})"
+        ),
+        "message": "with a repository, image is a lowercase path without registry, tag or digest",
+        "fieldPath": ".image",
+    },
+    {
+        "rule": (
+            "has(self.repository) || !has(self.version) || !has(self.image) || "
+            f"self.image.matches({_cel_string(image_reference.NAME.pattern)})"
+        ),
+        "message": "version is set, so image must not have a tag or digest of its own",
+        "fieldPath": ".image",
+    },
+    {
+        "rule": (
+            "!has(self.repository) || !has(self.image) || "
+            f"size(self.repository) + size(self.image) < {image_reference.NAME_MAX}"
+        ),
+        "message": f"repository/image is longer than {image_reference.NAME_MAX} characters",
+        "fieldPath": ".image",
+    },
+]
+"""`check_image` as admission rules, so `kubectl apply` refuses what it can at once (has() counts
+null-valued fields as absent, as None is here). The length of a name inside a whole reference (image
+alone) is left to the operator: CEL would have to parse it."""
+
+
+def check_image(repository: str | None, image: str | None, version: str | None) -> None:
+    """NVIDIA's rule for the three fields: repository/image:version, or image alone as the whole
+    reference; we also accept image:version without repository (common in copied samples). The
+    reference they make must parse (each field's own pattern checks the field alone)."""
+    if repository and not (image and version):
+        missing = "image and version" if not (image or version) else ("image" if not image else "version")
+        raise ValueError(f"repository is set, so {missing} must be set too (or give image alone)")
+    if version and not image:
+        raise ValueError("version is set but image is not")
+    if not image:
+        return
+    if repository:
+        if not image_reference.PATH.fullmatch(image):
+            raise ValueError(
+                f"image {image!r} cannot follow repository {repository!r}: with a repository, image is a "
+                "lowercase path without registry, tag or digest (the reference is "
+                "<repository>/<image>:<version>)"
+            )
+        name = f"{repository}/{image}"
+    elif version:
+        if not image_reference.NAME.fullmatch(image):
+            raise ValueError(
+                f"image {image!r} has a tag or digest of its own, and version {version!r} is set too: "
+                "give the tag in one of them"
+            )
+        name = image
+    else:
+        name = image_reference.name_of(image)
+    if len(name) > image_reference.NAME_MAX:
+        raise ValueError(
+            f"the image name {name[:40] + '...'!r} is {len(name)} characters long; image names (registry "
+            f"host and path) have at most {image_reference.NAME_MAX}"
+        )
 
 
 class EnvVar(Model):
@@ -310,6 +450,8 @@ def quantity_value(value: int | str) -> Decimal:
 
 class ResourceRequirements(Model):
     """CPU, memory and other resource requests and limits of the operand's containers."""
+
+    EMPTY_IS_UNSET: ClassVar[bool] = True
 
     limits: dict[str, Quantity] | None = None
     """Maximum amount of each resource, e.g. {cpu: 500m, memory: 1Gi}."""
@@ -482,26 +624,7 @@ class ProbeSpec(Model):
 class ComponentSpec(Model):
     """Fields every operand spec repeats: on/off, image and container settings."""
 
-    # `_complete_image` below, as admission rules, so `kubectl apply` rejects a half-given image at once.
-    # Null-valued fields count as absent in CEL's has(), as None does here.
-    model_config = ConfigDict(
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "!has(self.repository) || (has(self.image) && has(self.version))",
-                    "message": (
-                        "repository is set, so image and version must be set too (or give image alone)"
-                    ),
-                    "fieldPath": ".repository",
-                },
-                {
-                    "rule": "!has(self.version) || has(self.image)",
-                    "message": "version is set but image is not",
-                    "fieldPath": ".version",
-                },
-            ]
-        }
-    )
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": IMAGE_RULES})
 
     DEFAULT_ENABLED: ClassVar[bool] = True
 
@@ -531,17 +654,7 @@ class ComponentSpec(Model):
 
     @model_validator(mode="after")
     def _complete_image(self) -> ComponentSpec:
-        # NVIDIA's rule: repository/image:version, or image alone as a full reference. We also accept
-        # image:version without repository (common in copied samples); anything else is ambiguous.
-        if self.repository and not (self.image and self.version):
-            missing = (
-                "image and version"
-                if not (self.image or self.version)
-                else ("image" if not self.image else "version")
-            )
-            raise ValueError(f"repository is set, so {missing} must be set too (or give image alone)")
-        if self.version and not self.image:
-            raise ValueError("version is set but image is not")
+        check_image(self.repository, self.image, self.version)
         return self
 
 

@@ -13,7 +13,9 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
+from gpu_operator.api import image_reference
 from gpu_operator.api.common import (
+    IMAGE_RULES,
     Annotations,
     ComponentSpec,
     ConfigMapRef,
@@ -23,6 +25,8 @@ from gpu_operator.api.common import (
     FreeForm,
     HostDir,
     HostPath,
+    ImageName,
+    ImageVersion,
     IntOrPercent,
     Labels,
     Model,
@@ -30,7 +34,9 @@ from gpu_operator.api.common import (
     OffByDefault,
     PodSecurityContext,
     ProbeSpec,
+    Repository,
     Toleration,
+    check_image,
     crd_schema,
 )
 from gpu_operator.api.upgrade_policy import UpgradePolicySpec
@@ -170,16 +176,23 @@ class RDMASpec(Model):
 class DriverManagerSpec(Model):
     """The k8s-driver-manager init container that prepares a node for a driver (re)install."""
 
-    repository: str | None = None
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": IMAGE_RULES})
+
+    repository: Repository | None = None
     """Image registry and path."""
-    image: str | None = None
+    image: ImageName | None = None
     """Image name (alone: a full reference)."""
-    version: str | None = None
+    version: ImageVersion | None = None
     """Image tag or digest."""
     imagePullPolicy: Literal["Always", "Never", "IfNotPresent"] | None = None
     """Image pull policy."""
     env: list[EnvVar] | None = None
     """Environment of the driver manager (eviction and drain settings)."""
+
+    @model_validator(mode="after")
+    def _complete_image(self) -> DriverManagerSpec:
+        check_image(self.repository, self.image, self.version)
+        return self
 
 
 class RepoConfigSpec(Model):
@@ -626,6 +639,36 @@ class ClusterPolicySpec(Model):
         ]
         return [f"{path}: {why}" for found, path, why in checks if found]
 
+    def images_without_registry(self) -> list[str]:
+        """The images this policy names without a registry host, each with its field: a container
+        runtime pulls them from Docker Hub. NVIDIA's operator accepts them, and so do we (a Docker Hub
+        mirror may be meant), but NVIDIA's own images are on nvcr.io, so it is most often a copied
+        sample that leaves the registry out (`image: nvidia/driver`), and the pods would wait on an
+        image that does not exist; the planner and `validate` say so. Only images that are deployed
+        count: those of enabled, supported components, the validator's (every operand's init
+        containers run it) and the driver manager's."""
+        sections: list[tuple[str, ComponentSpec | DriverManagerSpec]] = [("validator", self.validator)]
+        for name in type(self).model_fields:
+            section = getattr(self, name)
+            if name in self.UNSUPPORTED or name == "validator" or not isinstance(section, ComponentSpec):
+                continue
+            if section.is_enabled():
+                sections.append((name, section))
+        if self.driver.is_enabled() and self.driver.manager is not None:
+            sections.append(("driver.manager", self.driver.manager))
+        found = []
+        for path, spec in sections:
+            reference = _reference(spec.repository, spec.image, spec.version)
+            if reference is None or image_reference.registry_of(image_reference.name_of(reference)):
+                continue
+            field = f"spec.{path}.{'repository' if spec.repository else 'image'}"
+            found.append(
+                f"{field}: {reference!r} names no registry host, so it is pulled from Docker Hub "
+                f"({image_reference.on_docker_hub(reference)}); NVIDIA's images are on nvcr.io (e.g. "
+                "repository: nvcr.io/nvidia): name the registry, unless Docker Hub or a mirror of it is meant"
+            )
+        return found
+
     def unsupported_enabled(self) -> list[str]:
         """Names of unsupported sections the user switched on (reported, never silently ignored)."""
         found = []
@@ -638,3 +681,14 @@ class ClusterPolicySpec(Model):
             ):
                 found.append(name)
         return found
+
+
+def _reference(repository: str | None, image: str | None, version: str | None) -> str | None:
+    """The reference the policy's three fields make (NVIDIA's imagePath, without the driver's OS
+    suffix); None where they name no image (the default, or the operator's env var, applies)."""
+    if not image:
+        return None
+    name = f"{repository}/{image}" if repository else image
+    if not version:
+        return name
+    return f"{name}@{version}" if version.startswith("sha256:") else f"{name}:{version}"

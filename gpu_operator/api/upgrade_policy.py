@@ -8,7 +8,7 @@ The state machine that acts on it is gpu_operator/core/upgrade/.
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Annotated, ClassVar
 
 from pydantic import AfterValidator, ConfigDict, model_validator
 
@@ -85,8 +85,11 @@ class CanarySpec(Model):
         }
     )
 
+    KEEP_EMPTY: ClassVar[frozenset[str]] = frozenset({"nodeSelector"})
+
     nodeSelector: NodeSelector | None = None
-    """Canary nodes are the GPU nodes with all these labels (with count: count of them)."""
+    """Canary nodes are the GPU nodes with all these labels (with count: count of them); `{}` selects
+    every GPU node."""
     count: PositiveInt | None = None
     """Number of canary nodes, among the nodes to upgrade (or nodeSelector's): already cordoned ones
     first, then by name."""

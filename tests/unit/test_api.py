@@ -70,6 +70,12 @@ def test_document_checks() -> None:
         parse_document(["not", "a", "mapping"])
 
 
+def _triple(
+    repository: str = "nvcr.io/nvidia", image: str = "driver", version: str = "550"
+) -> dict[str, Any]:
+    return {"driver": {"repository": repository, "image": image, "version": version}}
+
+
 @pytest.mark.parametrize(
     ("spec", "path", "fragment"),
     [
@@ -86,6 +92,24 @@ def test_document_checks() -> None:
         ),
         ({"driver": {"repository": "nvcr.io/nvidia"}}, "spec.driver", "image and version must be set"),
         ({"driver": {"version": "550"}}, "spec.driver", "version is set but image is not"),
+        # References a container runtime can never pull (distribution/reference's grammar).
+        (_triple("nvcr.io/NVIDIA"), "spec.driver.repository", "not a valid image repository"),
+        (_triple("nvcr.io//nvidia"), "spec.driver.repository", "not a valid image repository"),
+        (_triple("nvcr.io/nvidia/"), "spec.driver.repository", "not a valid image repository"),
+        (_triple(image="driver:550"), "spec.driver", "cannot follow repository 'nvcr.io/nvidia'"),
+        (_triple(image="localhost:5000/driver"), "spec.driver", "cannot follow repository"),
+        (_triple(version="-550"), "spec.driver.version", "not a valid image tag"),
+        (_triple(version="sha512:" + "a" * 100), "spec.driver.version", "not a valid image tag"),
+        (_triple(version="sha256:abc"), "spec.driver.version", "not a valid image tag"),
+        (_triple(version="v" * 129), "spec.driver.version", "at most 128 characters"),
+        (_triple("r" * 240, "driver" * 3), "spec.driver", "255"),
+        ({"toolkit": {"image": "t:v1", "version": "v2"}}, "spec.toolkit", "has a tag or digest of its own"),
+        ({"toolkit": {"image": "a" * 256}}, "spec.toolkit", "is 256 characters long"),
+        ({"toolkit": {"image": "a" * 4097}}, "spec.toolkit.image", "at most 4096 characters"),
+        ({"toolkit": {"image": "nvcr.io/t:"}}, "spec.toolkit.image", "not a valid image"),
+        ({"toolkit": {"image": "nvcr.io/t@sha256:xyz"}}, "spec.toolkit.image", "not a valid image"),
+        ({"driver": {"manager": {"repository": "Nvidia/X"}}}, "spec.driver.manager.repository", "repository"),
+        ({"driver": {"manager": {"image": "m", "repository": "r"}}}, "spec.driver.manager", "version"),
         (
             {"daemonsets": {"rollingUpdate": {"maxUnavailable": "10x"}}},
             "spec.daemonsets.rollingUpdate.maxUnavailable",
@@ -208,16 +232,40 @@ def test_image_and_repository_agree_with_crd(value: str) -> None:
     )
 
 
+def _cel_matches(rule: str) -> re.Pattern[str]:
+    """The regular expression of a rule's `matches('...')`, its CEL string escapes undone."""
+    found = re.search(r"matches\('(.*)'\)", rule)
+    assert found, rule
+    return re.compile(found.group(1).replace("\\\\", "\\"), re.ASCII)
+
+
 def _cel_image_rules(fields: dict[str, str]) -> bool:
-    """The ComponentSpec CEL rules of the CRD, evaluated for presence only (has() is all they use)."""
-    rules = {r["rule"] for r in crd_node("driver")["x-kubernetes-validations"]}
-    assert rules == {
+    """The ComponentSpec CEL rules of the CRD, spelled in Python, with the fields' own patterns."""
+    rules = [r["rule"] for r in crd_node("driver")["x-kubernetes-validations"]]
+    assert rules[:2] == [
         "!has(self.repository) || (has(self.image) && has(self.version))",
         "!has(self.version) || has(self.image)",
-    }
-    has = {name: name in fields for name in ("repository", "image", "version")}
-    return (not has["repository"] or (has["image"] and has["version"])) and (
-        not has["version"] or has["image"]
+    ]
+    assert rules[2].startswith("!has(self.repository) || !has(self.image) || self.image.matches(")
+    assert rules[3].startswith(
+        "has(self.repository) || !has(self.version) || !has(self.image) || self.image.matches("
+    )
+    assert (
+        rules[4]
+        == "!has(self.repository) || !has(self.image) || size(self.repository) + size(self.image) < 255"
+    )
+    path, name = _cel_matches(rules[2]), _cel_matches(rules[3])
+    for field, value in fields.items():
+        node = crd_node(f"driver.{field}")
+        if not re.search(node["pattern"], value, re.ASCII) or len(value) > node["maxLength"] or "\n" in value:
+            return False
+    repository, image, version = (fields.get(k) for k in ("repository", "image", "version"))
+    return (
+        (repository is None or (image is not None and version is not None))
+        and (version is None or image is not None)
+        and (repository is None or image is None or path.search(image) is not None)
+        and (repository is not None or version is None or image is None or name.search(image) is not None)
+        and (repository is None or image is None or len(repository) + len(image) < 255)
     )
 
 
@@ -226,6 +274,23 @@ def test_image_triple_rule_agrees_with_cel(present: tuple[bool, bool, bool]) -> 
     values = {"repository": "nvcr.io/nvidia", "image": "driver", "version": "550.1"}
     fields = {name: value for (name, value), keep in zip(values.items(), present, strict=True) if keep}
     assert accepts({"driver": fields}) == _cel_image_rules(fields)
+
+
+_REPOSITORIES = ["nvcr.io/nvidia", "nvidia", "localhost:5000", "Reg.io/Nvidia", "a" * 250, "[::1]:5000/x"]
+_IMAGES = ["driver", "nvidia/driver", "driver:1", "nvcr.io/nvidia/driver", "a" * 10, "d@sha256:" + "a" * 64]
+_VERSIONS = ["550.1", "sha256:" + "b" * 64, "sha512:" + "b" * 128, ".v1", "x" * 129]
+
+
+@given(
+    st.sampled_from([None, *_REPOSITORIES]),
+    st.sampled_from([None, *_IMAGES]),
+    st.sampled_from([None, *_VERSIONS]),
+)
+def test_image_fields_agree_with_cel(repository: str | None, image: str | None, version: str | None) -> None:
+    values = {"repository": repository, "image": image, "version": version}
+    fields = {name: value for name, value in values.items() if value is not None}
+    assert accepts({"driver": fields}) == _cel_image_rules(fields)
+    assert accepts({"driver": {"manager": fields}}) == _cel_image_rules(fields)
 
 
 @pytest.mark.parametrize("enabled", [None, False, True])
@@ -478,3 +543,85 @@ def test_name_patterns_agree_with_crd(value: str) -> None:
         node = crd_node(dotted)
         by_crd = re.fullmatch(node["pattern"], value) is not None and len(value) <= node["maxLength"]
         assert accepts(field) == by_crd, dotted
+
+
+# --- empty means unset ----------------------------------------------------------------------------
+
+
+def test_empty_lists_and_maps_are_unset_as_for_nvidia() -> None:
+    # NVIDIA's Helm values write these empty; its operator acts on them only when they have content.
+    spec = parse_spec(
+        {
+            "daemonsets": {"tolerations": [], "labels": {}, "annotations": {}},
+            "devicePlugin": {"args": [], "env": [], "imagePullSecrets": [], "resources": {}},
+            "validator": {"resources": {"limits": {}, "requests": {}}, "plugin": {"env": []}},
+            "driver": {"manager": {"env": []}},
+            "dcgmExporter": {"serviceMonitor": {"additionalLabels": {}, "relabelings": []}},
+            "kataManager": {"config": {}},
+        }
+    )
+    assert spec.daemonsets.tolerations is None
+    assert spec.daemonsets.labels is None and spec.daemonsets.annotations is None
+    plugin = spec.devicePlugin
+    assert (plugin.args, plugin.env, plugin.imagePullSecrets, plugin.resources) == (None, None, None, None)
+    assert spec.validator.resources is None
+    assert spec.validator.plugin is not None and spec.validator.plugin.env is None
+    assert spec.driver.manager is not None and spec.driver.manager.env is None
+    monitor = spec.dcgmExporter.serviceMonitor
+    assert monitor is not None and (monitor.additionalLabels, monitor.relabelings) == (None, None)
+    assert spec.kataManager.config is None
+    # Empty is the same policy as absent, so it is also rendered the same.
+    assert spec == parse_spec(
+        {
+            "devicePlugin": {},
+            "validator": {"plugin": {}},
+            "driver": {"manager": {}},
+            "dcgmExporter": {"serviceMonitor": {}},
+        }
+    )
+
+
+def test_content_is_kept_and_still_checked() -> None:
+    spec = parse_spec({"devicePlugin": {"args": [""], "resources": {"limits": {"cpu": "1"}, "requests": {}}}})
+    assert spec.devicePlugin.args == [""]
+    assert spec.devicePlugin.resources is not None
+    assert spec.devicePlugin.resources.limits == {"cpu": "1"} and spec.devicePlugin.resources.requests is None
+    with pytest.raises(PolicyError, match=r"spec\.devicePlugin\.args: Input should be a valid list"):
+        parse_spec({"devicePlugin": {"args": {}}})
+
+
+def test_an_empty_canary_selector_keeps_its_meaning() -> None:
+    # Our extension: nodeSelector {} selects every GPU node, which is not what leaving it out means.
+    policy: dict[str, Any] = {"driver": {"upgradePolicy": {"canary": {"nodeSelector": {}}}}}
+    upgrade = parse_spec(policy).driver.upgradePolicy
+    assert upgrade is not None and upgrade.canary is not None and upgrade.canary.nodeSelector == {}
+    with pytest.raises(PolicyError, match="canary needs nodeSelector, count or both"):
+        parse_spec({"driver": {"upgradePolicy": {"canary": {}}}})
+
+
+# --- images without a registry --------------------------------------------------------------------
+
+
+def test_images_without_a_registry_host_are_named() -> None:
+    spec = parse_spec(
+        {
+            "devicePlugin": {"repository": "nvidia", "image": "k8s-device-plugin", "version": "v0.20.0"},
+            "validator": {"image": "busybox"},
+            "driver": {"manager": {"image": "driver-manager", "version": "sha256:" + "a" * 64}},
+            "toolkit": {"image": "localhost/nvidia/container-toolkit", "version": "v1"},
+            "gfd": {"image": "REGISTRY/nvidia/gfd:v1"},  # capitals: a host, as the runtimes read it
+            "dcgm": {"image": "[::1]:5000/dcgm"},
+            "migManager": {"enabled": False, "image": "nvidia/k8s-mig-manager:v1"},  # not deployed
+            "sandboxDevicePlugin": {"enabled": True, "image": "nvidia/kubevirt-gpu-device-plugin:v1"},
+        }
+    )
+    found = [line.split(": ", 1)[0] for line in spec.images_without_registry()]
+    assert found == ["spec.validator.image", "spec.devicePlugin.repository", "spec.driver.manager.image"]
+    text = "\n".join(spec.images_without_registry())
+    assert "(docker.io/library/busybox)" in text
+    assert "(docker.io/nvidia/k8s-device-plugin:v0.20.0)" in text
+    assert f"(docker.io/library/driver-manager@sha256:{'a' * 64})" in text
+    assert parse_spec({}).images_without_registry() == []
+    assert (
+        parse_spec({"driver": {"enabled": False, "manager": {"image": "m"}}}).images_without_registry() == []
+    )

@@ -79,6 +79,32 @@ def test_seed_sample_is_valid_with_a_deprecation_warning(capsys: pytest.CaptureF
     assert "warning: spec.dcgmExporter.serviceMonitoring is deprecated" in err
 
 
+@needs_seed
+def test_seed_sample_images_without_a_registry_warn(capsys: pytest.CaptureFixture[str]) -> None:
+    # Valid (NVIDIA accepts them, a Docker Hub mirror may be meant), but said, field by field.
+    code, out, err = run(capsys, "validate", "-f", str(SEED))
+    assert code == 0
+    fields = "spec.validator.image, spec.toolkit.image, spec.devicePlugin.image, spec.dcgmExporter.image"
+    assert f"4 images without a registry host (Docker Hub): {fields}" in out
+    assert (
+        "warning: spec.validator.image: 'nvidia/cloud-native/k8s-logical-edge-validator:v22.10.0' names no "
+        "registry host, so it is pulled from Docker Hub "
+        "(docker.io/nvidia/cloud-native/k8s-logical-edge-validator:v22.10.0)"
+    ) in err
+    assert "spec.driver" not in err  # repository: nvcr.io
+
+
+def test_images_with_a_registry_do_not_warn(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    spec = (
+        "spec:\n  validator:\n    image: localhost:5000/validator:v1\n"
+        "  toolkit:\n    repository: registry.local/nvidia\n    image: container-toolkit\n    version: v1\n"
+        "  gds:\n    repository: nvidia\n    image: nvidia-fs\n    version: '2.1'\n"
+    )
+    code, out, err = run(capsys, "validate", "-f", str(policy_file(tmp_path, spec)))
+    assert code == 0
+    assert "registry" not in out and err == ""  # gds is off: its image is never pulled
+
+
 def test_deprecated_and_unsupported_fields_warn(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     spec = (
         "spec:\n  driver:\n    useOpenKernelModules: true\n  ccManager:\n    enabled: true\n"

@@ -36,6 +36,7 @@ import yaml
 
 from gpu_operator import cli
 from gpu_operator.api import parse_document
+from gpu_operator.api.crd import crd
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.core.components import COMPONENTS
 
@@ -179,8 +180,10 @@ def _container(ctr: Mapping[str, Any], volumes: Mapping[str, Any]) -> Fields:
     fields: Fields = {
         (name, "image"): ctr.get("image"),
         (name, "imagePullPolicy"): ctr.get("imagePullPolicy"),
-        (name, "command"): ctr.get("command") or [],
-        (name, "args"): ctr.get("args") or [],
+        # Absent and empty are told apart: `args: []` replaces the image's arguments (with a `command`
+        # of `sh -c` it leaves a shell with nothing to run), where NVIDIA's render keeps them.
+        (name, "command"): ctr.get("command", ABSENT),
+        (name, "args"): ctr.get("args", ABSENT),
         (name, "envFrom"): ctr.get("envFrom") or [],
         (name, "privileged"): bool((ctr.get("securityContext") or {}).get("privileged")),
         (name, "preStop"): _handler((ctr.get("lifecycle") or {}).get("preStop")),
@@ -552,3 +555,76 @@ def test_cases_cover_every_component() -> None:
         o["metadata"]["name"] for case in cases_in(REPO_DIR) for o in documents(case.expected.read_text())
     }
     assert {c.daemonset for c in COMPONENTS} <= rendered
+
+
+# --- empty lists and maps -------------------------------------------------------------------------
+
+CHART_VALUES_VERBATIM = REPO_DIR.parent / "nvidia" / "chart-values-verbatim.yaml"
+SPEC_SCHEMA = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+
+
+def _empty(schema: Mapping[str, Any]) -> Any:
+    """The empty value of a nullable list or map field (None for any other field): NVIDIA's operator
+    acts on these only when they have content. A field holding only such fields (resources) gets
+    them all empty."""
+    if not schema.get("nullable"):
+        return None
+    if schema.get("type") == "array":
+        return []
+    if schema.get("type") != "object":
+        return None
+    properties = schema.get("properties")
+    if not properties:
+        return {}
+    inner = {name: _empty(prop) for name, prop in properties.items()}
+    return inner if all(value in ([], {}) for value in inner.values()) else None
+
+
+def with_empties(
+    schema: Mapping[str, Any], value: Mapping[str, Any], path: str = "spec"
+) -> tuple[Obj, list[str]]:
+    """`value` with every list or map field it leaves out given empty, in every section it has."""
+    result, added = dict(value), []
+    for name, prop in (schema.get("properties") or {}).items():
+        if name not in value:
+            empty = _empty(prop)
+            if empty is not None:
+                result[name] = empty
+                added.append(f"{path}.{name}")
+        elif isinstance(value[name], Mapping) and prop.get("properties"):
+            result[name], inner = with_empties(prop, value[name], f"{path}.{name}")
+            added += inner
+    return result, added
+
+
+def case_with_policy(case: Case, policy: Mapping[str, Any], directory: Path) -> Case:
+    """The same case (node, ConfigMaps, NVIDIA's objects) with another policy."""
+    for name in ("nodes", "nvidia", "configmaps"):
+        if (case.directory / name).exists():
+            (directory / name).symlink_to(case.directory / name)
+    (directory / "policies").mkdir()
+    (directory / "policies" / f"{case.name.split('.')[0]}.yaml").write_text(yaml.safe_dump(dict(policy)))
+    return Case(directory, case.name)
+
+
+def test_nvidias_values_as_they_are_render_as_nvidias_chart_default(tmp_path: Path) -> None:
+    case = Case(REPO_DIR, "b-chart-default.containerd")
+    policy = yaml.safe_load(CHART_VALUES_VERBATIM.read_text())
+    assert policy["spec"]["devicePlugin"]["args"] == [] and policy["spec"]["validator"]["args"] == []
+    ours = case_with_policy(case, policy, tmp_path)
+    assert differences(documents(case.expected.read_text()), render(ours)) == list(case_differences(case))
+
+
+# One case per operand: every DaemonSet NVIDIA renders is in one of them.
+EMPTY_CASES = ("b-chart-default.containerd", "c-dcgm-nse.containerd", "c-gds-gdrcopy.containerd")
+
+
+@pytest.mark.parametrize("name", EMPTY_CASES)
+def test_empty_lists_and_maps_render_as_if_unset(name: str, tmp_path: Path) -> None:
+    case = Case(REPO_DIR, name)
+    policy = yaml.safe_load(case.policy.read_text())
+    policy["spec"], added = with_empties(SPEC_SCHEMA, policy["spec"])
+    assert {"spec.devicePlugin.args", "spec.dcgm.args", "spec.daemonsets.annotations"} <= set(added)
+    assert {"spec.gds.args", "spec.validator.resources", "spec.driver.manager.env"} <= set(added)
+    ours = case_with_policy(case, policy, tmp_path)
+    assert differences(documents(case.expected.read_text()), render(ours)) == list(case_differences(case))

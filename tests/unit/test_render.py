@@ -1011,3 +1011,22 @@ def test_warm_compiles_every_template_once_and_a_broken_one_is_left_for_the_pass
     warm()
     assert sorted(asked) == sorted(env.list_templates())
     assert any(name.startswith("driver/") for name in asked)
+
+
+# --- empty means unset ----------------------------------------------------------------------------
+
+
+def test_empty_args_and_tolerations_keep_the_defaults() -> None:
+    # NVIDIA's Helm values write `args: []`; with a `sh -c` command, rendering it would leave the
+    # container a shell with nothing to run (it exits and crash-loops).
+    empty: dict[str, Any] = {"args": [], "env": [], "resources": {}, "imagePullSecrets": []}
+    sections = ("validator", "devicePlugin", "dcgm", "dcgmExporter", "gfd", "migManager", "toolkit", "driver")
+    spec = {name: dict(empty) for name in sections} | {"daemonsets": {"tolerations": []}}
+    assert render_spec(spec) == render_spec({})
+    ds = daemonsets(render_spec(spec))
+    plugin = container(ds["nvidia-device-plugin-daemonset"], "nvidia-device-plugin")
+    assert (plugin["command"], plugin["args"]) == (["/bin/sh", "-c"], ["/bin/entrypoint.sh"])
+    assert "args" not in container(ds["nvidia-dcgm"], "nvidia-dcgm-ctr")
+    assert pod_spec(ds["nvidia-dcgm"])["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    ]
