@@ -83,8 +83,9 @@ class Watch:
 
 class NoDiffBase(kopf.DiffBaseStorage):
     """Kopf builds an "essence" (a deep copy) of every watched body to detect changes for
-    create/update handlers, and strips it again for its progress storage: most of its CPU time with
-    9000 operand pods. This operator has only watch and index handlers, which never use it."""
+    create/update handlers, and strips it again for its progress storage: most of its CPU time when
+    thousands of operand pods are watched. This operator has only watch and index handlers, which
+    never use it."""
 
     def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
         return None
@@ -126,9 +127,9 @@ def watches(store: Store) -> list[Watch]:
         return objects("v1", "ConfigMap")(present) | names("config_maps")(present)
 
     # Every kind but the ClusterPolicy, the CRDs and the namespace goes into the Store straight from the
-    # watch stream (`Watch.direct`). In a 1000-node profile Kopf's per-object workers held 7 % of the
-    # event loop's samples for the 2 % of its 48,000 events they handled (about 900 of them DaemonSet
-    # status updates).
+    # watch stream (`Watch.direct`): Kopf's per-object workers (a task and a queue for each object, a
+    # handler call per event) cost far more per event than recording it straight away, and the busy
+    # kinds (pods, nodes, the DaemonSets' status updates) are nearly all of the events.
     found = [
         Watch("nvidia.com", "v1", "clusterpolicies", store.record_policy, names("policies"), direct=False),
         Watch("", "v1", "nodes", store.record_node, names("nodes")),
@@ -295,14 +296,14 @@ def run(settings: Settings) -> None:
 def tune_gc(young_threshold: int = GC_YOUNG_THRESHOLD) -> None:
     """Make the cyclic garbage collector cheap for a long-running process with a large, stable heap.
 
-    What is imported by now (Kopf, the kubernetes client's models, pydantic, Jinja: about 80,000
-    objects) lives as long as the process: frozen, no full collection scans it again. And a pass or a
-    batch of watch events holds thousands of new objects until it ends (a pod event decodes into a few
-    hundred, a pass's tables have one entry per node or pod); with CPython's default of 700 the
-    youngest generation was collected over a thousand times in a 1000-node rollout, each time
-    traversing those tables and promoting them: 4.5 s of CPU in one profiled rollout (1109 young, 101
-    middle and 10 full collections, 0.18 s each). The operator's records are acyclic, freed by
-    reference counting; the collector is only for the odd cycle (an exception and its traceback)."""
+    What is imported by now (Kopf, the kubernetes client's models, pydantic, Jinja: tens of thousands
+    of objects) lives as long as the process: frozen, no full collection scans it again. And a pass or
+    a batch of watch events holds thousands of new objects until it ends (a pod event decodes into a
+    few hundred, a pass's tables have one entry per node or pod); with CPython's default of 700 the
+    youngest generation is collected again and again during a large rollout, each time traversing
+    those tables and promoting them to older generations that are then scanned too: seconds of CPU
+    spent finding no garbage (measured: bench/README.md). The operator's records are acyclic, freed
+    by reference counting; the collector is only for the odd cycle (an exception and its traceback)."""
     gc.freeze()
     _, middle, old = gc.get_threshold()
     gc.set_threshold(young_threshold, middle, old)

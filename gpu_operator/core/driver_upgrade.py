@@ -93,7 +93,7 @@ def plan_driver_upgrade(
     if policy is not None and policy.autoUpgrade:
         return step()
     # With autoUpgrade off the plan reads little of the facts (upgrade/rollout.py manual_inputs): while
-    # that stays the same so does the plan, and a pass of a 1000-node rollout, where validator pods,
+    # that stays the same so does the plan, and a pass of a large rollout, where validator pods,
     # driver readiness and deploy labels change at every pass, need not build a view of every node.
     return _MANUAL.get("plan", (policy, manual_inputs(found), target), step)
 

@@ -1,5 +1,5 @@
-"""Results kept per name while their inputs stay equal: what makes a pass over 1000 nodes cost what
-changed, not what exists.
+"""Results kept per name while their inputs stay equal: what makes a pass over a large cluster cost
+what changed, not what exists.
 
 A pass plans every node again (plan.build), but between two passes only the nodes some event touched
 differ. The inputs are frozen values (NodeInfo, PodInfo, the parsed spec) and the Store hands out the

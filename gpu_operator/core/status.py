@@ -94,9 +94,9 @@ def progress_only(current: Mapping[str, Any], desired: ClusterPolicyStatus) -> b
     that stops being ready, is disabled, unsupported), each condition's type, status and reason. Such
     a write may wait a little (Settings.status_interval_seconds); any other goes out at once, and so
     does every write of a ready status (the last word of a rollout: nothing may trail it into the
-    cluster's rest). The components of a 10-node rollout become ready one after another in its last
-    half second: written each at once, six status writes held up the passes that labelled the last
-    nodes and the one that wrote the ready status."""
+    cluster's rest). The components of a small rollout become ready one after another within moments
+    at its end: written each at once, a status write per component would hold up the passes that
+    label the last nodes and the one that writes the ready status."""
     body = status_body(desired)
     if body.get("state") == "ready":
         return False

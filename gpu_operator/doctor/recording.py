@@ -53,7 +53,8 @@ class DoctorError(Exception):
 
 
 # What a recording keeps of each kind: (section, fields) pairs, "*" for the whole section. Enough for
-# the diagnosis and for a person reading the file; a 100-node cluster records in well under a MiB.
+# the diagnosis and for a person reading the file, and small enough to attach to a bug report even for
+# a large cluster (measured: bench/README.md).
 _KEEP: dict[str, dict[str, tuple[str, ...]]] = {
     "Node": {
         "metadata": ("name", "uid", "labels", "annotations", "creationTimestamp"),

@@ -200,11 +200,12 @@ def throttled(
 
     Both config loaders (kubernetes/config/incluster_config.py and kube_config.py `_set_config`) install
     a hook that the client runs before every request, and it sets `configuration.host` again, whose
-    setter reads the proxy settings from the whole environment (`urllib.request.getproxies`): a fifth of
-    the client's CPU per request (1.35 → 1.06 ms on a busy 2-core machine), paid by every write of a
-    rollout and every request of the vetting. The loaders themselves re-read a token only when it
-    is due (incluster_config.py: the token file once a minute; kube_config.py: an exec or OIDC token
-    5 minutes before it expires), so a second's delay never sends an expired one."""
+    setter reads the proxy settings from the whole environment (`urllib.request.getproxies`): a large
+    share of the client's CPU per request (measured: bench/README.md), paid by every write of a
+    rollout and every request of the vetting, for settings that do not change between requests. The
+    loaders themselves re-read a token only when it is due (incluster_config.py: the token file once a
+    minute; kube_config.py: an exec or OIDC token 5 minutes before it expires), so a second's delay
+    never sends an expired one."""
     last: float | None = None
 
     def refresh(configuration: Any) -> None:

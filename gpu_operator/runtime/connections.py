@@ -1,14 +1,14 @@
 """Requests to the API server over kept-alive `http.client` connections, for Kube
 (gpu_operator/runtime/client.py).
 
-The `kubernetes` package's ApiClient costs about 0.9-1.0 ms of client CPU a request on this project's
-2-core bench machine (its param_serialize and sanitize_for_serialization, its RESTClientObject, urllib3's
-pool manager, connection pool and response wrapper, then http.client underneath); the same
-server-side apply of a node's labels sent on a kept-alive http.client connection costs about 0.5 ms
-(measured side by side against one API server, 1000 writes each). A 1000-node rollout sends 5000-odd
-such requests (a label write per node and stage, the Lease, the status). Everything a request needs
-comes from the ApiClient's configuration: the server, its CA, the client certificate, and the
-credentials, read per request through `auth_settings` (whose refresh hook renews expiring tokens).
+The `kubernetes` package's ApiClient spends most of a request's client CPU in its own layers (its
+param_serialize and sanitize_for_serialization, its RESTClientObject, urllib3's pool manager,
+connection pool and response wrapper, then http.client underneath); the same server-side apply sent
+on a kept-alive http.client connection costs about half as much (measured: bench/README.md). A large
+rollout sends thousands of such requests (a label write per node and stage, the Lease, the status),
+so that overhead is paid on the path that decides how fast the nodes get their labels. Everything a
+request needs comes from the ApiClient's configuration: the server, its CA, the client certificate,
+and the credentials, read per request through `auth_settings` (whose refresh hook renews expiring tokens).
 
 `for_client` returns None for what this does not handle, and Kube keeps the ApiClient for those: a
 proxy (urllib3's ProxyManager), a TLS server name or hostname check other than the host's, custom

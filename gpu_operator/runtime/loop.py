@@ -33,9 +33,10 @@ class Budget:
     """The CPU seconds passes may still spend at once: `burst` when full, refilled at `share` of a core
     (settings.planning_share). A pass may overspend it, but never into more debt than `max_wait`
     seconds of refilling: the next pass waits at most that long, and what a pass costs beyond it is
-    forgiven rather than carried on. Carried, the debt of a 1000-node rollout's passes (50 ms each,
-    more than ten seconds of a half-percent share) grew pass after pass, and a node that joined a
-    minute after the rollout still waited for it: 30 s instead of 3."""
+    forgiven rather than carried on. Carried, the debt of a large rollout's passes (each costing more
+    than `max_wait` seconds of refilling at a small share) grows pass after pass, and a node that
+    joins a minute after the rollout would still wait for that debt to be repaid, long after the work
+    that ran it up is over (measured: bench/README.md)."""
 
     def __init__(self, burst: float, share: float, clock: Callable[[], float], max_wait: float) -> None:
         self.burst = burst
@@ -61,9 +62,9 @@ class Budget:
 
 class Interval:
     """A coalescing interval the watches wait for together: one timer, one wake-up of the event loop
-    for all of them (on this VM a wake-up costs about 240 µs of CPU on its own, an
-    `asyncio.sleep(0.05)` loop), started by the first watch that asks and ended by the timer or early
-    (`end`)."""
+    for all of them (a wake-up of the event loop costs CPU of its own, comparable to handling the
+    events it brings; measured: bench/README.md), started by the first watch that asks and ended by
+    the timer or early (`end`)."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -139,12 +140,12 @@ class Loop:
         meanwhile would wait for the pass anyway, and arrives in one read instead of one each.
 
         The wait is `watch_coalesce_seconds`, except while the next pass waits for its spacing or budget
-        (most of a 1000-node rollout) for longer than a quiet interval and one more: a watch bringing
-        less than `watch_quiet_bytes` in `watch_quiet_seconds` then waits `watch_quiet_seconds`
-        (bench/README.md, "2026-12-04, night"). So every watch reads at most `watch_coalesce_seconds`
-        before the pass starts, and the pass plans on nodes as fresh as before: planned on what a quiet
-        watch held back, a 100-node round's label writes were refused as stale 320 times, and 189 of
-        them read the node back."""
+        (most of a large rollout) for longer than a quiet interval and one more: a watch bringing
+        less than `watch_quiet_bytes` in `watch_quiet_seconds` then waits `watch_quiet_seconds`, since
+        fewer, larger reads cost less. So every watch reads at most `watch_coalesce_seconds` before the
+        pass starts, and the pass plans on nodes as fresh as before: a pass planned on what a quiet
+        watch still held back writes labels on old node versions, which the API server refuses as
+        stale and which then cost a read of the node each (measured: bench/README.md)."""
         if self.idle.is_set() or self.settings.watch_coalesce_seconds <= 0:
             return None
         settings = self.settings
@@ -244,7 +245,7 @@ class Loop:
                 self._finished()
                 # What arrived during the pass is read now, for the next one: waiting out the interval,
                 # a pass already due (woken during this one) started without it, and the events that
-                # arrived late in a pass waited a pass more (a stage of a 10-node rollout 0.1-0.2 s).
+                # arrived late in a pass waited a pass more, which delays every stage of a rollout.
                 self._read_now()
             delay = self.spacing(spent[0])
             self.next_pass_at = self.clock() + delay
@@ -255,7 +256,7 @@ class Loop:
 
     def spacing(self, cpu: float) -> float:
         """How long to wait after a pass that took `cpu` seconds: the events of the wait coalesce into
-        the next pass. However fast they come (a 1000-node rollout brings tens a second), planning takes
+        the next pass. However fast they come (a large rollout brings many a second), planning takes
         at most 1 / (1 + pass_spacing) of a core, and once its burst is spent, planning_share."""
         settings = self.settings
         spacing = min(settings.max_pass_spacing_seconds, settings.pass_spacing * cpu)

@@ -149,9 +149,9 @@ def in_waves(
     A DaemonSet comes after its component's other objects and the RuntimeClasses (its pods need their
     ServiceAccount, RBAC and ConfigMaps, and the API server refuses a pod whose RuntimeClass is not
     there); nothing else orders them: a binding may name a role that is not there yet. Written one
-    after another per component, the driver's DaemonSet of a 10-node rollout went out seven applies,
-    0.46 s, after its first object, the last of every DaemonSet (bench/README.md); in waves, two
-    rounds of the appliers after it."""
+    after another per component, the first stage's DaemonSet waits for its whole chain of applies and
+    goes out last of every DaemonSet; in waves it goes out two rounds of the appliers after its first
+    object (measured: bench/README.md)."""
     first: list[dict[str, Any]] = []
     second: list[dict[str, Any]] = []
     third: list[dict[str, Any]] = []
@@ -278,7 +278,7 @@ class Reconciler:
         errors on single objects do not stop the pass: every other object, node and status is still
         handled, and the errors go into the status and the returned Outcome.
 
-        Writes run in parallel (a 1000-node rollout is 1000 label patches per stage), the objects in
+        Writes run in parallel (a rollout is a label patch per node and stage), the objects in
         waves (`in_waves`): a component's DaemonSet after its ServiceAccount, RBAC and ConfigMaps."""
         if self.store.get("crds", POLICY_CRD) is False:
             # The watch saw it go (or not established yet): Kopf's watch of its objects went too.
@@ -312,9 +312,9 @@ class Reconciler:
         # The node labels go out with the objects, not after them, each on threads of their own (the
         # writers, the appliers): a deploy label needs nothing but the proven plan (the DaemonSet
         # controller creates the pods once both are there), and neither queues behind the other. After
-        # the objects, a 10-node rollout's first stage waited a second for every component's chain of
-        # applies; behind a 100-node stage's labels, the driver's DaemonSet went out 2.9 s after the
-        # policy, 2 s after its first label (bench/README.md).
+        # the objects, a stage's labels would wait for every component's chain of applies; behind a
+        # large stage's labels, the driver's DaemonSet would wait for all of them, and with it the
+        # pods the labels are for (measured: bench/README.md).
         labelling = [
             partial(
                 self._label,
@@ -529,8 +529,8 @@ class Reconciler:
             done = _unless_changed(what, stale, partial(apply, version))
             if not done:
                 fresh = self._node_after_conflict(node.name, version)
-                # Only its resourceVersion moved (a status update, another manager's annotation: in a
-                # 10-node bench round one label write in six): everything the plan read of the node
+                # Only its resourceVersion moved (a status update, another manager's annotation: common
+                # while a rollout's pods start on the node): everything the plan read of the node
                 # is the same, so its decision stands and the write goes again at once, on the new
                 # version, instead of a pass later.
                 if fresh is not None and fresh == node:
@@ -551,18 +551,19 @@ class Reconciler:
         """The node as it is now, after a label write on its version `refused` was refused as stale.
         Its watch event brings the newer version within about `watch_coalesce_seconds` (the readers
         take a running pass's events together, which is also why the Store lags the node by that
-        much): waited for, at most `stale_wait_seconds`, instead of reading the node (in a 1000-node
-        round 722 reads, one for every seventh label write); read only if it does not come."""
+        much): waited for, at most `stale_wait_seconds`, instead of reading the node (otherwise a large
+        rollout reads back a good share of its nodes, one GET each; measured: bench/README.md); read
+        only if it does not come."""
         arrived, found = self.store.wait_node(name, refused, self.settings.stale_wait_seconds)
         return found if arrived else self._refresh_node(name)
 
     def _refresh_node(self, name: str) -> NodeInfo | None:
         """After a label write refused as stale: the node as it is now, into the Store, so that the next
         pass plans on it; the Store's node then (None when it could not be read). Waiting for its watch
-        event instead, a node whose events lag stays at the refused version and every pass writes on it
-        again: 6256 of 10,552 label writes in one 1000-node round whose node watch was reopened 16
-        times, up to 29 in a row on one node. Only after a 409 on a write, so never at rest; the Store
-        drops watch events older than what it holds."""
+        event instead, a node whose events lag (its watch reopened, say) stays at the refused version
+        and every pass writes on it again, refused again each time (measured: bench/README.md). Only
+        after a 409 on a write, so never at rest; the Store drops watch events older than what it
+        holds."""
         try:
             self.store.record_node(self.kube.get("v1", "Node", name), False)
         except ApiError as exc:

@@ -4,7 +4,7 @@ The API server stores custom resources nested up to 10000 levels deep where the 
 unknown content (an older CRD, another version). Python's C decoder gives up with RecursionError at
 about 1000 levels; raised inside Kopf's LIST or watch stream, that stops the operator, and again at
 every restart. `loads` takes orjson (faster than the standard C decoder on API objects: every watch
-event is decoded, 50,000 of them in a 1000-node rollout) and, for what orjson refuses (deeper than
+event is decoded, tens of thousands of them in a large rollout) and, for what orjson refuses (deeper than
 1024 levels, a lone surrogate escape the API server may store), the standard decoder; only when that
 runs out of recursion does it parse again with a small iterative parser that keeps at most MAX_DEPTH
 levels (deeper content becomes None). The policy models refuse anything that deep (api.MAX_DEPTH)
@@ -57,14 +57,16 @@ _DRIVER = b'"app.kubernetes.io/component":"nvidia-driver"'
 
 def loads_event(line: bytes) -> Any:
     """One watch event, as `loads` decodes it, except for what nothing reads of a pod, cut out of the
-    text first (9000 operand pods bring about five events each in a 1000-node rollout):
+    text first (pod events are most of what the watches bring: every operand pod on every node, a few
+    events each while it starts):
 
-    - `metadata.managedFields` (35 to 45 % of an operand pod's JSON): only the field managers of nodes
+    - `metadata.managedFields` (a large part of an operand pod's JSON): only the field managers of nodes
       and of the operator's own objects are read. The API server writes ObjectMeta's fields in their Go
       order, managedFields last, and then the pod's spec; inside managedFields every key is prefixed
       (`f:spec`) and every quote in a string is escaped, so the first `]},"spec":{` after it ends it.
-    - the spec's volumes and containers (half of what is left; decoding the rest takes 10 µs instead of
-      25), except in driver pods, whose containers' DRIVER_CONFIG_DIGEST an upgrade reads
+    - the spec's volumes and containers (about half of what is left, so decoding takes well under half
+      the time; measured: bench/README.md), except in driver pods, whose containers'
+      DRIVER_CONFIG_DIGEST an upgrade reads
       (gpu_operator/core/upgrade/facts.py). PodSpec's fields come in Go order too: `volumes`,
       `initContainers`, `containers`, `ephemeralContainers`, then `restartPolicy` (the API server always
       sets it), and what the operator reads of the spec (`nodeName`, `affinity`) comes after. A quote

@@ -51,26 +51,29 @@ class Settings:
     """A status write that only tells a rollout's progress (node counts, messages, components becoming
     ready; status.progress_only) waits until this long after the policy's last one; a changed
     state, condition or generation goes out at once. A
-    1000-node rollout runs hundreds of passes: without it each would patch the ClusterPolicy (whose
+    large rollout runs hundreds of passes: without it each would patch the ClusterPolicy (whose
     schema the API server validates on every write) and wait for it before the next labels."""
     pass_spacing: float = 2.0
     """After a pass, the next waits this many times the CPU seconds the pass took (at most
     max_pass_spacing_seconds): planning never takes more than a third of a core, and the events of
     the wait are planned together."""
     max_pass_spacing_seconds: float = 1.0
+    """The longest wait `pass_spacing` imposes after an expensive pass, so that a change is still acted
+    on within about a second."""
     planning_burst_seconds: float = 2.5
+    """CPU seconds passes may spend back to back (spaced as above) before `planning_share` applies:
+    enough for the whole rollout of a small or medium cluster, so that only large rollouts ever wait
+    for the budget."""
     planning_share: float = 0.005
-    """Passes may spend `planning_burst_seconds` of CPU back to back (spaced as above), and once that is
-    spent, `planning_share` of a core: the budget refills at that rate and the next pass waits for it,
-    at most max_budget_wait_seconds (a pass's cost beyond that is not carried over, loop.Budget).
-    Spacing by cost alone bounds the share of a core, not the CPU of a rollout: cheaper passes only
-    came more often, and a 1000-node rollout that the DaemonSet controller paces over 15 minutes
-    planned 2000 times (97 s of CPU). A 10- or 100-node rollout plans for under the burst (about 0.3
-    and 1.4 s on the bench's 2 cores) and never waits; at 1000 nodes a pass of 40 to 60 ms waits 8 to
-    10 s, which the DaemonSet controller's own pace there (10 to 20 pods a second) hides. A node
-    that joins after such a rollout is served at once: a minute at rest refills 0.3 s, twenty such
-    passes (bench/README.md: 2.9 s; at 0.5 % with the debt carried over it waited 30 s)."""
+    """Once the burst is spent, the share of a core planning gets: the budget refills at this rate and
+    the next pass waits for it. Spacing alone bounds the share of a core but not a rollout's CPU
+    (cheaper passes only come more often), and on large clusters these waits stay shorter than the
+    DaemonSet controller's own pace of creating pods, so they do not slow the rollout (measured:
+    bench/README.md)."""
     max_budget_wait_seconds: float = 10.0
+    """The longest a pass waits for the planning budget; what a pass costs beyond that is forgiven, not
+    carried over (loop.Budget), so a node that joins after a long rollout waits at most this long
+    rather than for the rollout's accumulated debt."""
     writers: int = 16
     """Concurrent API writes in one pass: enough to label 1000 nodes quickly, few enough for the API
     server."""
@@ -84,16 +87,17 @@ class Settings:
     brings. Short enough that the API server's buffers for the watch never fill (it closes a watcher
     that stays behind)."""
     watch_quiet_seconds: float = 1.0
+    """Between passes (most of a large rollout, while passes wait for their planning budget), a watch
+    that brings little reads its connection only this often: no pass reads the Store meanwhile, and the
+    fewer events a read brings, the more each costs (measured: bench/watch_cost.py, bench/README.md).
+    Only while the next pass is further off than this and one `watch_coalesce_seconds` more
+    (Loop.settle), so that every watch still reads at most `watch_coalesce_seconds` before a pass."""
     watch_quiet_bytes: int = 192 * 1024
-    """Between passes (most of a 1000-node rollout, while they wait for their planning budget), a watch
-    whose events come at less than `watch_quiet_bytes` per `watch_quiet_seconds` reads only that often:
-    no pass reads the Store meanwhile, and the fewer events a read brings, the more each costs
-    (bench/watch_cost.py, node events at 20 a second: 372 µs each read every 0.2 s, 164 µs every second;
-    bench/README.md, "2026-12-04, night"). The nodes and DaemonSets of a rollout are such watches; the
-    pods (about 600 KB a second at 1000 nodes) stay at `watch_coalesce_seconds`. Only while the next
-    pass is further off than a quiet interval and one more (Loop.settle), so that every watch reads at
-    most `watch_coalesce_seconds` before it starts. The bound keeps what waits in the connection under
-    what its buffers held in bench/watch_cost.py (300 KB waiting slowed its server)."""
+    """What "brings little" means for `watch_quiet_seconds`: fewer bytes than this per quiet interval, as
+    the nodes' and DaemonSets' watches of a rollout do; the pods' watch of a large rollout brings more
+    and stays at `watch_coalesce_seconds`. The bound keeps what waits unread in the connection well
+    below what the server's buffers hold: a watch that falls behind slows the server, and one too far
+    behind is closed by it."""
     watch_server_timeout_seconds: int = 300
     """Watches end on the server after this long and are resumed from their resourceVersion."""
     request_timeout_seconds: float = 60.0
@@ -112,7 +116,8 @@ class Settings:
     """Create the ClusterPolicy CRD when it is absent (the chart's operator.createCRD); it is updated
     to the operator's schema either way."""
     list_chunk_size: int = 500
-    """Initial listings in pages: 9000 operand pods at 1000 nodes are never one response in memory."""
+    """Initial listings in pages: the operand pods of a large cluster (nine on every GPU node) are never
+    one response in memory."""
 
     def __post_init__(self) -> None:
         # Frozen all the way down: a plain dict passed in could still change under the operator.

@@ -91,7 +91,7 @@ class Store:
     them); a node is here once its pods have been listed."""
     speaking: dict[tuple[str, str], PodInfo] = field(default_factory=dict)
     """(component, node) → the pod that speaks for it (status.pods_by_node), kept with `pods`: a pass
-    at 1000 nodes would otherwise sort out 9000 pods again."""
+    would otherwise sort out every operand pod of the cluster again."""
     slots: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     """(component, node) → the keys of its pods in `pods`."""
     operands: dict[str, Operands] = field(default_factory=dict)

@@ -4,7 +4,7 @@ off the connection without Kopf's per-event machinery.
 Kopf's `continuous_watch` hands each event up through four async generators (its line splitter, the
 JSON decoding of `api.stream`, `watch_objs`, `continuous_watch` itself), decodes every line twice over
 (bytes to str, then JSON) and reschedules an inactivity timer per event. For the operand pods and the
-nodes, about 46,000 events in a 1000-node rollout, all that ends in one function call that puts a slim
+nodes, tens of thousands of events in a large rollout, all that ends in one function call that puts a slim
 record into the Store. Here each chunk the connection delivers is split into lines in one loop, each
 line decoded from bytes once (`safe_json.loads_event`) and recorded at once; the inactivity timeout is
 aiohttp's read timeout, rearmed per chunk by aiohttp itself.
@@ -151,8 +151,9 @@ async def read(
     pass is running or due: it would not see the events any sooner; how long depends on the rate).
     While waiting, the connection's `transport` is not read at all, so that the events of the wait
     arrive in one read: each wake-up of the event loop costs about as much as the events it
-    brings (bench/watch_cost.py: 670 µs an event at 100 a second one by one, 230 µs read ten at a
-    time), and a 1000-node rollout brings 48,000 of them while the loop waits for its planning budget.
+    brings, so events read one by one cost several times what they cost read together (measured:
+    bench/watch_cost.py, bench/README.md), and a large rollout brings tens of thousands of them while
+    the loop waits for its planning budget.
     """
     rest = b""
     last = time.monotonic()
