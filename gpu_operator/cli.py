@@ -177,9 +177,6 @@ def summary(policy: Policy) -> str:
         parts.append(
             f"{_plural(len(deprecated), 'deprecated field')}: {', '.join(d.path for d in deprecated)}"
         )
-    hub = [found.split(":", 1)[0] for found in policy.spec.images_without_registry()]
-    if hub:
-        parts.append(f"{_plural(len(hub), 'image')} without a registry host (Docker Hub): {', '.join(hub)}")
     unsupported = policy.spec.unsupported_enabled()
     if unsupported:
         parts.append(f"{_plural(len(unsupported), 'unsupported section')} enabled: {', '.join(unsupported)}")
@@ -193,7 +190,6 @@ def warnings_for(policy: Policy) -> list[str]:
         for name in policy.spec.unsupported_enabled()
     )
     lines.extend(f"warning: accepted but not acted on: {field}" for field in policy.spec.ignored_fields())
-    lines.extend(f"warning: {found}" for found in policy.spec.images_without_registry())
     return lines
 
 
@@ -211,10 +207,17 @@ def cmd_validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except InputError as exc:
         _report(args.file, exc.lines, err)
         return EXIT_INVALID
+    code = EXIT_OK
     for policy in policies:
         _report(args.file, warnings_for(policy), err)
-        print(summary(policy), file=out)
-    return EXIT_OK
+        unpullable = policy.spec.images_without_registry()
+        if unpullable:
+            # Valid to the API server (NVIDIA's operator accepts them), but the pods would never start.
+            _report(args.file, [f"{policy.name}: {found}" for found in unpullable], err)
+            code = EXIT_INVALID
+        else:
+            print(summary(policy), file=out)
+    return code
 
 
 def load_nodes(path: str) -> list[dict[str, Any]]:
@@ -282,6 +285,7 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_INVALID
     policy = policies[0]
     _report(args.file, warnings_for(policy), err)
+    _report(args.file, [f"warning: {found}" for found in policy.spec.images_without_registry()], err)
     try:
         facts = replace(
             cluster_facts(nodes, args.namespace, os.environ, policy.spec.operator.defaultRuntime),

@@ -640,13 +640,14 @@ class ClusterPolicySpec(Model):
         return [f"{path}: {why}" for found, path, why in checks if found]
 
     def images_without_registry(self) -> list[str]:
-        """The images this policy names without a registry host, each with its field: a container
-        runtime pulls them from Docker Hub. NVIDIA's operator accepts them, and so do we (a Docker Hub
-        mirror may be meant), but NVIDIA's own images are on nvcr.io, so it is most often a copied
-        sample that leaves the registry out (`image: nvidia/driver`), and the pods would wait on an
-        image that does not exist; the planner and `validate` say so. Only images that are deployed
-        count: those of enabled, supported components, the validator's (every operand's init
-        containers run it) and the driver manager's."""
+        """The images this policy names without a registry host, each with its field and the Docker Hub
+        reference a container runtime makes of it. NVIDIA publishes its operand images on nvcr.io, not
+        on Docker Hub, so such a name is nearly always a sample copied without its registry
+        (`image: nvidia/driver`) and every operand's pods would wait on an image that does not exist:
+        `validate` refuses it (exit 2) and the operator says so on the policy. Whoever does mean Docker
+        Hub, or a mirror of it, names it (`docker.io/...`). Only images that are deployed count: those of
+        enabled, supported components, the validator's (every operand's init containers run it) and the
+        driver manager's."""
         sections: list[tuple[str, ComponentSpec | DriverManagerSpec]] = [("validator", self.validator)]
         for name in type(self).model_fields:
             section = getattr(self, name)
@@ -663,9 +664,9 @@ class ClusterPolicySpec(Model):
                 continue
             field = f"spec.{path}.{'repository' if spec.repository else 'image'}"
             found.append(
-                f"{field}: {reference!r} names no registry host, so it is pulled from Docker Hub "
-                f"({image_reference.on_docker_hub(reference)}); NVIDIA's images are on nvcr.io (e.g. "
-                "repository: nvcr.io/nvidia): name the registry, unless Docker Hub or a mirror of it is meant"
+                f"{field}: {reference!r} names no registry host, so a container runtime pulls "
+                f"{image_reference.on_docker_hub(reference)}; NVIDIA's images are on nvcr.io (e.g. "
+                "repository: nvcr.io/nvidia): name the registry (docker.io/... if Docker Hub is meant)"
             )
         return found
 

@@ -474,6 +474,7 @@ def _notes(spec: ClusterPolicySpec, nvidia_driver_crd: bool) -> list[Note]:
         for name in spec.unsupported_enabled()
     ]
     notes += [Note(f"accepted but not acted on: {field}", "Ignored") for field in spec.ignored_fields()]
+    notes += [Note(found, "ImageWithoutRegistry") for found in spec.images_without_registry()]
     if spec.driver.useNvidiaDriverCRD and not nvidia_driver_crd:
         notes.append(
             Note(

@@ -618,9 +618,9 @@ def test_images_without_a_registry_host_are_named() -> None:
     found = [line.split(": ", 1)[0] for line in spec.images_without_registry()]
     assert found == ["spec.validator.image", "spec.devicePlugin.repository", "spec.driver.manager.image"]
     text = "\n".join(spec.images_without_registry())
-    assert "(docker.io/library/busybox)" in text
-    assert "(docker.io/nvidia/k8s-device-plugin:v0.20.0)" in text
-    assert f"(docker.io/library/driver-manager@sha256:{'a' * 64})" in text
+    assert "pulls docker.io/library/busybox;" in text
+    assert "pulls docker.io/nvidia/k8s-device-plugin:v0.20.0;" in text
+    assert f"pulls docker.io/library/driver-manager@sha256:{'a' * 64};" in text
     assert parse_spec({}).images_without_registry() == []
     assert (
         parse_spec({"driver": {"enabled": False, "manager": {"image": "m"}}}).images_without_registry() == []

@@ -459,6 +459,41 @@ def test_combinations_nvidias_chart_refuses(args: list[str], message: str) -> No
     assert proc.returncode != 0 and message in proc.stderr, proc.stderr
 
 
+NO_REGISTRY = [
+    (["--set", "validator.repository=nvidia/cloud-native"], 'validator.repository: "nvidia/cloud-native"'),
+    (
+        ["--set", "devicePlugin.repository=", "--set", "devicePlugin.image=nvidia/k8s-device-plugin"],
+        "devicePlugin.image",
+    ),
+    (["--set", "driver.manager.repository=nvidia"], "driver.manager.repository"),
+    (["--set", "dcgm.enabled=true", "--set", "dcgm.repository=nvidia"], "dcgm.repository"),
+]
+
+
+@needs_helm
+@pytest.mark.parametrize(("args", "field"), NO_REGISTRY, ids=[" ".join(a) for a, _ in NO_REGISTRY])
+def test_images_without_a_registry_are_refused(args: list[str], field: str) -> None:
+    proc = helm(*template_args(*args), check=False)
+    assert proc.returncode != 0, proc.stdout
+    assert f"{field}" in proc.stderr and "names no registry host" in proc.stderr, proc.stderr
+
+
+@needs_helm
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--set", "validator.repository=docker.io/nvidia"],  # Docker Hub, named
+        ["--set", "validator.repository=localhost/nvidia"],
+        ["--set", "validator.repository=registry.local:5000"],
+        ["--set", "dcgm.enabled=false", "--set", "dcgm.repository=nvidia"],  # not deployed
+        ["--set", "gds.repository=nvidia"],  # off by default
+    ],
+    ids=lambda a: " ".join(a),
+)
+def test_images_with_a_registry_or_not_deployed_pass(args: list[str]) -> None:
+    helm(*template_args(*args))
+
+
 # --- values schema ----------------------------------------------------------------------------------
 
 

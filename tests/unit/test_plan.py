@@ -338,6 +338,19 @@ def test_status_counts_every_daemonset_of_a_component() -> None:
     assert toolkit({first.name: first, crio.name: crio})["state"] == "ready"
 
 
+def test_images_without_a_registry_are_said_on_the_policy_and_still_deployed() -> None:
+    # NVIDIA's operator deploys them, and so does this one (refusing would stop a Docker Hub mirror
+    # that works); the Ready condition and an Event say which field and what a runtime pulls.
+    plan = build(observed(policy(validator={"image": "nvidia/cloud-native/k8s-logical-edge-validator"})), NOW)
+    [note] = [n for n in plan.notes if n.reason == "ImageWithoutRegistry"]
+    assert note.startswith("spec.validator.image: 'nvidia/cloud-native/k8s-logical-edge-validator' names no")
+    assert "docker.io/nvidia/cloud-native/k8s-logical-edge-validator" in note
+    assert note in condition(status_of(plan, "cluster-policy"), "Ready")["message"]
+    assert any(o["kind"] == "DaemonSet" for o in plan.objects)  # the operands are still written
+    named = build(observed(policy(validator={"image": "docker.io/nvidia/validator"})), NOW)
+    assert not [n for n in named.notes if n.reason == "ImageWithoutRegistry"]
+
+
 def test_fields_not_acted_on_are_in_the_status() -> None:
     plan = build(observed(policy(driver={"useOpenKernelModules": True})), NOW)
     assert any(
