@@ -43,7 +43,7 @@ from gpu_operator.core.node_labels import (
     takes_operands,
     unmet_dependencies,
 )
-from gpu_operator.core.observed import DaemonSetInfo, PodInfo, PolicyRef
+from gpu_operator.core.observed import DaemonSetInfo, PodInfo, PolicyRef, rollout
 from gpu_operator.core.vetting import Problems
 
 MAX_PROBLEMS = 5
@@ -339,9 +339,11 @@ def _component_status(
         return ComponentStatus(name=component.name, enabled=False, state="disabled")
     # Nodes not ready for reasons of their own first, then the nodes waiting for a dependency.
     problems = [*tally.own, *tally.waits]
+    # Only through rollout(): what it reads is what wakes a pass (runtime/store.py).
+    rollouts = [rollout(d) for d in daemonsets]
     rolled_out = not tally.labelled or (
-        all(d is not None and d.rolled_out for d in daemonsets)
-        and sum(d.desired for d in daemonsets if d is not None) == tally.labelled
+        all(r is not None and r.done for r in rollouts)
+        and sum(r.desired for r in rollouts if r is not None) == tally.labelled
     )
     is_ready = rolled_out and not tally.waiting and tally.ready == tally.labelled
     return ComponentStatus(
