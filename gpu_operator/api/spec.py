@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Annotated, ClassVar, Literal
+from collections.abc import Mapping
+from functools import cached_property
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
@@ -669,6 +671,24 @@ class ClusterPolicySpec(Model):
                 "repository: nvcr.io/nvidia): name the registry (docker.io/... if Docker Hub is meant)"
             )
         return found
+
+    @cached_property
+    def enabled_sections(self) -> frozenset[str]:
+        """The component sections (ComponentSpec fields) this policy enables. Kept on the spec once
+        asked, because a pass asks it for every component on every node: a parsed spec is never changed
+        in place (a new ClusterPolicy is parsed anew), so the answer cannot go stale, and it lives and
+        dies with the spec rather than in a cache of its own."""
+        return frozenset(
+            name
+            for name in type(self).model_fields
+            if isinstance(section := getattr(self, name), ComponentSpec) and section.is_enabled()
+        )
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """A copy, without what was kept of the original (enabled_sections): `update` may change it."""
+        copy = super().model_copy(update=update, deep=deep)
+        copy.__dict__.pop("enabled_sections", None)
+        return copy
 
     def unsupported_enabled(self) -> list[str]:
         """Names of unsupported sections the user switched on (reported, never silently ignored)."""

@@ -169,7 +169,7 @@ class Component:
         return section
 
     def enabled(self, policy: ClusterPolicySpec) -> bool:
-        return self.name in enabled_names(policy)
+        return self.section in policy.enabled_sections
 
 
 _NVCR = "nvcr.io/nvidia"
@@ -286,23 +286,6 @@ COMPONENTS: tuple[Component, ...] = (
 
 BY_NAME: dict[str, Component] = {c.name: c for c in COMPONENTS}
 BY_LABEL: dict[str, Component] = {c.component_label: c for c in COMPONENTS}
-
-_ENABLED: list[tuple[ClusterPolicySpec | None, frozenset[str]]] = [(None, frozenset())]
-"""The last policy asked about and its enabled components. A pass asks of one policy object (never
-changed in place: the models are rebuilt from each new ClusterPolicy) for every component on every
-node, hundreds of thousands of times on a large cluster. By identity, not a memo.Memo: a Memo compares
-its inputs and stores them again on every hit, which on a path this hot costs more than twice what the
-identity check does (measured: bench/README.md)."""
-
-
-def enabled_names(policy: ClusterPolicySpec) -> frozenset[str]:
-    """The names of the components `policy` enables."""
-    last, names = _ENABLED[0]
-    if last is not policy:
-        names = frozenset(c.name for c in COMPONENTS if c.spec(policy).is_enabled())
-        _ENABLED[0] = (policy, names)
-    return names
-
 
 # Images of containers that run inside another component's pods (the driver's).
 DRIVER_MANAGER = Image(_CLOUD_NATIVE, "k8s-driver-manager", "v0.12.0")

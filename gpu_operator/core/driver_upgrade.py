@@ -15,8 +15,8 @@ from typing import Any
 
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.api.status import ClusterPolicyStatus, DriverUpgradeStatus
+from gpu_operator.core.caches import Caches
 from gpu_operator.core.components import BY_NAME
-from gpu_operator.core.memo import Memo
 from gpu_operator.core.node_labels import NodeInfo, gpu_nodes, runs_on
 from gpu_operator.core.observed import component_of
 from gpu_operator.core.upgrade import Facts, UpgradeNode, UpgradePlan, plan_upgrade
@@ -24,15 +24,11 @@ from gpu_operator.core.upgrade.facts import config_digest, image_tag
 from gpu_operator.core.upgrade.rollout import manual_inputs
 
 VALIDATOR = BY_NAME["operator-validator"]
-_NODES: Memo[UpgradeNode] = Memo()
-"""Node name → how the state machine sees it, while the node and whether validators run stay the same."""
-_MANUAL: Memo[UpgradePlan] = Memo()
-"""The last plan made with autoUpgrade off, and what it read of the facts."""
 
 
-def upgrade_nodes(nodes: Iterable[NodeInfo], spec: ClusterPolicySpec) -> list[UpgradeNode]:
-    """The GPU nodes as the state machine sees them; the validation gate waits for a validator only
-    where one runs (enabled, and the node not opted out of it)."""
+def upgrade_nodes(caches: Caches, nodes: Iterable[NodeInfo], spec: ClusterPolicySpec) -> list[UpgradeNode]:
+    """The GPU nodes as the state machine sees them (kept in `caches.upgrade_nodes`); the validation
+    gate waits for a validator only where one runs (enabled, and the node not opted out of it)."""
     validating = VALIDATOR.enabled(spec)
 
     def seen(n: NodeInfo) -> UpgradeNode:
@@ -46,8 +42,8 @@ def upgrade_nodes(nodes: Iterable[NodeInfo], spec: ClusterPolicySpec) -> list[Up
         )
 
     found = gpu_nodes(nodes)
-    _NODES.keep({n.name for n in found})
-    return [_NODES.get(n.name, (n, validating), partial(seen, n)) for n in found]
+    caches.upgrade_nodes.keep({n.name for n in found})
+    return [caches.upgrade_nodes.get(n.name, (n, validating), partial(seen, n)) for n in found]
 
 
 def _driver_daemonsets(objects: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -83,11 +79,12 @@ def plan_driver_upgrade(
     facts: Facts,
     objects: Iterable[Mapping[str, Any]],
     now: float,
+    caches: Caches,
 ) -> UpgradePlan:
     """This pass's step of the driver upgrade. With the driver disabled nothing is upgraded (as with
     autoUpgrade off, only NVIDIA's auto-upgrade annotation goes)."""
     policy = spec.driver.upgradePolicy if spec.driver.is_enabled() else None
-    found = replace(facts, nodes=upgrade_nodes(nodes, spec), now=now)
+    found = replace(facts, nodes=upgrade_nodes(caches, nodes, spec), now=now)
     target, validate = target_version(objects), VALIDATOR.enabled(spec)
     step = partial(plan_upgrade, policy, found, target_version=target, validate=validate)
     if policy is not None and policy.autoUpgrade:
@@ -95,7 +92,7 @@ def plan_driver_upgrade(
     # With autoUpgrade off the plan reads little of the facts (upgrade/rollout.py manual_inputs): while
     # that stays the same so does the plan, and a pass of a large rollout, where validator pods,
     # driver readiness and deploy labels change at every pass, need not build a view of every node.
-    return _MANUAL.get("plan", (policy, manual_inputs(found), target), step)
+    return caches.manual_upgrade.get("plan", (policy, manual_inputs(found), target), step)
 
 
 def with_upgrade_status(

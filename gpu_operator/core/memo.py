@@ -5,7 +5,8 @@ A pass plans every node again (plan.build), but between two passes only the node
 differ. The inputs are frozen values (NodeInfo, PodInfo, the parsed spec) and the Store hands out the
 same objects until an event replaces them, so an unchanged node's inputs compare by identity (tuple
 comparison tries `is` first) and its result is reused; a node whose inputs are merely equal is reused
-too, so reuse never depends on identity for being right.
+too, so reuse never depends on identity for being right. The memos of a pass live in the Caches it
+is given (gpu_operator/core/caches.py), so whoever runs passes owns what they keep.
 """
 
 from __future__ import annotations

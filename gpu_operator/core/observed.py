@@ -7,8 +7,9 @@ with nine operands (9000 pods) stays small, and decisions never depend on fields
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from operator import attrgetter
+from typing import Any, NamedTuple
 
 from gpu_operator.core.components import BY_LABEL
 from gpu_operator.core.ownership import COMPONENT_LABEL, FIELD_MANAGER
@@ -58,6 +59,21 @@ class PodInfo:
     @property
     def failing(self) -> bool:
         return not self.ready and self.reason not in STARTING_REASONS
+
+
+POD_SHOWN = frozenset({"reason", "message"})
+"""The fields of an operand pod the planner reads only for what the status says (a node's problem, how
+many nodes fail): a change of these alone asks for a pass soon, not at once (runtime/store.py
+record_pod). The planner decides on every other field (status.pods_by_node, readiness, started), so a
+field added to PodInfo for a decision wakes a pass at once without touching the Store;
+tests/unit/test_wake_rules.py checks that these two change no decision."""
+
+_POD_DECIDES = attrgetter(*(f.name for f in fields(PodInfo) if f.name not in POD_SHOWN))
+
+
+def pod_decides(pod: PodInfo | None) -> tuple[object, ...] | None:
+    """What of a pod the plan decides on: every field but POD_SHOWN (None: no pod)."""
+    return None if pod is None else _POD_DECIDES(pod)
 
 
 def waiting_reason(statuses: list[Mapping[str, Any]]) -> tuple[str, str] | None:
@@ -150,6 +166,24 @@ class DaemonSetInfo:
         if self.on_delete:
             return self.ready == self.desired
         return self.updated == self.desired and self.available == self.desired
+
+
+class Rollout(NamedTuple):
+    """All the planner reads of a DaemonSet (status._component_status): whether it rolled out, and then
+    on how many nodes. The Store wakes a pass only when this changes (runtime/store.py record_managed):
+    a rollout brings hundreds of DaemonSet status updates that change nothing else."""
+
+    done: bool
+    desired: int
+    """Nodes it runs on once rolled out (0 before: not read then)."""
+
+
+def rollout(ds: DaemonSetInfo | None) -> Rollout | None:
+    """What the planner reads of `ds` (None: not there)."""
+    if ds is None:
+        return None
+    done = ds.rolled_out
+    return Rollout(done, ds.desired if done else 0)
 
 
 def daemonset_info(body: Mapping[str, Any]) -> DaemonSetInfo:

@@ -16,9 +16,9 @@ from typing import Any
 from gpu_operator.api import GROUP, KIND, VERSION, FieldError, PolicyError, parse_spec
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.api.status import REASON_CONFLICT, REASON_RECONCILE_FAILED, ClusterPolicyStatus
+from gpu_operator.core.caches import Caches
 from gpu_operator.core.components import COMPONENTS
 from gpu_operator.core.driver_upgrade import driver_rolling, plan_driver_upgrade, with_upgrade_status
-from gpu_operator.core.memo import Memo
 from gpu_operator.core.node_labels import (
     IsReady,
     NodeInfo,
@@ -232,11 +232,17 @@ def build(
     good: Good | None = None,
     problems: Problems | None = None,
     clock: float | None = None,
+    *,
+    caches: Caches | None = None,
 ) -> Plan:
     """The plan of a pass. `problems`: why the active policy's current generation cannot be written
     (found by proving its change, gpu_operator/core/vetting.py); then, as for a spec the models refuse,
     the plan runs `good` (the last generation written) if there is one, else changes nothing.
-    `clock`: `now` in Unix seconds (the driver upgrade's timeouts), by default `now`'s."""
+    `clock`: `now` in Unix seconds (the driver upgrade's timeouts), by default `now`'s. `caches`: what
+    earlier passes kept (gpu_operator/core/caches.py), so that this one plans again only what changed;
+    None: a new one, for a single pass (the CLI, most tests)."""
+    if caches is None:
+        caches = Caches()
     policies = observed.policies
     active = active_policy(policies)
     statuses: dict[str, ClusterPolicyStatus] = {}
@@ -250,14 +256,14 @@ def build(
     count = len(gpu_nodes(nodes))
     if active is None:
         # Uninstalled (or not installed yet): every label of ours goes, and the operand managers' too.
-        labels = _label_changes(nodes, None, is_ready, is_started, operands)
+        labels = _label_changes(caches, nodes, None, is_ready, is_started, operands)
         releases = _uninstall_releases(observed.nodes, labels)
         psa = namespace_write(observed.operand_namespace, enabled=False)
         uids = {p.uid for p in policies}
         deletes = sorted(k for k, info in observed.objects.items() if created_by_us(info, None, uids))
         return Plan(None, None, [], [], deletes, labels, statuses, [], releases, psa, count)
     try:
-        current: ClusterPolicySpec | None = _parsed(active.spec)
+        current: ClusterPolicySpec | None = _parsed(caches, active.spec)
     except PolicyError as exc:
         current, problems = None, Problems(invalid=tuple(exc.errors))
     # The spec that runs (None: leave everything as it is), its source and generation.
@@ -265,7 +271,7 @@ def build(
     source, spec = active.spec, current
     if problems:
         if good is not None and good.uid == active.uid and good.spec != active.spec:
-            running, source, spec = good.generation, good.spec, _parsed(good.spec)
+            running, source, spec = good.generation, good.spec, _parsed(caches, good.spec)
         else:
             running, spec = None, None
     shown = spec or current
@@ -292,7 +298,7 @@ def build(
         config_maps={n: k for n, k in observed.config_maps.items() if n in named},
         service_monitor_crd=observed.service_monitor_crd,
     )
-    objects = _rendered(replace(active, spec=source), shown, facts)
+    objects = _rendered(caches, replace(active, spec=source), shown, facts)
     missing = {
         c.name: found for c in COMPONENTS if c.enabled(shown) and (found := missing_inputs(c, shown, facts))
     }
@@ -319,7 +325,7 @@ def build(
         for key, info in observed.objects.items()
         if key not in wanted and key not in kept and created_by_us(info, active.uid, uids)
     )
-    labels = _label_changes(nodes, shown, is_ready, is_started, operands)
+    labels = _label_changes(caches, nodes, shown, is_ready, is_started, operands)
     # Status reflects the labels as they will be once this plan is carried out.
     planned = {n.name: _with_labels(n, labels[n.name]) if n.name in labels else n for n in nodes}
     daemonsets: dict[str, list[DaemonSetInfo | None]] = {}
@@ -328,13 +334,13 @@ def build(
             daemonset = observed.daemonsets.get(obj["metadata"]["name"])
             daemonsets.setdefault(component_of(obj["metadata"]), []).append(daemonset)
     status = policy_status(
-        active, shown, planned, pods, operands, observed.namespace, daemonsets, missing, notes, now
+        active, shown, planned, pods, operands, observed.namespace, daemonsets, missing, notes, now, caches
     )
     upgrade = None
     if spec is not None:
         # The upgrade follows the generation that runs (the last one written when the current cannot be).
         seconds = clock if clock is not None else parse_time(now) or 0.0
-        upgrade = plan_driver_upgrade(spec, nodes, observed.upgrade, objects, seconds)
+        upgrade = plan_driver_upgrade(spec, nodes, observed.upgrade, objects, seconds, caches)
         status = with_upgrade_status(status, spec, upgrade, driver_rolling(objects, observed.upgrade))
     if problems:
         status = with_problems(active, status, problems, running, now)
@@ -374,11 +380,7 @@ def build(
     )
 
 
-_RENDERED: dict[str, list[dict[str, Any]]] = {}
-_PARSED: Memo[ClusterPolicySpec | list[FieldError]] = Memo()
-
-
-def _parsed(spec: Mapping[str, Any]) -> ClusterPolicySpec:
+def _parsed(caches: Caches, spec: Mapping[str, Any]) -> ClusterPolicySpec:
     """parse_spec, once per spec content: the same parsed spec (one object) for every pass of a
     generation, so the per-node memos see it unchanged. Parsed specs are never mutated."""
 
@@ -388,20 +390,21 @@ def _parsed(spec: Mapping[str, Any]) -> ClusterPolicySpec:
         except PolicyError as exc:
             return list(exc.errors)
 
-    found = _PARSED.get("spec", (spec,), parse)
+    found = caches.parsed.get("spec", (spec,), parse)
     if isinstance(found, list):
         raise PolicyError(found)  # a new one each time: a raised exception keeps its traceback
     return found
 
 
-def _rendered(policy: PolicyRef, spec: ClusterPolicySpec, facts: ClusterFacts) -> list[dict[str, Any]]:
+def _rendered(
+    caches: Caches, policy: PolicyRef, spec: ClusterPolicySpec, facts: ClusterFacts
+) -> list[dict[str, Any]]:
     """The owned, hashed objects; rendered again only when the policy or the facts change (most passes
     are caused by pod and node events and change neither). Callers must not mutate the result."""
     key = json.dumps([policy.name, policy.uid, policy.spec, asdict(facts)], sort_keys=True)
-    if key not in _RENDERED:
-        _RENDERED.clear()
-        _RENDERED[key] = [_owned(obj, policy) for obj in render(spec, facts)]
-    return _RENDERED[key]
+    return caches.rendered.get(
+        "objects", (key,), lambda: [_owned(obj, policy) for obj in render(spec, facts)]
+    )
 
 
 def _with_labels(node: NodeInfo, owned: Mapping[str, str]) -> NodeInfo:
@@ -410,12 +413,8 @@ def _with_labels(node: NodeInfo, owned: Mapping[str, str]) -> NodeInfo:
     return replace(node, labels=labels, own_labels=frozenset(owned))
 
 
-_LABELS: Memo[dict[str, str] | None] = Memo()
-"""Node name → the labels to write there (None: those it has), while the node, the spec and the node's
-operand pods stay the same (gpu_operator/core/memo.py)."""
-
-
 def _label_changes(
+    caches: Caches,
     nodes: Collection[NodeInfo],
     spec: ClusterPolicySpec | None,
     is_ready: IsReady,
@@ -432,10 +431,10 @@ def _label_changes(
     changes: dict[str, dict[str, str]] = {}
     for node in nodes:
         mine = operands.get(node.name, NO_OPERANDS)
-        found = _LABELS.get(node.name, (node, spec, mine), partial(change, node))
+        found = caches.labels.get(node.name, (node, spec, mine), partial(change, node))
         if found is not None:
             changes[node.name] = found
-    _LABELS.keep({node.name for node in nodes})
+    caches.labels.keep({node.name for node in nodes})
     return changes
 
 

@@ -30,8 +30,8 @@ from gpu_operator.api.status import (
     Condition,
     NodeProblem,
 )
+from gpu_operator.core.caches import Caches
 from gpu_operator.core.components import BY_LABEL, COMPONENTS, Component
-from gpu_operator.core.memo import Memo
 from gpu_operator.core.node_labels import (
     Deploy,
     IsReady,
@@ -43,7 +43,7 @@ from gpu_operator.core.node_labels import (
     takes_operands,
     unmet_dependencies,
 )
-from gpu_operator.core.observed import DaemonSetInfo, PodInfo, PolicyRef
+from gpu_operator.core.observed import DaemonSetInfo, PodInfo, PolicyRef, rollout
 from gpu_operator.core.vetting import Problems
 
 MAX_PROBLEMS = 5
@@ -193,9 +193,6 @@ class Standing:
 
 
 _ELSEWHERE = Standing(eligible=False)
-_STANDINGS: Memo[tuple[Standing | None, ...]] = Memo()
-"""Node name → where each component stands on it (None: disabled), while the node, the spec and the
-node's operand pods stay the same (gpu_operator/core/memo.py)."""
 
 
 def standing(
@@ -223,11 +220,15 @@ def standing(
 
 
 def standings(
-    spec: ClusterPolicySpec, node: NodeInfo, pods: Mapping[tuple[str, str], PodInfo], mine: Operands
+    caches: Caches,
+    spec: ClusterPolicySpec,
+    node: NodeInfo,
+    pods: Mapping[tuple[str, str], PodInfo],
+    mine: Operands,
 ) -> tuple[Standing | None, ...]:
     """Where every component (COMPONENTS order; None: disabled) stands on `node`, whose operands in
-    `pods` are `mine`."""
-    return _STANDINGS.get(
+    `pods` are `mine`; kept in `caches.standings` while those stay the same."""
+    return caches.standings.get(
         node.name,
         (node, spec, mine),
         lambda: tuple(standing(c, spec, node, pods) if c.enabled(spec) else None for c in COMPONENTS),
@@ -259,9 +260,6 @@ class Tally:
 
 BLOCK = 32
 """GPU nodes per tally block: a pass sums the blocks, and counts again only those with a changed node."""
-_BLOCKS: Memo[tuple[Tally, ...]] = Memo()
-"""Block number → the tally of each component (COMPONENTS order) on its nodes, while their standings
-stay the same (gpu_operator/core/memo.py)."""
 
 
 def _tally(column: Iterable[Standing | None]) -> Tally:
@@ -341,9 +339,11 @@ def _component_status(
         return ComponentStatus(name=component.name, enabled=False, state="disabled")
     # Nodes not ready for reasons of their own first, then the nodes waiting for a dependency.
     problems = [*tally.own, *tally.waits]
+    # Only through rollout(): what it reads is what wakes a pass (runtime/store.py).
+    rollouts = [rollout(d) for d in daemonsets]
     rolled_out = not tally.labelled or (
-        all(d is not None and d.rolled_out for d in daemonsets)
-        and sum(d.desired for d in daemonsets if d is not None) == tally.labelled
+        all(r is not None and r.done for r in rollouts)
+        and sum(r.desired for r in rollouts if r is not None) == tally.labelled
     )
     is_ready = rolled_out and not tally.waiting and tally.ready == tally.labelled
     return ComponentStatus(
@@ -413,18 +413,21 @@ def policy_status(
     missing: Mapping[str, list[FieldError]],
     notes: Sequence[str],
     now: str,
+    caches: Caches,
 ) -> ClusterPolicyStatus:
     """The active policy's status: `nodes` with their labels as the plan leaves them, `daemonsets` the
     observed DaemonSets of each component (None: not there yet), `missing` the inputs a component
-    lacks (its DaemonSet is withheld), `operands` the pods of each node (operands_by_node)."""
+    lacks (its DaemonSet is withheld), `operands` the pods of each node (operands_by_node); `caches`
+    keeps each node's standings and each block's tallies for the next pass."""
     gpus = [n for n in gpu_nodes(nodes.values()) if takes_operands(n)]
-    table = [standings(spec, n, pods, operands.get(n.name, NO_OPERANDS)) for n in gpus]
-    _STANDINGS.keep(nodes.keys())
+    table = [standings(caches, spec, n, pods, operands.get(n.name, NO_OPERANDS)) for n in gpus]
+    caches.standings.keep(nodes.keys())
     blocks = [tuple(table[start : start + BLOCK]) for start in range(0, len(table), BLOCK)]
     tallies = [
-        _BLOCKS.get(number, (rows,), partial(_block_tallies, rows)) for number, rows in enumerate(blocks)
+        caches.blocks.get(number, (rows,), partial(_block_tallies, rows))
+        for number, rows in enumerate(blocks)
     ]
-    _BLOCKS.keep(range(len(blocks)))
+    caches.blocks.keep(range(len(blocks)))
     components = [
         _component_status(c, spec, _combined([t[i] for t in tallies]), daemonsets.get(c.name, []))
         for i, c in enumerate(COMPONENTS)

@@ -24,6 +24,7 @@ from typing import Any, Protocol, TypeVar
 
 from gpu_operator.api import GROUP, PLURAL, VERSION
 from gpu_operator.api.crd import crd
+from gpu_operator.core.caches import Caches
 from gpu_operator.core.components import COMPONENTS
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import (
@@ -266,6 +267,9 @@ class Reconciler:
     """The last generation of the active policy written in full (see plan.Good)."""
     status_written: dict[str, float] = field(default_factory=dict)
     """Policy name → when (monotonic) its status was last written: progress-only writes wait."""
+    caches: Caches = field(default_factory=Caches)
+    """The core's memory across passes (plan.build): one for the operator's life, so that a pass plans
+    again only what changed since the last."""
     pool: ThreadPoolExecutor = field(init=False)
     appliers: ThreadPoolExecutor = field(init=False)
 
@@ -390,17 +394,19 @@ class Reconciler:
         """The plan to carry out and its proven change. A generation that cannot be written leaves
         the cluster on the last one written (self.good); when that cannot take the cluster's new facts
         either, or none is known (after a restart), nothing changes."""
-        plan = build(observed, stamp, self.good, clock=clock)
+        plan = build(observed, stamp, self.good, clock=clock, caches=self.caches)
         verdict = self._vet(plan, observed)
         if verdict.proven:
             return plan, verdict
         if plan.problems is None:  # the current generation itself: fall back to the last one written
-            plan = build(observed, stamp, self.good, verdict.problems, clock)
+            plan = build(observed, stamp, self.good, verdict.problems, clock, caches=self.caches)
             verdict = self._vet(plan, observed)
             if verdict.proven:
                 return plan, verdict
         problems = (plan.problems or Problems()) + verdict.problems
-        return build(observed, stamp, None, problems, clock), Verdict(conflicts=verdict.conflicts)
+        return build(observed, stamp, None, problems, clock, caches=self.caches), Verdict(
+            conflicts=verdict.conflicts
+        )
 
     def _vet(self, plan: Plan, observed: Observed) -> Verdict:
         """Ask the API server what the plan's change needs asked (nothing when nothing is to be

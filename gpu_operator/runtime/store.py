@@ -25,7 +25,9 @@ from gpu_operator.core.observed import (
     daemonset_info,
     object_info,
     object_key,
+    pod_decides,
     pod_info,
+    rollout,
 )
 from gpu_operator.core.ownership import FIELD_MANAGER, MANAGED_BY_LABEL
 from gpu_operator.core.plan import NVIDIA_DRIVER_CRD, POLICY_CRD, SERVICE_MONITOR_CRD, Observed
@@ -256,12 +258,13 @@ class Store:
             return arrived, self.nodes.get(name)
 
     def record_pod(self, body: Body, deleted: bool) -> bool:
-        """True when a decision may change (a pod came, went, got ready or not, started terminating);
-        a pod whose reason or message alone changed only asks for a pass soon (`shown`)."""
+        """True when a decision may change (a pod came, went, got ready or not, started terminating:
+        observed.pod_decides); a pod whose reason or message alone changed (observed.POD_SHOWN) only asks
+        for a pass soon (`shown`)."""
         key = f"{body['metadata'].get('namespace')}/{body['metadata']['name']}"
         info = None if deleted else pod_info(body)
         before: PodInfo | None = self._swap("pods", key, info)
-        changed = _decides(before) != _decides(info)
+        changed = pod_decides(before) != pod_decides(info)
         if not changed and before != info:
             self.shown()
         component = info.component if info is not None else component_of(body["metadata"])
@@ -273,13 +276,13 @@ class Store:
 
     def record_managed(self, body: Body, deleted: bool) -> bool:
         """True when a decision may change. A DaemonSet's status updates (hundreds in a rollout) only
-        count when they change whether it is rolled out: the plan reads nothing else of them."""
+        count when they change its observed.rollout: the plan reads nothing else of them."""
         key = object_key(body)
         info = None if deleted else object_info(body)
         changed = _object_decides(self._swap("objects", key, info)) != _object_decides(info)
         if body["kind"] == "DaemonSet":
             ds = None if deleted else daemonset_info(body)
-            changed |= _rollout(self._swap("daemonsets", key, ds)) != _rollout(ds)
+            changed |= rollout(self._swap("daemonsets", key, ds)) != rollout(ds)
             if component_of(body["metadata"]) == "driver":
                 uid, name = body["metadata"].get("uid", ""), body["metadata"]["name"]
                 changed |= self.put("driver_daemonsets", uid, None if deleted else name)
@@ -352,27 +355,12 @@ class Store:
         return self.put("namespaces", body["metadata"]["name"], None if deleted else namespace_info(body))
 
 
-def _decides(pod: PodInfo | None) -> tuple[object, ...] | None:
-    """What of a pod the plan decides on (status.pods_by_node, readiness, started); the rest only shows."""
-    if pod is None:
-        return None
-    return (pod.component, pod.node, pod.ready, pod.terminating, pod.created, pod.initialized)
-
-
 def _object_decides(info: ObjectInfo | None) -> ObjectInfo | None:
     """A DaemonSet's edits show in its generation (plan.in_sync); its resourceVersion also moves with
     every status update."""
     if info is None or info.key[1] != "DaemonSet":
         return info
     return replace(info, resource_version="")
-
-
-def _rollout(ds: DaemonSetInfo | None) -> tuple[object, ...] | None:
-    """What the plan reads of a DaemonSet's status (status._component_status): rolled out, and then for
-    how many nodes."""
-    if ds is None:
-        return None
-    return (ds.name, ds.component, ds.rolled_out, ds.desired if ds.rolled_out else None)
 
 
 def _older(version: str, than: str) -> bool:

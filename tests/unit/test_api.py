@@ -60,6 +60,21 @@ def test_empty_spec_has_nvidias_defaults() -> None:
     assert spec.unsupported_enabled() == []
 
 
+def test_a_component_is_enabled_by_its_section_and_a_copy_of_the_spec_asks_again() -> None:
+    """Component.enabled reads ClusterPolicySpec.enabled_sections, kept on the spec once asked: it says
+    what each section's is_enabled says, and a copy with a changed section does not keep the original's."""
+    spec = parse_spec({"dcgm": {"enabled": False}, "nodeStatusExporter": {"enabled": True}})
+    for component in COMPONENTS:
+        assert component.enabled(spec) == component.spec(spec).is_enabled(), component.name
+    assert "dcgm" not in spec.enabled_sections and "nodeStatusExporter" in spec.enabled_sections
+    off = spec.model_copy(update={"driver": spec.driver.model_copy(update={"enabled": False})})
+    assert "driver" in spec.enabled_sections and "driver" not in off.enabled_sections
+    assert (
+        off != spec
+        and parse_spec({"dcgm": {"enabled": False}, "nodeStatusExporter": {"enabled": True}}) == spec
+    )
+
+
 def test_document_checks() -> None:
     ok = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "p"}, "spec": {}}
     assert parse_document(ok) == parse_spec({})

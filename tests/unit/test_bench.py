@@ -490,9 +490,10 @@ def test_pod_memory_per_node_watches_hold_a_fraction() -> None:
 
 def test_pass_cost_plans_a_settled_store_and_measures_each_pass() -> None:
     from bench import pass_cost
+    from gpu_operator.core.caches import Caches
     from gpu_operator.core.plan import build
 
-    store = pass_cost.filled_store(20)
+    store = pass_cost.filled_store(20, Caches())
     plan = build(store.snapshot(pass_cost.NAMESPACE, {}), pass_cost.NOW)
     assert plan.node_labels == {}, "every node carries the labels the plan wants"
     assert plan.gpu_nodes == 20

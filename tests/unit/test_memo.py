@@ -4,14 +4,15 @@ changes what a pass decides."""
 from __future__ import annotations
 
 import random
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
+import pytest
 from builders import gpu_node, operand_pod
 
 from gpu_operator.api.status import NodeProblem
-from gpu_operator.core import driver_upgrade as upgrades
 from gpu_operator.core import plan, status
+from gpu_operator.core.caches import Caches
 from gpu_operator.core.memo import Memo
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import PodInfo
@@ -57,24 +58,73 @@ def test_a_warm_memo_decides_what_a_cold_one_does() -> None:
         (nodes, (replace(pods[0], initialized=True, ready=True, reason=""),)),  # the driver came up
         ({**nodes, "gpu-1": replace(nodes["gpu-1"], labels={"a": "b"})}, ()),  # no longer a GPU node
     ]
+    warm_caches = Caches()
     for step_nodes, step_pods in steps:
-        build(observed(step_nodes, step_pods), NOW)
-        warm = build(observed(step_nodes, step_pods), NOW)  # everything reused
-        for memo in (
-            plan._LABELS,
-            plan._PARSED,
-            status._STANDINGS,
-            status._BLOCKS,
-            upgrades._NODES,
-            upgrades._MANUAL,
-        ):
-            memo.entries.clear()
-        cold = build(observed(step_nodes, step_pods), NOW)
+        build(observed(step_nodes, step_pods), NOW, caches=warm_caches)
+        warm = build(observed(step_nodes, step_pods), NOW, caches=warm_caches)  # everything reused
+        cold = build(observed(step_nodes, step_pods), NOW, caches=Caches())
         assert (warm.node_labels, warm.statuses, warm.upgrade) == (
             cold.node_labels,
             cold.statuses,
             cold.upgrade,
         )
+
+
+def memos(caches: Caches) -> dict[str, Memo[Any]]:
+    return {name: value for name, value in vars(caches).items() if isinstance(value, Memo)}
+
+
+def test_every_cache_of_the_core_is_a_memo_of_its_own_caches_object() -> None:
+    """Two Caches share nothing: a pass with one leaves the other as it was."""
+    first, second = Caches(), Caches()
+    assert memos(first).keys() == {f.name for f in fields(Caches)}, "every field is a Memo"
+    assert not {id(m) for m in memos(first).values()} & {id(m) for m in memos(second).values()}
+    nodes = {"gpu-0": gpu_node("gpu-0", uid="u0")}
+    build(observed(nodes, ()), NOW, caches=first)
+    assert all(m.entries for name, m in memos(first).items()), "a pass with a policy and a node fills all"
+    assert not any(m.entries for m in memos(second).values())
+
+
+class Counted:
+    """Wraps a module's function and counts its calls."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, module: Any, name: str) -> None:
+        self.calls = 0
+        wrapped = getattr(module, name)
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return wrapped(*args, **kwargs)
+
+        monkeypatch.setattr(module, name, counted)
+
+
+def test_a_pass_with_the_same_caches_reuses_what_did_not_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    renders = Counted(monkeypatch, plan, "render")
+    labels = Counted(monkeypatch, plan, "desired_labels")
+    parses = Counted(monkeypatch, plan, "parse_spec")
+    nodes = {f"gpu-{i}": gpu_node(f"gpu-{i}", uid=f"u{i}") for i in range(3)}
+    caches = Caches()
+    first = build(observed(nodes, ()), NOW, caches=caches)
+    assert (renders.calls, labels.calls, parses.calls) == (1, 3, 1)
+    again = build(observed(dict(nodes), ()), NOW, caches=caches)
+    assert (renders.calls, labels.calls, parses.calls) == (1, 3, 1), "nothing changed, nothing computed"
+    assert again.objects is first.objects
+    # One node changes: only its labels are decided again.
+    nodes["gpu-1"] = replace(nodes["gpu-1"], labels={**nodes["gpu-1"].labels, "extra": "x"})
+    build(observed(nodes, ()), NOW, caches=caches)
+    assert (renders.calls, labels.calls, parses.calls) == (1, 4, 1)
+    # Another policy: parsed, rendered and every node decided again.
+    changed = PolicyRef("p", "uid-p", 2, NOW, {"dcgm": {"enabled": False}}, {})
+    build(
+        Observed((changed,), nodes, (), daemonsets={}, objects={}, namespace="gpu-operator"),
+        NOW,
+        caches=caches,
+    )
+    assert (renders.calls, labels.calls, parses.calls) == (2, 7, 2)
+    # Without caches of its own a pass starts cold.
+    build(observed(nodes, ()), NOW)
+    assert (renders.calls, labels.calls, parses.calls) == (3, 10, 3)
 
 
 def _original_summary(ready: int, column: list[status.Standing | None]) -> str:

@@ -17,11 +17,13 @@ import pytest
 from builders import PCI, gpu_node, node_body, operand_pod, watched_node
 
 from gpu_operator.api.status import ClusterPolicyStatus, ComponentState, ComponentStatus
+from gpu_operator.core import plan
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import ADOPT_ANNOTATION, ObjectKey, component_of, object_key
 from gpu_operator.core.ownership import FIELD_MANAGER
 from gpu_operator.core.plan import POLICY_CRD, PolicyRef
 from gpu_operator.core.psa import PREVIOUS_ANNOTATION, PSA_LABELS, NamespaceInfo
+from gpu_operator.core.render import render as core_render
 from gpu_operator.core.status import progress_only, status_body
 from gpu_operator.runtime.client import ApiError, Kube, NotLeader
 from gpu_operator.runtime.reconciler import (
@@ -361,6 +363,28 @@ def test_a_change_is_proven_then_written_and_a_second_pass_asks_nothing() -> Non
         len(fake.statuses),
         len(fake.events),
     ) == before
+
+
+def test_the_passes_of_a_reconciler_share_the_cores_caches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The core's memory lives as long as the reconciler (one per operator process): a pass after
+    which nothing changed renders nothing again, and another reconciler starts cold."""
+    renders: list[str] = []
+
+    def render(*args: Any, **kwargs: Any) -> Any:
+        renders.append("render")
+        return core_render(*args, **kwargs)
+
+    monkeypatch.setattr(plan, "render", render)
+    fake = FakeKube()
+    rec = reconciler(fake)
+    rec.run_once()
+    settle(rec, fake)
+    rec.run_once()
+    assert renders == ["render"]
+    again = Reconciler(cast(Kube, fake), rec.store, Settings(stale_wait_seconds=0.05), crd_current=True)
+    assert again.caches is not rec.caches
+    again.run_once()
+    assert renders == ["render", "render"]
 
 
 def test_a_refused_dry_run_writes_nothing_and_names_the_policy_field() -> None:
