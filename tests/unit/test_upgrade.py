@@ -602,24 +602,53 @@ def test_validation_gate_needs_a_validator_started_after_the_driver() -> None:
     world = World.make(1, gpu_pods=0)
     put_state(world, "node-0", State.VALIDATION_REQUIRED)
     world.drivers["node-0"] = replace(world.drivers["node-0"], created=START - 10)  # newer than the validator
+    stale = world.validators["node-0"]
     first = plan(world, policy(validation={"timeoutSeconds": 100}))
+    # The driver pod is Ready, so its k8s-driver-manager is done and nothing else replaces the
+    # validator: the gate restarts it (by uid), and waits for the new one within its timeout.
     assert node_writes(first, "node-0") == [
-        PatchNode(
-            "node-0",
-            annotations={VALIDATION_START_ANNOTATION: str(int(START))},
-        )
+        PatchNode("node-0", annotations={VALIDATION_START_ANNOTATION: str(int(START))}),
+        DeletePod("gpu-operator", stale.name, stale.uid, "validator-restart"),
     ]
     assert "validated the previous driver" in first.status["inProgress"][0]["reason"]
     assert first.wake_at == START + 100
     world.apply(first)
-    world.validators["node-0"] = replace(
-        world.validators["node-0"], created=START, ready=False, reason="Init:0/4"
-    )
-    assert "(Init:0/4)" in plan(world, policy()).status["inProgress"][0]["reason"]
+    again = plan(world, policy(validation={"timeoutSeconds": 100}))  # terminating: not deleted twice
+    assert not [w for w in node_writes(again, "node-0") if isinstance(w, DeletePod)]
+    world.validators["node-0"] = replace(world.validators["node-0"], terminating=False, created=START, uid="v2")
+    world.validators["node-0"] = replace(world.validators["node-0"], ready=False, reason="Init:0/4")
+    newer = plan(world, policy())
+    assert "(Init:0/4)" in newer.status["inProgress"][0]["reason"]
+    assert not [w for w in node_writes(newer, "node-0") if isinstance(w, DeletePod)]  # never the new one
     world.validators["node-0"] = replace(world.validators["node-0"], ready=True)
     world.apply(plan(world, policy()))
     assert world.state("node-0") == State.DONE
     assert VALIDATION_START_ANNOTATION not in world.nodes["node-0"].annotations
+
+
+def test_validator_is_left_alone_while_the_new_driver_pod_is_not_ready() -> None:
+    # Its k8s-driver-manager may still be about to evict it: the gate waits for the driver pod first.
+    world = World.make(1, gpu_pods=0)
+    put_state(world, "node-0", State.VALIDATION_REQUIRED)
+    world.drivers["node-0"] = replace(world.drivers["node-0"], created=START - 10, ready=False)
+    result = plan(world, policy())
+    assert not [w for w in node_writes(result, "node-0") if isinstance(w, DeletePod)]
+
+
+def test_driver_pod_replaced_by_hand_while_installing_still_finishes() -> None:
+    # NVIDIA's update test: the version changes, and 10 s later the driver pods are deleted by hand.
+    # The replacement's k8s-driver-manager finds no driver loaded and evicts nothing, so no new
+    # validator pod comes by itself: the gate restarts the old one, and every node ends done.
+    world = World.make(3, gpu_pods=0)
+    world.revision = "r2"
+    world.driver_replaced_by_hand = set(world.nodes)
+    for _ in range(30):  # a node takes five passes, one at a time
+        world.apply(plan(world, policy(maxParallelUpgrades=1)))
+        world.tick()
+    assert all(d.revision == "r2" for d in world.drivers.values())
+    assert world.states() == dict.fromkeys(world.nodes, "upgrade-done"), world.states()
+    assert all(v.created > START for v in world.validators.values())  # each validated the new driver
+    assert not world.unavailable()
 
 
 def test_validation_gate_times_out_into_failure() -> None:

@@ -51,6 +51,9 @@ class World:
     now: float = START
     digest: str = ""
     validator_ok: bool = True
+    driver_replaced_by_hand: set[str] = field(default_factory=set)
+    """Nodes whose driver pod was deleted by hand while it still installed: its replacement's
+    k8s-driver-manager finds no driver loaded and evicts nothing, so the validator pod stays."""
     dying: set[str] = field(default_factory=set)
     initially_unschedulable: frozenset[str] = field(init=False)
 
@@ -85,7 +88,7 @@ class World:
         world = cls(nodes)
         for n in names:
             world.drivers[n] = world._driver(n, ready=True, created=START - 100)
-            world.validators[n] = ValidatorPod(f"validator-{n}", n, True, START - 50)
+            world.validators[n] = world._validator(n, ready=True, created=START - 50)
             for j in range(gpu_pods):
                 world.add_pod(n, f"train-{n}-{j}", gpu=True)
         return world
@@ -95,6 +98,11 @@ class World:
         pod = WorkloadPod("default", name, uid("pod"), node, **{**base, **kwargs})  # type: ignore[arg-type]
         self.pods[pod.uid] = pod
         return pod
+
+    def _validator(self, node: str, *, ready: bool, created: float) -> ValidatorPod:
+        return ValidatorPod(
+            f"validator-{node}-{int(created)}", node, ready, created, namespace="gpu-operator", uid=uid("validator")
+        )
 
     def _driver(self, node: str, *, ready: bool, created: float) -> DriverPod:
         return DriverPod(
@@ -165,6 +173,9 @@ class World:
         for node, driver in self.drivers.items():
             if driver.uid == delete.uid:
                 self.drivers[node] = replace(driver, terminating=True, ready=False)
+        for node, validator in self.validators.items():
+            if validator.uid == delete.uid:
+                self.validators[node] = replace(validator, terminating=True)
 
     # --- time passing: controllers and kubelets ---------------------------------------------------
 
@@ -182,7 +193,9 @@ class World:
             elif pod.terminating:
                 self.dying.add(pod_uid)
         for node, validator in list(self.validators.items()):
-            if not validator.ready and self.validator_ok and self.drivers[node].ready:
+            if validator.terminating:  # its DaemonSet starts a new one
+                self.validators[node] = self._validator(node, ready=False, created=self.now)
+            elif not validator.ready and self.validator_ok and self.drivers[node].ready:
                 self.validators[node] = replace(validator, ready=True)
         for node, driver in list(self.drivers.items()):
             if driver.terminating and driver.uid in self.dying:
@@ -196,8 +209,10 @@ class World:
                     )
                 else:
                     self.drivers[node] = replace(driver, ready=True, reason="")
-                    # k8s-driver-manager paused the validator; it comes back after the new driver.
-                    self.validators[node] = ValidatorPod(f"validator-{node}", node, False, self.now)
+                    # k8s-driver-manager paused the validator; it comes back after the new driver,
+                    # unless the driver pod was replaced by hand while it installed (evicts nothing).
+                    if node not in self.driver_replaced_by_hand:
+                        self.validators[node] = self._validator(node, ready=False, created=self.now)
 
     # --- observations -----------------------------------------------------------------------------
 

@@ -210,14 +210,27 @@ class ValidatorPod:
     created: float
     reason: str = ""
     terminating: bool = False
+    namespace: str = ""
+    uid: str = ""
+    """Where and which it is: the gate deletes a validator pod that validated the previous driver."""
 
 
 def validator_pod(body: Mapping[str, Any]) -> ValidatorPod | None:
     info = pod_info(body)
     if info is None:
         return None
+    metadata = body.get("metadata") or {}
     created = parse_time(info.created) or 0.0
-    return ValidatorPod(info.name, info.node, info.ready, created, info.reason, info.terminating)
+    return ValidatorPod(
+        info.name,
+        info.node,
+        info.ready,
+        created,
+        info.reason,
+        info.terminating,
+        metadata.get("namespace", ""),
+        metadata.get("uid", ""),
+    )
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ pod_manager.go, validation_manager.go) is kept, with these changes, each for a r
   the flow at once instead of being cordoned and emptied for nothing;
 - pod-deletion and drain timeouts are measured from a node annotation, so an operator restart does
   not restart them; a refused eviction is retried, its reason shown;
-- the validation gate also needs the driver pod Ready and a validator pod started after it;
+- the validation gate also needs the driver pod Ready and a validator pod started after it, and
+  restarts a validator pod that validated the previous driver once nothing else will (`_revalidate`);
 - every upgrade-failed node records the step, the target revision and the reason, and resumes by
   itself when the cause is gone or the target changes.
 """
@@ -464,6 +465,7 @@ def _validation(draft: Draft, ctx: Context) -> Wait | None:
         draft.annotate(VALIDATION_START_ANNOTATION, None)
         draft.move(State.UNCORDON_REQUIRED, "validated")
         return None
+    _revalidate(draft, ctx)
     timeout = (ctx.policy.validation or ValidationSpec()).timeoutSeconds
     start = draft.stamp(VALIDATION_START_ANNOTATION)
     if timeout and ctx.now >= start + timeout:
@@ -471,6 +473,37 @@ def _validation(draft: Draft, ctx: Context) -> Wait | None:
         return draft.fail(f"validation gate: not Ready within {timeout}s: {missing}")
     until = f" (until {format_time(start + timeout)})" if timeout else ""
     return Wait(f"validation gate: waiting for {missing}{until}", start + timeout if timeout else None)
+
+
+def _revalidate(draft: Draft, ctx: Context) -> None:
+    """Delete the node's operator-validator pod when it validated the previous driver and nothing else
+    will replace it, so that its DaemonSet starts one whose init containers validate the new driver.
+
+    k8s-driver-manager evicts the validator while it unloads the old driver, so in the usual flow a new
+    validator pod follows the new driver pod. But when the driver pod is replaced by hand while it
+    still installs (NVIDIA's update test deletes driver pods 10 s after a version change), the next
+    k8s-driver-manager finds no driver loaded and evicts nothing: the old validator stays Ready and
+    the gate would wait for a pod that never comes. The driver pod being Ready means its
+    k8s-driver-manager (an init container) is done, so a validator older than it is not going away by
+    itself. NVIDIA's upgrade library accepts that old pod as proof; restarting it proves the new
+    driver instead, as k8s-driver-manager would have. The delete names the pod's uid, so a newer
+    validator pod is never deleted."""
+    view, driver, validator = draft.view, draft.view.driver, draft.view.validator
+    if (
+        not ctx.validate
+        or not view.node.validator_expected
+        or driver is None
+        or not driver.ready
+        or validator is None
+        or validator.created >= driver.created
+        or validator.terminating
+        or not validator.uid
+    ):
+        return
+    draft.pod_writes.append(
+        DeletePod(validator.namespace, validator.name, validator.uid, "validator-restart")
+    )
+    draft.notes.append(f"deleted operator-validator pod {validator.name}: it validated the previous driver")
 
 
 def _not_validated(view: NodeView, ctx: Context) -> str:

@@ -69,13 +69,14 @@ class EvictPod:
 
 @dataclass(frozen=True)
 class DeletePod:
-    """Delete a pod: the old driver pod at pod-restart-required (its DaemonSet is OnDelete), or, with
+    """Delete a pod: the old driver pod at pod-restart-required (its DaemonSet is OnDelete), the
+    operator-validator pod that validated the previous driver at validation-required, or, with
     `force` once the timeout has passed, a pod whose eviction is still refused."""
 
     namespace: str
     name: str
     uid: str
-    why: Literal["driver-restart", "forced"]
+    why: Literal["driver-restart", "validator-restart", "forced"]
 
     def body(self) -> dict[str, Any]:
         return {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": self.uid}}
