@@ -615,8 +615,9 @@ def test_validation_gate_needs_a_validator_started_after_the_driver() -> None:
     world.apply(first)
     again = plan(world, policy(validation={"timeoutSeconds": 100}))  # terminating: not deleted twice
     assert not [w for w in node_writes(again, "node-0") if isinstance(w, DeletePod)]
-    world.validators["node-0"] = replace(world.validators["node-0"], terminating=False, created=START, uid="v2")
-    world.validators["node-0"] = replace(world.validators["node-0"], ready=False, reason="Init:0/4")
+    world.validators["node-0"] = replace(
+        world.validators["node-0"], terminating=False, created=START, uid="v2", ready=False, reason="Init:0/4"
+    )
     newer = plan(world, policy())
     assert "(Init:0/4)" in newer.status["inProgress"][0]["reason"]
     assert not [w for w in node_writes(newer, "node-0") if isinstance(w, DeletePod)]  # never the new one

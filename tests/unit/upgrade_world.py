@@ -101,7 +101,12 @@ class World:
 
     def _validator(self, node: str, *, ready: bool, created: float) -> ValidatorPod:
         return ValidatorPod(
-            f"validator-{node}-{int(created)}", node, ready, created, namespace="gpu-operator", uid=uid("validator")
+            f"validator-{node}-{int(created)}",
+            node,
+            ready,
+            created,
+            namespace="gpu-operator",
+            uid=uid("validator"),
         )
 
     def _driver(self, node: str, *, ready: bool, created: float) -> DriverPod:
