@@ -652,6 +652,36 @@ def test_driver_pod_replaced_by_hand_while_installing_still_finishes() -> None:
     assert not world.unavailable()
 
 
+def test_nvidias_update_test_with_driver_pods_deleted_by_hand_is_never_done_early() -> None:
+    # update-clusterpolicy.sh: patch the driver version, 10 s later `kubectl delete pod -l
+    # app=nvidia-driver-daemonset`. The replacements start at the target revision with no operator
+    # step in between, and their k8s-driver-manager evicts no validator (no driver loaded yet).
+    world = World.make(3, gpu_pods=0)
+    world.revision = "r2"
+    world.driver_replaced_by_hand = set(world.nodes)
+    world.apply(plan(world, policy(maxParallelUpgrades=1)))
+    world.tick(10)
+    for node in world.nodes:
+        world.drivers[node] = world._driver(node, ready=False, created=world.now)
+    said_done = []
+    for _ in range(30):
+        result = plan(world, policy(maxParallelUpgrades=1))
+        if result.status["summary"] == "up to date":
+            said_done.append(
+                all(
+                    world.drivers[n].ready
+                    and world.validators[n].ready
+                    and world.validators[n].created >= world.drivers[n].created
+                    for n in world.nodes
+                )
+            )
+        world.apply(result)
+        world.tick()
+    assert said_done and all(said_done)  # "up to date" came, and never before every node was validated
+    assert world.states() == dict.fromkeys(world.nodes, "upgrade-done")
+    assert not world.unavailable()
+
+
 def test_validation_gate_times_out_into_failure() -> None:
     world = World.make(1, gpu_pods=0)
     put_state(

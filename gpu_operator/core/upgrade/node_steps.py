@@ -603,16 +603,25 @@ def advance(draft: Draft, ctx: Context) -> Wait | None:
     raise RuntimeError(f"node {draft.view.name}: upgrade states did not settle: {draft.path}")
 
 
-def settle_idle(draft: Draft) -> None:
-    """Unknown, done and upgrade-required nodes: mark those whose driver is out of date, finish the rest."""
+def settle_idle(draft: Draft, ctx: Context) -> Wait | None:
+    """Unknown, done and upgrade-required nodes: mark those whose driver is out of date, finish the rest.
+
+    An upgrade-required node whose driver pod reached the target revision without the operator (its
+    pod deleted by hand, as NVIDIA's update test does) is done only once the validation gate passes:
+    until then the new driver is unproven, and the status must not say "up to date". A rollback to
+    the revision the node still runs passes the gate at once."""
     view, state = draft.view, draft.state
     if view.needs_upgrade:
         if state != State.UPGRADE_REQUIRED:
             revision = f" (revision {view.target_revision})" if view.target_revision else ""
             draft.annotate(INITIAL_UNSCHEDULABLE_ANNOTATION, "true" if draft.unschedulable else None)
             draft.move(State.UPGRADE_REQUIRED, f"a new driver{revision} is to be installed")
+    elif state == State.UPGRADE_REQUIRED and view.driver is not None and _not_validated(view, ctx):
+        draft.move(State.VALIDATION_REQUIRED, "the driver pod was replaced at the target revision")
+        return advance(draft, ctx)
     elif state != State.DONE:
         draft.move(State.DONE, "" if state == State.UNKNOWN else "the driver pod is already up to date")
+    return None
 
 
 def start(draft: Draft, ctx: Context) -> Wait | None:

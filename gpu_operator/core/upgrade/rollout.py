@@ -288,8 +288,8 @@ def plan_upgrade(
         if draft.state not in IDLE:
             waits[draft.view.name] = advance(draft, ctx)
     for draft in drafts:
-        if draft.state in IDLE:
-            settle_idle(draft)
+        if draft.state in IDLE and (wait := settle_idle(draft, ctx)) is not None:
+            waits[draft.view.name] = wait
 
     limits = Limits(policy, drafts)
     canary = Canary(policy.canary, drafts, facts.now)
