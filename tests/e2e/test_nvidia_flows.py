@@ -82,7 +82,13 @@ class Release:
     def restart(self) -> None:
         """Kill the operator (SIGKILL, as the script's `crictl rm --force`) and start it again."""
         self.operator.kill()
-        self.operator = OperatorProcess(self.kubeconfig, NS, self.log).start()
+        self.operator = operator_process(self.name, self.kubeconfig, self.log).start()
+
+
+def operator_process(release: str, kubeconfig: Path, log: Path) -> OperatorProcess:
+    """The operator as the chart's Deployment runs it: its Lease named after the release (the Role
+    allows just that name)."""
+    return OperatorProcess(kubeconfig, NS, log, args=(f"--lease-name={release}",))
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +114,7 @@ def release(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
         folder = tmp_path_factory.mktemp("nvidia-flows")
         kubeconfig = sa_kubeconfig(cluster, NS, name, folder / "kubeconfig")
         log = folder / "operator.log"
-        started = Release(name, OperatorProcess(kubeconfig, NS, log).start(), kubeconfig, log)
+        started = Release(name, operator_process(name, kubeconfig, log).start(), kubeconfig, log)
         yield started
     finally:
         if started is not None:
