@@ -173,7 +173,7 @@ def _quantity(value: int | str) -> int | str:
 
 def _label_keys(value: dict[str, str]) -> dict[str, str]:
     for key in value:
-        if not _LABEL_NAME.fullmatch(key) or len(key) > 316:
+        if len(key) > 316 or not _LABEL_NAME.fullmatch(key):
             raise ValueError(f"{quoted(key)} is not a valid label or annotation key")
     return value
 
@@ -540,8 +540,8 @@ CPU_MAX = 1_000_000
 threads, so a million leaves room for any future node while refusing typos such as 1e100, which no
 node can ever hold (the pod would stay Pending forever)."""
 BYTES_MAX = 2**50
-"""The most memory (memory, hugepages-*) a request or limit may give: 1 PiB, sixteen times the largest
-single machines' memory."""
+"""The most memory (memory, hugepages-*) a request or limit may give: 1 PiB, more than ten times the
+memory of the largest single machines (tens of TiB)."""
 AMOUNT_MAX = 2**63 - 1
 """The most of any other resource: what the scheduler and the kubelet count in (int64)."""
 
@@ -556,7 +556,7 @@ def _bound_of(resource: str) -> tuple[Decimal, str]:
 
 def _resource_amounts(value: dict[str, int | str]) -> dict[str, int | str]:
     for name, amount in value.items():
-        if not _LABEL_NAME.fullmatch(name) or len(name) > 316:
+        if len(name) > 316 or not _LABEL_NAME.fullmatch(name):
             raise ValueError(
                 f"{quoted(name)} is not a resource name (cpu, memory, ephemeral-storage, hugepages-<size> "
                 "or a qualified name such as nvidia.com/gpu)"

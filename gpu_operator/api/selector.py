@@ -88,7 +88,7 @@ def _requirement(part: str, text: str) -> Requirement:
         if found is None:
             continue
         key = found["key"]
-        if not _LABEL_NAME.fullmatch(key) or len(key) > 316:
+        if len(key) > 316 or not _LABEL_NAME.fullmatch(key):
             raise ValueError(f"{quoted(key)} in label selector {quoted(text)} is not a valid label key")
         operator: Operator = fixed or found["op"].replace("==", "=")  # type: ignore[assignment]
         raw = found.groupdict().get("values")
