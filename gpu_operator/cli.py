@@ -85,10 +85,81 @@ def read_text(path: str, stdin: TextIO | None = None) -> str:
         raise InputError([f"not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start})"]) from None
 
 
+YAML_NODES_MAX = 1_000_000
+"""The most values a document may stand for once its aliases are expanded: a ClusterPolicy is a few
+hundred, a node list a few thousand per node; a "billion laughs" document (aliases of lists of aliases)
+stands for billions, and every walk over it would take as long."""
+
+
+def _too_large(root: yaml.Node, limit: int) -> yaml.Node | None:
+    """The first (innermost) node that stands for more than `limit` values with every alias expanded
+    (an alias counts its whole target again), found without expanding anything; None if there is none."""
+    sizes: dict[int, int] = {}
+    open_: set[int] = set()  # on the current path: an alias back to one of them is a cycle, counted once
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes or (not children_done and id(node) in open_):
+            continue
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        else:
+            sizes[id(node)] = 1
+            continue
+        if not children_done:
+            open_.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in sizes)
+            continue
+        open_.discard(id(node))
+        sizes[id(node)] = 1 + sum(sizes.get(id(child), 1) for child in children)
+        if sizes[id(node)] > limit:
+            return node
+    return None
+
+
+class YAMLTooLarge(yaml.constructor.ConstructorError):
+    """Well-formed YAML that stands for more than anything here reads."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """yaml.SafeLoader with two bounds, each reported with its line and column: a document that stands
+    for more than YAML_NODES_MAX values (alias bombs), and an integer Python cannot read (more than 4300
+    digits: int() raises ValueError)."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        culprit = _too_large(node, YAML_NODES_MAX)
+        if culprit is not None:
+            raise YAMLTooLarge(
+                None,
+                None,
+                f"stands for more than {YAML_NODES_MAX} values once its aliases are expanded",
+                culprit.start_mark,
+            )
+        return super().construct_document(node)
+
+    def construct_yaml_int(self, node: yaml.ScalarNode) -> int:
+        try:
+            return super().construct_yaml_int(node)
+        except ValueError:
+            digits = len(str(node.value))
+            message = f"an integer of {digits} digits is larger than any field takes"
+            raise YAMLTooLarge(None, None, message, node.start_mark) from None
+
+
+_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _BoundedLoader.construct_yaml_int)
+
+
 def load_documents(text: str) -> list[Any]:
     """The non-empty YAML documents of `text`; a `kind: List` contributes its items."""
     try:
-        raw = list(yaml.safe_load_all(text))
+        raw = list(yaml.load_all(text, Loader=_BoundedLoader))
+    except YAMLTooLarge as exc:
+        mark = exc.problem_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise InputError([f"{where}not usable YAML: {exc.problem}"]) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -8,6 +8,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from gpu_operator.api.quoting import quoted
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.api.status import ClusterPolicyStatus
 
@@ -127,9 +128,11 @@ def parse_document(doc: Any) -> ClusterPolicySpec:
         raise PolicyError([FieldError("(document)", f"must be a ClusterPolicy mapping, not {what}")])
     errors = []
     if doc.get("apiVersion") != f"{GROUP}/{VERSION}":
-        errors.append(FieldError("apiVersion", f"must be {GROUP}/{VERSION}, not {doc.get('apiVersion')!r}"))
+        errors.append(
+            FieldError("apiVersion", f"must be {GROUP}/{VERSION}, not {quoted(doc.get('apiVersion'))}")
+        )
     if doc.get("kind") != KIND:
-        errors.append(FieldError("kind", f"must be {KIND}, not {doc.get('kind')!r}"))
+        errors.append(FieldError("kind", f"must be {KIND}, not {quoted(doc.get('kind'))}"))
     metadata = doc.get("metadata")
     if not isinstance(metadata, Mapping) or not metadata.get("name"):
         errors.append(FieldError("metadata.name", "required field is missing"))

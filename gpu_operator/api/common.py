@@ -17,6 +17,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origi
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from gpu_operator.api import image_reference
+from gpu_operator.api.quoting import quoted
 
 # fullmatch and re.ASCII everywhere: `$` alone accepts a trailing newline, and `\d`/`\w` would accept
 # non-ASCII digits and letters; the API server (RE2, same patterns in the CRD) accepts neither.
@@ -139,10 +140,14 @@ def _int_or_percent(value: int | str) -> int | str:
             raise ValueError(f"must be an integer from 0 to {INT32_MAX} or a percentage like '25%'")
         return value
     if not _INT_OR_PERCENT.fullmatch(value):
-        raise ValueError(f"{value!r} is not a non-negative integer or a percentage like '25%'")
+        raise ValueError(f"{quoted(value)} is not a non-negative integer or a percentage like '25%'")
     if value.endswith("%") and int(value[:-1]) > 100:
-        raise ValueError(f"{value!r} is more than 100%")
+        raise ValueError(f"{quoted(value)} is more than 100%")
     return value
+
+
+QUANTITY_MAX = 64
+"""The longest quantity in its text form: '1.5Gi', '250m' or '1e3' are a few characters."""
 
 
 def _quantity(value: int | str) -> int | str:
@@ -150,9 +155,11 @@ def _quantity(value: int | str) -> int | str:
         if value < 0:
             raise ValueError("a resource quantity cannot be negative")
         return value
+    if len(value) > QUANTITY_MAX:
+        raise ValueError(f"{quoted(value)} is not a quantity: longer than {QUANTITY_MAX} characters")
     match = _QUANTITY.fullmatch(value)
     if not match or value.startswith("-"):
-        raise ValueError(f"{value!r} is not a Kubernetes quantity such as '500m', '1Gi' or '2'")
+        raise ValueError(f"{quoted(value)} is not a Kubernetes quantity such as '500m', '1Gi' or '2'")
     suffix = match.group(3) or ""
     if suffix[:1] in ("e", "E") and not match.group(4):  # an exponent, not exbi ("1Ei")
         # The API server reads the exponent as an int64 and refuses it otherwise ("unable to parse
@@ -166,8 +173,8 @@ def _quantity(value: int | str) -> int | str:
 
 def _label_keys(value: dict[str, str]) -> dict[str, str]:
     for key in value:
-        if not _LABEL_NAME.fullmatch(key) or len(key) > 316:
-            raise ValueError(f"{key!r} is not a valid label or annotation key")
+        if len(key) > 316 or not _LABEL_NAME.fullmatch(key):
+            raise ValueError(f"{quoted(key)} is not a valid label or annotation key")
     return value
 
 
@@ -175,8 +182,8 @@ def _label_values(value: dict[str, str]) -> dict[str, str]:
     for key, text in value.items():
         if len(text) > 63 or not _LABEL_VALUE.fullmatch(text):
             raise ValueError(
-                f"{key}: {text!r} is not a valid label value (at most 63 letters, digits, '-', '_' or '.', "
-                "beginning and ending with a letter or digit)"
+                f"{key}: {quoted(text)} is not a valid label value (at most 63 letters, digits, '-', '_' or "
+                "'.', beginning and ending with a letter or digit)"
             )
     return value
 
@@ -208,75 +215,148 @@ IntOrPercent = Annotated[
     AfterValidator(_int_or_percent),
     crd_schema(pattern=_INT_OR_PERCENT_CRD, minimum=0, maximum=INT32_MAX),
 ]
-Quantity = Annotated[int | str, AfterValidator(_quantity), crd_schema(pattern=_QUANTITY_CRD, minimum=0)]
-Labels = Annotated[dict[str, str], AfterValidator(_label_keys), AfterValidator(_label_values)]
+Quantity = Annotated[
+    int | str, AfterValidator(_quantity), crd_schema(pattern=_QUANTITY_CRD, maxLength=QUANTITY_MAX, minimum=0)
+]
+LABELS_MAX = 64
+"""Labels per object this operator sets them on: well beyond any real set."""
+Labels = Annotated[
+    dict[str, str], Field(max_length=LABELS_MAX), AfterValidator(_label_keys), AfterValidator(_label_values)
+]
 Annotations = Annotated[dict[str, str], AfterValidator(_label_keys), AfterValidator(_annotations_size)]
 
 
 def _pattern(regex: re.Pattern[str], what: str) -> AfterValidator:
     def check(value: str) -> str:
         if not regex.fullmatch(value):
-            raise ValueError(f"{value!r} is not a valid {what}")
+            raise ValueError(f"{quoted(value)} is not a valid {what}")
         return value
 
     return AfterValidator(check)
 
 
+# Every length bound comes before the pattern check: a 1 MiB value is refused by its length at once,
+# never run through a pattern first.
 LabelKey = Annotated[
-    str, _pattern(_LABEL_NAME, "label key"), Field(max_length=316), crd_schema(pattern=_LABEL_NAME.pattern)
+    str, Field(max_length=316), _pattern(_LABEL_NAME, "label key"), crd_schema(pattern=_LABEL_NAME.pattern)
 ]
 LabelValue = Annotated[
-    str, _pattern(_LABEL_VALUE, "label value"), Field(max_length=63), crd_schema(pattern=_LABEL_VALUE.pattern)
+    str, Field(max_length=63), _pattern(_LABEL_VALUE, "label value"), crd_schema(pattern=_LABEL_VALUE.pattern)
 ]
 
 
+ENV_NAME_MAX = 1024
+"""The longest environment variable name: no real one is near it, and the kernel counts it into the same
+per-string limit as the value (MAX_ARG_STRLEN)."""
 EnvName = Annotated[
-    str, _pattern(_ENV_NAME, "environment variable name"), crd_schema(pattern=_ENV_NAME.pattern)
+    str,
+    Field(max_length=ENV_NAME_MAX),
+    _pattern(_ENV_NAME, "environment variable name"),
+    crd_schema(pattern=_ENV_NAME.pattern),
 ]
 DNSLabel = Annotated[
     str,
+    Field(max_length=63),
     _pattern(
         _DNS_LABEL,
         "name (DNS-1123 label: lowercase letters, digits and '-', starting and ending alphanumeric)",
     ),
-    Field(max_length=63),
     crd_schema(pattern=_DNS_LABEL.pattern),
 ]
 """A name the API server requires to be a DNS-1123 label (e.g. a RuntimeClass handler)."""
 ObjectName = Annotated[
     str,
-    _pattern(_DNS_SUBDOMAIN, "object name (DNS-1123 subdomain: lowercase letters, digits, '-' and '.')"),
     Field(max_length=253),
+    _pattern(_DNS_SUBDOMAIN, "object name (DNS-1123 subdomain: lowercase letters, digits, '-' and '.')"),
     crd_schema(pattern=_DNS_SUBDOMAIN.pattern),
 ]
 """The name of a ConfigMap, Secret, PriorityClass, ServiceAccount...: a DNS-1123 subdomain."""
 _NAME_OR_EMPTY = re.compile(f"^$|{_DNS_SUBDOMAIN.pattern}")
 NameRef = Annotated[
     str,
-    _pattern(_NAME_OR_EMPTY, "object name (DNS-1123 subdomain: lowercase letters, digits, '-' and '.')"),
     Field(max_length=253),
+    _pattern(_NAME_OR_EMPTY, "object name (DNS-1123 subdomain: lowercase letters, digits, '-' and '.')"),
     crd_schema(pattern=_NAME_OR_EMPTY.pattern),
 ]
 """A reference by name that may be empty: NVIDIA's chart writes "" for "none"."""
 ConfigKey = Annotated[
     str,
-    _pattern(_CONFIG_KEY, "ConfigMap key (letters, digits, '-', '_' and '.')"),
     Field(max_length=253),
+    _pattern(_CONFIG_KEY, "ConfigMap key (letters, digits, '-', '_' and '.')"),
     crd_schema(pattern=_CONFIG_KEY.pattern),
 ]
 
 
+# --- text that goes into pods ---------------------------------------------------------------------
+
+TEXT_MAX = 32768
+"""The longest environment variable value or argument, in characters: at most 128 KiB of UTF-8, the
+kernel's limit on one argument or environment string (MAX_ARG_STRLEN), past which the container cannot
+be started at all; far more than any real flag or setting."""
+SHORT_TEXT_MAX = 4096
+"""The longest other free text that goes into a pod spec (SELinux labels, profile names, sysctls,
+regexes): a page, beyond any real value of these fields."""
+
+_UNPRINTABLE = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f\ud800-\udfff]")
+# The same, for the API server (RE2). A lone surrogate never reaches it as one: its JSON decoder turns
+# `\ud800` into U+FFFD, so only the operator (a policy read from YAML by `gpu-operator validate`) sees it.
+_PRINTABLE_CRD = r"^[^\x00-\x08\x0b\x0c\x0e-\x1f\x7f]*$"
+
+
+def _printable(value: str) -> str:
+    """No NUL (execve cuts a string there: the container would get another value, or runc refuses it),
+    no other C0 control character or DEL (invisible, they garble `kubectl describe` and logs, and are
+    never meant), no lone surrogate (not text: it has no UTF-8 form, so it cannot be written to the API
+    server at all). Tab, newline and carriage return are kept: multi-line values and scripts are real."""
+    bad = _UNPRINTABLE.search(value)
+    if bad is not None:
+        char = bad.group()
+        what = "a lone surrogate" if "\ud800" <= char <= "\udfff" else "a control character"
+        raise ValueError(
+            f"contains {what} (U+{ord(char):04X} at character {bad.start()}); only printable text, tab "
+            "and newlines go into a container"
+        )
+    return value
+
+
+PodText = Annotated[
+    str, Field(max_length=TEXT_MAX), AfterValidator(_printable), crd_schema(pattern=_PRINTABLE_CRD)
+]
+"""An environment variable value or a container argument."""
+ShortText = Annotated[
+    str, Field(max_length=SHORT_TEXT_MAX), AfterValidator(_printable), crd_schema(pattern=_PRINTABLE_CRD)
+]
+"""Other free text that goes into a pod spec."""
+
+ENV_MAX = 256
+"""Environment variables per container: far more than any operand takes (NVIDIA's samples set at most
+a dozen); with TEXT_MAX it bounds what one list can add to every pod of a DaemonSet."""
+ARGS_MAX = 256
+"""Arguments per container, by the same measure as ENV_MAX."""
+PULL_SECRETS_MAX = 32
+"""Image pull Secrets per operand: each is a Secret the operator looks up before a change and the
+kubelet tries in turn; a registry setup needs one or two."""
+LIST_MAX = 64
+"""Other lists that go into a pod spec (tolerations, sysctls, supplemental groups, label regexes):
+well beyond any real one."""
+RESOURCES_MAX = 16
+"""Resource names per requests or limits: cpu, memory, ephemeral-storage, hugepages and a few extended
+resources."""
+
+
 def _host_path(value: str) -> str:
     if not value.startswith("/"):
-        raise ValueError(f"{value!r} is not an absolute path")
+        raise ValueError(f"{quoted(value)} is not an absolute path")
     if ".." in value.split("/"):
-        raise ValueError(f"{value!r} contains '..' (the API server refuses it in a hostPath)")
+        raise ValueError(f"{quoted(value)} contains '..' (the API server refuses it in a hostPath)")
     return value
 
 
 def _not_root(value: str) -> str:
     if not [part for part in value.split("/") if part not in ("", ".")]:
-        raise ValueError(f"{value!r} is the host's root directory; the operand would write into all of it")
+        raise ValueError(
+            f"{quoted(value)} is the host's root directory; the operand would write into all of it"
+        )
     return value
 
 
@@ -391,23 +471,23 @@ def check_image(repository: str | None, image: str | None, version: str | None) 
     if repository:
         if not image_reference.PATH.fullmatch(image):
             raise ValueError(
-                f"image {image!r} cannot follow repository {repository!r}: with a repository, image is a "
-                "lowercase path without registry, tag or digest (the reference is "
+                f"image {quoted(image)} cannot follow repository {quoted(repository)}: with a repository, "
+                "image is a lowercase path without registry, tag or digest (the reference is "
                 "<repository>/<image>:<version>)"
             )
         name = f"{repository}/{image}"
     elif version:
         if not image_reference.NAME.fullmatch(image):
             raise ValueError(
-                f"image {image!r} has a tag or digest of its own, and version {version!r} is set too: "
-                "give the tag in one of them"
+                f"image {quoted(image)} has a tag or digest of its own, and version {quoted(version)} is set "
+                "too: give the tag in one of them"
             )
         name = image
     else:
         name = image_reference.name_of(image)
     if len(name) > image_reference.NAME_MAX:
         raise ValueError(
-            f"the image name {name[:40] + '...'!r} is {len(name)} characters long; image names (registry "
+            f"the image name {quoted(name)} is {len(name)} characters long; image names (registry "
             f"host and path) have at most {image_reference.NAME_MAX}"
         )
 
@@ -417,8 +497,13 @@ class EnvVar(Model):
 
     name: EnvName
     """Variable name."""
-    value: str = ""
+    value: PodText = ""
     """Variable value, always a plain string."""
+
+
+EnvList = Annotated[list[EnvVar], Field(max_length=ENV_MAX)]
+Args = Annotated[list[PodText], Field(max_length=ARGS_MAX)]
+PullSecrets = Annotated[list[ObjectName], Field(max_length=PULL_SECRETS_MAX)]
 
 
 _BINARY = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
@@ -435,7 +520,9 @@ _EXPONENT_BOUND = 10**17
 def quantity_value(value: int | str) -> Decimal:
     """The amount a Kubernetes quantity stands for ('500m' is 0.5, '1Gi' 1073741824, '1e3' 1000),
     for comparisons. Any exponent the API server accepts is computed, none overflows ('1e1000000')."""
-    text = str(value).lstrip("+")
+    if isinstance(value, int):
+        return Decimal(value)  # exact at any size (str() refuses ints of more than 4300 digits)
+    text = value.lstrip("+")
     number = re.match(r"[0-9]*\.?[0-9]*", text)
     digits = number.group(0) if number else ""
     suffix = text[len(digits) :]
@@ -448,14 +535,50 @@ def quantity_value(value: int | str) -> Decimal:
     return amount.scaleb(max(-_EXPONENT_BOUND, min(_EXPONENT_BOUND, exponent)), _WIDE)
 
 
+CPU_MAX = 1_000_000
+"""The most CPUs (cores) a request or limit may give: the largest machines have a few thousand hardware
+threads, so a million leaves room for any future node while refusing typos such as 1e100, which no
+node can ever hold (the pod would stay Pending forever)."""
+BYTES_MAX = 2**50
+"""The most memory (memory, hugepages-*) a request or limit may give: 1 PiB, more than ten times the
+memory of the largest single machines (tens of TiB)."""
+AMOUNT_MAX = 2**63 - 1
+"""The most of any other resource: what the scheduler and the kubelet count in (int64)."""
+
+
+def _bound_of(resource: str) -> tuple[Decimal, str]:
+    if resource == "cpu":
+        return Decimal(CPU_MAX), f"{CPU_MAX} cores"
+    if resource == "memory" or resource.startswith("hugepages-"):
+        return Decimal(BYTES_MAX), "1Pi"
+    return Decimal(AMOUNT_MAX), f"{AMOUNT_MAX} (int64)"
+
+
+def _resource_amounts(value: dict[str, int | str]) -> dict[str, int | str]:
+    for name, amount in value.items():
+        if len(name) > 316 or not _LABEL_NAME.fullmatch(name):
+            raise ValueError(
+                f"{quoted(name)} is not a resource name (cpu, memory, ephemeral-storage, hugepages-<size> "
+                "or a qualified name such as nvidia.com/gpu)"
+            )
+        bound, said = _bound_of(name)
+        if quantity_value(amount) > bound:
+            raise ValueError(f"{name}: {quoted(amount)} is more than a node can hold (at most {said})")
+    return value
+
+
+Resources = Annotated[dict[str, Quantity], Field(max_length=RESOURCES_MAX), AfterValidator(_resource_amounts)]
+"""Amounts by resource name, each within what a node can hold."""
+
+
 class ResourceRequirements(Model):
     """CPU, memory and other resource requests and limits of the operand's containers."""
 
     EMPTY_IS_UNSET: ClassVar[bool] = True
 
-    limits: dict[str, Quantity] | None = None
+    limits: Resources | None = None
     """Maximum amount of each resource, e.g. {cpu: 500m, memory: 1Gi}."""
-    requests: dict[str, Quantity] | None = None
+    requests: Resources | None = None
     """Minimum amount of each resource the scheduler reserves."""
 
     @model_validator(mode="after")
@@ -534,13 +657,13 @@ UserOrGroupID = Annotated[int, Field(ge=0, le=INT32_MAX)]
 class SELinuxOptions(Model):
     """SELinux labels."""
 
-    user: str | None = None
+    user: ShortText | None = None
     """SELinux user label."""
-    role: str | None = None
+    role: ShortText | None = None
     """SELinux role label."""
-    type: str | None = None
+    type: ShortText | None = None
     """SELinux type label."""
-    level: str | None = None
+    level: ShortText | None = None
     """SELinux level label."""
 
 
@@ -549,18 +672,18 @@ class ProfileRef(Model):
 
     type: Literal["RuntimeDefault", "Unconfined", "Localhost"]
     """RuntimeDefault, Unconfined or Localhost (then localhostProfile names it)."""
-    localhostProfile: str | None = None
+    localhostProfile: ShortText | None = None
     """The profile on the node, when type is Localhost."""
 
 
 class WindowsSecurityContextOptions(Model):
     """Windows-specific settings (accepted; operands run on Linux)."""
 
-    gmsaCredentialSpecName: str | None = None
+    gmsaCredentialSpecName: ShortText | None = None
     """Name of the GMSA credential spec."""
-    gmsaCredentialSpec: str | None = None
+    gmsaCredentialSpec: PodText | None = None
     """GMSA credential spec content."""
-    runAsUserName: str | None = None
+    runAsUserName: ShortText | None = None
     """Windows user name."""
     hostProcess: bool | None = None
     """Run as a Windows host process."""
@@ -569,9 +692,9 @@ class WindowsSecurityContextOptions(Model):
 class Sysctl(Model):
     """A namespaced kernel parameter."""
 
-    name: str
+    name: ShortText
     """Parameter name."""
-    value: str
+    value: ShortText
     """Parameter value."""
 
 
@@ -584,7 +707,7 @@ class PodSecurityContext(Model):
     """Primary group ID of the containers."""
     runAsNonRoot: bool | None = None
     """Refuse to start containers that would run as root."""
-    supplementalGroups: list[UserOrGroupID] | None = None
+    supplementalGroups: Annotated[list[UserOrGroupID], Field(max_length=LIST_MAX)] | None = None
     """Additional group IDs of the containers."""
     supplementalGroupsPolicy: Literal["Merge", "Strict"] | None = None
     """How supplemental groups are computed."""
@@ -600,7 +723,7 @@ class PodSecurityContext(Model):
     """Seccomp profile."""
     appArmorProfile: ProfileRef | None = None
     """AppArmor profile."""
-    sysctls: list[Sysctl] | None = None
+    sysctls: Annotated[list[Sysctl], Field(max_length=LIST_MAX)] | None = None
     """Namespaced sysctls."""
     windowsOptions: WindowsSecurityContextOptions | None = None
     """Windows settings."""
@@ -638,13 +761,13 @@ class ComponentSpec(Model):
     """Image tag, or a digest 'sha256:...'."""
     imagePullPolicy: Literal["Always", "Never", "IfNotPresent"] | None = None
     """Image pull policy (default IfNotPresent)."""
-    imagePullSecrets: list[ObjectName] | None = None
+    imagePullSecrets: PullSecrets | None = None
     """Names of Secrets in the operand namespace used to pull the image."""
     resources: ResourceRequirements | None = None
     """Resources of the main container."""
-    args: list[str] | None = None
+    args: Args | None = None
     """Arguments that replace the main container's default arguments."""
-    env: list[EnvVar] | None = None
+    env: EnvList | None = None
     """Environment variables set on the main container."""
     hostNetwork: bool | None = None
     """Run the operand pods in the host's network namespace."""
@@ -700,6 +823,8 @@ def _bounded(value: Any) -> Any:
             stack.extend(item)
         elif isinstance(item, str) and len(item) > FREE_FORM_MAX_STRING:
             raise ValueError(f"a string here is longer than {FREE_FORM_MAX_STRING} characters")
+        elif isinstance(item, int) and not isinstance(item, bool) and not _in_int64(item):
+            raise ValueError(f"a number here, {quoted(item)}, {_NOT_INT64}")
     return value
 
 

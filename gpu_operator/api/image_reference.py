@@ -22,6 +22,9 @@ REFERENCE_MAX = 4096
 """The longest image reference accepted at all: far beyond any real one (a 255-character name, a
 128-character tag and a sha512 digest make 521), so that nothing longer reaches the patterns."""
 TAG_MAX = 128
+REAL_REFERENCE_MAX = 521
+"""The longest reference that can be pulled: a 255-character name, a 128-character tag and a sha512
+digest (quoted whole in messages; a longer one is quoted by its start and length)."""
 
 _DOMAIN_COMPONENT = r"([a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _HOST = rf"({_DOMAIN_COMPONENT}(\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])"

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpu_operator.api.common import _LABEL_NAME
+from gpu_operator.api.quoting import quoted
 
 Operator = Literal["exists", "!", "=", "!=", "in", "notin", ">", "<"]
 
@@ -69,14 +70,14 @@ def _split(text: str) -> list[str]:
         elif char == ")":
             depth -= 1
             if depth < 0:
-                raise ValueError(f"unbalanced ')' in label selector {text!r}")
+                raise ValueError(f"unbalanced ')' in label selector {quoted(text)}")
         if char == "," and depth == 0:
             parts.append(current)
             current = ""
         else:
             current += char
     if depth:
-        raise ValueError(f"unbalanced '(' in label selector {text!r}")
+        raise ValueError(f"unbalanced '(' in label selector {quoted(text)}")
     return [*parts, current]
 
 
@@ -87,20 +88,22 @@ def _requirement(part: str, text: str) -> Requirement:
         if found is None:
             continue
         key = found["key"]
-        if not _LABEL_NAME.fullmatch(key) or len(key) > 316:
-            raise ValueError(f"{key!r} in label selector {text!r} is not a valid label key")
+        if len(key) > 316 or not _LABEL_NAME.fullmatch(key):
+            raise ValueError(f"{quoted(key)} in label selector {quoted(text)} is not a valid label key")
         operator: Operator = fixed or found["op"].replace("==", "=")  # type: ignore[assignment]
         raw = found.groupdict().get("values")
         values = [v.strip() for v in raw.split(",")] if raw is not None else []
         if operator in ("in", "notin") and values == [""]:
-            raise ValueError(f"{part!r} in label selector {text!r} needs at least one value")
+            raise ValueError(f"{quoted(part)} in label selector {quoted(text)} needs at least one value")
         for value in values if operator not in (">", "<") else ():
             if len(value) > 63 or not LABEL_VALUE.fullmatch(value):
-                raise ValueError(f"{value!r} in label selector {text!r} is not a valid label value")
+                raise ValueError(
+                    f"{quoted(value)} in label selector {quoted(text)} is not a valid label value"
+                )
         return Requirement(key, operator, frozenset(values))
     raise ValueError(
-        f"{part!r} in label selector {text!r} is not a requirement such as 'key=value', 'key!=value', "
-        f"'key in (a,b)', 'key notin (a,b)', 'key' or '!key'"
+        f"{quoted(part)} in label selector {quoted(text)} is not a requirement such as 'key=value', "
+        "'key!=value', 'key in (a,b)', 'key notin (a,b)', 'key' or '!key'"
     )
 
 

@@ -18,12 +18,14 @@ from pydantic import AfterValidator, ConfigDict, Field, model_validator
 from gpu_operator.api import image_reference
 from gpu_operator.api.common import (
     IMAGE_RULES,
+    LIST_MAX,
+    PULL_SECRETS_MAX,
     Annotations,
     ComponentSpec,
     ConfigMapRef,
     ConfigWithDefault,
     DNSLabel,
-    EnvVar,
+    EnvList,
     FreeForm,
     HostDir,
     HostPath,
@@ -37,25 +39,27 @@ from gpu_operator.api.common import (
     PodSecurityContext,
     ProbeSpec,
     Repository,
+    ShortText,
     Toleration,
     check_image,
     crd_schema,
 )
+from gpu_operator.api.quoting import quoted
 from gpu_operator.api.upgrade_policy import UpgradePolicySpec
 
 
 class InitContainerSpec(Model):
     """Deprecated image spec of the operator's init container (accepted, unused)."""
 
-    repository: str | None = None
+    repository: ShortText | None = None
     """Image registry and path."""
-    image: str | None = None
+    image: ShortText | None = None
     """Image name."""
-    version: str | None = None
+    version: ShortText | None = None
     """Image tag."""
-    imagePullPolicy: str | None = None
+    imagePullPolicy: ShortText | None = None
     """Image pull policy."""
-    imagePullSecrets: list[str] | None = None
+    imagePullSecrets: Annotated[list[ShortText], Field(max_length=PULL_SECRETS_MAX)] | None = None
     """Pull secret names."""
 
 
@@ -65,11 +69,13 @@ _DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?((
 
 def _duration(value: str) -> str:
     if not value or not re.fullmatch(_DURATION, value, re.ASCII):
-        raise ValueError(f"{value!r} is not a Prometheus duration such as '15s' or '1m30s'")
+        raise ValueError(f"{quoted(value)} is not a Prometheus duration such as '15s' or '1m30s'")
     return value
 
 
-Duration = Annotated[str, AfterValidator(_duration), crd_schema(pattern=_DURATION, minLength=1)]
+Duration = Annotated[
+    str, Field(max_length=64), AfterValidator(_duration), crd_schema(pattern=_DURATION, minLength=1)
+]
 
 
 class ServiceMonitorConfig(Model):
@@ -154,7 +160,7 @@ class DaemonsetsSpec(Model):
     """Labels added to every operand DaemonSet and its pods."""
     annotations: Annotations | None = None
     """Annotations added to every operand DaemonSet and its pods."""
-    tolerations: list[Toleration] | None = None
+    tolerations: Annotated[list[Toleration], Field(max_length=LIST_MAX)] | None = None
     """Tolerations of every operand pod; when set they replace the default nvidia.com/gpu toleration."""
     priorityClassName: NameRef = "system-node-critical"
     """PriorityClass of every operand pod."""
@@ -188,7 +194,7 @@ class DriverManagerSpec(Model):
     """Image tag or digest."""
     imagePullPolicy: Literal["Always", "Never", "IfNotPresent"] | None = None
     """Image pull policy."""
-    env: list[EnvVar] | None = None
+    env: EnvList | None = None
     """Environment of the driver manager (eviction and drain settings)."""
 
     @model_validator(mode="after")
@@ -321,7 +327,7 @@ class DCGMExporterSpec(ComponentSpec):
     """Add pod labels to metrics (needs read access to pods)."""
     enablePodUID: bool | None = None
     """Add pod UIDs to metrics (needs read access to pods)."""
-    podLabelAllowlistRegex: list[str] | None = None
+    podLabelAllowlistRegex: Annotated[list[ShortText], Field(max_length=LIST_MAX)] | None = None
     """Only pod labels matching these regexes are added."""
     annotations: Annotations | None = None
     """Annotations of the exporter pods."""
@@ -377,7 +383,7 @@ class NodeStatusExporterSpec(OffByDefault):
 class ValidatorComponentSpec(Model):
     """Settings of one validation step."""
 
-    env: list[EnvVar] | None = None
+    env: EnvList | None = None
     """Environment of this validation step."""
 
 
@@ -666,7 +672,8 @@ class ClusterPolicySpec(Model):
                 continue
             field = f"spec.{path}.{'repository' if spec.repository else 'image'}"
             found.append(
-                f"{field}: {reference!r} names no registry host, so a container runtime pulls "
+                f"{field}: {quoted(reference, image_reference.REAL_REFERENCE_MAX)} names no registry host, "
+                "so a container runtime pulls "
                 f"{image_reference.on_docker_hub(reference)}; NVIDIA's images are on nvcr.io (e.g. "
                 "repository: nvcr.io/nvidia): name the registry (docker.io/... if Docker Hub is meant)"
             )

@@ -10,18 +10,21 @@ from __future__ import annotations
 import math
 from typing import Annotated, ClassVar
 
-from pydantic import AfterValidator, ConfigDict, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, model_validator
 
 from gpu_operator.api.common import IntOrPercent, Labels, Model, NonNegativeInt, PositiveInt
+from gpu_operator.api.quoting import quoted
 from gpu_operator.api.selector import LABEL_VALUE, valid_selector
 
-LabelSelector = Annotated[str, AfterValidator(valid_selector)]
+SELECTOR_MAX = 4096
+"""The longest label selector: dozens of requirements."""
+LabelSelector = Annotated[str, Field(max_length=SELECTOR_MAX), AfterValidator(valid_selector)]
 
 
 def _label_values(value: dict[str, str]) -> dict[str, str]:
     for key, text in value.items():
         if len(text) > 63 or not LABEL_VALUE.fullmatch(text):
-            raise ValueError(f"{text!r} (for {key!r}) is not a valid label value")
+            raise ValueError(f"{quoted(text)} (for {quoted(key)}) is not a valid label value")
     return value
 
 

@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any
 
 from gpu_operator.api import FieldError
+from gpu_operator.api.quoting import bounded
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.api.status import (
     REASON_CONFLICT,
@@ -433,7 +434,7 @@ def policy_status(
         for i, c in enumerate(COMPONENTS)
     ]
     components = [
-        c.model_copy(update={"state": "notReady", "reason": "; ".join(map(str, missing[c.name]))})
+        c.model_copy(update={"state": "notReady", "reason": bounded("; ".join(map(str, missing[c.name])))})
         if c.name in missing
         else c
         for c in components
@@ -495,7 +496,7 @@ def _conditions(policy: PolicyRef, pairs: Pairs, now: str) -> list[Condition]:
                     "type": kind,
                     "status": status,
                     "reason": reason,
-                    "message": message,
+                    "message": bounded(message),
                     "lastTransitionTime": now if changed else str(before.get("lastTransitionTime") or now),
                     "observedGeneration": policy.generation,
                 }
@@ -575,7 +576,7 @@ def with_errors(
     `app.kubernetes.io/component` label of the object."""
     by_component = {(BY_LABEL[k].name if k in BY_LABEL else k): text for k, text in errors.items()}
     components = [
-        c.model_copy(update={"state": "notReady", "reason": f"{label}: {by_component[c.name]}"})
+        c.model_copy(update={"state": "notReady", "reason": bounded(f"{label}: {by_component[c.name]}")})
         if c.name in by_component
         else c
         for c in status.components

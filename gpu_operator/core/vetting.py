@@ -36,7 +36,7 @@ from gpu_operator.core.observed import (
     may_rewrite,
     object_key,
 )
-from gpu_operator.core.policy_fields import fields_named, policy_field, spec_values
+from gpu_operator.core.policy_fields import fields_named, policy_field, spec_values, string_fields
 from gpu_operator.core.render import PREREQUISITES
 
 TYPED_PATCH = "failed to create typed patch object"
@@ -209,15 +209,15 @@ _HINTS = {"ConfigMap": ("config",), "Secret": ("secret",), "PriorityClass": ("pr
 
 def references(writes: Sequence[Mapping[str, Any]], spec: ClusterPolicySpec) -> list[Reference]:
     """What the objects to write need and do not create, each with the policy field naming it."""
-    values = spec_values(spec)
+    fields = string_fields(spec_values(spec))
     found: dict[tuple[str, str], Reference] = {}
     written = {component_of(o["metadata"]) for o in writes if o["kind"] == "DaemonSet"}
     for obj in writes:
         for kind, name, keys in _pod_references(_pod(obj)):
-            where = fields_named(values, name, _HINTS[kind], _section(obj))
             before = found.get((kind, name))
+            where = before.field if before else fields_named(fields, name, _HINTS[kind], _section(obj))
             merged = tuple(sorted({*keys, *(before.keys if before else ())}))
-            found[kind, name] = Reference(kind, name, before.field if before else where, merged)
+            found[kind, name] = Reference(kind, name, where, merged)
     for component in COMPONENTS:
         if component.name not in written:
             continue

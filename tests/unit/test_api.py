@@ -11,7 +11,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gpu_operator.api import PolicyError, parse_document, parse_spec
+from gpu_operator.api.common import CPU_MAX, quantity_value
 from gpu_operator.api.crd import crd
+from gpu_operator.api.quoting import quoted
 from gpu_operator.core.components import COMPONENTS
 
 SPEC = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
@@ -223,7 +225,9 @@ def test_int_or_percent_agrees_with_crd(value: int | str) -> None:
 def test_quantity_agrees_with_crd(value: str) -> None:
     node = crd_node("driver.resources.limits.*")
     by_crd = re.fullmatch(node["pattern"], value) is not None
-    assert accepts({"driver": {"resources": {"limits": {"cpu": value}}}}) == by_crd
+    # The amount a node can hold is the operator's check (the CRD cannot compare quantities).
+    within = by_crd and quantity_value(value) <= CPU_MAX
+    assert accepts({"driver": {"resources": {"limits": {"cpu": value}}}}) == within
 
 
 _IMAGE_TEXT = st.text(alphabet="abcAB01:/._-@é \n", max_size=12) | st.sampled_from(
@@ -463,11 +467,17 @@ LIMITS = [
     (
         {"driver": {"resources": {"limits": {"cpu": "1E" + "9" * 5000}}}},
         "spec.driver.resources.limits.cpu",
-        "64-bit",
+        "longer than 64 characters",
     ),
-    # Exponents the default decimal context cannot raise 10 to (found by test_crd_properties).
+    # Exponents the default decimal context cannot raise 10 to (found by test_crd_properties): more
+    # than any node holds.
     (
         {"ccManager": {"resources": {"limits": {"cpu": "2"}, "requests": {"cpu": "1e1000000"}}}},
+        "spec.ccManager.resources.requests",
+        "more than a node can hold",
+    ),
+    (
+        {"ccManager": {"resources": {"limits": {"cpu": "2"}, "requests": {"cpu": "1e3"}}}},
         "spec.ccManager.resources",
         "more than limits.cpu",
     ),
@@ -502,7 +512,7 @@ def test_limits_name_the_field(spec: dict[str, Any], path: str, fragment: str) -
         {
             "driver": {
                 "resources": {
-                    "limits": {"cpu": "1e9223372036854775807"},
+                    "limits": {"cpu": "1e6", "example.com/widget": "9223372036854775807"},
                     "requests": {"cpu": "1e-000000000000000000000009"},
                 }
             }
@@ -640,3 +650,27 @@ def test_images_without_a_registry_host_are_named() -> None:
     assert (
         parse_spec({"driver": {"enabled": False, "manager": {"image": "m"}}}).images_without_registry() == []
     )
+
+
+def test_values_are_quoted_by_their_start_and_length() -> None:
+    assert quoted("short") == "'short'"
+    assert quoted("a" * 2**20) == f"{'a' * 40 + '…'!r} (1048576 characters)"
+    assert quoted(10**5000) == "an integer of about 5001 digits"  # str() would raise ValueError
+    assert quoted(12) == "12" and quoted(None) == "None" and quoted(True) == "True"
+    assert quoted(["x"] * 100).endswith("(500 characters)")
+
+
+@pytest.mark.parametrize(
+    ("spec", "path"),
+    [
+        ({"daemonsets": {"labels": {"team": "b" * 2**20}}}, "spec.daemonsets.labels"),
+        ({"driver": {"upgradePolicy": {"drain": {"podSelector": "a=(" * 1000}}}}, "spec.driver"),
+        ({"hostPaths": {"rootFS": "x" * 4000}}, "spec.hostPaths.rootFS"),
+        ({"driver": {"image": "Bad Image " * 400}}, "spec.driver.image"),
+    ],
+    ids=["label-value", "selector", "host-path", "image"],
+)
+def test_a_refused_value_is_never_quoted_whole(spec: dict[str, Any], path: str) -> None:
+    found = errors(spec)
+    assert any(p.startswith(path) for p in found), found
+    assert all(len(message) < 400 for message in found.values()), found

@@ -28,6 +28,16 @@ NODE_OS = {
     "feature.node.kubernetes.io/pci-10de.present": "true",
 }
 
+# Nine levels of nine aliases each: 387 420 489 strings once expanded, from 14 short lines.
+LAUGHS = (
+    HEADER
+    + "spec:\n  driver:\n    a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+    + "".join(
+        f"    {name}: &{name} [{', '.join([f'*{before}'] * 9)}]\n"
+        for before, name in zip("abcdefgh", "bcdefghi", strict=True)
+    )
+)
+
 needs_seed = pytest.mark.skipif(
     not SEED.exists(), reason="tests/data/policies/seed-sample.yaml not there yet"
 )
@@ -212,6 +222,15 @@ def test_stdin_errors_name_stdin(capsys: pytest.CaptureFixture[str], monkeypatch
         (b"? [a, b]\n: c\n", "not valid YAML"),
         (b"[" * 5000 + b"]" * 5000, "YAML"),
         ((HEADER + "spec: &x\n  driver: *x\n").encode(), "spec.driver"),
+        (LAUGHS.encode(), "line 13, column 8: not usable YAML: stands for more than 1000000 values"),
+        (
+            (HEADER + "spec:\n  driver:\n    startupProbe:\n      periodSeconds: " + "9" * 5000).encode(),
+            "line 8, column 22: not usable YAML: an integer of 5000 digits",
+        ),
+        (
+            (HEADER + "spec:\n  driver:\n    startupProbe:\n      periodSeconds: " + "9" * 4000).encode(),
+            "spec.driver.startupProbe.periodSeconds: Input should be less than or equal to 2147483647",
+        ),
     ],
     ids=[
         "missing",
@@ -223,6 +242,9 @@ def test_stdin_errors_name_stdin(capsys: pytest.CaptureFixture[str], monkeypatch
         "unhashable-key",
         "deep",
         "cyclic-alias",
+        "billion-laughs",
+        "integer-python-cannot-read",
+        "integer-too-large-for-its-field",
     ],
 )
 def test_unusable_files(
@@ -238,6 +260,13 @@ def test_unusable_files(
     assert out == ""
     assert expected in err
     assert len(err.splitlines()) >= 1
+
+
+def test_aliases_that_stay_small_are_fine() -> None:
+    text = HEADER + "spec:\n  daemonsets:\n    labels: &l {team: a}\n  driver:\n    x: *l\n"
+    (doc,) = cli.load_documents(text)
+    assert doc["spec"]["driver"]["x"] == {"team": "a"}
+    assert cli.load_documents("a: &a [1, 2]\nb: [*a, *a, *a]\n") == [{"a": [1, 2], "b": [[1, 2]] * 3}]
 
 
 def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,6 +11,7 @@ import pytest
 import yaml
 from builders import PCI, gpu_node, operand_daemonset, operand_pod
 
+from gpu_operator.api.quoting import MESSAGE_MAX, bounded
 from gpu_operator.core.components import RUNTIME_LABEL
 from gpu_operator.core.node_labels import GPU_PRESENT, NodeInfo
 from gpu_operator.core.observed import (
@@ -119,6 +120,30 @@ def test_invalid_spec_changes_nothing_and_names_the_field() -> None:
     error = condition(status_of(plan, "cluster-policy"), "Error")
     assert error["status"] == "True" and error["reason"] == "InvalidSpec"
     assert "spec.driver.upgradePolicy.maxUnavailable" in error["message"]
+
+
+def test_a_huge_value_is_quoted_by_its_start_and_length_and_the_status_stays_writable() -> None:
+    """A 1 MiB label value once made a 3 MB Error message the API server refused to store, leaving the
+    policy Ready for a generation never applied."""
+    huge = "b" * 2**20
+    many = [{"name": f"V{i}", "value": "x\x00"} for i in range(300)]  # refused: too many, each with a NUL
+    bad = policy(daemonsets={"labels": {"team": huge}}, driver={"env": many, "args": ["a" * 2**20] * 300})
+    plan = build(observed(bad), NOW)
+    status = status_of(plan, "cluster-policy")
+    assert len(json.dumps(status)) < 3 * MESSAGE_MAX
+    for kind in ("Ready", "Error"):
+        message = condition(status, kind)["message"]
+        assert len(message) <= MESSAGE_MAX
+        assert "spec.daemonsets.labels" in message and "(1048576 characters)" in message
+        assert huge[:100] not in message
+
+
+def test_a_message_past_the_condition_limit_is_cut_saying_so() -> None:
+    text = "; ".join(f"spec.driver.env[{i}].value: something is wrong here" for i in range(2000))
+    cut = bounded(text)
+    assert len(cut) == MESSAGE_MAX and cut.startswith(text[:1000])
+    assert cut.endswith(f"({len(text)} characters in all; the rest left out)")
+    assert bounded("short") == "short"
 
 
 def test_no_policy_removes_operator_labels_and_objects() -> None:

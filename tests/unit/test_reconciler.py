@@ -16,8 +16,9 @@ from typing import Any, cast
 import pytest
 from builders import PCI, gpu_node, node_body, operand_pod, watched_node
 
+from gpu_operator.api.common import PULL_SECRETS_MAX
 from gpu_operator.api.status import ClusterPolicyStatus, ComponentState, ComponentStatus
-from gpu_operator.core import plan
+from gpu_operator.core import plan, policy_fields
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import ADOPT_ANNOTATION, ObjectKey, component_of, object_key
 from gpu_operator.core.ownership import FIELD_MANAGER
@@ -503,6 +504,37 @@ def test_missing_references_refuse_the_change_naming_the_field() -> None:
     assert "spec.devicePlugin.imagePullSecrets[0]: Secret 'registry-key' not found" in message
     assert "spec.devicePlugin.config.name: ConfigMap 'plugin-config' not found" in message
     assert outcome.errors
+
+
+def test_pull_secrets_cost_one_walk_of_the_policy_and_one_lookup_each(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Finding the field that names each Secret once walked the whole policy per name (quadratic: 10 000
+    names never finished a pass); now a pass walks it the same few times for 1 name as for many, and
+    asks for each Secret once however many components name it."""
+    walks: list[object] = []
+    real = policy_fields._nodes
+
+    def counting(value: Any, path: policy_fields.Path = ()) -> Any:
+        walks.append(path)
+        return real(value, path)
+
+    monkeypatch.setattr(policy_fields, "_nodes", counting)
+    sections = ("driver", "toolkit", "devicePlugin", "dcgmExporter", "gfd", "validator")
+
+    def run(names: list[str]) -> tuple[int, list[str]]:
+        walks.clear()
+        fake = FakeKube()
+        reconciler(fake, {section: {"imagePullSecrets": names} for section in sections}).run_once()
+        assert "spec.driver.imagePullSecrets[0]: Secret" in error_of(fake.statuses[-1])["message"]
+        return len(walks), [name for kind, name in fake.lookups if kind == "Secret"]
+
+    one_walks, one_lookups = run(["key-0"])
+    names = [f"key-{i}" for i in range(PULL_SECRETS_MAX)]
+    many_walks, many_lookups = run(names)
+    assert one_lookups == ["key-0"]
+    assert sorted(many_lookups) == sorted(names)
+    assert many_walks == one_walks
 
 
 def test_the_device_plugin_config_needs_its_default_key() -> None:

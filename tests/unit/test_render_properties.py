@@ -21,7 +21,10 @@ Obj = dict[str, Any]
 
 # Text as users might write it, and as attackers might: any unicode but surrogates (which neither
 # JSON nor the API server carries).
-TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=40)
+# Control characters other than tab and newlines are refused in what goes into a container
+# (api.common._printable), and so are lone surrogates (Cs).
+UNPRINTABLE = "".join(map(chr, [*range(0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F]))
+TEXT = st.text(st.characters(exclude_categories=["Cs"], exclude_characters=UNPRINTABLE), max_size=40)
 NAME = st.from_regex(r"[a-z]([a-z0-9-]{0,14}[a-z0-9])?", fullmatch=True)
 IMAGE_NAME = st.from_regex(r"[a-z][a-z0-9]{0,7}(-[a-z0-9]{1,6}){0,2}", fullmatch=True)
 ENV_NAME = st.from_regex(r"[A-Z_][A-Z0-9_]{0,15}", fullmatch=True)
@@ -30,7 +33,9 @@ LABEL_VALUE = st.from_regex(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,20}[A-Za-z0-9])?)?",
 CONFIG_KEY = st.from_regex(r"[-._a-zA-Z0-9]{1,20}", fullmatch=True)
 TAG = st.from_regex(r"v?[0-9]{1,3}\.[0-9]{1,3}(-[a-z0-9]{1,8})?", fullmatch=True)
 DIGEST = st.text("0123456789abcdef", min_size=64, max_size=64).map(lambda h: f"sha256:{h}")
-QUANTITY = st.one_of(st.integers(0, 64), st.sampled_from(["100m", "1", "1.5", "512Mi", "2Gi", "1e3"]))
+QUANTITY = st.one_of(st.integers(0, 64), st.sampled_from(["100m", "1", "1.5", "1e3"]))
+# Amounts a node can hold (api.common.CPU_MAX, BYTES_MAX): gibibytes of memory, not of CPUs.
+AMOUNTS = {"cpu": QUANTITY, "memory": QUANTITY | st.sampled_from(["512Mi", "2Gi"])}
 # Never 0: a DaemonSet cannot roll with no pod unavailable (the models refuse it, as the API server).
 INT_OR_PERCENT = st.one_of(st.integers(1, 10), st.integers(1, 100).map(lambda n: f"{n}%"))
 
@@ -79,8 +84,8 @@ def component_section(draw: st.DrawFn) -> Obj:
         "resources": st.fixed_dictionaries(
             {},
             optional={
-                "limits": st.dictionaries(st.sampled_from(["cpu", "memory"]), QUANTITY),
-                "requests": st.dictionaries(st.sampled_from(["cpu", "memory"]), QUANTITY),
+                "limits": st.fixed_dictionaries({}, optional=AMOUNTS),
+                "requests": st.fixed_dictionaries({}, optional=AMOUNTS),
             },
         ).map(within_limits),
     }
