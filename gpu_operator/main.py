@@ -231,7 +231,7 @@ def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadershi
         # One connection per writer and applier thread, plus one: no "connection pool is full". Every
         # write asks the leader lease first.
         api = load_api_client(pool_size=settings.writers + settings.appliers + 1)
-        kube = Kube(api, timeout=settings.api_timeout_seconds, may_write=leadership.leading)
+        kube = Kube(api, timeout=settings.api_timeout_seconds, may_write=leadership.may_write)
         event_loop = asyncio.get_running_loop()
         memo["warm"] = event_loop.run_in_executor(None, render.warm)  # the first pass renders warm
         # The pods of nodes a driver upgrade empties: watches of their own, started by the passes.
@@ -245,7 +245,9 @@ def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadershi
                     reconciler.crd_current = False  # another leader may have run meanwhile
                     loop.wake_from(event_loop)
 
-            lease_kube = Kube(load_api_client(pool_size=2), timeout=settings.lease_api_timeout_seconds)
+            # Its own connections and timeout: a lease call never waits behind a pass's requests.
+            deadline = settings.lease.renew_deadline
+            lease_kube = Kube(load_api_client(pool_size=2), timeout=(deadline, deadline))
             leadership.elector = Elector(
                 lease_kube,
                 settings.namespace,

@@ -2,14 +2,17 @@
 
 Kopf's peering only lets operators pause for each other; it is not leader election. Here every
 replica runs the watches (warm caches), but only the holder of the Lease runs reconcile passes and
-writes: every write of the operator's client asks `Elector.leading` first (kube.Kube.may_write).
+writes: every write of the operator's client asks `Elector.may_write` first (kube.Kube.may_write).
 
 The rules (`Election`, pure, its clock passed in, so unit tests run it on a fake one):
 
-- A replica that holds the lease renews it every `retry` seconds. It leads while its last successful
-  renewal *started* less than `renew_deadline` ago: a leader cut off from the API server stops
-  writing before anyone else may take over, since others wait a full `duration` after they last
-  saw the lease change, and renew_deadline < duration.
+- A replica that holds the lease renews it every `retry` seconds (from the start of one round to the
+  next, however slow the answers), on connections of its own, and retries a renewal that got no
+  answer after half a second. It leads while its last successful renewal *started* less than
+  `renew_deadline` ago: a leader cut off from the API server stops writing before anyone else may
+  take over, since others wait a full `duration` after they last saw the lease change, and
+  renew_deadline < duration. A write meanwhile waits for the late renewal rather than fail
+  (`Elector.may_write`): the only replica on a slow API server loses no pass to it.
 - A standby reads the lease every `retry` seconds and takes it over once it has seen no change for
   `duration` seconds (its own monotonic clock: no comparison of clocks across machines), or at once
   when the holder released it (holder empty) on a clean shutdown.
@@ -35,6 +38,8 @@ from gpu_operator.runtime.client import ApiError, Kube, path
 log = logging.getLogger("gpu_operator")
 
 LEASE_API = ("coordination.k8s.io/v1", "Lease")
+RETRY_AFTER_FAILURE = 0.5
+"""Seconds before a leader tries again after a renewal the API server did not answer."""
 
 
 @dataclass(frozen=True)
@@ -103,12 +108,17 @@ class Election:
         self.renewed_at = sent_at if record.holder == self.identity else None
 
     def leading(self, now: float) -> bool:
-        return (
-            self.renewed_at is not None
-            and self.observed is not None
-            and self.observed.holder == self.identity
-            and now - self.renewed_at < self.timing.renew_deadline
-        )
+        return self.left(now) > 0
+
+    def holds(self) -> bool:
+        """The lease, as last seen, names this replica (leading or not: its renewal may be late)."""
+        return self.observed is not None and self.observed.holder == self.identity
+
+    def left(self, now: float) -> float:
+        """Seconds until this replica must stop leading unless a renewal gets through (0: not leading)."""
+        if self.renewed_at is None or self.observed is None or self.observed.holder != self.identity:
+            return 0.0
+        return max(0.0, self.renewed_at + self.timing.renew_deadline - now)
 
     def released(self, stamp: str) -> Record | None:
         """The record that hands the lease back on shutdown (None: not ours to release)."""
@@ -150,8 +160,10 @@ def lease_body(namespace: str, name: str, record: Record) -> dict[str, Any]:
 class Elector:
     """Runs an Election against the API server in its own thread (never behind a pass or Kopf's loop).
 
-    `kube` must not be gated by `leading` (the lease writes are what makes this replica the leader);
-    its timeouts must be well below the renew deadline."""
+    `kube` must not be gated by `leading` (the lease writes are what makes this replica the leader),
+    has connections of its own, and its timeout is the renew deadline: a renewal counts from when it
+    was sent, so an answer that takes that long still renews (on a saturated API server a TLS
+    handshake alone can take seconds)."""
 
     def __init__(
         self,
@@ -170,6 +182,8 @@ class Elector:
         self.on_change = on_change
         self.clock = clock
         self.lock = threading.Lock()
+        self.rounds = threading.Condition(self.lock)
+        """Notified after every round: writes waiting for a late renewal look again."""
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="gpu-operator-leader", daemon=True)
         self._was_leading = False
@@ -178,6 +192,21 @@ class Elector:
     def leading(self) -> bool:
         with self.lock:
             return self.election.leading(self.clock())
+
+    def may_write(self) -> bool:
+        """Whether a write may go out now. While leading, yes. A holder whose renewal is late (an API
+        server slower than the renew deadline) waits for it, up to the lease duration, rather than
+        refuse the write: nobody else may take the lease before its duration is out, so the wait
+        keeps one writer at a time and loses no pass. A replica the lease does not name: no, at once.
+        """
+        deadline = self.clock() + self.election.timing.duration
+        with self.rounds:
+            while not self.election.leading(self.clock()):
+                left = deadline - self.clock()
+                if not self.election.holds() or self.stopping.is_set() or left <= 0:
+                    return False
+                self.rounds.wait(min(left, self.election.timing.retry))
+            return True
 
     def start(self) -> Elector:
         log.info("leader election: lease %s/%s as %s", self.namespace, self.name, self.election.identity)
@@ -202,18 +231,28 @@ class Elector:
 
     def _run(self) -> None:
         while not self.stopping.is_set():
-            self.step()
-            self.stopping.wait(self.election.timing.retry)
+            started = self.clock()
+            done = self.step()
+            self.stopping.wait(self.pause(started, done))
 
-    def step(self) -> None:
-        """One round: read the lease, acquire or renew it when due. The leader renews on the lease as
-        it last wrote it, without reading it first (client-go's optimistic fast path): one request
-        every `retry` seconds at rest instead of two; a refused renewal (409: someone else wrote it)
-        falls back to reading it."""
+    def pause(self, started: float, done: bool) -> float:
+        """How long to wait after a round that began at `started`. Rounds begin every `retry` seconds,
+        however long the API server took to answer (a slow answer must not push the next renewal past
+        the deadline); a leader whose renewal got no answer tries again almost at once, since its
+        renew deadline is only a few attempts away."""
+        if not done and self.leading():
+            return RETRY_AFTER_FAILURE
+        return max(0.0, started + self.election.timing.retry - self.clock())
+
+    def step(self) -> bool:
+        """One round: read the lease, acquire or renew it when due; False when the API server did not
+        answer. The leader renews on the lease as it last wrote it, without reading it first
+        (client-go's optimistic fast path): one request every `retry` seconds at rest instead of two;
+        a refused renewal (409: someone else wrote it) falls back to reading it."""
         try:
             if self._renewed():
                 self._say("")
-                return
+                return True
             try:
                 current: Record | None = record_of(self.kube.get(*LEASE_API, self.name, self.namespace))
             except ApiError as exc:
@@ -223,14 +262,20 @@ class Elector:
             with self.lock:
                 self.election.observe(current, self.clock())
                 wanted = self.election.wanted(self.clock(), micro_time())
+            if current is not None and current.holder not in ("", self.election.identity):
+                self._say(f"leader election: the lease is held by {current.holder}")
             if wanted is not None:
                 self._write(wanted)
-            self._say("")
+                self._say("")
+            return True
         except ApiError as exc:
             # 409: another replica wrote first; anything else: the API server is not reachable now.
             self._say(f"leader election: {exc}")
+            return exc.status != 0
         finally:
             self._changed(self.leading())
+            with self.rounds:
+                self.rounds.notify_all()
 
     def _renewed(self) -> bool:
         """The leader's renewal without a read first; False when not leading or refused."""
@@ -265,7 +310,17 @@ class Elector:
             return
         self._was_leading = leading
         metrics.LEADER.set(1 if leading else 0)
-        log.info("leader election: %s", "leading: this replica reconciles" if leading else "standing by")
+        if leading:
+            log.info("leader election: leading: this replica reconciles")
+        else:
+            with self.lock:
+                holder = self.election.observed.holder if self.election.observed is not None else ""
+            why = (
+                f"the lease is {holder}'s"
+                if holder and holder != self.election.identity
+                else "no renewal got through within the renew deadline; it writes nothing until one does"
+            )
+            log.warning("leader election: standing by: %s", why)
         self.on_change(leading)
 
     def _say(self, message: str) -> None:
@@ -287,3 +342,9 @@ class Leadership:
         if not self.enabled:
             return True
         return self.elector is not None and self.elector.leading()
+
+    def may_write(self) -> bool:
+        """Asked before every write (Elector.may_write: a late renewal is waited for)."""
+        if not self.enabled:
+            return True
+        return self.elector is not None and self.elector.may_write()

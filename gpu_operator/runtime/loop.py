@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gpu_operator.runtime import metrics
-from gpu_operator.runtime.client import ApiError
+from gpu_operator.runtime.client import ApiError, NotLeader
 from gpu_operator.runtime.reconciler import Outcome
 from gpu_operator.runtime.settings import Settings
 from gpu_operator.runtime.store import Store
@@ -224,6 +224,10 @@ class Loop:
                     asyncio.get_running_loop().call_later(self.settings.stale_retry_seconds, self.wake)
                 if outcome.errors:
                     raise RejectedWrites("; ".join(f"{k}: {v}" for k, v in outcome.errors.items()))
+            except NotLeader:
+                # The lease was lost during the pass: not a failure, and no back-off; the elector wakes
+                # the loop the moment this replica leads again (at once when nobody else took it).
+                log.info("pass stopped: this replica no longer holds the leader lease")
             except (ApiError, OSError, RejectedWrites) as exc:
                 # API trouble: retry later; watch events in between wake us sooner.
                 self.failures += 1

@@ -33,8 +33,6 @@ class Settings:
     identity: str = ""
     """This replica's name in the Lease (the CLI sets the pod name plus a random suffix)."""
     lease: Timing = field(default_factory=Timing)
-    lease_api_timeout_seconds: tuple[float, float] = (2.0, 3.0)
-    """(connect, read) of the lease's own calls: one round never outlasts the renew deadline."""
 
     resync_seconds: float = 600.0
     """A pass without any watch event after this long: a safety net only, since a pass with nothing

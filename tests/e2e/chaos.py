@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -160,7 +161,10 @@ def api_ready(admin: Kube) -> None:
 class Relay:
     """A TCP relay on 127.0.0.1 in front of `target`. `black_hole()` stops forwarding without
     closing anything: open connections go silent, new ones are accepted and hear nothing, like a
-    network partition that drops packets. `restore()` resumes forwarding."""
+    network partition that drops packets. `restore()` resumes forwarding. `slow(low, high)` holds
+    back the first bytes the server sends after each thing the client sent (a response, a TLS
+    handshake step) by a random `low`..`high` seconds, like a saturated API server; what streams
+    on without a new request (watch events) is not held."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
@@ -170,7 +174,11 @@ class Relay:
         self.forwarding.set()
         self.closed = threading.Event()
         self.sockets: list[socket.socket] = []
+        self.delay: tuple[float, float] | None = None
         threading.Thread(target=self._accept, daemon=True, name="relay-accept").start()
+
+    def slow(self, low: float, high: float) -> None:
+        self.delay = (low, high)
 
     def black_hole(self) -> None:
         self.forwarding.clear()
@@ -207,16 +215,27 @@ class Relay:
             return
         upstream.settimeout(None)
         self.sockets.append(upstream)
-        for source, sink in ((client, upstream), (upstream, client)):
-            threading.Thread(target=self._pump, args=(source, sink), daemon=True, name="relay-pump").start()
+        asked: list[float | None] = [None]  # when the client sent what the server has not answered
+        for source, sink, request in ((client, upstream, True), (upstream, client, False)):
+            threading.Thread(
+                target=self._pump, args=(source, sink, request, asked), daemon=True, name="relay-pump"
+            ).start()
 
-    def _pump(self, source: socket.socket, sink: socket.socket) -> None:
+    def _pump(
+        self, source: socket.socket, sink: socket.socket, request: bool, asked: list[float | None]
+    ) -> None:
         try:
             while not self.closed.is_set():
                 self.forwarding.wait()
                 data = source.recv(65536)
                 if not data:
                     break
+                if request:
+                    asked[0] = asked[0] or time.monotonic()
+                elif self.delay is not None and asked[0] is not None:
+                    due = asked[0] + random.uniform(*self.delay)
+                    asked[0] = None
+                    time.sleep(max(0.0, due - time.monotonic()))  # the server's slowness is the fault
                 self.forwarding.wait()  # a black hole swallows what is in flight, too
                 sink.sendall(data)
         except OSError:

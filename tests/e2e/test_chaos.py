@@ -313,6 +313,48 @@ def test_black_hole_between_operator_and_api_server(
             operator.start()
 
 
+def leads(process: OperatorProcess) -> bool:
+    status, body = process.probe("readyz")
+    return status == 200 and body.get("leader") is True
+
+
+@chaos
+@pytest.mark.parametrize("replicas", [1, 2])
+def test_an_api_server_answering_2_to_8_seconds_late(
+    cluster: Cluster, admin: Kube, operator: OperatorProcess, converged: Snapshot, replicas: int
+) -> None:
+    """Every answer of the API server held back 2-8 s (a relay; a lease renewal can outlast the renew
+    deadline): an edit is still rolled out, at most one replica leads at any moment, and the only
+    replica never stops its work for leadership (no pass ends NotLeader, it never stands by)."""
+    server = yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
+    with relay_to(server) as relay:
+        operator.stop()
+        relayed = relayed_kubeconfig(operator.kubeconfig, relay, operator.kubeconfig.with_name("slow"))
+        logs = [operator.log_path.with_name(f"slow-{replicas}-{i}.log") for i in range(replicas)]
+        processes = [OperatorProcess(relayed, NS, log).start() for log in logs]
+        try:
+            wait_for(lambda: sum(map(leads, processes)) == 1, timeout=120, what="one replica leading")
+            relay.slow(2.0, 8.0)
+            edit_policy(admin)
+            leaders: list[int] = []
+
+            def rolled_out() -> None:
+                leaders.append(sum(map(leads, processes)))
+                honest_and_converged(admin)
+
+            seconds = timed(rolled_out, 3 * BOUND, "the edit rolled out through the slow API server")
+            assert max(leaders) <= 1, f"two replicas led at once: {leaders}"
+            if replicas == 1:
+                text = logs[0].read_text()
+                assert "no longer holds the leader lease" not in text and "NotLeader" not in text
+                assert "standing by" not in text
+            record(f"slow-api-2-8s-{replicas}-replicas", converged_after_edit_s=seconds)
+        finally:
+            for process in processes:
+                process.stop()
+            operator.start()
+
+
 # --- the long faults (make test-chaos) -----------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ once."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -20,10 +21,13 @@ TIMING = Timing()
 class LeaseServer:
     """One Lease, with resourceVersions and 409 on a stale one; `down` makes every call fail."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Clock | None = None) -> None:
         self.lease: dict[str, Any] | None = None
         self.version = 0
         self.down = False
+        self.slow = 0.0
+        """Seconds every answer takes (on `clock`)."""
+        self.clock = clock or Clock()
         self.writes = 0
         self.reads = 0
 
@@ -32,23 +36,39 @@ class LeaseServer:
 
 
 class FakeKube:
-    timeout = (2.0, 3.0)
+    timeout = (7.0, 7.0)
 
     def __init__(self, server: LeaseServer) -> None:
         self.server = server
 
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
-        self.server.reads += 1
-        if self.server.down:
-            raise ApiError(0, "ConnectionError", "refused")
-        if self.server.lease is None:
-            raise ApiError(404, "NotFound", "no lease")
-        return self.server.lease
+        return self.request("GET", f"/{kind}/{name}")
 
-    def request(self, method: str, url: str, body: Mapping[str, Any], kind: str = "") -> dict[str, Any]:
+    def request(
+        self,
+        method: str,
+        url: str,
+        body: Mapping[str, Any] | None = None,
+        kind: str = "",
+        timeout: float | None = None,
+    ) -> dict[str, Any]:
         server = self.server
         if server.down:
             raise ApiError(0, "ConnectionError", "refused")
+        if server.slow:
+            # The answer takes `slow` seconds: a request whose timeout is shorter gets none.
+            waited = min(server.slow, timeout or max(self.timeout))
+            server.clock.now += waited
+            if waited < server.slow:
+                raise ApiError(
+                    0, "ConnectionError", "TimeoutError: _ssl.c:989: The handshake operation timed out"
+                )
+        if method == "GET":
+            server.reads += 1
+            if server.lease is None:
+                raise ApiError(404, "NotFound", "no lease")
+            return server.lease
+        assert body is not None
         if method == "POST" and server.lease is not None:
             raise ApiError(409, "AlreadyExists", "exists")
         if method == "PUT":
@@ -121,6 +141,79 @@ def test_a_leader_cut_off_stops_before_a_standby_may_start(clock: Clock) -> None
         clock.now += 0.5
     assert stopped - last_renewal <= TIMING.renew_deadline + 0.5
     assert started > stopped + 2, "no overlap: the old leader stopped writing well before"
+
+
+def campaign(clock: Clock, each: Elector, seconds: float) -> list[bool]:
+    """Run one elector as its thread does (each round, then its pause) for `seconds`; whether it leads
+    after each round."""
+    leading = []
+    end = clock.now + seconds
+    while clock.now < end:
+        started = clock.now
+        done = each.step()
+        leading.append(each.leading())
+        clock.now += each.pause(started, done)
+    return leading
+
+
+def test_the_only_replica_keeps_its_lease_on_an_api_server_slower_than_a_round(clock: Clock) -> None:
+    # Every answer takes 5 s (a saturated API server: TLS handshakes alone time out at 2-3 s):
+    # renewals go out back to back, each may take until the renew deadline, and none is given up.
+    server = LeaseServer(clock)
+    a = elector(server, clock, "a")
+    assert campaign(clock, a, 10)[-1]
+    server.slow = 5.0
+    assert all(campaign(clock, a, 120))
+    assert record_of(cast(dict[str, Any], server.lease)).transitions == 0
+
+
+def test_a_lease_lost_to_nobody_is_taken_back_at_once(clock: Clock) -> None:
+    server = LeaseServer(clock)
+    a = elector(server, clock, "a")
+    campaign(clock, a, 10)
+    server.slow = 8.0  # past the renew deadline: it must stop writing
+    assert not all(campaign(clock, a, 20))
+    server.slow = 0.0
+    assert campaign(clock, a, 0.1) == [True]  # the first round that gets through
+    assert record_of(cast(dict[str, Any], server.lease)).holder == "a"
+
+
+def test_a_write_waits_for_a_late_renewal_of_the_lease_this_replica_holds(clock: Clock) -> None:
+    server = LeaseServer(clock)
+    a = elector(server, clock, "a")
+    campaign(clock, a, 4)
+    clock.now += TIMING.renew_deadline  # the renewal is late: not leading, but the lease names it
+    assert not a.leading()
+    answers: list[bool] = []
+    writer = threading.Thread(target=lambda: answers.append(a.may_write()))
+    writer.start()
+    writer.join(0.2)
+    assert writer.is_alive(), "it waits rather than refuse"
+    a.step()  # the renewal gets through
+    writer.join(5)
+    assert answers == [True]
+
+
+def test_a_write_is_refused_at_once_when_another_replica_holds_the_lease(clock: Clock) -> None:
+    server = LeaseServer(clock)
+    a, b = elector(server, clock, "a"), elector(server, clock, "b")
+    run(clock, [a, b], 6)
+    assert not b.may_write()
+    clock.now += TIMING.renew_deadline
+    a.stopping.set()  # a stopping leader waits for nothing
+    assert not a.may_write()
+
+
+def test_a_failed_renewal_is_retried_at_once_while_leading(clock: Clock) -> None:
+    server = LeaseServer(clock)
+    a = elector(server, clock, "a")
+    campaign(clock, a, 10)
+    started = clock.now
+    server.down = True
+    assert not a.step()
+    assert a.pause(started, False) < TIMING.retry
+    server.down = False
+    assert a.step() and a.pause(clock.now, True) == TIMING.retry
 
 
 def test_a_released_lease_is_taken_at_the_next_round(clock: Clock) -> None:

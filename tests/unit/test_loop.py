@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from builders import Clock
 
-from gpu_operator.runtime.client import ApiError
+from gpu_operator.runtime.client import ApiError, NotLeader
 from gpu_operator.runtime.loop import Loop, health, ready
 from gpu_operator.runtime.reconciler import Outcome
 from gpu_operator.runtime.settings import Settings
@@ -98,6 +98,28 @@ def test_an_unreachable_api_server_is_progress_and_a_good_pass_clears_last_error
     assert any("connection refused" in body["reconcile"]["lastError"] for _, body in seen)
     assert loop.last_error == ""
     assert ready(loop)[0]
+
+
+def test_a_pass_that_lost_the_lease_is_no_failure_and_is_not_retried_on_a_back_off() -> None:
+    # The elector wakes the loop when this replica leads again; a back-off would only delay that.
+    settings = Settings(max_backoff_seconds=60.0, resync_seconds=86400.0)
+    calls: list[int] = []
+
+    def step(loop: Loop) -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise NotLeader()
+
+    async def script(loop: Loop) -> None:
+        loop.wake()
+        await until(lambda: len(calls) == 1 and loop.idle.is_set(), "the pass that lost the lease")
+        await skip(120)  # twice the longest back-off: nothing retries it by itself
+        assert len(calls) == 1 and loop.failures == 0 and loop.last_error == ""
+        loop.wake()  # leading again
+        await until(lambda: loop.passes == 1, "the pass once it leads again")
+        assert loop.failures == 0
+
+    drive(settings, step, script)
 
 
 class SteppedLoop(asyncio.SelectorEventLoop):
