@@ -400,6 +400,9 @@ def test_uninstall(cluster: Cluster, release: Release) -> None:
     """uninstall-operator.sh: `helm uninstall`, then the namespace; no operand and no label of the
     operator's or its operands' is left (the chart's pre-delete hook runs `gpu-operator cleanup`)."""
     run_cleanup_hook(cluster, "cluster-policy")
+    # `helm uninstall` deletes the operator's Deployment with its RBAC: its pods stop there.
+    release.operator.stop()
+    release.operator.assert_clean_log()
     helm(cluster, "uninstall", "-n", NS, release.name)
     cluster.kubectl("delete", "namespace", NS)
     for app in OPERANDS:
@@ -409,4 +412,3 @@ def test_uninstall(cluster: Cluster, release: Release) -> None:
         for n in gpu_nodes(cluster)
     }
     assert not any(left.values()), f"deploy labels left behind: {left}"
-    release.operator.assert_clean_log()
