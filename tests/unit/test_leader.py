@@ -1,7 +1,7 @@
 """Leader election (gpu_operator/runtime/leader.py) on a fake clock and an in-memory Lease with optimistic
-concurrency: one leader at a time, a standby takes over within 15 s of the leader's death (on a 10/7/2 s timing), a leader
-cut off from the API server stops writing before anyone else may start, a released lease is taken at
-once."""
+concurrency: one leader at a time, a standby takes over within 15 s of the leader's death (on a
+10/7/2 s timing), a leader cut off from the API server stops writing before anyone else may start, a
+released lease is taken at once, a slow API server does not cost the only replica its lease."""
 
 from __future__ import annotations
 
