@@ -100,9 +100,10 @@ class Settings:
     """Watches end on the server after this long and are resumed from their resourceVersion."""
     request_timeout_seconds: float = 60.0
     """Kopf's own API requests (its watches and listings)."""
-    api_timeout_seconds: tuple[float, float] = (5.0, 30.0)
+    api_timeout_seconds: tuple[float, float] = (10.0, 30.0)
     """(connect, read) of every API call of the operator's own client: a silent connection (a black hole,
-    a paused API server) fails the call instead of blocking the pass."""
+    a paused API server) fails the call instead of blocking the pass. A TLS handshake is two round trips
+    inside the connect timeout: on a saturated API server each can take seconds."""
     stuck_after_seconds: float = 180.0
     """Liveness fails when work has waited this long without any pass finishing. Every API call of a
     pass has a read timeout, so a pass that still has not ended after this long is hung in the process

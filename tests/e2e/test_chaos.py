@@ -333,7 +333,10 @@ def test_an_api_server_answering_2_to_8_seconds_late(
         logs = [operator.log_path.with_name(f"slow-{replicas}-{i}.log") for i in range(replicas)]
         processes = [OperatorProcess(relayed, NS, log).start() for log in logs]
         try:
+            # Slowed down once running (its watches listed, the leader's first pass done), as an API
+            # server that saturates during a rollout.
             wait_for(lambda: sum(map(leads, processes)) == 1, timeout=120, what="one replica leading")
+            wait_for(lambda: all(p.probe("readyz")[0] == 200 for p in processes), timeout=120, what="ready")
             relay.slow(2.0, 8.0)
             edit_policy(admin)
             leaders: list[int] = []
