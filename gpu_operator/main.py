@@ -84,7 +84,7 @@ class Watch:
     def kind(self, namespace: str) -> informer.Kind:
         """What the informer lists and watches: namespaced kinds in the operand namespace only, the
         operand namespace itself by name (RBAC allows just that one)."""
-        scoped = _NAMESPACED.get(self.plural, True) and self.plural != NAMESPACES[1]
+        scoped = _NAMESPACED.get(self.plural, True)
         labels = ",".join(f"{k}={v}" for k, v in sorted((self.labels or {}).items()))
         fields = f"metadata.name={namespace}" if self.plural == NAMESPACES[1] else ""
         return informer.Kind(

@@ -170,7 +170,8 @@ class Informer:
         )
         response = await self._get(query, timeout)
         try:
-            if response.status == 410:
+            if response.status in (404, 410):
+                # Gone (list again), or no longer served (its CRD deleted): the listing says which.
                 self.events.version = ""
                 return
             await _raise_for(response)

@@ -231,6 +231,25 @@ def test_a_kind_not_served_counts_as_listed_and_empty_and_is_tried_again() -> No
     assert recorded == ["n1"]
 
 
+def test_a_watch_answered_404_lists_again_and_its_kind_counts_as_empty() -> None:
+    """The CRD deleted under a running watch: the next watch request gets 404, the listing too, and the
+    Store is told the kind is empty (its objects went with the CRD)."""
+    store = Store()
+    recorded: list[str] = []
+    api = FakeApi([node("n1", "9")], [[]])  # the first watch ends at once
+
+    async def gone(request: web.Request) -> web.StreamResponse:
+        if len(api.requests) < 2:  # the listing and the first watch
+            return await FakeApi.handle(api, request)
+        api.requests.append(dict(request.query))
+        return web.json_response({"kind": "Status", "code": 404}, status=404)
+
+    api.handle = gone  # type: ignore[method-assign]
+    watched = run(api, recorder(store, recorded), until=lambda: len(api.requests) >= 5)
+    assert ["watch" in r for r in api.requests[:4]] == [False, True, True, False]
+    assert watched.told[:2] == [{("", "n1")}, set()]
+
+
 def test_backoff_doubles_up_to_its_bound_and_starts_again_after_a_success() -> None:
     backoff = informer.Backoff(0.5, 3.0)
     assert [backoff.next() for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
