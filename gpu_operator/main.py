@@ -57,7 +57,7 @@ MANAGED = [
     ("rbac.authorization.k8s.io", "v1", "clusterroles"),
     ("rbac.authorization.k8s.io", "v1", "clusterrolebindings"),
     ("node.k8s.io", "v1", "runtimeclasses"),
-    # Served only while the Prometheus operator's CRD exists; Kopf starts the watch when it appears.
+    # Served only while the Prometheus operator's CRD exists; its informer lists it once it appears.
     ("monitoring.coreos.com", "v1", "servicemonitors"),
 ]
 REVISIONS = ("apps", "v1", "controllerrevisions")
@@ -67,8 +67,8 @@ _NAMESPACED = {plural: namespaced for plural, namespaced in RESOURCES.values()}
 CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
 NAMESPACES = ("", "namespaces")
 
-Retainer = Callable[[set[tuple[str, str]]], bool]
-"""{(namespace or "", name)} of a complete listing → whether the Store forgot anything missing from it."""
+Retainer = Callable[[informer.Names], bool]
+"""A complete listing → whether the Store forgot anything missing from it."""
 
 
 @dataclass(frozen=True)
@@ -244,7 +244,7 @@ async def start_informers(settings: Settings, store: Store, loop: Loop) -> Infor
     api = await informer.connect(pool_size=2 * len(every))
     running: list[informer.Informer] = []
 
-    def listed(spec: Watch, present: set[tuple[str, str]]) -> None:
+    def listed(spec: Watch, present: informer.Names) -> None:
         if spec.retain(present):
             log.info("%s deleted while no watch was open: forgotten", spec.plural)
             loop.wake()

@@ -29,8 +29,9 @@ from gpu_operator.runtime import safe_json, watch_stream
 
 log = logging.getLogger("gpu_operator")
 
-Listed = Callable[[set[tuple[str, str]]], None]
-"""{(namespace or "", name)} of a complete listing."""
+Names = set[tuple[str, str]]
+"""{(namespace or "", name)} of the objects of a complete listing."""
+Listed = Callable[[Names], None]
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,7 @@ class Informer:
 
     async def list_kind(self) -> bool:
         """List the kind into the Store and report the listing; False if it is not served (404)."""
-        present: set[tuple[str, str]] = set()
+        present: Names = set()
         first = [*self.kind.selectors(), ("limit", str(self.timing.chunk_size))]
         query = first
         while True:
