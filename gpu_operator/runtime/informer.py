@@ -101,7 +101,9 @@ class Informer:
     backoff: Backoff = field(init=False)
 
     def __post_init__(self) -> None:
-        self.backoff = Backoff(self.timing.retry / 10, self.timing.retry * 12)
+        # Not sooner than `retry`: an API server that has just come back refuses requests (403) until
+        # its authorizer has synced, and every kind's informer would log that.
+        self.backoff = Backoff(self.timing.retry, self.timing.retry * 12)
 
     async def run(self) -> None:
         """List, then watch until the kind must be listed again; forever (until cancelled)."""
@@ -183,7 +185,7 @@ class Informer:
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError):
             # Dropped: resumed from the last version seen, after a short pause (a server that drops every
             # connection at once is not hammered).
-            await asyncio.sleep(self.backoff.first)
+            await asyncio.sleep(self.timing.retry / 10)
         finally:
             response.close()
 
