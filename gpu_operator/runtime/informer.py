@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -99,6 +100,10 @@ class Informer:
     poke: asyncio.Event = field(default_factory=asyncio.Event)
     """Set to retry a failed or unserved kind at once (a CRD changed: it may be served now)."""
     backoff: Backoff = field(init=False)
+    back_since: float | None = field(init=False, default=None)
+    """When the connection last failed (monotonic), until a listing succeeds again: an API server that
+    has just come back answers 403 until its authorizer has synced and 429 while its storage
+    initializes, and those refusals, retried like any other, are logged quietly for a minute."""
 
     def __post_init__(self) -> None:
         # Not sooner than `retry`: an API server that has just come back refuses requests (403) until
@@ -111,6 +116,7 @@ class Informer:
             try:
                 if await self.list_kind():
                     self.backoff.reset()
+                    self.back_since = None
                     while self.events.version:
                         await self.watch_once()
                     continue  # 410 Gone: list again at once
@@ -118,7 +124,7 @@ class Informer:
                 log.debug("%s is not served; trying again in %.1fs", self.kind.name, delay)
             except Exception as exc:
                 delay = self.backoff.next()
-                log.warning("watch of %s failed (%r); listing again in %.1fs", self.kind.name, exc, delay)
+                self._failed(exc, delay)
             self.poke.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.poke.wait(), delay)
@@ -185,9 +191,18 @@ class Informer:
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError):
             # Dropped: resumed from the last version seen, after a short pause (a server that drops every
             # connection at once is not hammered).
+            self.back_since = time.monotonic()
             await asyncio.sleep(self.timing.retry / 10)
         finally:
             response.close()
+
+    def _failed(self, exc: Exception, delay: float) -> None:
+        if isinstance(exc, aiohttp.ClientConnectionError | TimeoutError | OSError):
+            self.back_since = self.back_since or time.monotonic()
+        level = logging.WARNING
+        if isinstance(exc, watch_stream.WatchFailed) and self.back_since is not None:
+            level = logging.DEBUG if time.monotonic() - self.back_since < 60 else logging.WARNING
+        log.log(level, "watch of %s failed (%r); listing again in %.1fs", self.kind.name, exc, delay)
 
     async def _get(
         self, query: list[tuple[str, str]], timeout: aiohttp.ClientTimeout

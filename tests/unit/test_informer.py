@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import pytest
 from aiohttp import web
 from builders import daemonset_body, node_body
 from kubernetes_asyncio import client
@@ -248,6 +250,35 @@ def test_a_watch_answered_404_lists_again_and_its_kind_counts_as_empty() -> None
     watched = run(api, recorder(store, recorded), until=lambda: len(api.requests) >= 5)
     assert ["watch" in r for r in api.requests[:4]] == [False, True, True, False]
     assert watched.told[:2] == [{("", "n1")}, set()]
+
+
+def test_refusals_right_after_a_dropped_connection_are_logged_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """An API server that has just come back answers 403 until its authorizer syncs: retried, and
+    logged at debug level; the same refusal with no connection trouble before it is a warning."""
+
+    def refusing(api: FakeApi, after: int) -> Callable[[web.Request], Any]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            if len(api.requests) < after or len(api.requests) >= after + 2:
+                return await FakeApi.handle(api, request)
+            api.requests.append(dict(request.query))
+            return web.json_response({"kind": "Status", "code": 403, "reason": "Forbidden"}, status=403)
+
+        return handle
+
+    caplog.set_level(logging.DEBUG, logger="gpu_operator")
+    dropped = FakeApi([node("n1", "9")], [[None]])  # the first watch drops, then two refusals
+    dropped.handle = refusing(dropped, 2)  # type: ignore[method-assign]
+    run(dropped, lambda body, deleted: False, until=lambda: len(dropped.requests) >= 6)
+    refusals = [r for r in caplog.records if "403" in r.getMessage()]
+    assert refusals and all(r.levelno == logging.DEBUG for r in refusals)
+    caplog.clear()
+    refused = FakeApi([node("n1", "9")], [])
+    refused.handle = refusing(refused, 0)  # type: ignore[method-assign]
+    run(refused, lambda body, deleted: False, until=lambda: len(refused.requests) >= 3)
+    refusals = [r for r in caplog.records if "403" in r.getMessage()]
+    assert refusals and all(r.levelno == logging.WARNING for r in refusals)
 
 
 def test_backoff_doubles_up_to_its_bound_and_starts_again_after_a_success() -> None:
