@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,7 +258,9 @@ def test_refusals_right_after_a_dropped_connection_are_logged_quietly(
     """An API server that has just come back answers 403 until its authorizer syncs: retried, and
     logged at debug level; the same refusal with no connection trouble before it is a warning."""
 
-    def refusing(api: FakeApi, after: int) -> Callable[[web.Request], Any]:
+    def refusing(
+        api: FakeApi, after: int
+    ) -> Callable[[web.Request], Coroutine[Any, Any, web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
             if len(api.requests) < after or len(api.requests) >= after + 2:
                 return await FakeApi.handle(api, request)
@@ -269,13 +271,13 @@ def test_refusals_right_after_a_dropped_connection_are_logged_quietly(
 
     caplog.set_level(logging.DEBUG, logger="gpu_operator")
     dropped = FakeApi([node("n1", "9")], [[None]])  # the first watch drops, then two refusals
-    dropped.handle = refusing(dropped, 2)  # type: ignore[method-assign]
+    dropped.handle = refusing(dropped, 2)  # type: ignore[method-assign,assignment]
     run(dropped, lambda body, deleted: False, until=lambda: len(dropped.requests) >= 6)
     refusals = [r for r in caplog.records if "403" in r.getMessage()]
     assert refusals and all(r.levelno == logging.DEBUG for r in refusals)
     caplog.clear()
     refused = FakeApi([node("n1", "9")], [])
-    refused.handle = refusing(refused, 0)  # type: ignore[method-assign]
+    refused.handle = refusing(refused, 0)  # type: ignore[method-assign,assignment]
     run(refused, lambda body, deleted: False, until=lambda: len(refused.requests) >= 3)
     refusals = [r for r in caplog.records if "403" in r.getMessage()]
     assert refusals and all(r.levelno == logging.WARNING for r in refusals)
