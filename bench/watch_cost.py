@@ -5,9 +5,9 @@ A server process of its own (loopback, TLS, as an API server) answers the LIST o
 list and then streams N watch events, taken in turn from real ones (bench/data/watch-events.jsonl.gz:
 pod and node events recorded from a 10-node rollout), each with a resourceVersion of its own, at
 `--rate` a second in small batches, so that each arrives on its own as in a rollout rather than
-thousands in one read. The operator's watch of that kind runs as in the operator (Kopf's
-`infinite_watch` through gpu_operator/runtime/watch_guard.py into a Store), and the process's CPU from the
-first event to the last is divided by N.
+thousands in one read. The operator's watch of that kind runs as in the operator (its informer,
+gpu_operator/runtime/informer.py, into a Store), and the process's CPU from the first event to the last
+is divided by N.
 
     python -m bench.watch_cost --events 2000 --rate 100 --coalesce 0.2
 """
@@ -98,17 +98,13 @@ def serve(port: int, cert: str, key: str, fixture: Path, kind: str, events: int,
 # --- the client: the operator's watch of one kind -------------------------------------------------
 
 
-async def watch(port: int, ca: str, kind: str, events: int, reader: str, coalesce: float) -> Result:
-    import kopf
-    from kopf._cogs.clients import auth, watching
-    from kopf._cogs.structs import credentials, references
+async def watch(port: int, ca: str, kind: str, events: int, coalesce: float) -> Result:
+    from kubernetes_asyncio import client
 
-    from gpu_operator.runtime import safe_json, watch_guard
+    from gpu_operator.runtime import informer
     from gpu_operator.runtime.store import Store
     from gpu_operator.runtime.watch_stream import Events
 
-    safe_json.install()
-    watch_guard.install()
     store = Store()
     seen = [0, 0.0, 0.0]  # events, CPU and wall clock at the first one
 
@@ -123,38 +119,27 @@ async def watch(port: int, ca: str, kind: str, events: int, reader: str, coalesc
 
     done = asyncio.Event()
     group, version, plural = KINDS[kind]
-    settings = kopf.OperatorSettings()
-    settings.watching.server_timeout = 300
-    direct = {(group, plural): record} if reader == "direct" else {}
 
     def settle(rate: float) -> Awaitable[object] | None:  # as Loop.settle while a pass always runs or waits
         return asyncio.sleep(coalesce) if coalesce > 0 else None
 
-    watch_guard.attach(settings, watch_guard.Hooks(lambda *_: None, 5.0, direct, settle=settle))
-    vault = credentials.Vault()
-    info = credentials.ConnectionInfo(server=f"https://127.0.0.1:{port}", ca_path=ca, token="bench")
-    await vault.populate({"bench": info})
-    auth.vault_var.set(vault)
-    resource_ = references.Resource(group, version, plural, namespaced=kind == "Pod")
-
-    recorded_here = Events(record, plural, lambda: None, settle)  # as the guard recorded before watch_stream
-
-    async def consume() -> None:
-        async for event in watching.infinite_watch(settings=settings, resource=resource_, namespace=None):
-            if reader == "kopf" and isinstance(event, dict):
-                recorded_here.add(event["type"], event["object"])
-
-    task = asyncio.create_task(consume())
+    configuration = client.Configuration(host=f"https://127.0.0.1:{port}")
+    configuration.ssl_ca_cert = ca
+    configuration.api_key = {"BearerToken": "bench"}
+    configuration.api_key_prefix = {"BearerToken": "Bearer"}
+    api = client.ApiClient(configuration)
+    kind_ = informer.Kind(group, version, plural)
+    watcher = informer.Informer(api, kind_, Events(record, plural, lambda: None, settle), lambda _: None)
+    task = asyncio.create_task(watcher.run())
     await done.wait()
     cpu, wall = time.process_time() - seen[1], time.monotonic() - seen[2]
     task.cancel()
-    await vault.close()
+    await asyncio.gather(task, return_exceptions=True)
+    await api.close()
     return Result(events - 1, cpu, wall)
 
 
-def measure(
-    kind: str, events: int, rate: float, reader: str, coalesce: float = 0.0, fixture: Path = FIXTURE
-) -> Result:
+def measure(kind: str, events: int, rate: float, coalesce: float = 0.0, fixture: Path = FIXTURE) -> Result:
     with tempfile.TemporaryDirectory() as tmp:
         cert, key = os.path.join(tmp, "cert.pem"), os.path.join(tmp, "key.pem")
         subprocess.run(
@@ -170,7 +155,7 @@ def measure(
         )  # fmt: skip
         try:
             _wait_port(port)
-            return asyncio.run(watch(port, cert, kind, events, reader, coalesce))
+            return asyncio.run(watch(port, cert, kind, events, coalesce))
         finally:
             server.terminate()
             server.wait()
@@ -205,15 +190,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=100.0, help="events a second")
     parser.add_argument("--fixture", type=Path, default=FIXTURE)
     parser.add_argument(
-        "--reader",
-        choices=["direct", "kopf"],
-        default="direct",
-        help=(
-            "the operator's reader (gpu_operator/runtime/watch_stream.py), "
-            "or Kopf's continuous_watch as before it"
-        ),
-    )
-    parser.add_argument(
         "--coalesce",
         type=float,
         default=0.0,
@@ -227,10 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         serve(args.serve, args.cert, args.key, args.fixture, args.kind[0], args.events, args.rate)
         return 0
     for kind in args.kind:
-        r = measure(kind, args.events, args.rate, args.reader, args.coalesce, args.fixture)
+        r = measure(kind, args.events, args.rate, args.coalesce, args.fixture)
         usage = resource.getrusage(resource.RUSAGE_SELF)
         print(
-            f"{kind} ({args.reader}, coalesce {args.coalesce:g} s): {r.events} events in {r.wall_s:.1f} s, "
+            f"{kind} (coalesce {args.coalesce:g} s): {r.events} events in {r.wall_s:.1f} s, "
             f"{r.cpu_s:.2f} s of CPU: "
             f"{r.us_per_event:.0f} µs an event (peak RSS {usage.ru_maxrss / 1024:.0f} MiB)"
         )

@@ -1,10 +1,14 @@
-"""Kopf wiring: watch handlers fill the Store and wake the reconcile loop; nothing else lives here.
+"""Kopf wiring: the operator's lifecycle (login, startup, cleanup) through Kopf's public API; nothing else
+lives here.
 
-ClusterPolicy events (the initial listing at start-up, create, update, delete) wake the loop
-(gpu_operator/runtime/loop.py) like any other. Kopf's own per-object annotations and finalizers are not used,
-so the operator writes nothing to a ClusterPolicy but its status, and deleting a policy never waits for
-the operator. Nothing is module state: `run` builds the Store, the loop and a Kopf registry whose
-handlers close over them, from the Settings the CLI made.
+Kopf runs the operator: it logs in, runs the startup handler, which starts the informers
+(gpu_operator/runtime/informer.py, one per watched kind, ClusterPolicies included) and the reconcile
+loop (gpu_operator/runtime/loop.py), and the cleanup handler on exit. Every watch event updates the
+Store and wakes the loop. Kopf serves no resource itself: a ClusterPolicy's content, however deeply
+nested, is decoded only by our own decoder (gpu_operator/runtime/safe_json.py), and Kopf writes no
+annotation or finalizer to any object, so deleting a policy never waits for the operator. Nothing is
+module state: `run` builds the Store, the loop and a Kopf registry whose handlers close over them, from
+the Settings the CLI made.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import kopf
 from gpu_operator.core import render
 from gpu_operator.core.observed import ObjectKey
 from gpu_operator.core.ownership import FIELD_MANAGER, MANAGED_BY_LABEL
-from gpu_operator.runtime import metrics, safe_json, server, watch_guard
+from gpu_operator.runtime import informer, metrics, server, watch_stream
 from gpu_operator.runtime.client import RESOURCES, Kube, load_api_client
 from gpu_operator.runtime.drain_watches import NodePodWatches
 from gpu_operator.runtime.leader import Elector, Leadership
@@ -53,17 +57,18 @@ MANAGED = [
     ("rbac.authorization.k8s.io", "v1", "clusterroles"),
     ("rbac.authorization.k8s.io", "v1", "clusterrolebindings"),
     ("node.k8s.io", "v1", "runtimeclasses"),
-    # Served only while the Prometheus operator's CRD exists; Kopf starts the watch when it appears.
+    # Served only while the Prometheus operator's CRD exists; its informer lists it once it appears.
     ("monitoring.coreos.com", "v1", "servicemonitors"),
 ]
 REVISIONS = ("apps", "v1", "controllerrevisions")
 """The driver DaemonSets' ControllerRevisions: an upgrade's target (they carry the pods' labels)."""
 _KINDS = {plural: kind for (_, kind), (plural, _namespaced) in RESOURCES.items()}
+_NAMESPACED = {plural: namespaced for plural, namespaced in RESOURCES.values()}
 CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
 NAMESPACES = ("", "namespaces")
 
-Retainer = Callable[[set[tuple[str, str]]], bool]
-"""{(namespace or "", name)} of a complete listing → whether the Store forgot anything missing from it."""
+Retainer = Callable[[informer.Names], bool]
+"""A complete listing → whether the Store forgot anything missing from it."""
 
 
 @dataclass(frozen=True)
@@ -71,30 +76,20 @@ class Watch:
     group: str
     version: str
     plural: str
-    record: watch_guard.Record
+    record: watch_stream.Record
     retain: Retainer
     labels: dict[str, str] | None = None
-    """Server-side label selector (also set in Kopf's settings, at startup)."""
-    direct: bool = True
-    """Recorded by the watch guard itself, without Kopf's per-event handling
-    (gpu_operator/runtime/watch_guard.py).
-    False only for the kinds whose event handlers tell the loop that the listings are done."""
+    """Server-side label selector."""
 
-
-class NoDiffBase(kopf.DiffBaseStorage):
-    """Kopf builds an "essence" (a deep copy) of every watched body to detect changes for
-    create/update handlers, and strips it again for its progress storage: most of its CPU time when
-    thousands of operand pods are watched. This operator has only watch and index handlers, which
-    never use it."""
-
-    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> Any:
-        return None
-
-    def fetch(self, *, body: kopf.Body) -> Any:
-        return None
-
-    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: Any) -> None:
-        return None
+    def kind(self, namespace: str) -> informer.Kind:
+        """What the informer lists and watches: namespaced kinds in the operand namespace only, the
+        operand namespace itself by name (RBAC allows just that one)."""
+        scoped = _NAMESPACED.get(self.plural, True)
+        labels = ",".join(f"{k}={v}" for k, v in sorted((self.labels or {}).items()))
+        fields = f"metadata.name={namespace}" if self.plural == NAMESPACES[1] else ""
+        return informer.Kind(
+            self.group, self.version, self.plural, namespace if scoped else None, labels, fields
+        )
 
 
 def watches(store: Store) -> list[Watch]:
@@ -126,12 +121,8 @@ def watches(store: Store) -> list[Watch]:
     def config_maps(present: set[tuple[str, str]]) -> bool:
         return objects("v1", "ConfigMap")(present) | names("config_maps")(present)
 
-    # Every kind but the ClusterPolicy, the CRDs and the namespace goes into the Store straight from the
-    # watch stream (`Watch.direct`): Kopf's per-object workers (a task and a queue for each object, a
-    # handler call per event) cost far more per event than recording it straight away, and the busy
-    # kinds (pods, nodes, the DaemonSets' status updates) are nearly all of the events.
     found = [
-        Watch("nvidia.com", "v1", "clusterpolicies", store.record_policy, names("policies"), direct=False),
+        Watch("nvidia.com", "v1", "clusterpolicies", store.record_policy, names("policies")),
         Watch("", "v1", "nodes", store.record_node, names("nodes")),
         Watch("", "v1", "pods", store.record_pod, pods, _OURS),
         Watch(*REVISIONS, store.record_revision, names("revisions"), _OURS),
@@ -150,13 +141,10 @@ def watches(store: Store) -> list[Watch]:
             CRDS[1],
             store.record_crd,
             lambda present: store.crds_listed({n for _, n in present}),
-            direct=False,
         )
     )
-    # Narrowed to the operand namespace by a field selector (startup, below).
-    found.append(
-        Watch(NAMESPACES[0], "v1", NAMESPACES[1], store.record_namespace, names("namespaces"), direct=False)
-    )
+    # Narrowed to the operand namespace by a field selector (Watch.kind).
+    found.append(Watch(NAMESPACES[0], "v1", NAMESPACES[1], store.record_namespace, names("namespaces")))
     return found
 
 
@@ -165,69 +153,16 @@ def _of_kind(api_version: str, kind: str, key: ObjectKey) -> bool:
 
 
 def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadership) -> kopf.OperatorRegistry:
-    """Kopf's handlers for this operator, closed over its Store and loop.
-
-    Each watched kind gets two handlers. An index handler records every listed or changed object in
-    the Store: Kopf runs the index handlers for the initial listing of *every* indexed kind before it
-    runs any event handler, so the Store is complete before the first pass, and a pass never mistakes
-    "not listed yet" for "deleted". An event handler records deletions (index handlers do not see
-    them) and, by running at all, tells the loop that the initial listings are done.
-
-    The kinds the watch guard records itself (`Watch.direct`) keep both handlers, which Kopf never
-    calls for them: they make Kopf watch the kind and wait for its listing before any event handler.
-    """
+    """Kopf's handlers for this operator (login, startup, cleanup), closed over its Store and loop."""
     handlers = kopf.OperatorRegistry()
-    every = watches(store)
-
-    def watch(spec: Watch) -> None:
-        async def index(body: kopf.Body, **_: Any) -> None:
-            if spec.record(body, False):
-                loop.wake()
-
-        async def event(event: kopf.RawEvent, body: kopf.Body, **_: Any) -> None:
-            metrics.observe_watch_event(body.get("kind") or spec.plural, event["type"])
-            loop.listed.set()
-            if event["type"] == "DELETED" and spec.record(body, True):
-                loop.wake()
-
-        resource = (spec.group, spec.version, spec.plural)
-        options: dict[str, Any] = {"labels": spec.labels, "registry": handlers}
-        kopf.index(*resource, id=f"store-{spec.plural}", **options)(index)
-        kopf.on.event(*resource, id=f"events-{spec.plural}", **options)(event)
-
-    for spec in every:
-        watch(spec)
-    retainers = {(spec.group, spec.plural): spec.retain for spec in every}
-
-    def listed(group: str, plural: str, present: set[tuple[str, str]]) -> None:
-        retain = retainers.get((group, plural))
-        if retain is not None and retain(present):
-            log.info("%s deleted while no watch was open: forgotten", plural)
-            loop.wake()
 
     async def on_startup(memo: kopf.Memo, **kwargs: Any) -> None:
         kopf_settings: kopf.OperatorSettings = kwargs["settings"]  # Kopf's own, not ours
         kopf_settings.posting.enabled = False  # we post our own Events, on the ClusterPolicy
-        kopf_settings.persistence.diffbase_storage = NoDiffBase()
-        # Every Kopf request has a connect timeout and a total one; a watch ends on the server after
-        # server_timeout, on the client a little later, and after inactivity_timeout without any event
-        # (the API server sends bookmarks every minute): a silent connection is dropped and reopened.
-        kopf_settings.watching.server_timeout = settings.watch_server_timeout_seconds
-        kopf_settings.watching.client_timeout = settings.watch_server_timeout_seconds + 30
-        kopf_settings.watching.connect_timeout = settings.api_timeout_seconds[0]
-        kopf_settings.networking.connect_timeout = settings.api_timeout_seconds[0]
-        kopf_settings.networking.request_timeout = settings.request_timeout_seconds
-        kopf_settings.watching.chunk_size = settings.list_chunk_size
-        for spec in every:
-            if spec.labels:
-                kopf_settings.watching.label_selectors[spec.group, spec.plural] = SELECTOR
-        # Kopf's scanning (its own CRD and namespace watches) stays on: when a CRD appears or goes
-        # (the Prometheus operator's, our own), Kopf starts or stops serving its kind without a restart.
-        # The namespace watch is narrowed to the operand namespace (RBAC allows just that name).
-        kopf_settings.watching.field_selectors[NAMESPACES] = f"metadata.name={settings.namespace}"
-        direct = {(spec.group, spec.plural): spec.record for spec in every if spec.direct}
-        hooks = watch_guard.Hooks(listed, settings.watch_retry_seconds, direct, loop.wake, loop.settle)
-        watch_guard.attach(kopf_settings, hooks)
+        # Kopf serves no resource (the informers watch everything), so it needs no watch of CRDs or
+        # namespaces to learn what is served.
+        kopf_settings.scanning.disabled = True
+        memo["informers"] = await start_informers(settings, store, loop)
         # One connection per writer and applier thread, plus one: no "connection pool is full". Every
         # write asks the leader lease first.
         api = load_api_client(pool_size=settings.writers + settings.appliers + 1)
@@ -262,6 +197,9 @@ def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadershi
         task = memo.get("task")
         if task is not None:
             task.cancel()
+        informers = memo.get("informers")
+        if informers is not None:
+            await informers.stop()
         pod_watches = memo.get("pod_watches")
         if pod_watches is not None:
             pod_watches.stop()
@@ -277,19 +215,71 @@ def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadershi
     return handlers
 
 
+@dataclass
+class Informers:
+    """The running informers of one operator run, and their client."""
+
+    api: Any
+    tasks: list[asyncio.Task[None]]
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.api.close()
+
+
+async def start_informers(settings: Settings, store: Store, loop: Loop) -> Informers:
+    """An informer for every watched kind. The loop's first pass waits until each has listed its kind
+    once (`loop.listed`), so that it never mistakes "not listed yet" for "deleted"."""
+    every = watches(store)
+    unlisted = {spec.plural for spec in every}
+    timing = informer.Timing(
+        chunk_size=settings.list_chunk_size,
+        server_timeout=settings.watch_server_timeout_seconds,
+        inactivity=settings.watch_inactivity_seconds,
+        connect=settings.api_timeout_seconds[0],
+        request=settings.request_timeout_seconds,
+        retry=settings.watch_retry_seconds,
+    )
+    # A watch holds its connection; listings and resumed watches may overlap for a moment.
+    api = await informer.connect(pool_size=2 * len(every))
+    running: list[informer.Informer] = []
+
+    def listed(spec: Watch, present: informer.Names) -> None:
+        if spec.retain(present):
+            log.info("%s deleted while no watch was open: forgotten", spec.plural)
+            loop.wake()
+        unlisted.discard(spec.plural)
+        if not unlisted:
+            loop.listed.set()
+
+    def poked(record: watch_stream.Record) -> watch_stream.Record:
+        """A CRD's change may make a kind served (or no longer): its informer tries again at once."""
+
+        def record_crd(body: Any, deleted: bool) -> bool:
+            for each in running:
+                each.poke.set()
+            return record(body, deleted)
+
+        return record_crd
+
+    for spec in every:
+        record = poked(spec.record) if (spec.group, spec.plural) == CRDS else spec.record
+        events = watch_stream.Events(record, spec.plural, loop.wake, loop.settle)
+        running.append(
+            informer.Informer(api, spec.kind(settings.namespace), events, partial(listed, spec), timing)
+        )
+    tasks = [asyncio.create_task(each.run(), name=f"watch {each.kind.name}") for each in running]
+    return Informers(api, tasks)
+
+
 def run(settings: Settings) -> None:
     """Run the operator until interrupted: operands in `settings.namespace`, ClusterPolicies
     cluster-wide; `settings.listen` (HOST:PORT, empty for none) serves /metrics, /healthz and /readyz."""
     formats = {"plain": kopf.LogFormat.PLAIN, "full": kopf.LogFormat.FULL, "json": kopf.LogFormat.JSON}
     kopf.configure(verbose=settings.verbose, log_format=formats[settings.log_format])
     logging.getLogger("aiohttp.access").propagate = False
-    if not settings.verbose:
-        # Kopf logs every watch event's handler at INFO; our own log says what was done.
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
-    # Before any watch starts: no policy content, however deep, can make Kopf's decoding raise, and no
-    # API failure or vanished CRD can make a watch stop the operator.
-    safe_json.install()
-    watch_guard.install()
     tune_gc()
     with contextlib.suppress(asyncio.CancelledError):  # as kopf.run
         asyncio.run(_serve(settings))
@@ -326,7 +316,7 @@ async def _serve(settings: Settings) -> None:
         await kopf.operator(
             registry=registry(settings, store, loop, leadership),
             standalone=True,
-            namespaces=[settings.namespace],
+            clusterwide=True,  # Kopf watches nothing: no namespace to follow
             memo=kopf.Memo(),
         )
     finally:

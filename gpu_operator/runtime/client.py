@@ -405,16 +405,6 @@ class Kube:
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
         return self.request("GET", path(api_version, kind, namespace, name))
 
-    def served(self, api_version: str, plural: str) -> bool:
-        """Whether the API server's discovery lists `plural` under `api_version` (a group/version)."""
-        try:
-            found = self.request("GET", f"/apis/{api_version}")
-        except ApiError as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return any(r.get("name") == plural for r in found.get("resources") or [])
-
     def metadata(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any] | None:
         """An object's metadata alone (`{"metadata": ...}`), None when there is no such object."""
         try:

@@ -99,7 +99,7 @@ class Loop:
         self.idle = asyncio.Event()
         """Set while the loop waits for work with none pending: the next watch event may start a pass."""
         self.listed = asyncio.Event()
-        """Set once Kopf has listed every watched kind (see gpu_operator/main.py)."""
+        """Set once every informer has listed its kind (see gpu_operator/main.py start_informers)."""
         self.completed = asyncio.Event()
         """Set once a pass has run to its end (some writes may have been rejected)."""
         self.started = False

@@ -22,7 +22,6 @@ from functools import partial
 from math import inf
 from typing import Any, Protocol, TypeVar
 
-from gpu_operator.api import GROUP, PLURAL, VERSION
 from gpu_operator.api.crd import crd
 from gpu_operator.core.caches import Caches
 from gpu_operator.core.components import COMPONENTS
@@ -74,10 +73,6 @@ T = TypeVar("T")
 
 CRD_API = ("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 CRD_HASH_ANNOTATION = "nvidia.com/gpu-operator.crd-hash"
-SERVED_ANNOTATION = "nvidia.com/gpu-operator.served"
-"""When the API server's discovery listed the ClusterPolicy CRD again after it was absent (see
-announce_served)."""
-DISCOVERY_MANAGER = "gpu-operator-discovery"
 
 
 def ensure_crd(kube: Kube, create: bool) -> bool:
@@ -105,37 +100,6 @@ def ensure_crd(kube: Kube, create: bool) -> bool:
         log.warning("cannot apply the ClusterPolicy CRD (%s); it may be stale", exc)
         return False
     log.info("%s the ClusterPolicy CRD", "updated" if current else "created")
-    return True
-
-
-def announce_served(
-    kube: Kube,
-    seconds: float = 30.0,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
-) -> bool:
-    """Once the API server's discovery lists a CRD that was absent (created again, by us or anyone),
-    write one annotation on it, so that Kopf watches its objects. Kopf learns what is served only by
-    re-reading discovery on each event of a CRD (kopf/_core/reactor/observation.py,
-    process_discovered_resource_event), and the API server publishes a new CRD in discovery from a
-    queue of its own, after the events of the creation and of Established. When Kopf's last re-read
-    came first, it would never watch ClusterPolicies (seen when the CRD was deleted and created again
-    on a loaded machine). True once written; False when discovery did not list the CRD within
-    `seconds` or a call failed."""
-    deadline = clock() + seconds
-    try:
-        while not kube.served(f"{GROUP}/{VERSION}", PLURAL):
-            if clock() >= deadline:
-                log.warning("the API server does not serve %s after %.0f s; trying again", PLURAL, seconds)
-                return False
-            sleep(0.2)
-        metadata = {"name": POLICY_CRD, "annotations": {SERVED_ANNOTATION: format_time(time.time())}}
-        note = {"apiVersion": CRD_API[0], "kind": CRD_API[1], "metadata": metadata}
-        kube.apply(note, manager=DISCOVERY_MANAGER)
-    except ApiError as exc:
-        log.warning("cannot announce the ClusterPolicy CRD to the watches (%s); trying again", exc)
-        return False
-    log.info("the API server serves %s: announced to the watches", PLURAL)
     return True
 
 
@@ -252,8 +216,6 @@ class Reconciler:
     crd_current: bool = False
     """Whether the ClusterPolicy CRD was found at our schema (checked again when its watch says it
     went)."""
-    crd_announced: bool = True
-    """False from when the CRD's watch saw it absent until announce_served told Kopf it is back."""
     applied: dict[ObjectKey, Applied] = field(default_factory=dict)
     reported: dict[str, Signature] = field(default_factory=dict)
     """Policy name → what the Events posted for it have said."""
@@ -285,12 +247,11 @@ class Reconciler:
         Writes run in parallel (a rollout is a label patch per node and stage), the objects in
         waves (`in_waves`): a component's DaemonSet after its ServiceAccount, RBAC and ConfigMaps."""
         if self.store.get("crds", POLICY_CRD) is False:
-            # The watch saw it go (or not established yet): Kopf's watch of its objects went too.
-            self.crd_announced = False
-        if not self.crd_current or not self.crd_announced:
+            # The watch saw it go (or not established yet): create it again (operator.createCRD). Its
+            # informer tries to list ClusterPolicies again as soon as the CRD's events arrive.
+            self.crd_current = False
+        if not self.crd_current:
             self.crd_current = ensure_crd(self.kube, self.settings.create_crd)
-            if self.crd_current and not self.crd_announced:
-                self.crd_announced = announce_served(self.kube)
             if self.crd_current:
                 self.store.put("crds", POLICY_CRD, True)
         clock = time.time()

@@ -2,7 +2,7 @@
 
 The API server stores custom resources nested up to 10000 levels deep where the CRD lets a field keep
 unknown content (an older CRD, another version). Python's C decoder gives up with RecursionError at
-about 1000 levels; raised inside Kopf's LIST or watch stream, that stops the operator, and again at
+about 1000 levels; raised inside a LIST or watch stream, that would stop the watch, and again at
 every restart. `loads` takes orjson (faster than the standard C decoder on API objects: every watch
 event is decoded, tens of thousands of them in a large rollout) and, for what orjson refuses (deeper than
 1024 levels, a lone surrogate escape the API server may store), the standard decoder; only when that
@@ -10,22 +10,18 @@ runs out of recursion does it parse again with a small iterative parser that kee
 levels (deeper content becomes None). The policy models refuse anything that deep (api.MAX_DEPTH)
 with the field's path, so a truncated policy is reported as InvalidSpec and never acted on.
 
-`install()` routes Kopf's two decoding points through `loads`: the watch stream
-(kopf/_cogs/clients/api.py, `json.loads` per line) and the LIST responses (aiohttp's
-`ClientResponse.json`, which Kopf calls without a custom decoder). The kinds the operator reads off the
-connection itself (gpu_operator/runtime/watch_stream.py) decode their events with `loads_event`.
+Every watched kind, ClusterPolicies included, is listed and watched by the operator's informers
+(gpu_operator/runtime/informer.py): listings decode with `loads`, watch events with `loads_event`. No
+other decoder of a library sees a watched object, so none needs to be replaced.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import re
-import types
 from typing import Any
 
-import aiohttp
 import orjson
 
 MAX_DEPTH = 100
@@ -179,13 +175,3 @@ def _key(text: str, pos: int, stack: list[tuple[Any, str | None]]) -> int:
         raise json.JSONDecodeError("Expecting ':' delimiter", text, pos)
     stack[-1] = (stack[-1][0], key)
     return _WHITESPACE.match(text, pos + 1).end()  # type: ignore[union-attr]
-
-
-def install() -> None:
-    """Make Kopf decode every watch event and LIST response with `loads` (idempotent)."""
-    from kopf._cogs.clients import api  # Kopf's internal client; tests check both hooks are in place
-
-    api.json = types.SimpleNamespace(loads=loads)  # type: ignore[attr-defined,assignment]
-    original = vars(aiohttp.ClientResponse)["json"]
-    if not isinstance(original, functools.partialmethod):
-        aiohttp.ClientResponse.json = functools.partialmethod(original, loads=loads)  # type: ignore[method-assign,assignment]

@@ -98,8 +98,11 @@ class Settings:
     behind is closed by it."""
     watch_server_timeout_seconds: int = 300
     """Watches end on the server after this long and are resumed from their resourceVersion."""
+    watch_inactivity_seconds: float = 70.0
+    """A watch that brings nothing for this long, not even the bookmark the API server sends every
+    minute, is taken for a half-open connection and reopened."""
     request_timeout_seconds: float = 60.0
-    """Kopf's own API requests (its watches and listings)."""
+    """One page of an informer's listing (gpu_operator/runtime/informer.py)."""
     api_timeout_seconds: tuple[float, float] = (10.0, 30.0)
     """(connect, read) of every API call of the operator's own client: a silent connection (a black hole,
     a paused API server) fails the call instead of blocking the pass. A TLS handshake is two round trips
@@ -109,8 +112,8 @@ class Settings:
     pass has a read timeout, so a pass that still has not ended after this long is hung in the process
     itself; a restart is then the one way out."""
     watch_retry_seconds: float = 5.0
-    """A watch that failed (its CRD gone, the API server down past Kopf's retries) lists again after
-    this long (gpu_operator/runtime/watch_guard.py)."""
+    """A watch that failed (its CRD gone, the API server down) lists again after this long, doubled with
+    each failure in a row up to twelve times as long (gpu_operator/runtime/informer.py)."""
     create_crd: bool = True
     """Create the ClusterPolicy CRD when it is absent (the chart's operator.createCRD); it is updated
     to the operator's schema either way."""

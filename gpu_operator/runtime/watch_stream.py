@@ -1,19 +1,10 @@
-"""The list-then-watch of a kind recorded straight into the Store (gpu_operator/runtime/watch_guard.py), read
-off the connection without Kopf's per-event machinery.
+"""The reading of one watch stream (gpu_operator/runtime/informer.py opens it), straight into the Store.
 
-Kopf's `continuous_watch` hands each event up through four async generators (its line splitter, the
-JSON decoding of `api.stream`, `watch_objs`, `continuous_watch` itself), decodes every line twice over
-(bytes to str, then JSON) and reschedules an inactivity timer per event. For the operand pods and the
-nodes, tens of thousands of events in a large rollout, all that ends in one function call that puts a slim
-record into the Store. Here each chunk the connection delivers is split into lines in one loop, each
-line decoded from bytes once (`safe_json.loads_event`) and recorded at once; the inactivity timeout is
-aiohttp's read timeout, rearmed per chunk by aiohttp itself.
-
-Everything else is as in Kopf (kopf/_cogs/clients/watching.py `continuous_watch` and `watch_objs`): the
-listing in pages (Kopf's own `fetch_objs`), the watch from the listing's resourceVersion with the same
-label and field selectors, bookmarks, a `410 Gone` or an ended inactive stream listed or resumed in the
-same way, an ERROR event raised as `WatchingError`, the request made through Kopf's authenticated
-`api.request` (its credentials, retries and backoffs), and the stream closed when Kopf pauses.
+Each chunk the connection delivers is split into lines in one loop, each line decoded from bytes once
+(`safe_json.loads_event`, which slims a pod's event before decoding) and recorded at once; the
+inactivity timeout is aiohttp's read timeout, rearmed per chunk by aiohttp itself. No model classes,
+no per-event generators or tasks: for the operand pods and the nodes, tens of thousands of events in
+a large rollout, each ends in one function call that puts a slim record into the Store.
 """
 
 from __future__ import annotations
@@ -21,12 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
-from kopf._cogs.clients import api, fetching, watching
 
 from gpu_operator.runtime import metrics, safe_json
 
@@ -38,6 +28,10 @@ Settle = Callable[[float], Awaitable[object] | None]
 """Asked after each read, with the bytes a second the stream brought since the one before: None to
 read on at once, else what to await first (see `read`)."""
 _EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED"})
+
+
+class WatchFailed(Exception):
+    """The API server refused a list or watch, or sent an ERROR event (its status and message)."""
 
 
 @dataclass
@@ -60,85 +54,6 @@ class Events:
                 self.wake()
         except Exception:
             log.exception("could not record %s %s", self.plural, (body.get("metadata") or {}).get("name"))
-
-
-async def list_then_watch(
-    *,
-    settings: Any,
-    resource: Any,
-    namespace: Any,
-    operator_pause_waiter: asyncio.Future[Any],
-    record: Record,
-    listed: Callable[[set[tuple[str, str]]], None],
-    wake: Callable[[], None],
-    settle: Settle = lambda rate: None,
-) -> AsyncIterator[Any]:
-    """List the kind, record every object, report the listing (`listed`) and yield Kopf's
-    `Bookmark.LISTED`; then watch and record until the stream must be listed again (returns) or fails
-    (raises). Yields nothing else: Kopf only learns that the kind is listed."""
-    events = Events(record, resource.plural, wake, settle)
-    present: set[tuple[str, str]] = set()
-    try:
-        async for chunk, version in fetching.fetch_objs(
-            settings=settings, resource=resource, namespace=namespace, logger=log
-        ):
-            events.version = version
-            for body in chunk:
-                metadata = body.get("metadata") or {}
-                present.add((metadata.get("namespace") or "", metadata.get("name") or ""))
-                events.add(None, body)
-    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError):
-        return  # as Kopf: listed again after its reconnect backoff
-    listed(present)
-    yield watching.Bookmark.LISTED
-    while events.version and not operator_pause_waiter.done():
-        await watch(settings, resource, namespace, events, operator_pause_waiter)
-
-
-async def watch(
-    settings: Any, resource: Any, namespace: Any, events: Events, stopper: asyncio.Future[Any]
-) -> None:
-    """One watch request from `events.version`, recorded until the server or the inactivity timeout
-    ends it, or the connection drops."""
-    watching_ = settings.watching
-    params = {"watch": "true", "allowWatchBookmarks": "true", "resourceVersion": events.version}
-    selectors = {"labelSelector": watching_.label_selectors, "fieldSelector": watching_.field_selectors}
-    for name, kept in selectors.items():
-        found = ",".join(sorted(set(kept.collect(resource))))
-        if found:
-            params[name] = found
-    if watching_.server_timeout is not None:
-        params["timeoutSeconds"] = str(watching_.server_timeout)
-    connect = next(
-        (t for t in (watching_.connect_timeout, settings.networking.connect_timeout) if t is not None),
-        settings.networking.request_timeout,
-    )
-    timeout = aiohttp.ClientTimeout(
-        total=watching_.client_timeout, sock_connect=connect, sock_read=watching_.inactivity_timeout
-    )
-    url = resource.get_url(namespace=namespace, params=params)
-    try:
-        response = await api.request(method="get", url=url, settings=settings, timeout=timeout, logger=log)
-    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError):
-        return
-    if stopper.done():
-        response.close()
-        return
-
-    def close(_: Any) -> None:
-        response.close()
-
-    stopper.add_done_callback(close)
-    try:
-        async with response:
-            transport = response.connection.transport if response.connection is not None else None
-            await read(response.content, events, transport)
-    except TimeoutError:
-        log.debug("watch of %s inactive; resuming", resource.plural)
-    except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError):
-        pass  # a dropped connection, or closed on pause: resumed (or left) from the last version
-    finally:
-        stopper.remove_done_callback(close)
 
 
 async def read(
@@ -185,7 +100,7 @@ def _event(line: bytes, events: Events) -> bool:
             log.debug("watch of %s: resourceVersion too old; listing again", events.plural)
             events.version = ""
             return True
-        raise watching.WatchingError(f"Error in the watch-stream: {body}")
+        raise WatchFailed(f"an ERROR event in the watch stream: {body}")
     if kind in _EVENTS:
         events.add(kind, body)
     elif kind != "BOOKMARK":

@@ -738,7 +738,7 @@ def test_service_monitor_and_port(tmp_path: Path) -> None:
 # release (operand) namespace.
 CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
 REQUIRED_EXTRA: Grants = {
-    # main.py: @kopf.on.event on clusterpolicies, cluster-wide.
+    # main.py: the informer of clusterpolicies, cluster-wide.
     ("", "nvidia.com", "clusterpolicies", ""): {"list", "watch"},
     # runtime/client.py patch_status.
     ("", "nvidia.com", "clusterpolicies/status", ""): {"patch"},
@@ -758,8 +758,7 @@ REQUIRED_EXTRA: Grants = {
     ("", "", "pods/eviction", ""): {"create"},
     # runtime/client.py post_event: Events about the cluster-scoped ClusterPolicy live in `default`.
     ("default", "", "events", ""): {"create"},
-    # reconciler.py ensure_crd: get, server-side apply, create when absent (operator.createCRD);
-    # announce_served: one more apply once discovery lists it.
+    # reconciler.py ensure_crd: get, server-side apply, create when absent (operator.createCRD).
     ("", *CRDS, "clusterpolicies.nvidia.com"): {"get", "patch"},
     ("", *CRDS, ""): {"list", "watch", "create"},
     # leader.py: the release's Lease (read, renewed; created when absent, which needs no name).

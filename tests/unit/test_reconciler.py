@@ -28,10 +28,7 @@ from gpu_operator.core.render import render as core_render
 from gpu_operator.core.status import progress_only, status_body
 from gpu_operator.runtime.client import ApiError, Kube, NotLeader
 from gpu_operator.runtime.reconciler import (
-    DISCOVERY_MANAGER,
-    SERVED_ANNOTATION,
     Reconciler,
-    announce_served,
     in_waves,
     labelled_components,
 )
@@ -72,9 +69,6 @@ class FakeKube:
         self.rewritten: dict[tuple[str, str], dict[str, tuple[str, str | None]]] = {}
         self.version = 0
         self.managers: list[str] = []
-        self.served_from = 1
-        """Discovery lists a served resource from this look on (counted in `looks`)."""
-        self.looks = 0
 
     def metadata(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any] | None:
         self.lookups.append((kind, name))
@@ -110,10 +104,6 @@ class FakeKube:
 
     def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
         raise ApiError(404, "NotFound", f"{kind} {name}")
-
-    def served(self, api_version: str, plural: str) -> bool:
-        self.looks += 1
-        return self.looks >= self.served_from
 
     def apply_node_labels(
         self, node: str, labels: Mapping[str, str], uid: str, resource_version: str = ""
@@ -896,46 +886,38 @@ def test_a_component_becoming_ready_mid_rollout_is_progress_and_any_other_change
 CRD_KEY = ("apiextensions.k8s.io/v1", "CustomResourceDefinition", "", POLICY_CRD)
 
 
-def test_a_crd_gone_and_created_again_is_announced_once_discovery_serves_it() -> None:
-    """The CRD's watch saw it go: the pass creates it again and, once discovery lists
-    clusterpolicies, writes one annotation so that Kopf re-reads discovery and watches them."""
+def test_a_crd_gone_is_created_again_once_and_nothing_more_is_written_to_it() -> None:
+    """The CRD's watch saw it go: the pass creates it again. Nothing else is written to it (the
+    informer of ClusterPolicies lists them again on the CRD's own events)."""
     fake = FakeKube()
-    fake.served_from = 2  # the first look comes before the API server published it
     r = reconciler(fake)
     r.store.put("crds", POLICY_CRD, False)
     r.run_once()
     writes = [
         (key, manager) for key, manager in zip(fake.applied, fake.managers, strict=True) if key == CRD_KEY
     ]
-    assert writes == [(CRD_KEY, "gpu-operator"), (CRD_KEY, DISCOVERY_MANAGER)]
-    note = fake.bodies[fake.managers.index(DISCOVERY_MANAGER)]
-    assert set(note["metadata"]) == {"name", "annotations"}, "the announcement carries nothing else"
-    assert SERVED_ANNOTATION in note["metadata"]["annotations"]
-    assert fake.looks == 2
+    assert writes == [(CRD_KEY, "gpu-operator")]
+    assert r.crd_current
     r.run_once()
-    assert fake.applied.count(CRD_KEY) == 2, "a CRD announced and current is left alone"
+    assert fake.applied.count(CRD_KEY) == 1, "a current CRD is left alone"
 
 
-def test_a_crd_present_at_start_is_not_announced() -> None:
+def test_a_crd_present_at_start_is_not_written() -> None:
     fake = FakeKube()
     r = reconciler(fake)
+    r.crd_current = True
     r.store.put("crds", POLICY_CRD, True)
     r.run_once()
-    assert CRD_KEY not in fake.applied and fake.looks == 0
+    assert CRD_KEY not in fake.applied
 
 
-def test_an_announcement_that_cannot_be_made_is_tried_again_next_pass() -> None:
+def test_a_crd_that_cannot_be_written_is_tried_again_next_pass() -> None:
     fake = FakeKube()
-    fake.served_from = 10**6  # never listed within the deadline
-    times = iter(range(100))
-    assert not announce_served(cast(Kube, fake), seconds=3, sleep=lambda _: None, clock=lambda: next(times))
-    assert DISCOVERY_MANAGER not in fake.managers
     r = reconciler(fake)
     r.store.put("crds", POLICY_CRD, False)
     fake.reject[POLICY_CRD] = ApiError(403, "Forbidden", "patch customresourcedefinitions")
-    fake.served_from = 0
     r.run_once()
-    assert not r.crd_current and not r.crd_announced
+    assert not r.crd_current
     del fake.reject[POLICY_CRD]
     r.run_once()
-    assert r.crd_current and r.crd_announced and DISCOVERY_MANAGER in fake.managers
+    assert r.crd_current and CRD_KEY in fake.applied

@@ -4,12 +4,10 @@ sends."""
 from __future__ import annotations
 
 import gzip
-import inspect
 import json
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 import yaml
@@ -85,20 +83,6 @@ def test_truncated_keeps_order_and_shallow_values() -> None:
     for _ in range(50000):
         deep = {"a": deep}
     assert depth_of(safe_json.truncated(deep, 10)) == 10
-
-
-def test_install_routes_kopf_decoding_through_loads() -> None:
-    from kopf._cogs.clients import api
-
-    safe_json.install()
-    safe_json.install()  # idempotent
-    # The two places Kopf decodes API responses; if Kopf moves them, this must fail, not the operator.
-    assert "json.loads(line.decode('utf-8'))" in inspect.getsource(api.stream)
-    assert "await response.json()" in inspect.getsource(api.get)
-    assert api.json.loads is safe_json.loads  # type: ignore[attr-defined]
-    hook = vars(aiohttp.ClientResponse)["json"]
-    assert hook.keywords == {"loads": safe_json.loads}
-    assert not isinstance(hook.func, type(hook)), "wrapped twice"
 
 
 def event_line(
