@@ -1,24 +1,21 @@
 """The only module that talks to the API server: server-side apply, delete, node labels, status, events.
 
-A small generic client over the `kubernetes` package's ApiClient (its configuration and credentials;
-requests go on kept-alive connections of our own where that configuration allows, for half the
-client CPU a request: gpu_operator/runtime/connections.py): one code path for every kind, no discovery round
-trips at start-up (the operator only handles the kinds in RESOURCES), plain dicts in and out. Sync
-on purpose: it runs in a worker thread, never on Kopf's event loop. The one API client of the
-project: the operator, its node agent, `doctor`, the Helm cleanup hook, the bench and the tests'
-helpers all use it.
+A small generic client over the `kubernetes` package's ApiClient (its configuration, credentials and
+connection pool): one code path for every kind, no discovery round trips at start-up (the operator
+only handles the kinds in RESOURCES), plain dicts in and out. Sync on purpose: it runs in worker
+threads, never on the event loop. The operator's informers read with kubernetes_asyncio
+(gpu_operator/runtime/informer.py); everything else of the project (the operator's writes, its node
+agent, `doctor`, the Helm cleanup hook, the bench and the tests' helpers) uses this client.
 """
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
 import urllib3
 from kubernetes import client, config
@@ -27,10 +24,11 @@ from gpu_operator.core.observed import ObjectKey
 from gpu_operator.core.ownership import FIELD_MANAGER
 from gpu_operator.core.yaml_text import tojson
 from gpu_operator.runtime import metrics, safe_json
-from gpu_operator.runtime.connections import ConnectionFailed, Connections, Timeout, for_client
 
 EVENTS_NAMESPACE = "default"
 LIST_PAGE = 500
+Timeout = tuple[float, float]
+"""(connect, read) seconds."""
 
 # (apiVersion, kind) → (plural, namespaced)
 RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
@@ -107,10 +105,6 @@ def _observe(method: str, content_type: str, query: Mapping[str, str] | None, ki
         metrics.observe_dry_run(kind, status)
     elif method != "GET":
         metrics.observe_write(_verb(method, content_type), kind, status)
-
-
-def _pair(timeout: float | Timeout) -> Timeout:
-    return timeout if isinstance(timeout, tuple) else (timeout, timeout)
 
 
 def path(api_version: str, kind: str, namespace: str = "", name: str = "", subresource: str = "") -> str:
@@ -245,14 +239,6 @@ class Kube:
     """Every call's connect and read timeout, so that no call waits forever on a silent connection."""
     may_write: Callable[[], bool] = _always
     """Asked before every write; False refuses it with NotLeader (a standby replica writes nothing)."""
-    connections: Connections | None = field(init=False, default=None, compare=False, repr=False)
-    """Kept-alive connections of our own for every request but watches, where the ApiClient's
-    configuration allows them (gpu_operator/runtime/connections.py); None: everything through the
-    ApiClient."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.api, client.ApiClient):
-            self.connections = for_client(self.api.configuration)
 
     def fork(self) -> Kube:
         """A client with the same credentials and a connection pool of its own (for a long watch in a
@@ -261,49 +247,6 @@ class Kube:
         api = client.ApiClient(self.api.configuration)
         api.user_agent = self.api.user_agent
         return replace(self, api=api)
-
-    def _headers(self, content_type: str, accept: str) -> dict[str, str]:
-        headers = {"Content-Type": content_type, "Accept": accept, "User-Agent": self.api.user_agent}
-        # Read per request: the configuration's refresh hook renews a token that is due.
-        token = self.api.configuration.auth_settings().get("BearerToken", {}).get("value")
-        if token:
-            headers["Authorization"] = token
-        return headers
-
-    def _send(
-        self,
-        method: str,
-        url: str,
-        body: Any = None,
-        query: Mapping[str, str] | None = None,
-        content_type: str = "application/json",
-        kind: str = "",
-        accept: str = "application/json",
-        timeout: float | Timeout | None = None,
-    ) -> bytes:
-        """One request's answer; ApiError for anything but a 2xx status. On kept-alive connections of
-        our own where the configuration allows (gpu_operator/runtime/connections.py), else on the
-        ApiClient."""
-        if self.connections is None:
-            return self._read(self._call(method, url, body, query, content_type, kind, accept, timeout))
-        if method != "GET" and not self.may_write():
-            raise NotLeader()
-        if query:
-            url = f"{url}?{urlencode(list(query.items()))}"
-        payload = body if body is None or isinstance(body, bytes) else json.dumps(body).encode()
-        wait = timeout or self.timeout
-        status = 0
-        try:
-            status, data = self.connections.request(
-                method, url, payload, self._headers(content_type, accept), _pair(wait)
-            )
-        except ConnectionFailed as exc:
-            raise ApiError(0, "ConnectionError", str(exc)) from None
-        finally:
-            _observe(method, content_type, query, kind, status)
-        if not 200 <= status < 300:
-            raise _refusal(status, data)
-        return data
 
     def _call(
         self,
@@ -356,8 +299,6 @@ class Kube:
 
     def close(self) -> None:
         """Close every connection this client keeps."""
-        if self.connections is not None:
-            self.connections.close()
         self.api.close()  # type: ignore[no-untyped-call]
 
     def request(
@@ -372,7 +313,7 @@ class Kube:
         timeout: float | None = None,
     ) -> dict[str, Any]:
         """One API call; the JSON response."""
-        data = self._send(method, url, body, query, content_type, kind, accept, timeout)
+        data = self._read(self._call(method, url, body, query, content_type, kind, accept, timeout))
         # A ClusterPolicy's status patch returns the whole object, whatever its spec holds.
         return safe_json.loads(data) if data else {}
 
@@ -452,7 +393,7 @@ class Kube:
 
     def text(self, url: str, query: Mapping[str, str] | None = None) -> str:
         """A GET whose answer is text (logs, /readyz)."""
-        data = self._send("GET", url, query=query, accept="text/plain")
+        data = self._read(self._call("GET", url, query=query, accept="text/plain"))
         return data.decode(errors="replace")
 
     def apply(
