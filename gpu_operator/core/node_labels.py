@@ -52,8 +52,19 @@ GPU_PRESENT = "nvidia.com/gpu.present"
 DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
 DEPLOY_OPERANDS = "nvidia.com/gpu.deploy.operands"
 PAUSED_MARK = "paused-for-"
-PAUSES = ("paused-for-driver-upgrade", "paused-for-mig-change")
+DRIVER_PAUSE = "paused-for-driver-upgrade"
+PAUSES = (DRIVER_PAUSE, "paused-for-mig-change")
 """The pauses k8s-driver-manager and mig-manager write over a `true` (or an empty label)."""
+DRIVER_MANAGER_WAITS = tuple(
+    DEPLOY_PREFIX + name
+    for name in (
+        "operator-validator", "container-toolkit", "device-plugin", "gpu-feature-discovery", "dcgm-exporter",
+        "dcgm", "dcgm-exporter-dra", "dcgm-dra", "mig-manager",
+    )
+)  # fmt: skip
+"""The deploy labels whose pods k8s-driver-manager waits for, up to 5 minutes each, once it paused every
+operand label that was `true` (k8s-driver-manager v0.12.0 main.go:742-792, the MIG manager's when its
+label is set)."""
 PRE_INSTALLED = "pre-installed"
 MIG_CONFIG = MIG_CONFIG_LABEL
 GPU_RESOURCE = "nvidia.com/gpu"
@@ -343,14 +354,19 @@ def awaited(component: Component, policy: ClusterPolicySpec, node: NodeInfo, is_
 
 
 def desired_labels(
-    node: NodeInfo, policy: ClusterPolicySpec | None, is_ready: IsReady, is_started: IsReady | None = None
+    node: NodeInfo,
+    policy: ClusterPolicySpec | None,
+    is_ready: IsReady,
+    is_started: IsReady | None = None,
+    driver_initializing: bool = False,
 ) -> dict[str, str]:
     """The complete set of labels the operator wants to own on `node` (server-side apply removes the rest).
 
     Deploy labels are added once a component's dependencies are met on the node (see
     `unmet_dependencies`) and then kept (a restarting driver pod does not tear down the stack above
-    it); `true` written by an operand manager is kept the same way. With no active policy the set is
-    empty, which removes every label the operator added (see `released_labels` for the ones it shares).
+    it); `true` written by an operand manager is kept the same way, unless it is to be paused again
+    for k8s-driver-manager (`driver_manager_repauses`). With no active policy the set is empty, which
+    removes every label the operator added (see `released_labels` for the ones it shares).
     """
     if policy is None or not node.is_gpu:
         return {}
@@ -360,8 +376,13 @@ def desired_labels(
     if not takes_operands(node):
         return labels
     labels.update(runtime_labels(node, policy))
+    repaused = driver_manager_repauses(node, driver_initializing)
     for component in COMPONENTS:
-        if not component.enabled(policy) or not runs_on(component, node):
+        if (
+            component.deploy_label in repaused
+            or not component.enabled(policy)
+            or not runs_on(component, node)
+        ):
             continue
         state = deploy_state(component, node)
         if state == Deploy.DEPLOYED or (
@@ -374,6 +395,28 @@ def desired_labels(
             extra = component.node_labels(policy)
             labels.update((key, value) for key, value in extra.items() if not _foreign(node, key))
     return labels
+
+
+def driver_manager_repauses(node: NodeInfo, driver_initializing: bool) -> dict[str, str]:
+    """The deploy labels to pause again for k8s-driver-manager, each with the value it must still have.
+
+    k8s-driver-manager pauses, in one patch, every operand label that is `true` when it starts in a
+    driver pod (with a driver still loaded), then waits for their pods to go. mig-manager, when its
+    own pod starts meanwhile (a rollout of every operand, as a change of `daemonsets.labels` makes),
+    writes `true` back over four of those pauses (`restartKubernetesGPUClients`, on its way out even
+    when the MIG layout is already applied: mig-parted v0.15.0 reconfigure.go:142-145, 550-568). Their
+    pods then never go, and k8s-driver-manager waits its 5 minutes, fails, restores every label and
+    starts again. So while the node's driver pod is in its init containers and one of its labels
+    carries the driver pause, a `true` among the labels it waits for is written back to the pause
+    (what k8s-driver-manager would have written had it read the label later); it lifts them all
+    when it is done (`maybeSetTrue`). Nothing when the driver pod is past its init containers, gone or
+    going away: no k8s-driver-manager is waiting then, and a pause nobody lifts is not written.
+    """
+    if not driver_initializing or not any(
+        key.startswith(DEPLOY_PREFIX) and DRIVER_PAUSE in value for key, value in node.labels.items()
+    ):
+        return {}
+    return {key: "true" for key in DRIVER_MANAGER_WAITS if node.labels.get(key) == "true"}
 
 
 def released_labels(node: NodeInfo, wanted: Mapping[str, str]) -> dict[str, str]:

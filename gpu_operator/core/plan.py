@@ -20,10 +20,11 @@ from gpu_operator.core.caches import Caches
 from gpu_operator.core.components import COMPONENTS
 from gpu_operator.core.driver_upgrade import driver_rolling, plan_driver_upgrade, with_upgrade_status
 from gpu_operator.core.node_labels import (
-    IsReady,
+    DRIVER_PAUSE,
     NodeInfo,
     cluster_facts,
     desired_labels,
+    driver_manager_repauses,
     gpu_nodes,
     released_labels,
     uninstall_removals,
@@ -119,10 +120,11 @@ class Plan:
     """Policy name → the status it should have before the writes (`conclude` gives the final one)."""
     notes: list[Note]
     """Remarks about the active policy (unsupported sections, NVIDIADriver CRD, skipped objects)."""
-    label_releases: dict[str, dict[str, str]] = field(default_factory=dict)
-    """Nodes → labels to remove explicitly, with the value each must still have, after the node's
-    apply if it is in `node_labels` too: shared deploy labels, and with no active policy the operand
-    managers' (node_labels.uninstall_removals)."""
+    label_rewrites: dict[str, dict[str, tuple[str, str | None]]] = field(default_factory=dict)
+    """Nodes → labels to change explicitly, each → (the value it must still have, its new value or None
+    to remove it), after the node's apply if it is in `node_labels` too: shared deploy labels to
+    remove, and with no active policy the operand managers' (node_labels.uninstall_removals); pauses
+    written again for k8s-driver-manager (node_labels.driver_manager_repauses)."""
     namespace_write: NamespaceWrite | None = None
     """The operand namespace's pod-security labels to change (psa.enabled)."""
     gpu_nodes: int = 0
@@ -251,12 +253,11 @@ def build(
             statuses[other.name] = ignored_status(other, active, observed.namespace, now)
     pods = observed.speaking if observed.speaking is not None else pods_by_node(observed.pods)
     operands = observed.operands if observed.operands is not None else operands_by_node(pods)
-    is_ready, is_started = readiness(pods), started(pods)
     nodes = list(observed.nodes.values())
     count = len(gpu_nodes(nodes))
     if active is None:
         # Uninstalled (or not installed yet): every label of ours goes, and the operand managers' too.
-        labels = _label_changes(caches, nodes, None, is_ready, is_started, operands)
+        labels = _label_changes(caches, nodes, None, pods, operands)
         releases = _uninstall_releases(observed.nodes, labels)
         psa = namespace_write(observed.operand_namespace, enabled=False)
         uids = {p.uid for p in policies}
@@ -325,7 +326,7 @@ def build(
         for key, info in observed.objects.items()
         if key not in wanted and key not in kept and created_by_us(info, active.uid, uids)
     )
-    labels = _label_changes(caches, nodes, shown, is_ready, is_started, operands)
+    labels = _label_changes(caches, nodes, shown, pods, operands)
     # Status reflects the labels as they will be once this plan is carried out.
     planned = {n.name: _with_labels(n, labels[n.name]) if n.name in labels else n for n in nodes}
     daemonsets: dict[str, list[DaemonSetInfo | None]] = {}
@@ -370,7 +371,7 @@ def build(
         labels,
         statuses,
         notes,
-        _releases(observed.nodes, labels),
+        _rewrites(observed.nodes, labels, pods),
         namespace_write(observed.operand_namespace, spec.psa.enabled),
         count,
         upgrade=upgrade,
@@ -413,18 +414,25 @@ def _with_labels(node: NodeInfo, owned: Mapping[str, str]) -> NodeInfo:
     return replace(node, labels=labels, own_labels=frozenset(owned))
 
 
+def _driver_initializing(pods: Mapping[tuple[str, str], PodInfo], node: str) -> bool:
+    """The node's driver pod is in its init containers (k8s-driver-manager among them) and staying."""
+    pod = pods.get(("driver", node))
+    return pod is not None and not pod.terminating and not (pod.initialized or pod.ready)
+
+
 def _label_changes(
     caches: Caches,
     nodes: Collection[NodeInfo],
     spec: ClusterPolicySpec | None,
-    is_ready: IsReady,
-    is_started: IsReady,
+    pods: Mapping[tuple[str, str], PodInfo],
     operands: Mapping[str, Operands],
 ) -> dict[str, dict[str, str]]:
-    """Node → its desired labels, for the nodes where they differ from the labels the operator owns."""
+    """Node → its desired labels, for the nodes where they differ from the labels the operator owns.
+    Memoized on the node, the spec and the node's operand pods: all that they depend on."""
+    is_ready, is_started = readiness(pods), started(pods)
 
     def change(node: NodeInfo) -> dict[str, str] | None:
-        want = desired_labels(node, spec, is_ready, is_started)
+        want = desired_labels(node, spec, is_ready, is_started, _driver_initializing(pods, node.name))
         have = {key: node.labels[key] for key in node.own_labels if key in node.labels}
         return want if want != have else None
 
@@ -438,25 +446,38 @@ def _label_changes(
     return changes
 
 
-def _releases(
-    nodes: Mapping[str, NodeInfo], labels: Mapping[str, Mapping[str, str]]
-) -> dict[str, dict[str, str]]:
-    found = {name: released_labels(nodes[name], want) for name, want in labels.items()}
-    return {name: keys for name, keys in found.items() if keys}
+Rewrites = dict[str, dict[str, tuple[str, str | None]]]
 
 
-def _uninstall_releases(
-    nodes: Mapping[str, NodeInfo], labels: Mapping[str, Mapping[str, str]]
-) -> dict[str, dict[str, str]]:
+def _rewrites(
+    nodes: Mapping[str, NodeInfo],
+    labels: Mapping[str, Mapping[str, str]],
+    pods: Mapping[tuple[str, str], PodInfo],
+) -> Rewrites:
+    """The shared labels the nodes' applies leave behind, to remove; on every node, the pauses to write
+    again for k8s-driver-manager (never removed: the pause wins)."""
+    found: Rewrites = {}
+    for name, node in nodes.items():
+        rewrite: dict[str, tuple[str, str | None]] = {}
+        if name in labels:
+            rewrite.update((key, (value, None)) for key, value in released_labels(node, labels[name]).items())
+        repaused = driver_manager_repauses(node, _driver_initializing(pods, name))
+        rewrite.update((key, (value, DRIVER_PAUSE)) for key, value in repaused.items())
+        if rewrite:
+            found[name] = rewrite
+    return found
+
+
+def _uninstall_releases(nodes: Mapping[str, NodeInfo], labels: Mapping[str, Mapping[str, str]]) -> Rewrites:
     """With no active policy: on every node (not only those whose own labels change), the labels to
     remove besides the empty apply's (`uninstall_removals`, and the shared ones `released_labels`
     gives). Kept nowhere but on the nodes, so an operator restarted half-way through finds the rest."""
-    found: dict[str, dict[str, str]] = {}
+    found: Rewrites = {}
     for name, node in nodes.items():
         remove = released_labels(node, labels[name]) if name in labels else {}
         remove.update(uninstall_removals(node))
         if remove:
-            found[name] = remove
+            found[name] = {key: (value, None) for key, value in remove.items()}
     return found
 
 

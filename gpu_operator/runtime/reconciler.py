@@ -175,6 +175,19 @@ def _failure(exc: ApiError) -> Failure:
     return Failure(exc.status, exc.reason, exc.message, exc.causes)
 
 
+LabelRewrites = Mapping[str, tuple[str, str | None]]
+"""Label → (the value it must still have, its new value or None to remove it)."""
+
+
+def _log_rewrites(node: str, rewrites: LabelRewrites) -> None:
+    removed = sorted(key for key, (_, new) in rewrites.items() if new is None)
+    changed = {key: new for key, (_, new) in sorted(rewrites.items()) if new is not None}
+    if removed:
+        log.info("node %s: removing labels %s", node, removed)
+    if changed:
+        log.info("node %s: setting labels %s", node, changed)
+
+
 @contextmanager
 def _recorded(errors: dict[str, str], what: str) -> Iterator[None]:
     """Run one write; whatever the API server answers (a refusal, a 5xx, no answer at all), the failure
@@ -285,16 +298,16 @@ class Reconciler:
                 self._label,
                 observed.nodes[node],
                 labels,
-                plan.label_releases.get(node, {}),
+                plan.label_rewrites.get(node, {}),
                 label_errors,
                 stale,
             )
             for node, labels in plan.node_labels.items()
         ]
-        # Nodes with only labels to remove (an uninstall's: the operand managers' deploy labels).
+        # Nodes with only labels to rewrite (an uninstall's: the operand managers' deploy labels).
         labelling += [
-            partial(self._release, node, releases, label_errors)
-            for node, releases in plan.label_releases.items()
+            partial(self._rewrite, node, rewrites, label_errors)
+            for node, rewrites in plan.label_rewrites.items()
             if node not in plan.node_labels
         ]
         labelled = [self.pool.submit(job) for job in labelling]
@@ -467,7 +480,7 @@ class Reconciler:
         self,
         node: NodeInfo,
         labels: Mapping[str, str],
-        releases: Mapping[str, str],
+        rewrites: LabelRewrites,
         errors: dict[str, str],
         stale: list[str],
     ) -> None:
@@ -503,16 +516,16 @@ class Reconciler:
                 if fresh is not None and fresh == node:
                     stale.remove(what)
                     done = _unless_changed(what, stale, partial(apply, fresh.resource_version))
-            if done and releases:
-                log.info("node %s: removing shared labels %s", node.name, sorted(releases))
-                self.kube.rewrite_labels("Node", node.name, {k: (v, None) for k, v in releases.items()})
+            if done and rewrites:
+                _log_rewrites(node.name, rewrites)
+                self.kube.rewrite_labels("Node", node.name, rewrites)
 
-    def _release(self, node: str, releases: Mapping[str, str], errors: dict[str, str]) -> None:
-        """Remove labels the operator does not own, each only if it still has the value planned on (a
+    def _rewrite(self, node: str, rewrites: LabelRewrites, errors: dict[str, str]) -> None:
+        """Change labels the operator does not own, each only if it still has the value planned on (a
         change meanwhile leaves them all to the next pass, which the change's watch event wakes)."""
-        log.info("node %s: removing labels %s", node, sorted(releases))
+        _log_rewrites(node, rewrites)
         with _recorded(errors, f"node/{node}"):
-            self.kube.rewrite_labels("Node", node, {k: (v, None) for k, v in releases.items()})
+            self.kube.rewrite_labels("Node", node, rewrites)
 
     def _node_after_conflict(self, name: str, refused: str) -> NodeInfo | None:
         """The node as it is now, after a label write on its version `refused` was refused as stale.

@@ -35,6 +35,7 @@ from hack.operand_managers import (
 DRIVER_MANAGER = "driver-manager"
 """k8s-driver-manager's field manager: its binary's name (client-go's default User-Agent)."""
 MIG_MANAGER = "nvidia-mig-manager"
+OPERATOR_UPDATE = "gpu-operator:update"
 NOW = "2026-12-01T00:00:00Z"
 
 
@@ -98,18 +99,23 @@ class Node:
                 self.owners[key] = {manager}
         self.version += 1
 
-    def remove(self, labels: dict[str, str]) -> None:
-        if all(self.labels.get(k) == v for k, v in labels.items()):
-            for key in labels:
-                del self.labels[key], self.owners[key]
+    def rewrite(self, changes: dict[str, tuple[str, str | None]]) -> None:
+        """The operator's JSON patch (operation Update): all or nothing, each label tested first."""
+        if all(self.labels.get(k) == expected for k, (expected, _) in changes.items()):
+            for key, (_, new) in changes.items():
+                if new is None:
+                    del self.labels[key], self.owners[key]
+                else:
+                    self.patch(OPERATOR_UPDATE, {key: new})
         self.version += 1
 
     def info(self) -> NodeInfo:
         fields: dict[tuple[str, str], set[str]] = {}
         for key, managers in self.owners.items():
             for manager in managers:
+                # OPERATOR_UPDATE: the operator's JSON patches, under its name but not its apply.
                 operation = "Apply" if manager == "gpu-operator" else "Update"
-                fields.setdefault((manager, operation), set()).add(key)
+                fields.setdefault((manager.removesuffix(":update"), operation), set()).add(key)
         body = {
             "metadata": {
                 "name": self.name,
@@ -149,13 +155,15 @@ class Cluster:
     """Components whose pod is ready on the node."""
     started: set[str] = field(default_factory=set)
     """Components whose pod is past its init containers on the node, not ready yet."""
+    initializing: set[str] = field(default_factory=set)
+    """Components whose pod is in its init containers on the node."""
 
     def observed(self) -> Observed:
         policies = () if self.spec is None else (PolicyRef("p", "uid", 1, NOW, self.spec, {}),)
         pods = [
             operand_pod(f"{c}-x", c, self.node.name, c in self.ready, created=NOW, initialized=True)
             for c in sorted(self.ready | self.started)
-        ]
+        ] + [operand_pod(f"{c}-y", c, self.node.name, False, created=NOW) for c in sorted(self.initializing)]
         # Each DaemonSet schedules on the node while its label says "true", and is ready with its pod.
         daemonsets = {
             ds: operand_daemonset(ds, c, 1, int(c in self.ready))
@@ -170,8 +178,8 @@ class Cluster:
         plan = build(self.observed(), NOW)
         if self.node.name in plan.node_labels:
             self.node.apply(plan.node_labels[self.node.name])
-        if self.node.name in plan.label_releases:
-            self.node.remove(plan.label_releases[self.node.name])
+        if self.node.name in plan.label_rewrites:
+            self.node.rewrite(plan.label_rewrites[self.node.name])
         status = status_body(plan.statuses["p"]) if "p" in plan.statuses else {}
         return {c["name"]: c for c in status.get("components", [])}
 
@@ -276,6 +284,56 @@ def test_driver_upgrade_pause_is_respected_reported_and_restored() -> None:
     assert cluster.deployed() == STACK
     assert all("gpu-operator" in cluster.node.owners[deploy(c)] for c in STACK)
     assert all(c["state"] == "ready" for c in cluster.reconcile().values() if c["enabled"])
+
+
+MIG_CLIENTS = {"device-plugin", "gpu-feature-discovery", "dcgm", "dcgm-exporter"}
+
+
+def test_a_mig_manager_restore_during_a_driver_restart_is_paused_again() -> None:
+    """mig-manager, starting while k8s-driver-manager waits for the paused operands to go, writes
+    `true` back over four of its pauses: their pods would stay and the driver manager wait 5 minutes
+    for them. While the driver pod is in its init containers the operator writes the pause again."""
+    cluster = Cluster()
+    cluster.node.driver_manager_reschedules()
+    cluster.bring_up(STACK)
+    cluster.ready.discard("driver")
+    cluster.initializing.add("driver")  # the new driver pod: k8s-driver-manager runs
+    cluster.node.driver_manager_evicts()
+    cluster.node.mig_manager_restores()
+    clobbered = {c for c in MIG_CLIENTS if cluster.node.labels[deploy(c)] == "true"}
+    assert clobbered == MIG_CLIENTS
+    cluster.reconcile()
+    paused = {c for c in STACK - {"driver"} if cluster.node.labels[deploy(c)] == "paused-for-driver-upgrade"}
+    assert paused == STACK - {"driver"}
+    assert all("gpu-operator" not in cluster.node.owners[deploy(c)] for c in paused)
+    version = cluster.node.version
+    cluster.reconcile()
+    assert cluster.node.version == version, "written again at rest"
+    # k8s-driver-manager is done: it lifts every pause, the operator's too.
+    cluster.node.driver_manager_reschedules()
+    cluster.initializing.clear()
+    cluster.ready.add("driver")
+    cluster.bring_up(STACK)
+    assert cluster.deployed() == STACK | {"nvsm"}  # mig-manager's `true` (it deploys no NVSM here)
+    assert all("gpu-operator" in cluster.node.owners[deploy(c)] for c in STACK)
+    assert not [key for key, owners in cluster.node.owners.items() if OPERATOR_UPDATE in owners]
+
+
+@pytest.mark.parametrize("driver", ["started", "ready", "absent"])
+def test_without_a_driver_manager_at_work_a_restored_label_stays(driver: str) -> None:
+    """Past its init containers, gone or going: nobody would lift a pause written now."""
+    cluster = Cluster()
+    cluster.node.driver_manager_reschedules()
+    cluster.bring_up(STACK)
+    cluster.node.driver_manager_evicts()
+    cluster.node.mig_manager_restores()
+    cluster.ready.discard("driver")
+    if driver == "started":
+        cluster.started.add("driver")
+    elif driver == "ready":
+        cluster.ready.add("driver")
+    cluster.reconcile()
+    assert {c for c in MIG_CLIENTS if cluster.node.labels[deploy(c)] == "true"} == MIG_CLIENTS
 
 
 def deploy_labels(node: Node) -> dict[str, str]:

@@ -151,7 +151,8 @@ def test_a_node_the_operator_never_labelled_is_cleaned_too() -> None:
     cpu = node_info({"metadata": {"name": "cpu-0", "labels": {"team": "x"}}})
     plan = build(Observed((), {"gpu-0": node, "cpu-0": cpu}, [], {}, {}, "gpu-operator"), NOW)
     assert plan.node_labels == {}
-    assert plan.label_releases == {"gpu-0": {stale: "", deploy("toolkit"): "paused-for-driver-upgrade"}}
+    removed = {stale: ("", None), deploy("toolkit"): ("paused-for-driver-upgrade", None)}
+    assert plan.label_rewrites == {"gpu-0": removed}
 
 
 def test_while_a_policy_is_active_the_managers_labels_are_theirs() -> None:
@@ -159,4 +160,4 @@ def test_while_a_policy_is_active_the_managers_labels_are_theirs() -> None:
     node = node_info(body({stale: ""}, {stale: [DRIVER_MANAGER]}))
     policy = PolicyRef("p", "uid", 1, NOW, {}, {})
     plan = build(Observed((policy,), {"gpu-0": node}, [], {}, {}, "gpu-operator"), NOW)
-    assert stale not in plan.label_releases.get("gpu-0", {})
+    assert stale not in plan.label_rewrites.get("gpu-0", {})

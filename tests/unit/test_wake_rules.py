@@ -60,7 +60,7 @@ def decisions(plan: Plan) -> tuple[Any, ...]:
     upgrade = plan.upgrade
     return (
         plan.node_labels,
-        plan.label_releases,
+        plan.label_rewrites,
         plan.objects,
         plan.deletes,
         plan.namespace_write,
