@@ -18,8 +18,10 @@ The rules (`Election`, pure, its clock passed in, so unit tests run it on a fake
   when the holder released it (holder empty) on a clean shutdown.
 - Writes carry the resourceVersion read: of two replicas that try at once, one gets 409 Conflict.
 
-client-go's defaults are 15/10/2 s; scaled to 10/7/2 s, a standby takes over at most
-duration + two retry periods = 14 s after the leader's last renewal (SIGKILL), within 15 s.
+The timing is client-go's default, 15/10/2 s: a renewal answered up to 10 s after it was sent still
+renews (an API server answering 2-8 s late keeps its only replica leading), and a standby takes over
+at most duration + two retry periods = 19 s after the leader's last renewal (SIGKILL); a leader
+that shuts down releases the lease and a standby takes it within a retry period.
 """
 
 from __future__ import annotations
@@ -44,8 +46,8 @@ RETRY_AFTER_FAILURE = 0.5
 
 @dataclass(frozen=True)
 class Timing:
-    duration: float = 10.0
-    renew_deadline: float = 7.0
+    duration: float = 15.0
+    renew_deadline: float = 10.0
     retry: float = 2.0
 
     def __post_init__(self) -> None:

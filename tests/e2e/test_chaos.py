@@ -263,7 +263,7 @@ def test_standby_takes_over_when_the_leader_is_killed(
         killed = time.monotonic()
         wait_for(lambda: ready_as(standby, leader=True), timeout=30, what="the standby leading")
         takeover = round(time.monotonic() - killed, 1)
-        assert takeover <= 15.0 + 5.0, f"takeover took {takeover}s (lease 10 s, retry 2 s; the probe adds)"
+        assert takeover <= 19.0 + 5.0, f"takeover took {takeover}s (lease 15 s, retry 2 s; the probe adds)"
         edit_policy(admin)
         seconds = assert_invariants(admin, converged, changed=True)
         record("leader-killed", takeover_s=takeover, converged_after_edit_s=seconds)
@@ -316,10 +316,10 @@ def leads(process: OperatorProcess) -> bool:
 
 @chaos
 @pytest.mark.parametrize("replicas", [1, 2])
-def test_an_api_server_answering_2_to_6_seconds_late(
+def test_an_api_server_answering_2_to_8_seconds_late(
     cluster: Cluster, admin: Kube, operator: OperatorProcess, converged: Snapshot, replicas: int
 ) -> None:
-    """Every answer of the API server held back 2-6 s (a relay; within the 7 s renew deadline): an
+    """Every answer of the API server held back 2-8 s (a relay; within the 10 s renew deadline): an
     edit is still rolled out, at most one replica leads at any moment, and the only replica never
     stops its work for leadership (no pass ends NotLeader, it never stands by)."""
     server = yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"]["server"]
@@ -333,7 +333,7 @@ def test_an_api_server_answering_2_to_6_seconds_late(
             # server that saturates during a rollout.
             wait_for(lambda: sum(map(leads, processes)) == 1, timeout=120, what="one replica leading")
             wait_for(lambda: all(p.probe("readyz")[0] == 200 for p in processes), timeout=120, what="ready")
-            relay.slow(2.0, 6.0)
+            relay.slow(2.0, 8.0)
             edit_policy(admin)
             leaders: list[int] = []
 
@@ -347,7 +347,7 @@ def test_an_api_server_answering_2_to_6_seconds_late(
                 text = logs[0].read_text()
                 assert "no longer holds the leader lease" not in text and "NotLeader" not in text
                 assert "standing by" not in text
-            record(f"slow-api-2-6s-{replicas}-replicas", converged_after_edit_s=seconds)
+            record(f"slow-api-2-8s-{replicas}-replicas", converged_after_edit_s=seconds)
         finally:
             for process in processes:
                 process.stop()

@@ -76,7 +76,7 @@ def test_probes_and_metrics_through_a_rollout(
 
     def ready() -> None:
         # A standby is ready too (200, leader false): the previous module's operator may not have
-        # handed the lease back, and this one then takes it over only once it expires (within 15 s).
+        # handed the lease back, and this one then takes it over only once it expires (within 19 s).
         status, body = get(operator.url() + "/readyz")
         assert status == 200, body
         assert json.loads(body) == {"watchesEstablished": True, "firstPassDone": True, "leader": True}
