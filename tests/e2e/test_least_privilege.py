@@ -135,7 +135,7 @@ def test_the_charts_admission_policies_type_check(converged: tuple[Kube, Kube]) 
     def checked() -> None:
         found = admin.request("GET", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies")
         ours = [p for p in found["items"] if p["metadata"]["name"].startswith(f"{RELEASE}-writes-")]
-        assert len(ours) == 7, [p["metadata"]["name"] for p in ours]
+        assert len(ours) == 8, [p["metadata"]["name"] for p in ours]
         for policy in ours:
             name, status = policy["metadata"]["name"], policy.get("status") or {}
             assert status.get("observedGeneration") == policy["metadata"]["generation"], (name, status)
@@ -233,6 +233,36 @@ def test_foreign_objects_are_out_of_reach(converged: tuple[Kube, Kube]) -> None:
         refused(apply, token, {**foreign, "metadata": {"name": "nvidia"}, "handler": "runc"})
     finally:
         admin.delete(("node.k8s.io/v1", "RuntimeClass", "", "kata-user"))
+
+
+@pytest.mark.parametrize(
+    ("what", "change"),
+    [
+        ("a taint", {"spec": {"taints": [{"key": "evil", "effect": "NoSchedule"}]}}),
+        ("a label of someone else's", {"metadata": {"labels": {"team": "evil"}}}),
+        ("an NVIDIA label it does not set", {"metadata": {"labels": {"nvidia.com/gpu.product": "evil"}}}),
+        ("an annotation of someone else's", {"metadata": {"annotations": {"team": "evil"}}}),
+        ("its provider ID", {"spec": {"providerID": "evil://x"}}),
+        ("a finalizer", {"metadata": {"finalizers": ["evil.example.com/hold"]}}),
+    ],
+)
+def test_a_node_is_changed_only_where_the_operator_writes(
+    converged: tuple[Kube, Kube], what: str, change: dict[str, Any]
+) -> None:
+    """RBAC's `patch nodes` covers every field; the chart's policy leaves the token its own labels,
+    the upgrade's annotations and the cordon."""
+    token, admin = converged
+    name = admin.list("v1", "Node", "", "nvidia.com/gpu.present=true")[0]["metadata"]["name"]
+    before = admin.get("v1", "Node", name)
+    error = refused(token.patch_node, name, change)
+    assert "the gpu-operator may change only" in str(error), (what, error)
+    after = admin.get("v1", "Node", name)
+    for key in ("labels", "annotations", "finalizers"):
+        assert after["metadata"].get(key) == before["metadata"].get(key), (what, key)
+    assert after["spec"] == before["spec"], what
+    # What it writes itself still goes through: the cordon.
+    token.patch_node(name, {"spec": {"unschedulable": True}})
+    token.patch_node(name, {"spec": {"unschedulable": before["spec"].get("unschedulable")}})
 
 
 def test_its_crd_cannot_get_a_conversion_webhook(converged: tuple[Kube, Kube]) -> None:

@@ -28,9 +28,10 @@ from gpu_operator import cli
 from gpu_operator.agent.discovery import NFD_CRD
 from gpu_operator.api import parse_spec
 from gpu_operator.api.spec import ClusterPolicySpec, OperatorSpec
-from gpu_operator.core.components import COMPONENTS
-from gpu_operator.core.node_labels import PCI_LABELS
+from gpu_operator.core.components import COMPONENTS, MIG_CONFIG_LABEL, RUNTIME_LABEL
+from gpu_operator.core.node_labels import DEPLOY_PREFIX, GPU_PRESENT, PCI_LABELS
 from gpu_operator.core.render import ClusterFacts, render
+from gpu_operator.core.upgrade.states import ANNOTATION_PREFIX, STATE_LABEL
 from gpu_operator.runtime.client import RESOURCES
 from hack import operand_rbac
 
@@ -168,7 +169,7 @@ def test_default_render_has_the_chart_objects(default_objects: list[Obj]) -> Non
             ("PodDisruptionBudget", RELEASE),
             *(
                 (kind, f"{RELEASE}-writes-{resource}")
-                for resource in WRITE_POLICIES
+                for resource in (*WRITE_POLICIES, "nodes")
                 for kind in ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
             ),
             ("Service", f"{RELEASE}-metrics"),
@@ -1037,6 +1038,33 @@ def test_admission_policy_pins_the_operators_writes(default_objects: list[Obj]) 
         assert generated[kind]["content"] in expressions[resource], kind
         # A Role has no aggregationRule: naming it would fail the type check of the Role policy.
         assert ("aggregationRule" in generated[kind]["content"]) == (kind == "ClusterRole"), kind
+
+
+def test_admission_policy_limits_the_operators_node_writes_to_what_it_sets(
+    default_objects: list[Obj],
+) -> None:
+    """The labels, annotations and spec field the operator writes on nodes (the e2e test
+    test_least_privilege.py tries the rest with its token)."""
+    name = f"{RELEASE}-writes-nodes"
+    policy = find(default_objects, "ValidatingAdmissionPolicy", name)["spec"]
+    assert policy["failurePolicy"] == "Fail"
+    (rule,) = policy["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"], rule["operations"]) == ([""], ["nodes"], ["UPDATE"])
+    (condition,) = policy["matchConditions"]
+    assert (
+        condition["expression"]
+        == f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:{RELEASE}"'
+    )
+    variables = {v["name"]: v["expression"] for v in policy["variables"]}
+    own = {GPU_PRESENT, RUNTIME_LABEL, MIG_CONFIG_LABEL, STATE_LABEL}
+    assert set(re.findall(r"'([^']+)'", variables["ownLabels"])) == own
+    labels, annotations, spec = (v["expression"] for v in policy["validations"])
+    assert f"startsWith('{DEPLOY_PREFIX}')" in labels
+    assert f"startsWith('{ANNOTATION_PREFIX}')" in annotations
+    assert "taints" in spec and "unschedulable" not in spec
+    assert [v["reason"] for v in policy["validations"]] == ["Forbidden"] * 3
+    binding = find(default_objects, "ValidatingAdmissionPolicyBinding", name)["spec"]
+    assert binding == {"policyName": name, "validationActions": ["Deny"]}
 
 
 @needs_helm

@@ -1,0 +1,109 @@
+"""Every wait of the driver upgrade ends by itself when a person (or another controller) gets there
+first: the thing it waits for removed by hand, deleted twice, or already there before the wait
+starts. Each case meddles with a 3-node rollout at one step and runs it to the end; the invariants of
+upgrade_world.check hold after every pass (never more cordoned or in progress than allowed, pods
+evicted only on nodes being emptied, every waiting node explained). What ends each wait is listed in
+docs/upgrades.md ("What ends each wait")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+from upgrade_world import World
+
+from gpu_operator.api.upgrade_policy import UpgradePolicySpec
+from gpu_operator.core.upgrade import State
+
+Meddle = Callable[[World, str], None]
+
+
+def policy() -> UpgradePolicySpec:
+    return UpgradePolicySpec.model_validate(
+        {
+            "autoUpgrade": True,
+            "maxParallelUpgrades": 1,
+            "waitForCompletion": {"podSelector": "app=batch", "timeoutSeconds": 120},
+            "drain": {"enable": True, "timeoutSeconds": 600},
+        }
+    )
+
+
+def job_deleted_by_hand(world: World, node: str) -> None:
+    for uid, pod in list(world.pods.items()):
+        if pod.node == node and pod.labels.get("app") == "batch":
+            del world.pods[uid]
+
+
+def gpu_pods_deleted_by_hand(world: World, node: str) -> None:
+    for uid, pod in list(world.pods.items()):
+        if pod.node == node and pod.gpu:
+            del world.pods[uid]
+
+
+def gpu_pods_deleted_twice(world: World, node: str) -> None:
+    """A person deletes the pods the operator is evicting: terminating now, whatever the eviction says."""
+    for uid, pod in list(world.pods.items()):
+        if pod.node == node and pod.gpu:
+            world.pods[uid] = replace(pod, terminating=True)
+
+
+def other_pods_deleted_by_hand(world: World, node: str) -> None:
+    for uid, pod in list(world.pods.items()):
+        if pod.node == node and not pod.gpu:
+            del world.pods[uid]
+
+
+def driver_pod_deleted_by_hand(world: World, node: str) -> None:
+    world.drivers[node] = replace(world.drivers[node], terminating=True, ready=False)
+
+
+def new_driver_pod_already_there(world: World, node: str) -> None:
+    """The DaemonSet already replaced the old pod (someone deleted it) before the operator's step."""
+    world.drivers[node] = world._driver(node, ready=False, created=world.now)
+
+
+def validator_deleted_by_hand(world: World, node: str) -> None:
+    world.validators[node] = replace(world.validators[node], terminating=True, ready=False)
+
+
+def uncordoned_by_hand(world: World, node: str) -> None:
+    world.nodes[node] = replace(world.nodes[node], unschedulable=False)
+
+
+CASES: list[tuple[State, Meddle, int]] = [
+    (State.WAIT_FOR_JOBS_REQUIRED, job_deleted_by_hand, 1),
+    (State.POD_DELETION_REQUIRED, gpu_pods_deleted_by_hand, 1),
+    (State.POD_DELETION_REQUIRED, gpu_pods_deleted_twice, 1),
+    (State.DRAIN_REQUIRED, other_pods_deleted_by_hand, 1),
+    (State.POD_RESTART_REQUIRED, driver_pod_deleted_by_hand, 1),
+    (State.POD_RESTART_REQUIRED, new_driver_pod_already_there, 1),
+    (State.VALIDATION_REQUIRED, validator_deleted_by_hand, 2),
+    (State.VALIDATION_REQUIRED, uncordoned_by_hand, 1),
+]
+
+
+@pytest.mark.parametrize(("state", "meddle", "times"), CASES, ids=lambda v: getattr(v, "__name__", str(v)))
+def test_a_wait_ends_when_someone_else_got_there_first(state: State, meddle: Meddle, times: int) -> None:
+    world = World.make(3, gpu_pods=1)
+    for node in world.nodes:
+        world.add_pod(node, f"web-{node}")  # no GPU: only the drain moves it
+        world.add_pod(node, f"batch-{node}", labels={"app": "batch"}, controller_kind="Job")
+    world.revision = "r2"
+    upgrade = policy()
+    meddled: list[str] = []
+    for _ in range(80):
+        world.step(upgrade)
+        for node in sorted(world.nodes):
+            if world.state(node) == state and meddled.count(node) < times:
+                meddle(world, node)
+                meddled.append(node)
+        if world.states() == dict.fromkeys(world.nodes, "upgrade-done"):
+            break
+    assert meddled, f"no node was seen at {state}"
+    assert world.states() == dict.fromkeys(world.nodes, "upgrade-done"), world.states()
+    assert all(d.revision == "r2" and d.ready and not d.terminating for d in world.drivers.values())
+    assert not world.unavailable()
+    # Every node's validator validated the new driver.
+    assert all(world.validators[n].created >= world.drivers[n].created for n in world.nodes)
