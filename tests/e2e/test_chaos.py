@@ -25,7 +25,10 @@ from typing import Any
 import pytest
 import yaml
 
+from gpu_operator.core.components import BY_NAME
+from gpu_operator.core.node_labels import GPU_PRESENT
 from gpu_operator.core.plan import POLICY_CRD
+from gpu_operator.core.upgrade.states import STATE_LABEL
 from gpu_operator.runtime.client import ApiError, Kube, path
 
 from .chaos import (
@@ -42,6 +45,7 @@ from .chaos import (
 from .kube_helpers import Cluster, wait_for, wait_timeout
 from .operator_process import OPERATOR, ROOT, OperatorProcess, chart_operator
 from .test_operator import NS, apply_policy, apply_seed_config_maps, assert_cleaned_up, policy_from
+from .test_upgrade import V1, V2, upgrade_policy
 
 POLICY = "cluster-policy"
 BOUND = wait_timeout(180.0)
@@ -471,3 +475,100 @@ def test_fifty_nodes_added_and_deleted_while_converging(
             admin.delete(("nvidia.com/v1", "ClusterPolicy", "", POLICY))
         wait_for(lambda: assert_cleaned_up(cluster), timeout=BOUND * 2, what="cleanup")
         restore_nodes(cluster)
+
+
+@chaos
+def test_upgrade_with_driver_and_validator_pods_deleted_at_random(
+    cluster: Cluster, admin: Kube, operator: OperatorProcess
+) -> None:
+    """A driver upgrade of 10 GPU nodes (maxParallelUpgrades 3) while driver and validator pods are
+    deleted by hand at random moments, as people and NVIDIA's own update test do: every node ends
+    done at the new version, validated after its new driver, none cordoned, and no node ever runs
+    two driver pods at once."""
+    gpu_nodes = 10
+    restore_nodes(cluster, gpu_nodes)
+    chance = random.Random(gpu_nodes)
+    upgrade = {"maxParallelUpgrades": 3, "maxUnavailable": "100%"}
+    try:
+        apply_policy(cluster, upgrade_policy(V1, **upgrade))
+        wait_for(lambda: all_done(admin, V1, gpu_nodes), timeout=BOUND * 2, what=f"every node at {V1}")
+        apply_policy(cluster, upgrade_policy(V2, **upgrade))
+        started = time.monotonic()
+        deleted: list[str] = []
+        most: dict[str, int] = {}
+        for _ in range(15):
+            time.sleep(chance.uniform(0.2, 3.0))  # a random moment of the rollout
+            for node, count in live_driver_pods(admin).items():
+                most[node] = max(most.get(node, 0), count)
+            component = chance.choice([DRIVER_COMPONENT, VALIDATOR_COMPONENT])
+            pods = admin.list("v1", "Pod", NS, f"app.kubernetes.io/component={component}")
+            if pods:
+                victim = chance.choice(pods)["metadata"]
+                with contextlib.suppress(ApiError):  # gone meanwhile
+                    admin.delete(("v1", "Pod", NS, victim["name"]))
+                    deleted.append(f"{component}/{victim['name']}")
+
+        def done() -> None:
+            for node, count in live_driver_pods(admin).items():
+                most[node] = max(most.get(node, 0), count)
+            all_done(admin, V2, gpu_nodes)
+
+        seconds = timed(done, BOUND * 3, "every node upgraded after the pod deletions")
+        assert deleted, "nothing was deleted"
+        assert max(most.values()) == 1, f"a node ran two driver pods at once: {most}"
+        record(
+            f"upgrade-{gpu_nodes}-nodes-random-pod-deletions",
+            pods_deleted=len(deleted),
+            done_after_last_deletion_s=seconds,
+            total_s=round(time.monotonic() - started, 1),
+        )
+    finally:
+        with contextlib.suppress(ApiError):
+            admin.delete(("nvidia.com/v1", "ClusterPolicy", "", POLICY))
+        wait_for(lambda: assert_cleaned_up(cluster), timeout=BOUND * 2, what="cleanup")
+        restore_nodes(cluster)
+
+
+DRIVER_COMPONENT = BY_NAME["driver"].component_label
+VALIDATOR_COMPONENT = BY_NAME["operator-validator"].component_label
+
+
+def live_driver_pods(admin: Kube) -> dict[str, int]:
+    """Node → its driver pods not being deleted."""
+    found: dict[str, int] = {}
+    for pod in admin.list("v1", "Pod", NS, f"app.kubernetes.io/component={DRIVER_COMPONENT}"):
+        if not pod["metadata"].get("deletionTimestamp"):
+            node = pod["spec"].get("nodeName", "")
+            found[node] = found.get(node, 0) + 1
+    return found
+
+
+def all_done(admin: Kube, version: str, gpu_nodes: int) -> None:
+    """Every GPU node upgrade-done and uncordoned, its one driver pod Ready at `version`, its validator
+    pod Ready and started after that driver pod; the status says up to date."""
+    nodes = [n for n in admin.list("v1", "Node") if (n["metadata"].get("labels") or {}).get(GPU_PRESENT)]
+    assert len(nodes) == gpu_nodes, [n["metadata"]["name"] for n in nodes]
+    pods: dict[tuple[str, str], dict[str, Any]] = {}
+    for component in (DRIVER_COMPONENT, VALIDATOR_COMPONENT):
+        for pod in admin.list("v1", "Pod", NS, f"app.kubernetes.io/component={component}"):
+            pods[component, pod["spec"].get("nodeName", "")] = pod
+    for node in nodes:
+        name, labels = node["metadata"]["name"], node["metadata"].get("labels") or {}
+        assert labels.get(STATE_LABEL) == "upgrade-done", f"{name}: {labels.get(STATE_LABEL)}"
+        assert not node["spec"].get("unschedulable"), f"{name} cordoned"
+        driver, validator = pods.get((DRIVER_COMPONENT, name)), pods.get((VALIDATOR_COMPONENT, name))
+        assert driver is not None and validator is not None, f"{name}: driver or validator pod missing"
+        assert driver["spec"]["containers"][0]["image"].endswith(f":{version}"), f"{name}: not at {version}"
+        for pod in (driver, validator):
+            assert ready(pod), f"{name}: {pod['metadata']['name']} not ready"
+        assert validator["metadata"]["creationTimestamp"] >= driver["metadata"]["creationTimestamp"], (
+            f"{name}: the validator ran before the new driver"
+        )
+    status = admin.get("nvidia.com/v1", "ClusterPolicy", POLICY).get("status") or {}
+    assert (status.get("driverUpgrade") or {}).get("summary") == "up to date", status.get("driverUpgrade")
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions") or []
+    alive = not pod["metadata"].get("deletionTimestamp")
+    return alive and any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)

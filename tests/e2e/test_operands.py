@@ -301,6 +301,15 @@ HOLD = "e2e.gpu-operator/hold"
 operands paused, for as long as a test needs."""
 
 
+def release(core: Any, pod: str) -> None:
+    """Remove the HOLD finalizer (the pod may be gone already)."""
+    try:
+        core.patch_namespaced_pod(pod, NS, {"metadata": {"finalizers": None}})
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
 def deploy_labels(cluster: Cluster) -> dict[str, dict[str, tuple[str, set[str]]]]:
     """GPU node → its `nvidia.com/gpu.deploy.*` labels, each with its value and the managers owning it."""
     found: dict[str, dict[str, tuple[str, set[str]]]] = {}
@@ -371,9 +380,64 @@ def test_deleting_the_policy_mid_driver_upgrade_removes_every_deploy_label_but_a
         assert core.read_namespaced_pod(held, NS).metadata.deletion_timestamp is not None
     finally:
         if held is not None:
-            try:
-                core.patch_namespaced_pod(held, NS, {"metadata": {"finalizers": None}})
-            except kubernetes.client.ApiException as exc:
-                if exc.status != 404:
-                    raise
+            release(core, held)
         cluster.kubectl("label", "node", node, *(f"{k}-" for k in mine))
+
+
+@pytest.mark.usefixtures("clean")
+def test_a_mig_manager_restore_during_a_driver_restart_is_paused_again(cluster: Cluster) -> None:
+    """k8s-driver-manager pauses the operands and waits for their pods; mig-manager, its pod starting
+    meanwhile, writes `true` back over four of those pauses (mig-parted v0.15.0 reconfigure.go:550-568,
+    even with the MIG layout already applied). The operator writes the pause again, so that the
+    driver manager's wait ends once its pods go, instead of after its 5 minutes."""
+    node = "gpu-node-1"
+    core = client.CoreV1Api(cluster.api)
+    held = None
+    force = {"manager": {"env": [{"name": "FORCE_REINSTALL", "value": "true"}]}}
+    apply_policy(cluster, policy(driver=force))
+    wait_state(cluster, "cluster-policy", "ready")
+    before = ready_pods(cluster, node)
+    restored = {
+        f"nvidia.com/gpu.deploy.{c}": "true"
+        for c in ("device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm")
+    }
+    try:
+        held = before["device-plugin"].metadata.name
+        core.patch_namespaced_pod(held, NS, {"metadata": {"finalizers": [HOLD]}})
+        core.delete_namespaced_pod(before[DRIVER].metadata.name, NS)
+        paused = "nvidia.com/gpu.deploy.device-plugin"
+
+        def holding() -> None:
+            value, managers = deploy_labels(cluster)[node].get(paused, ("", set()))
+            assert (value, managers) == (PAUSED_FOR_DRIVER, {"driver-manager"}), (value, managers)
+
+        wait_for(holding, timeout=CONVERGE, what=f"k8s-driver-manager pausing the operands on {node}")
+        # mig-manager's restartKubernetesGPUClients: a JSON merge patch under its own field manager.
+        core.patch_node(node, {"metadata": {"labels": restored}}, field_manager="nvidia-mig-manager")
+
+        def paused_again() -> None:
+            labels = deploy_labels(cluster)[node]
+            found = {key: labels.get(key) for key in restored}
+            assert all(
+                value is not None and value[0] == PAUSED_FOR_DRIVER and "gpu-operator" in value[1]
+                for value in found.values()
+            ), found
+
+        wait_for(paused_again, timeout=60, what="the operator pausing the restored labels again")
+    finally:
+        if held is not None:
+            release(core, held)
+
+    def recovered() -> None:
+        pods = ready_pods(cluster, node)
+        for component in (DRIVER, "container-toolkit", "operator-validator", "device-plugin"):
+            assert component in pods, f"{component} not Ready on {node}: {sorted(pods)}"
+            restarted = pods[component].metadata.uid != before[component].metadata.uid
+            assert restarted, f"{component} not restarted"
+        labels = deploy_labels(cluster)[node]
+        for key in ("nvidia.com/gpu.deploy.device-plugin", "nvidia.com/gpu.deploy.gpu-feature-discovery"):
+            assert labels[key][0] == "true", (key, labels[key])
+
+    # Well within k8s-driver-manager's 5 minutes of waiting for a pod that would not go.
+    wait_for(recovered, timeout=120, what=f"{node} back after its driver restarted")
+    wait_state(cluster, "cluster-policy", "ready")
