@@ -50,7 +50,14 @@ from gpu_operator.core.plan import (
 from gpu_operator.core.psa import PRIVILEGED, NamespaceInfo, NamespaceWrite
 from gpu_operator.core.render import PREREQUISITES
 from gpu_operator.core.status import Signature
-from gpu_operator.core.upgrade import DeletePod, EvictionResult, EvictPod, NodeActions, PatchNode
+from gpu_operator.core.upgrade import (
+    DeletePod,
+    EvictionResult,
+    EvictPod,
+    NodeActions,
+    PatchNode,
+    announcements,
+)
 from gpu_operator.core.upgrade.facts import format_time
 from gpu_operator.core.vetting import (
     LOOKED_UP_KINDS,
@@ -311,6 +318,18 @@ class Reconciler:
             if node not in plan.node_labels
         ]
         labelled = [self.pool.submit(job) for job in labelling]
+        upgrade = plan.upgrade
+        first, rest = announcements(upgrade.actions) if upgrade is not None else ([], [])
+        policy = {"name": plan.active.name, "uid": plan.active.uid} if plan.active is not None else {}
+        refused: list[str] = []
+        failed: list[str] = []
+        if policy and first:
+            # Before any object: a driver pod started by this pass's DaemonSet finds the annotation.
+            # One that fails holds back no other node's upgrade writes (its error is reported).
+            self._in_parallel(
+                partial(self._upgrade_node, actions, observed.nodes, policy, errors, refused, [])
+                for actions in first
+            )
         try:
             leading = labelled_components(plan.node_labels) if verdict.writes else set()
             for wave in in_waves(verdict.writes, leading):
@@ -324,17 +343,13 @@ class Reconciler:
         errors.update(label_errors)
         if plan.namespace_write is not None and observed.operand_namespace is not None:
             self._write_namespace(observed.operand_namespace, plan.namespace_write, errors, stale)
-        upgrade = plan.upgrade
-        refused: list[str] = []
-        if upgrade is not None and plan.active is not None:
-            policy = {"name": plan.active.name, "uid": plan.active.uid}
+        if policy:
             # Starts last, and only once the others are written (gpu_operator/core/upgrade/writes.py).
-            failed: list[str] = []
             for starts in (False, True):
                 if not failed:
                     self._in_parallel(
                         partial(self._upgrade_node, actions, observed.nodes, policy, errors, refused, failed)
-                        for actions in upgrade.actions
+                        for actions in rest
                         if actions.starts == starts
                     )
         if self.pod_watches is not None:

@@ -13,9 +13,12 @@ chaos tests show").
 from __future__ import annotations
 
 import contextlib
+import json
+import os
 import random
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -478,55 +481,105 @@ def test_fifty_nodes_added_and_deleted_while_converging(
 
 
 @chaos
+@pytest.mark.parametrize(("gpu_nodes", "parallel"), [(10, 3), (50, 5)], ids=["10-nodes", "50-nodes"])
 def test_upgrade_with_driver_and_validator_pods_deleted_at_random(
-    cluster: Cluster, admin: Kube, operator: OperatorProcess
+    cluster: Cluster, admin: Kube, operator: OperatorProcess, gpu_nodes: int, parallel: int
 ) -> None:
-    """A driver upgrade of 10 GPU nodes (maxParallelUpgrades 3) while driver and validator pods are
-    deleted by hand at random moments, as people and NVIDIA's own update test do: every node ends
-    done at the new version, validated after its new driver, none cordoned, and no node ever runs
-    two driver pods at once."""
-    gpu_nodes = 10
+    """A driver upgrade of many GPU nodes while driver and validator pods are deleted by hand at random
+    moments, as people and NVIDIA's own update test do: every node ends done at the new version,
+    validated after its new driver, none cordoned, and no node ever runs two driver pods at once.
+    Records the time to done and the longest any node stayed at each step (`make test-chaos`; under
+    SIM_PROFILE=realistic for the numbers in bench/README.md)."""
     restore_nodes(cluster, gpu_nodes)
     chance = random.Random(gpu_nodes)
-    upgrade = {"maxParallelUpgrades": 3, "maxUnavailable": "100%"}
+    waves = -(-gpu_nodes // parallel)
+    bound = wait_timeout(BOUND * 2, node_starts=2 * waves)
+    upgrade = {
+        "maxParallelUpgrades": parallel,
+        "maxUnavailable": "100%",
+        "validation": {"timeoutSeconds": 600},
+    }
+    clock = StepClock(admin)
     try:
         apply_policy(cluster, upgrade_policy(V1, **upgrade))
-        wait_for(lambda: all_done(admin, V1, gpu_nodes), timeout=BOUND * 2, what=f"every node at {V1}")
+        wait_for(lambda: all_done(admin, V1, gpu_nodes), timeout=bound, what=f"every node at {V1}")
+        clock.start()
         apply_policy(cluster, upgrade_policy(V2, **upgrade))
         started = time.monotonic()
-        deleted: list[str] = []
-        most: dict[str, int] = {}
-        for _ in range(15):
-            time.sleep(chance.uniform(0.2, 3.0))  # a random moment of the rollout
-            for node, count in live_driver_pods(admin).items():
-                most[node] = max(most.get(node, 0), count)
-            component = chance.choice([DRIVER_COMPONENT, VALIDATOR_COMPONENT])
+        deleted: dict[str, int] = {DRIVER_COMPONENT: 0, VALIDATOR_COMPONENT: 0}
+        while sum(deleted.values()) < 3 * waves and clock.in_progress():
+            time.sleep(chance.uniform(0.5, 4.0))  # a random moment of the rollout
+            component = chance.choice(sorted(deleted))
             pods = admin.list("v1", "Pod", NS, f"app.kubernetes.io/component={component}")
             if pods:
                 victim = chance.choice(pods)["metadata"]
                 with contextlib.suppress(ApiError):  # gone meanwhile
                     admin.delete(("v1", "Pod", NS, victim["name"]))
-                    deleted.append(f"{component}/{victim['name']}")
-
-        def done() -> None:
-            for node, count in live_driver_pods(admin).items():
-                most[node] = max(most.get(node, 0), count)
-            all_done(admin, V2, gpu_nodes)
-
-        seconds = timed(done, BOUND * 3, "every node upgraded after the pod deletions")
-        assert deleted, "nothing was deleted"
-        assert max(most.values()) == 1, f"a node ran two driver pods at once: {most}"
+                    deleted[component] += 1
+        seconds = timed(
+            lambda: all_done(admin, V2, gpu_nodes), bound, "every node upgraded after the deletions"
+        )
+        clock.stop()
+        assert sum(deleted.values()), "nothing was deleted"
+        assert clock.most_driver_pods == 1, f"a node ran two driver pods at once: {clock.most_driver_pods}"
         record(
-            f"upgrade-{gpu_nodes}-nodes-random-pod-deletions",
-            pods_deleted=len(deleted),
+            f"upgrade-{gpu_nodes}-nodes-{parallel}-parallel-random-pod-deletions",
+            profile=f"{os.environ.get('SIM_PROFILE', 'instant')}x{os.environ.get('SIM_TIME_SCALE', '1')}",
+            driver_pods_deleted=deleted[DRIVER_COMPONENT],
+            validator_pods_deleted=deleted[VALIDATOR_COMPONENT],
             done_after_last_deletion_s=seconds,
             total_s=round(time.monotonic() - started, 1),
+            longest_at_step_s=json.dumps(clock.longest()),
         )
     finally:
+        clock.stop()
         with contextlib.suppress(ApiError):
             admin.delete(("nvidia.com/v1", "ClusterPolicy", "", POLICY))
         wait_for(lambda: assert_cleaned_up(cluster), timeout=BOUND * 2, what="cleanup")
         restore_nodes(cluster)
+
+
+class StepClock:
+    """Samples every half second which upgrade step each GPU node is at, and how many live driver pods
+    each runs: how long each node stayed at each step, and whether one ever ran two."""
+
+    def __init__(self, admin: Kube) -> None:
+        self.admin = admin
+        self.spans: dict[tuple[str, str], list[float]] = {}
+        """(node, step) → [first seen, last seen] (monotonic seconds)."""
+        self.current: dict[str, str] = {}
+        self.most_driver_pods = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def in_progress(self) -> bool:
+        return not self.current or any(step != "upgrade-done" for step in self.current.values())
+
+    def longest(self) -> dict[str, float]:
+        found: dict[str, float] = {}
+        for (_, step), (first, last) in self.spans.items():
+            found[step] = round(max(found.get(step, 0.0), last - first), 1)
+        return dict(sorted(found.items()))
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            with contextlib.suppress(ApiError):
+                now = time.monotonic()
+                for node in self.admin.list("v1", "Node", "", f"{GPU_PRESENT}=true"):
+                    name = node["metadata"]["name"]
+                    step = (node["metadata"].get("labels") or {}).get(STATE_LABEL, "")
+                    self.current[name] = step
+                    self.spans.setdefault((name, step), [now, now])[1] = now
+                counts = live_driver_pods(self.admin).values()
+                self.most_driver_pods = max(self.most_driver_pods, *counts, 0)
 
 
 DRIVER_COMPONENT = BY_NAME["driver"].component_label

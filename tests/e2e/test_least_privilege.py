@@ -250,19 +250,15 @@ def test_a_node_is_changed_only_where_the_operator_writes(
     converged: tuple[Kube, Kube], what: str, change: dict[str, Any]
 ) -> None:
     """RBAC's `patch nodes` covers every field; the chart's policy leaves the token its own labels,
-    the upgrade's annotations and the cordon."""
+    the upgrade's annotations and the cordon (which the upgrade tests write with this token)."""
     token, admin = converged
     name = admin.list("v1", "Node", "", "nvidia.com/gpu.present=true")[0]["metadata"]["name"]
-    before = admin.get("v1", "Node", name)
     error = refused(token.patch_node, name, change)
     assert "the gpu-operator may change only" in str(error), (what, error)
+    # Nothing of the change landed (other fields move on their own: the operator's labels, the node
+    # lifecycle controller's taints).
     after = admin.get("v1", "Node", name)
-    for key in ("labels", "annotations", "finalizers"):
-        assert after["metadata"].get(key) == before["metadata"].get(key), (what, key)
-    assert after["spec"] == before["spec"], what
-    # What it writes itself still goes through: the cordon.
-    token.patch_node(name, {"spec": {"unschedulable": True}})
-    token.patch_node(name, {"spec": {"unschedulable": before["spec"].get("unschedulable")}})
+    assert "evil" not in json.dumps({"metadata": after["metadata"], "spec": after["spec"]}), what
 
 
 def test_its_crd_cannot_get_a_conversion_webhook(converged: tuple[Kube, Kube]) -> None:

@@ -629,3 +629,34 @@ def test_a_relisting_forgets_the_upgrade_facts_that_vanished() -> None:
     facts = store.snapshot("gpu-operator", {}).upgrade
     assert facts.driver_daemonsets == () and facts.driver_pods == () and len(facts.validator_pods) == 1
     assert store.size("revisions") == 0
+
+
+def test_the_auto_upgrade_annotation_goes_before_the_driver_daemonset() -> None:
+    """A fresh install: k8s-driver-manager, started by the new driver DaemonSet, must find NVIDIA's
+    auto-upgrade annotation on its node, or it cordons the node and evicts GPU pods itself."""
+    nodes = {name: node_body(name, 10 + i) for i, name in enumerate(("gpu-0", "gpu-1"))}
+    for body in nodes.values():
+        del body["metadata"]["annotations"][AUTO_UPGRADE_ANNOTATION]
+        del body["metadata"]["labels"][STATE_LABEL]
+    order: list[str] = []
+
+    class Ordered(UpgradeKube):
+        def patch_node(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+            order.append(f"node/{name}")
+            return super().patch_node(name, body)
+
+        def apply(
+            self, body: Mapping[str, Any], manager: str = "gpu-operator", dry_run: bool = False
+        ) -> dict[str, Any]:
+            if not dry_run:
+                order.append(f"{body['kind']}/{body['metadata']['name']}")
+            return super().apply(body, manager, dry_run)
+
+    kube = Ordered(nodes)
+    rec, _ = world(nodes, [])
+    rec.store.put("objects", ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-driver-daemonset"), None)
+    with_kube(rec, kube).run_once()
+    annotated = [i for i, what in enumerate(order) if what.startswith("node/")]
+    driver = order.index("DaemonSet/nvidia-driver-daemonset")
+    assert len(annotated) == 2 and max(annotated) < driver, order
+    assert all(n["metadata"]["annotations"][AUTO_UPGRADE_ANNOTATION] == "true" for n in nodes.values())

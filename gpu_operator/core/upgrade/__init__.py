@@ -21,7 +21,15 @@ from gpu_operator.core.upgrade.facts import (
 )
 from gpu_operator.core.upgrade.rollout import UpgradePlan, plan_upgrade
 from gpu_operator.core.upgrade.states import State
-from gpu_operator.core.upgrade.writes import DeletePod, EvictPod, NodeActions, PatchNode, UpgradeEvent, Write
+from gpu_operator.core.upgrade.writes import (
+    DeletePod,
+    EvictPod,
+    NodeActions,
+    PatchNode,
+    UpgradeEvent,
+    Write,
+    announcements,
+)
 
 __all__ = [
     "DeletePod",
@@ -40,6 +48,7 @@ __all__ = [
     "ValidatorPod",
     "WorkloadPod",
     "Write",
+    "announcements",
     "controller_revision",
     "current_revision",
     "driver_daemonset",

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from gpu_operator.core.upgrade.states import EVENT_REASON
+from gpu_operator.core.upgrade.states import AUTO_UPGRADE_ANNOTATION, EVENT_REASON
 
 
 @dataclass(frozen=True)
@@ -105,3 +105,27 @@ class NodeActions:
     events: tuple[UpgradeEvent, ...] = ()
     starts: bool = False
     """The node starts its upgrade in this pass (see the module docstring for the order)."""
+
+
+def announcements(actions: tuple[NodeActions, ...]) -> tuple[list[NodeActions], list[NodeActions]]:
+    """(the nodes whose only write sets or removes NVIDIA's auto-upgrade annotation, the others).
+
+    The caller writes the first before any object. k8s-driver-manager reads the annotation once, when
+    it starts in a driver pod: without it, it cordons the node and evicts GPU pods itself, and, when
+    its pod is deleted half-way, leaves that cordon behind, which no later k8s-driver-manager lifts
+    once the annotation is there (k8s-driver-manager v0.12.0 main.go:639-651; hack/emulators/driver.py
+    plays it). A driver DaemonSet created in the same pass could start one before the annotation is
+    written.
+    """
+
+    def announces(action: NodeActions) -> bool:
+        return not action.events and all(
+            isinstance(w, PatchNode)
+            and not w.labels
+            and w.unschedulable is None
+            and set(w.annotations) == {AUTO_UPGRADE_ANNOTATION}
+            for w in action.writes
+        )
+
+    first = [a for a in actions if a.writes and announces(a)]
+    return first, [a for a in actions if not (a.writes and announces(a))]
