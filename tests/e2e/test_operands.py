@@ -301,6 +301,28 @@ HOLD = "e2e.gpu-operator/hold"
 operands paused, for as long as a test needs."""
 
 
+def restart_driver_holding_the_device_plugin(cluster: Cluster, node: str, pods: dict[str, Any]) -> str:
+    """The node's driver pod deleted while a driver is loaded: its k8s-driver-manager pauses the
+    operands and waits for their pods to go, the device plugin's among them, which HOLD keeps
+    terminating. Returns that pod's name (`release` it)."""
+    core = client.CoreV1Api(cluster.api)
+    held: str = pods["device-plugin"].metadata.name
+    core.patch_namespaced_pod(held, NS, {"metadata": {"finalizers": [HOLD]}})
+    core.delete_namespaced_pod(pods[DRIVER].metadata.name, NS)
+    paused = "nvidia.com/gpu.deploy.device-plugin"
+
+    def holding() -> None:
+        value, managers = deploy_labels(cluster)[node].get(paused, ("", set()))
+        assert (value, managers) == (PAUSED_FOR_DRIVER, {"driver-manager"}), (value, managers)
+
+    try:
+        wait_for(holding, timeout=CONVERGE, what=f"k8s-driver-manager pausing the operands on {node}")
+    except BaseException:
+        release(core, held)
+        raise
+    return held
+
+
 def release(core: Any, pod: str) -> None:
     """Remove the HOLD finalizer (the pod may be gone already)."""
     try:
@@ -345,19 +367,7 @@ def test_deleting_the_policy_mid_driver_upgrade_removes_every_deploy_label_but_a
         force = {"manager": {"env": [{"name": "FORCE_REINSTALL", "value": "true"}]}}
         apply_policy(cluster, policy(driver=force))
         wait_state(cluster, "cluster-policy", "ready")
-        before = ready_pods(cluster, node)
-        held = before["device-plugin"].metadata.name
-        core.patch_namespaced_pod(held, NS, {"metadata": {"finalizers": [HOLD]}})
-        # A new driver pod on a node with a driver loaded: its k8s-driver-manager pauses the operands
-        # and waits for their pods, the device plugin's among them, to go.
-        core.delete_namespaced_pod(before[DRIVER].metadata.name, NS)
-        paused = "nvidia.com/gpu.deploy.device-plugin"
-
-        def holding() -> None:
-            value, managers = deploy_labels(cluster)[node].get(paused, ("", set()))
-            assert (value, managers) == (PAUSED_FOR_DRIVER, {"driver-manager"}), (value, managers)
-
-        wait_for(holding, timeout=CONVERGE, what=f"k8s-driver-manager pausing the operands on {node}")
+        held = restart_driver_holding_the_device_plugin(cluster, node, ready_pods(cluster, node))
         left = deploy_labels(cluster)
         # What a cleanup has to remove besides the operator's own labels: the managers' marks for the
         # operands nobody runs (k8s-driver-manager's "", mig-manager's `true`), on every GPU node.
@@ -402,16 +412,7 @@ def test_a_mig_manager_restore_during_a_driver_restart_is_paused_again(cluster: 
         for c in ("device-plugin", "gpu-feature-discovery", "dcgm-exporter", "dcgm")
     }
     try:
-        held = before["device-plugin"].metadata.name
-        core.patch_namespaced_pod(held, NS, {"metadata": {"finalizers": [HOLD]}})
-        core.delete_namespaced_pod(before[DRIVER].metadata.name, NS)
-        paused = "nvidia.com/gpu.deploy.device-plugin"
-
-        def holding() -> None:
-            value, managers = deploy_labels(cluster)[node].get(paused, ("", set()))
-            assert (value, managers) == (PAUSED_FOR_DRIVER, {"driver-manager"}), (value, managers)
-
-        wait_for(holding, timeout=CONVERGE, what=f"k8s-driver-manager pausing the operands on {node}")
+        held = restart_driver_holding_the_device_plugin(cluster, node, before)
         # mig-manager's restartKubernetesGPUClients: a JSON merge patch under its own field manager.
         core.patch_node(node, {"metadata": {"labels": restored}}, field_manager="nvidia-mig-manager")
 

@@ -107,3 +107,23 @@ def test_a_wait_ends_when_someone_else_got_there_first(state: State, meddle: Med
     assert not world.unavailable()
     # Every node's validator validated the new driver.
     assert all(world.validators[n].created >= world.drivers[n].created for n in world.nodes)
+
+
+def test_a_done_node_whose_driver_pod_is_replaced_by_hand_is_validated_again() -> None:
+    """Not an upgrade: the driver pod of a done node deleted by hand (the chaos test does it). Its
+    replacement's k8s-driver-manager evicts nothing when no driver was loaded, so the validator that
+    ran before stays: the node is not up to date until a validator started after the new driver
+    pod is Ready, and a person's cordon stays."""
+    world = World.make(2, gpu_pods=0, unschedulable=["node-0"])
+    world.driver_replaced_by_hand = {"node-0"}
+    world.drivers["node-0"] = world._driver("node-0", ready=False, created=world.now)
+    upgrade = policy()
+    summaries = []
+    for _ in range(10):
+        plan = world.step(upgrade)
+        summaries.append(plan.status["summary"])
+    assert summaries[0] != "up to date", summaries
+    assert world.states() == dict.fromkeys(world.nodes, "upgrade-done")
+    assert world.validators["node-0"].created >= world.drivers["node-0"].created
+    assert world.nodes["node-0"].unschedulable and not world.nodes["node-1"].unschedulable
+    assert summaries[-1] == "up to date"

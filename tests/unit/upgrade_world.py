@@ -278,13 +278,16 @@ def check(world: World, plan: UpgradePlan, policy: UpgradePolicySpec) -> None:
     if policy.maxParallelUpgrades:
         assert len(after.in_progress()) <= max(len(world.in_progress()), policy.maxParallelUpgrades)
     # A workload pod is evicted or deleted only on a node that is being emptied; a driver pod only
-    # at pod-restart-required.
+    # at pod-restart-required, a validator pod only at validation-required.
     for write in plan.writes:
         if isinstance(write, EvictPod | DeletePod):
             pod = world.pods.get(write.uid)
             if pod is not None:
                 assert after.state(pod.node) in (State.POD_DELETION_REQUIRED, State.DRAIN_REQUIRED), write
                 assert after.nodes[pod.node].unschedulable, write
+            elif isinstance(write, DeletePod) and write.why == "validator-restart":
+                owner = next(n for n, v in world.validators.items() if v.uid == write.uid)
+                assert after.state(owner) == State.VALIDATION_REQUIRED, write
             else:
                 owner = next(n for n, d in world.drivers.items() if d.uid == write.uid)
                 assert after.state(owner) == State.POD_RESTART_REQUIRED, write

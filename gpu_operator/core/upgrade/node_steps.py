@@ -13,6 +13,7 @@ pod_manager.go, validation_manager.go) is kept, with these changes, each for a r
   not restart them; a refused eviction is retried, its reason shown;
 - the validation gate also needs the driver pod Ready and a validator pod started after it, and
   restarts a validator pod that validated the previous driver once nothing else will (`_revalidate`);
+  a done node whose driver pod is replaced after its validation goes through the gate again;
 - every upgrade-failed node records the step, the target revision and the reason, and resumes by
   itself when the cause is gone or the target changes.
 """
@@ -522,6 +523,21 @@ def _not_validated(view: NodeView, ctx: Context) -> str:
     return "; ".join(missing)
 
 
+def _validated_an_older_driver(view: NodeView, ctx: Context) -> bool:
+    """The node's validator pod started before its driver pod (at the target revision): it validated
+    a driver pod that is gone."""
+    driver, validator = view.driver, view.validator
+    return (
+        ctx.validate
+        and view.node.validator_expected
+        and view.in_sync
+        and driver is not None
+        and validator is not None
+        and not validator.terminating
+        and validator.created < driver.created
+    )
+
+
 def _uncordon(draft: Draft, ctx: Context) -> Wait | None:
     if draft.annotations.get(INITIAL_UNSCHEDULABLE_ANNOTATION) == "true":
         draft.annotate(INITIAL_UNSCHEDULABLE_ANNOTATION, None)
@@ -618,6 +634,12 @@ def settle_idle(draft: Draft, ctx: Context) -> Wait | None:
             draft.move(State.UPGRADE_REQUIRED, f"a new driver{revision} is to be installed")
     elif state == State.UPGRADE_REQUIRED and view.driver is not None and _not_validated(view, ctx):
         draft.move(State.VALIDATION_REQUIRED, "the driver pod was replaced at the target revision")
+        return advance(draft, ctx)
+    elif state == State.DONE and _validated_an_older_driver(view, ctx):
+        # A driver pod deleted by hand on a done node: its replacement's k8s-driver-manager evicts
+        # nothing when no driver was loaded, so the validator that ran stays and proves nothing.
+        draft.annotate(INITIAL_UNSCHEDULABLE_ANNOTATION, "true" if draft.unschedulable else None)
+        draft.move(State.VALIDATION_REQUIRED, "the driver pod was replaced after its validation")
         return advance(draft, ctx)
     elif state != State.DONE:
         draft.move(State.DONE, "" if state == State.UNKNOWN else "the driver pod is already up to date")
