@@ -234,14 +234,7 @@ async def start_informers(settings: Settings, store: Store, loop: Loop) -> Infor
     once (`loop.listed`), so that it never mistakes "not listed yet" for "deleted"."""
     every = watches(store)
     unlisted = {spec.plural for spec in every}
-    timing = informer.Timing(
-        chunk_size=settings.list_chunk_size,
-        server_timeout=settings.watch_server_timeout_seconds,
-        inactivity=settings.watch_inactivity_seconds,
-        connect=settings.api_timeout_seconds[0],
-        request=settings.request_timeout_seconds,
-        retry=settings.watch_retry_seconds,
-    )
+    timing = informer.Timing.of(settings)
     # A watch holds its connection; listings and resumed watches may overlap for a moment.
     api = await informer.connect(pool_size=2 * len(every))
     running: list[informer.Informer] = []

@@ -27,6 +27,7 @@ import aiohttp
 from kubernetes_asyncio import client, config
 
 from gpu_operator.runtime import safe_json, watch_stream
+from gpu_operator.runtime.settings import Settings
 
 log = logging.getLogger("gpu_operator")
 
@@ -63,17 +64,25 @@ class Kind:
 
 @dataclass(frozen=True)
 class Timing:
-    chunk_size: int = 500
-    """Objects per page of a listing."""
-    server_timeout: int = 300
-    """A watch ends on the server after this long (and is resumed)."""
-    inactivity: float = 70.0
-    """A watch that brings nothing, not even a bookmark (sent every minute), for this long is reopened."""
-    connect: float = 5.0
-    request: float = 60.0
-    """A whole page of a listing."""
-    retry: float = 5.0
-    """The first delay after a failure; it doubles with each failure in a row, up to 12 times this."""
+    """An informer's sizes and timeouts, from the operator's Settings (their meaning is told there)."""
+
+    chunk_size: int
+    server_timeout: int
+    inactivity: float
+    connect: float
+    request: float
+    retry: float
+
+    @classmethod
+    def of(cls, settings: Settings) -> Timing:
+        return cls(
+            chunk_size=settings.list_chunk_size,
+            server_timeout=settings.watch_server_timeout_seconds,
+            inactivity=settings.watch_inactivity_seconds,
+            connect=settings.api_timeout_seconds[0],
+            request=settings.request_timeout_seconds,
+            retry=settings.watch_retry_seconds,
+        )
 
 
 @dataclass
@@ -96,7 +105,7 @@ class Informer:
     kind: Kind
     events: watch_stream.Events
     listed: Listed
-    timing: Timing = field(default_factory=Timing)
+    timing: Timing
     poke: asyncio.Event = field(default_factory=asyncio.Event)
     """Set to retry a failed or unserved kind at once (a CRD changed: it may be served now)."""
     backoff: Backoff = field(init=False)

@@ -8,7 +8,7 @@ import asyncio
 import json
 import logging
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -18,11 +18,12 @@ from kubernetes_asyncio import client
 
 from gpu_operator.main import watches
 from gpu_operator.runtime import informer, watch_stream
+from gpu_operator.runtime.settings import Settings
 from gpu_operator.runtime.store import Store
 
 NODES = informer.Kind("", "v1", "nodes", label_selector="a=b")
 DAEMONSETS = informer.Kind("apps", "v1", "daemonsets", "gpu-operator")
-FAST = informer.Timing(chunk_size=2, retry=0.0)
+FAST = replace(informer.Timing.of(Settings()), chunk_size=2, retry=0.0)
 """Pages of two objects; failures retried at once."""
 Part = bytes | float | None
 """What a watch stream sends next: bytes, a pause of that many seconds, or None: the connection drops."""
