@@ -106,6 +106,11 @@ class Observed:
     their revision, the pods of the nodes being emptied, and the answers to our evictions."""
 
 
+LabelRewrites = dict[str, tuple[str, str | None]]
+"""Label → (the value it must still have, its new value or None to remove it)."""
+Rewrites = dict[str, LabelRewrites]
+
+
 @dataclass
 class Plan:
     active: PolicyRef | None
@@ -120,7 +125,7 @@ class Plan:
     """Policy name → the status it should have before the writes (`conclude` gives the final one)."""
     notes: list[Note]
     """Remarks about the active policy (unsupported sections, NVIDIADriver CRD, skipped objects)."""
-    label_rewrites: dict[str, dict[str, tuple[str, str | None]]] = field(default_factory=dict)
+    label_rewrites: Rewrites = field(default_factory=dict)
     """Nodes → labels to change explicitly, each → (the value it must still have, its new value or None
     to remove it), after the node's apply if it is in `node_labels` too: shared deploy labels to
     remove, and with no active policy the operand managers' (node_labels.uninstall_removals); pauses
@@ -446,9 +451,6 @@ def _label_changes(
     return changes
 
 
-Rewrites = dict[str, dict[str, tuple[str, str | None]]]
-
-
 def _rewrites(
     nodes: Mapping[str, NodeInfo],
     labels: Mapping[str, Mapping[str, str]],
@@ -458,7 +460,7 @@ def _rewrites(
     again for k8s-driver-manager (never removed: the pause wins)."""
     found: Rewrites = {}
     for name, node in nodes.items():
-        rewrite: dict[str, tuple[str, str | None]] = {}
+        rewrite: LabelRewrites = {}
         if name in labels:
             rewrite.update((key, (value, None)) for key, value in released_labels(node, labels[name]).items())
         repaused = driver_manager_repauses(node, _driver_initializing(pods, name))

@@ -453,11 +453,13 @@ class Kube:
         `resource_version` the write also fails with 409 if the node changed since."""
         return self.apply(preconditioned("v1", "Node", node, labels, uid, resource_version), manager, force)
 
-    def rewrite_labels(self, kind: str, name: str, changes: Mapping[str, tuple[str, str | None]]) -> None:
+    def rewrite_labels(
+        self, kind: str, name: str, changes: Mapping[str, tuple[str, str | None]]
+    ) -> dict[str, Any] | None:
         """Change labels of a cluster-scoped core object (Node, Namespace) whoever owns them: label →
         (the value it must still have, its new value or None to remove it). One JSON patch, test before
         each change, so all or nothing; a label changed meanwhile (422) or an object gone (404) leaves
-        nothing to do (the watch brings the new state)."""
+        nothing to do (the watch brings the new state). Returns the object as written, None then."""
         operations: list[dict[str, str]] = []
         for key, (expected, new) in changes.items():
             pointer = "/metadata/labels/" + key.replace("~", "~0").replace("/", "~1")
@@ -468,7 +470,7 @@ class Kube:
                 else {"op": "replace", "path": pointer, "value": new}
             )
         try:
-            self.request(
+            return self.request(
                 "PATCH",
                 path("v1", kind, name=name),
                 body=operations,
@@ -478,6 +480,7 @@ class Kube:
         except ApiError as exc:
             if exc.status not in (404, 422):
                 raise
+            return None
 
     def patch_node(self, name: str, body: Mapping[str, Any], manager: str = FIELD_MANAGER) -> dict[str, Any]:
         """A JSON merge patch of a Node (never creates one: a node that is gone is a 404)."""

@@ -39,6 +39,7 @@ from gpu_operator.core.plan import (
     Applied,
     Conclusion,
     Good,
+    LabelRewrites,
     Observed,
     Plan,
     build,
@@ -180,10 +181,6 @@ class Outcome:
 
 def _failure(exc: ApiError) -> Failure:
     return Failure(exc.status, exc.reason, exc.message, exc.causes)
-
-
-LabelRewrites = Mapping[str, tuple[str, str | None]]
-"""Label → (the value it must still have, its new value or None to remove it)."""
 
 
 def _log_rewrites(node: str, rewrites: LabelRewrites) -> None:
@@ -532,15 +529,20 @@ class Reconciler:
                     stale.remove(what)
                     done = _unless_changed(what, stale, partial(apply, fresh.resource_version))
             if done and rewrites:
-                _log_rewrites(node.name, rewrites)
-                self.kube.rewrite_labels("Node", node.name, rewrites)
+                self._rewrite_node(node.name, rewrites)
 
     def _rewrite(self, node: str, rewrites: LabelRewrites, errors: dict[str, str]) -> None:
         """Change labels the operator does not own, each only if it still has the value planned on (a
         change meanwhile leaves them all to the next pass, which the change's watch event wakes)."""
-        _log_rewrites(node, rewrites)
         with _recorded(errors, f"node/{node}"):
-            self.kube.rewrite_labels("Node", node, rewrites)
+            self._rewrite_node(node, rewrites)
+
+    def _rewrite_node(self, node: str, rewrites: LabelRewrites) -> None:
+        _log_rewrites(node, rewrites)
+        written = self.kube.rewrite_labels("Node", node, rewrites)
+        if written is not None:
+            # As after a label apply: a pass before its watch event must not write it again.
+            self.store.record_node(written, False)
 
     def _node_after_conflict(self, name: str, refused: str) -> NodeInfo | None:
         """The node as it is now, after a label write on its version `refused` was refused as stale.

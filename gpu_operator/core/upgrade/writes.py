@@ -127,5 +127,8 @@ def announcements(actions: tuple[NodeActions, ...]) -> tuple[list[NodeActions], 
             for w in action.writes
         )
 
-    first = [a for a in actions if a.writes and announces(a)]
-    return first, [a for a in actions if not (a.writes and announces(a))]
+    first: list[NodeActions] = []
+    rest: list[NodeActions] = []
+    for action in actions:
+        (first if action.writes and announces(action) else rest).append(action)
+    return first, rest
