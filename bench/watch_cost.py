@@ -102,6 +102,7 @@ async def watch(port: int, ca: str, kind: str, events: int, coalesce: float) -> 
     from kubernetes_asyncio import client
 
     from gpu_operator.runtime import informer
+    from gpu_operator.runtime.settings import Settings
     from gpu_operator.runtime.store import Store
     from gpu_operator.runtime.watch_stream import Events
 
@@ -129,7 +130,8 @@ async def watch(port: int, ca: str, kind: str, events: int, coalesce: float) -> 
     configuration.api_key_prefix = {"BearerToken": "Bearer"}
     api = client.ApiClient(configuration)
     kind_ = informer.Kind(group, version, plural)
-    watcher = informer.Informer(api, kind_, Events(record, plural, lambda: None, settle), lambda _: None)
+    recorder = Events(record, plural, lambda: None, settle)
+    watcher = informer.Informer(api, kind_, recorder, lambda _: None, informer.Timing.of(Settings()))
     task = asyncio.create_task(watcher.run())
     await done.wait()
     cpu, wall = time.process_time() - seen[1], time.monotonic() - seen[2]
