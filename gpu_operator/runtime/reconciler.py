@@ -620,7 +620,11 @@ class Reconciler:
             result = EvictionResult(201, "", time.time())
             log.info("evicted pod %s/%s (driver upgrade)", write.namespace, write.name)
         except ApiError as exc:
-            result = EvictionResult(exc.status, str(exc).split(": ", 1)[-1], time.time())
+            # A PodDisruptionBudget's 429 names the budget only in its causes ("The disruption budget
+            # guarded needs 1 healthy pods and has 1 currently"): the status and `doctor` name it too.
+            said = "; ".join(message for _, message in exc.causes if message)
+            message = f"{exc.message} ({said})" if said else exc.message
+            result = EvictionResult(exc.status, message or exc.reason, time.time())
             log.info("eviction of pod %s/%s refused: %s", write.namespace, write.name, exc)
         with self.evictions_lock:
             self.evictions[write.uid] = result

@@ -44,6 +44,7 @@ from .kube_helpers import (
     wait_timeout,
 )
 from .operator_process import OperatorProcess, chart_operator
+from .test_doctor import doctor
 from .test_metrics import scrape, value
 from .test_operator import apply_policy, assert_cleaned_up, get_policy, wait_state
 
@@ -559,6 +560,11 @@ def test_pod_disruption_budget_holds_until_the_timeout(
 
     entry = wait_for(refused, timeout=UPGRADE, what="the eviction refused, and why, in the status")
     assert entry["state"] == "pod-deletion-required" and "times out at" in entry["reason"]
+    # The status and `doctor` name the pod and the budget that holds it.
+    assert f"{namespace}/{guarded.metadata.name}" in entry["reason"], entry
+    assert "The disruption budget guarded needs 1 healthy pods" in entry["reason"], entry
+    _, told, _ = doctor(cluster.kubeconfig)
+    assert "DriverUpgradeInProgress" in told and "The disruption budget guarded needs" in told, told
     wait_upgraded(cluster, V2)
     # force: deleted once the timeout was over, not before.
     (gone,) = [g for g in observer.pods_gone(mark) if g.uid == guarded.metadata.uid]

@@ -39,6 +39,8 @@ NOW = time.time()
 """The time the fixtures are stamped from: set again before each test (`fresh_now`), since the passes
 read the real clock and a suite slowed down by a busy machine would otherwise see the stamps minutes old."""
 PDB = "Cannot evict pod as it would violate the pod's disruption budget."
+BUDGET = "The disruption budget guarded needs 1 healthy pods and has 1 currently"
+"""The budget, in the 429's details.causes (kubernetes pkg/registry/core/pod/storage/eviction.go)."""
 
 
 @pytest.fixture(autouse=True)
@@ -216,7 +218,7 @@ class UpgradeKube(FakeKube):
     def evict(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
         self.calls.append(("evict", name))
         if name in self.refuse:
-            raise ApiError(429, "TooManyRequests", PDB)
+            raise ApiError(429, "TooManyRequests", PDB, (("", BUDGET),))
 
     def delete_pod(self, namespace: str, name: str, options: Mapping[str, Any]) -> None:
         self.calls.append(("delete", name))
@@ -438,7 +440,7 @@ def test_a_refused_eviction_is_a_fact_for_the_next_pass() -> None:
     again = rec.run_once()
     assert kube.calls == []  # not asked again before the retry time
     reason = status_body(again.plan.statuses["p"])["driverUpgrade"]["inProgress"][0]["reason"]
-    assert f"eviction refused (429: {PDB})" in reason
+    assert f"eviction refused (429: {PDB} ({BUDGET}))" in reason, "the budget named, as the server does"
     assert again.wake_at is not None and again.wake_at > time.time()
 
 
