@@ -127,3 +127,28 @@ def test_a_done_node_whose_driver_pod_is_replaced_by_hand_is_validated_again() -
     assert world.validators["node-0"].created >= world.drivers["node-0"].created
     assert world.nodes["node-0"].unschedulable and not world.nodes["node-1"].unschedulable
     assert summaries[-1] == "up to date"
+
+
+def test_a_tenants_bare_gpu_pod_holds_the_upgrade_only_while_it_is_there() -> None:
+    """A pod without a controller may only be deleted with `force`: the node fails at pod deletion
+    and the upgrade pauses, naming the pod; once its owner deletes it, the node and the rest go on by
+    themselves (no pause outlives its cause)."""
+    world = World.make(3, gpu_pods=0)
+    world.add_pod("node-0", "bare", gpu=True, controller_kind="")
+    world.revision = "r2"
+    upgrade = UpgradePolicySpec.model_validate(
+        {"autoUpgrade": True, "maxParallelUpgrades": 1, "podDeletion": {"timeoutSeconds": 60}}
+    )
+    for _ in range(5):
+        plan = world.step(upgrade)
+    assert plan.status["paused"] and world.states()["node-0"] == "upgrade-failed"
+    (failed,) = plan.status["failed"]
+    assert "default/bare has no controller (force allows deleting it)" in failed["reason"]
+    assert set(world.states().values()) == {"upgrade-failed", "upgrade-required"}, "nothing else moved"
+    world.pods = {uid: pod for uid, pod in world.pods.items() if pod.name != "bare"}
+    for _ in range(30):
+        world.step(upgrade)
+        if world.states() == dict.fromkeys(world.nodes, "upgrade-done"):
+            break
+    assert world.states() == dict.fromkeys(world.nodes, "upgrade-done"), world.states()
+    assert not world.unavailable()
