@@ -8,12 +8,12 @@ only the fields it is given, so a body is no richer than the test that reads it 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import DaemonSetInfo, PodInfo
-from gpu_operator.core.ownership import COMPONENT_LABEL
+from gpu_operator.core.ownership import COMPONENT_LABEL, FIELD_MANAGER
 
 PCI = "feature.node.kubernetes.io/pci-10de.present"
 """NFD's label for an NVIDIA PCI device: what makes a node a GPU node."""
@@ -39,6 +39,15 @@ def condition(kind: str, status: bool) -> dict[str, str]:
     return {"type": kind, "status": str(status)}
 
 
+def label_owner(
+    keys: Iterable[str], manager: str = FIELD_MANAGER, operation: str = "Apply"
+) -> dict[str, Any]:
+    """A managedFields entry: `manager` owns the labels `keys`, by `operation`: "Apply" (a server-side
+    apply; the operator's by default) or "Update" (a patch, kubectl label)."""
+    owned: dict[str, Any] = {f"f:{key}": {} for key in keys}
+    return {"manager": manager, "operation": operation, "fieldsV1": {"f:metadata": {"f:labels": owned}}}
+
+
 def node_body(
     name: str = "gpu-0",
     labels: Mapping[str, str] | None = None,
@@ -46,12 +55,14 @@ def node_body(
     uid: str | None = None,
     resource_version: str | None = None,
     annotations: Mapping[str, str] | None = None,
+    managed_fields: list[dict[str, Any]] | None = None,
     spec: Mapping[str, Any] | None = None,
     status: Mapping[str, Any] | None = None,
     typed: bool = False,
 ) -> dict[str, Any]:
-    """A Node: `labels` always (empty if none), the other metadata, spec and status when given;
-    `typed` adds apiVersion and kind, as a GET or a watch event has them."""
+    """A Node: `labels` always (empty if none), the other metadata (`managed_fields`: entries of
+    `label_owner`), spec and status when given; `typed` adds apiVersion and kind, as a GET or a watch
+    event has them."""
     metadata: dict[str, Any] = {"name": name}
     if uid is not None:
         metadata["uid"] = uid
@@ -60,6 +71,8 @@ def node_body(
     metadata["labels"] = dict(labels or {})
     if annotations is not None:
         metadata["annotations"] = dict(annotations)
+    if managed_fields is not None:
+        metadata["managedFields"] = managed_fields
     body: dict[str, Any] = {"apiVersion": "v1", "kind": "Node"} if typed else {}
     body["metadata"] = metadata
     if spec is not None:
@@ -78,13 +91,16 @@ def pod_body(
     uid: str | None = None,
     owners: list[dict[str, Any]] | None = None,
     created: str | None = None,
+    deleted: str | None = None,
     containers: list[dict[str, Any]] | None = None,
+    volumes: list[dict[str, Any]] | None = None,
     conditions: list[dict[str, str]] | None = None,
     status: Mapping[str, Any] | None = None,
     typed: bool = False,
 ) -> dict[str, Any]:
-    """A Pod scheduled to `node`: its status is `status`, or just `conditions`; the other metadata and
-    its containers when given; `typed` adds apiVersion and kind."""
+    """A Pod scheduled to `node`: its status is `status`, or just `conditions`; the other metadata
+    (`deleted`: its deletionTimestamp, a pod terminating), its containers and volumes when given;
+    `typed` adds apiVersion and kind."""
     metadata: dict[str, Any] = {"name": name, "namespace": namespace}
     if uid is not None:
         metadata["uid"] = uid
@@ -94,9 +110,13 @@ def pod_body(
         metadata["ownerReferences"] = owners
     if created is not None:
         metadata["creationTimestamp"] = created
+    if deleted is not None:
+        metadata["deletionTimestamp"] = deleted
     spec: dict[str, Any] = {"nodeName": node}
     if containers is not None:
         spec["containers"] = containers
+    if volumes is not None:
+        spec["volumes"] = volumes
     found: dict[str, Any] = dict(status or {})
     if conditions is not None:
         found["conditions"] = conditions
@@ -109,12 +129,13 @@ def operand_pod_body(
     component: str,
     node: str = "gpu-0",
     *,
+    deleted: str | None = None,
     conditions: list[dict[str, str]] | None = None,
     status: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A pod of one of the operator's DaemonSets (labelled with its component)."""
     labels = {COMPONENT_LABEL: component}
-    return pod_body(name, node, labels=labels, conditions=conditions, status=status)
+    return pod_body(name, node, labels=labels, deleted=deleted, conditions=conditions, status=status)
 
 
 def gpu_request_pod(resources: Mapping[str, Any] | None = None, **spec: Any) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from typing import Any, cast
 
 import pytest
 import yaml
+from builders import label_owner, node_body
 
 from gpu_operator import cli
 from gpu_operator.runtime.cleanup import cleanup, operator_labels
@@ -25,20 +26,11 @@ def node(
     name: str, labels: dict[str, str], owned: list[str], manager: str = "gpu-operator"
 ) -> dict[str, Any]:
     """A Node whose labels `owned` belong to `manager` (the operator's apply by default), the rest to
-    kubectl-label (a person)."""
-    fields: dict[str, Any] = {"f:metadata": {"f:labels": {f"f:{key}": {} for key in owned}}}
-    hand: dict[str, Any] = {"f:metadata": {"f:labels": {f"f:{k}": {} for k in labels if k not in owned}}}
+    kubectl-label (a person): a shorthand of builders.node_body for who owns which of its labels."""
     operation = "Apply" if manager == "gpu-operator" else "Update"
-    return {
-        "metadata": {
-            "name": name,
-            "labels": labels,
-            "managedFields": [
-                {"manager": manager, "operation": operation, "fieldsV1": fields},
-                {"manager": "kubectl-label", "operation": "Update", "fieldsV1": hand},
-            ],
-        }
-    }
+    by_hand = [key for key in labels if key not in owned]
+    owners = [label_owner(owned, manager, operation), label_owner(by_hand, "kubectl-label", "Update")]
+    return node_body(name, labels, managed_fields=owners)
 
 
 class FakeKube:

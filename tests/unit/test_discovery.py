@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import node_body
+from builders import label_owner, node_body
 
 from gpu_operator import cli
 from gpu_operator.agent.discovery import (
@@ -189,23 +189,18 @@ class FakeNodeApi:
 
     def body(self) -> dict[str, Any]:
         managers = sorted({m for owners in self.owners.values() for m in owners})
-        managed: list[dict[str, Any]] = [
-            {
-                "manager": manager,
-                "operation": "Apply" if manager == FIELD_MANAGER else "Update",
-                "fieldsV1": {
-                    "f:metadata": {"f:labels": {f"f:{k}": {} for k, o in self.owners.items() if manager in o}}
-                },
-            }
+        managed = [
+            label_owner(
+                [k for k, o in self.owners.items() if manager in o],
+                manager,
+                "Apply" if manager == FIELD_MANAGER else "Update",
+            )
             for manager in managers
         ]
-        metadata = {
-            "name": self.name,
-            "uid": f"uid-{self.name}",
-            "labels": dict(self.labels),
-            "annotations": self.annotations,
-        }
-        return {"metadata": {**metadata, "managedFields": managed}}
+        uid = f"uid-{self.name}"
+        return node_body(
+            self.name, self.labels, uid=uid, annotations=self.annotations, managed_fields=managed
+        )
 
     def set_by_nfd(self, key: str, value: str) -> None:
         self.labels[key] = value
@@ -368,6 +363,8 @@ class ScriptedWatchApi:
 
 
 def node(version: str, **labels: str) -> dict[str, Any]:
+    """The agent's node gpu-0 at resourceVersion `version` (a shorthand of builders.node_body for the
+    scripted listings and watch events below)."""
     return node_body("gpu-0", labels, resource_version=version)
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from builders import PCI, operand_daemonset, operand_pod
+from builders import PCI, label_owner, node_body, operand_daemonset, operand_pod
 
 from gpu_operator.core.components import BY_NAME
 from gpu_operator.core.node_labels import GPU_PRESENT, MIG_CONFIG, NodeInfo, node_info
@@ -116,22 +116,12 @@ class Node:
                 # OPERATOR_UPDATE: the operator's JSON patches, under its name but not its apply.
                 operation = "Apply" if manager == "gpu-operator" else "Update"
                 fields.setdefault((manager.removesuffix(":update"), operation), set()).add(key)
-        body = {
-            "metadata": {
-                "name": self.name,
-                "labels": dict(self.labels),
-                "resourceVersion": str(self.version),
-                "managedFields": [
-                    {
-                        "manager": manager,
-                        "operation": operation,
-                        "fieldsV1": {"f:metadata": {"f:labels": {f"f:{k}": {} for k in keys}}},
-                    }
-                    for (manager, operation), keys in sorted(fields.items())
-                ],
-            }
-        }
-        return node_info(body)
+        managed = [
+            label_owner(keys, manager, operation) for (manager, operation), keys in sorted(fields.items())
+        ]
+        return node_info(
+            node_body(self.name, self.labels, resource_version=str(self.version), managed_fields=managed)
+        )
 
     # The managers, acting on this node.
     def driver_manager_reschedules(self) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from builders import PCI, gpu_node, node_body
+from builders import PCI, gpu_node, label_owner, node_body
 
 from gpu_operator.api import parse_spec
 from gpu_operator.core.components import BY_NAME, COMPONENTS, RUNTIME_LABEL
@@ -44,25 +44,15 @@ def test_gpu_detection_sources() -> None:
 
 
 def test_node_info_reads_our_labels_from_managed_fields() -> None:
-    body = {
-        "metadata": {
-            "name": "gpu-0",
-            "labels": {GPU_PRESENT: "true", deploy("driver"): "false"},
-            "managedFields": [
-                {
-                    "manager": "gpu-operator",
-                    "operation": "Apply",
-                    "fieldsV1": {"f:metadata": {"f:labels": {f"f:{GPU_PRESENT}": {}}}},
-                },
-                {
-                    "manager": "kubectl-label",
-                    "operation": "Update",
-                    "fieldsV1": {"f:metadata": {"f:labels": {f"f:{deploy('driver')}": {}}}},
-                },
-            ],
-        },
-        "status": {"allocatable": {"nvidia.com/gpu": "4"}},
-    }
+    body = node_body(
+        "gpu-0",
+        {GPU_PRESENT: "true", deploy("driver"): "false"},
+        managed_fields=[
+            label_owner([GPU_PRESENT]),
+            label_owner([deploy("driver")], "kubectl-label", "Update"),
+        ],
+        status={"allocatable": {"nvidia.com/gpu": "4"}},
+    )
     info = node_info(body)
     assert info.own_labels == {GPU_PRESENT}
     assert info.gpu_allocatable == 4
@@ -224,6 +214,7 @@ def test_cluster_facts_from_first_gpu_node() -> None:
 
 def test_cluster_facts_list_every_kernel_and_runtime_in_nvidias_order() -> None:
     def node(name: str, kernel: str, runtime: str) -> dict[str, object]:
+        """A GPU node with this kernel and container runtime (builders.node_body in short)."""
         labels = {PCI: "true", "feature.node.kubernetes.io/kernel-version.full": kernel}
         return node_body(name, labels, status={"nodeInfo": {"containerRuntimeVersion": runtime}})
 

@@ -14,14 +14,13 @@ from dataclasses import replace
 from typing import Any, cast
 
 import pytest
-from builders import PCI, gpu_node, node_body, operand_pod, watched_node
+from builders import PCI, gpu_node, label_owner, node_body, operand_pod, watched_node
 
 from gpu_operator.api.common import PULL_SECRETS_MAX
 from gpu_operator.api.status import ClusterPolicyStatus, ComponentState, ComponentStatus
 from gpu_operator.core import plan, policy_fields
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import ADOPT_ANNOTATION, ObjectKey, component_of, object_key
-from gpu_operator.core.ownership import FIELD_MANAGER
 from gpu_operator.core.plan import POLICY_CRD, PolicyRef
 from gpu_operator.core.psa import PREVIOUS_ANNOTATION, PSA_LABELS, NamespaceInfo
 from gpu_operator.core.render import render as core_render
@@ -113,14 +112,14 @@ class FakeKube:
         self.labels[node] = dict(labels)
         self.versions[node] = (uid, resource_version)
         self.version += 1
-        metadata = {
-            "name": node,
-            "uid": uid,
-            "resourceVersion": str(self.version),
-            "labels": {PCI: "true", **labels},
-            "managedFields": [label_owner(labels)],
-        }
-        self.written[node] = {"apiVersion": "v1", "kind": "Node", "metadata": metadata}
+        self.written[node] = node_body(
+            node,
+            {PCI: "true", **labels},
+            uid=uid,
+            resource_version=str(self.version),
+            managed_fields=[label_owner(labels)],
+            typed=True,
+        )
         return copy.deepcopy(self.written[node])
 
     def rewrite_labels(self, kind: str, name: str, changes: Mapping[str, tuple[str, str | None]]) -> None:
@@ -135,12 +134,6 @@ class FakeKube:
 
     def post_event(self, policy: Mapping[str, str], type_: str, reason: str, message: str, now: str) -> None:
         self.events.append((type_, reason))
-
-
-def label_owner(labels: Mapping[str, str]) -> dict[str, Any]:
-    """The managedFields entry of the operator's server-side apply of exactly these node labels."""
-    owned: dict[str, Any] = {"f:metadata": {"f:labels": {f"f:{key}": {} for key in labels}}}
-    return {"manager": FIELD_MANAGER, "operation": "Apply", "fieldsV1": owned}
 
 
 def reconciler(fake: FakeKube, spec: dict[str, Any] | None = None) -> Reconciler:

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+from builders import PCI, label_owner, node_body
 
 from gpu_operator.core.node_labels import (
     GPU_PRESENT,
@@ -20,7 +21,6 @@ from gpu_operator.core.node_labels import (
 )
 from gpu_operator.core.plan import Observed, PolicyRef, build
 
-PCI = "feature.node.kubernetes.io/pci-10de.present"
 NOW = "2026-12-01T00:00:00Z"
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden" / "empty.yaml"
 """What `spec: {}` renders (the mig-manager's objects included)."""
@@ -40,22 +40,8 @@ def body(labels: dict[str, str], owners: dict[str, list[tuple[str, str]]]) -> di
     for key, managers in owners.items():
         for manager in managers:
             entries.setdefault(manager, []).append(key)
-    return {
-        "metadata": {
-            "name": "gpu-0",
-            "uid": "u0",
-            "resourceVersion": "7",
-            "labels": {PCI: "true", **labels},
-            "managedFields": [
-                {
-                    "manager": manager,
-                    "operation": operation,
-                    "fieldsV1": {"f:metadata": {"f:labels": {f"f:{key}": {} for key in keys}}},
-                }
-                for (manager, operation), keys in entries.items()
-            ],
-        }
-    }
+    managed = [label_owner(keys, manager, operation) for (manager, operation), keys in entries.items()]
+    return node_body("gpu-0", {PCI: "true", **labels}, uid="u0", resource_version="7", managed_fields=managed)
 
 
 def removals(labels: dict[str, str], owners: dict[str, list[tuple[str, str]]]) -> dict[str, str]:
@@ -148,7 +134,7 @@ def test_a_node_the_operator_never_labelled_is_cleaned_too() -> None:
     labels = {stale: "", opt_out: "false", deploy("toolkit"): "paused-for-driver-upgrade"}
     owners = {stale: [DRIVER_MANAGER], opt_out: [KUBECTL], deploy("toolkit"): [DRIVER_MANAGER]}
     node = node_info(body(labels, owners))
-    cpu = node_info({"metadata": {"name": "cpu-0", "labels": {"team": "x"}}})
+    cpu = node_info(node_body("cpu-0", {"team": "x"}))
     plan = build(Observed((), {"gpu-0": node, "cpu-0": cpu}, [], {}, {}, "gpu-operator"), NOW)
     assert plan.node_labels == {}
     removed = {stale: ("", None), deploy("toolkit"): ("paused-for-driver-upgrade", None)}

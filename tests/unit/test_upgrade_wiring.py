@@ -14,8 +14,8 @@ from typing import Any, cast
 
 import builders
 import pytest
-from builders import PCI, condition
-from test_reconciler import FakeKube, label_owner
+from builders import PCI, condition, label_owner
+from test_reconciler import FakeKube
 
 from gpu_operator.core.ownership import FIELD_MANAGER
 from gpu_operator.core.plan import PolicyRef, build
@@ -56,6 +56,9 @@ def stamp(seconds: float) -> str:
 def node_body(
     name: str, version: int, state: str = "upgrade-done", unschedulable: bool = False, **annotations: str
 ) -> dict[str, Any]:
+    """A GPU node in the upgrade, as a GET or a watch event has it: kept here rather than in builders.py
+    since it is the upgrade's (its state label, the auto-upgrade and state-start annotations stamped
+    from NOW, an annotation not the upgrade's, Ready); builders.node_body writes the fields."""
     return builders.node_body(
         name,
         {PCI: "true", STATE_LABEL: state},
@@ -143,6 +146,11 @@ def pod_body(
     restarts: int = 0,
     gpu: bool = False,
 ) -> dict[str, Any]:
+    """A running pod on `node`: an operand's of `component` (owned by a DaemonSet, the driver's one
+    for nvidia-driver) or else a workload's in namespace ml (owned by a ReplicaSet), of the template
+    `revision_hash` when given, asking for a GPU if `gpu`, created at `created` (Unix seconds; ten
+    minutes before NOW unless given). Kept here rather than in builders.py since the owners,
+    revisions and stamps are the upgrade's; builders.pod_body writes the fields."""
     labels: dict[str, str] = {}
     owner: dict[str, Any] = {"kind": "ReplicaSet", "uid": "rs", "controller": True}
     if component:
