@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from builders import condition, node_body, operand_pod_body
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -414,11 +415,8 @@ def test_pods_ready_and_gpus_advertised() -> None:
     from bench import run
 
     def pod(component: str, ready: bool, deleting: bool = False) -> dict[str, Any]:
-        metadata: dict[str, Any] = {"name": component, "labels": {"app.kubernetes.io/component": component}}
-        if deleting:
-            metadata["deletionTimestamp"] = "2026-11-29T00:00:00Z"
-        condition = {"type": "Ready", "status": "True" if ready else "False"}
-        return {"metadata": metadata, "status": {"conditions": [condition]}}
+        deleted = "2026-11-29T00:00:00Z" if deleting else None
+        return operand_pod_body(component, component, deleted=deleted, conditions=[condition("Ready", ready)])
 
     check = run.pods_ready(frozenset({"driver", "dcgm"}))
     assert check({"1": pod("driver", True), "2": pod("dcgm", True), "3": pod("other", False)})
@@ -426,7 +424,7 @@ def test_pods_ready_and_gpus_advertised() -> None:
     assert not check({"1": pod("driver", True), "2": pod("dcgm", True, deleting=True)})
 
     def node(gpus: str | None) -> dict[str, Any]:
-        return {"status": {"allocatable": {"nvidia.com/gpu": gpus} if gpus is not None else {}}}
+        return node_body(status={"allocatable": {"nvidia.com/gpu": gpus} if gpus is not None else {}})
 
     advertised = run.all_gpus_advertised(2)
     assert advertised({"a": node("8"), "b": node("8"), "c": node(None)})
@@ -471,7 +469,7 @@ def test_concurrency_counts_nodes_in_progress_and_cordoned() -> None:
 
     def node(state: str, cordoned: bool) -> dict[str, Any]:
         labels = {"nvidia.com/gpu-driver-upgrade-state": state}
-        return {"metadata": {"labels": labels}, "spec": {"unschedulable": True} if cordoned else {}}
+        return node_body(labels=labels, spec={"unschedulable": True} if cordoned else {})
 
     seen = upgrade.Concurrency()
     assert not seen({"/a": node("pod-restart-required", True), "/b": node("upgrade-required", False)})

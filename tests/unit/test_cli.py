@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
+from builders import node_body
 
 from gpu_operator import cli
 from gpu_operator.api import parse_spec
@@ -396,7 +397,7 @@ def test_render_applies_the_node_os_to_the_driver_tag(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     policy = policy_file(tmp_path, "spec: {}\n")
-    node = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-1", "labels": NODE_OS}}
+    node = node_body("gpu-1", NODE_OS, typed=True)
     nodes = tmp_path / "nodes.yaml"
     nodes.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": [node]}), encoding="utf-8")
     driver = next(c for c in COMPONENTS if c.name == "driver")
@@ -461,13 +462,9 @@ def test_env_value_cannot_inject_yaml(capsys: pytest.CaptureFixture[str], tmp_pa
 
 
 def node_doc(name: str, runtime: str, kernel: str) -> dict[str, Any]:
+    """A Node of `render --nodes`: NODE_OS's labels and this kernel, this container runtime."""
     labels = {**NODE_OS, "feature.node.kubernetes.io/kernel-version.full": kernel}
-    return {
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {"name": name, "labels": labels},
-        "status": {"nodeInfo": {"containerRuntimeVersion": runtime}},
-    }
+    return node_body(name, labels, status={"nodeInfo": {"containerRuntimeVersion": runtime}}, typed=True)
 
 
 @needs_templates

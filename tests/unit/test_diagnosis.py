@@ -289,6 +289,8 @@ def test_invalid_policy() -> None:
 def node(
     labels: dict[str, str] | None = None, taints: list[dict[str, str]] | None = None, **status: Any
 ) -> dict[str, Any]:
+    """Node n as the scheduler's filters read it: 8 GPUs, 110 pods and 4 CPUs allocatable unless
+    `status` says otherwise (a shorthand of builders.node_body for these tests' allocatable)."""
     allocatable = {"nvidia.com/gpu": "8", "pods": "110", "cpu": "4", **status}
     return node_body("n", labels, spec={"taints": taints or []}, status={"allocatable": allocatable})
 

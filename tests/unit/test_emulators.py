@@ -10,7 +10,9 @@ from pathlib import Path
 from typing import Any, cast
 
 import aiohttp
+import builders
 import pytest
+from builders import node_body
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -128,16 +130,16 @@ def test_profiles() -> None:
 
 
 def pod_body(containers: list[dict[str, Any]], volumes: list[dict[str, Any]]) -> dict[str, Any]:
-    return {
-        "metadata": {"name": "p", "namespace": "ns", "uid": "u1", "labels": {}},
-        "spec": {"nodeName": "n", "containers": containers, "volumes": volumes},
-    }
+    """The pod the emulated kubelet runs on node n: a shorthand of builders.pod_body."""
+    return builders.pod_body(
+        "p", "n", namespace="ns", uid="u1", labels={}, containers=containers, volumes=volumes
+    )
 
 
 def node_state() -> NodeState:
     state = NodeState("n", lambda node: None)
     annotations = {gpus.COUNT_ANNOTATION: "2", gpus.MODEL_ANNOTATION: "L4"}
-    state.observe({"metadata": {"name": "n", "uid": "uid-1", "annotations": annotations}})
+    state.observe(node_body("n", uid="uid-1", annotations=annotations))
     return state
 
 
@@ -365,7 +367,7 @@ def test_node_state_survives_a_restart_through_its_mirror() -> None:
         def restarted(uid: str) -> NodeState:
             state = NodeState("n", lambda n: None, SavedHost.of(written))
             annotations = {gpus.COUNT_ANNOTATION: "2", gpus.MODEL_ANNOTATION: "L4"}
-            state.observe({"metadata": {"name": "n", "uid": uid, "annotations": annotations}})
+            state.observe(node_body("n", uid=uid, annotations=annotations))
             return state
 
         same = restarted("uid-1")
@@ -388,12 +390,7 @@ def test_node_state_survives_a_restart_through_its_mirror() -> None:
 def h100_node(layout: list[MigGpu] | None = None) -> NodeState:
     node = NodeState("n", lambda n: None)
     node.observe(
-        {
-            "metadata": {
-                "name": "n",
-                "annotations": {gpus.COUNT_ANNOTATION: "2", gpus.MODEL_ANNOTATION: "H100-80GB-HBM3"},
-            }
-        }
+        node_body("n", annotations={gpus.COUNT_ANNOTATION: "2", gpus.MODEL_ANNOTATION: "H100-80GB-HBM3"})
     )
     node.driver = "595.91.07"
     if layout is not None:

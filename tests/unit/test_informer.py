@@ -34,6 +34,8 @@ def line(kind: str | None, body: dict[str, Any]) -> bytes:
 
 
 def node(name: str, version: str, **labels: str) -> dict[str, Any]:
+    """A Node at resourceVersion `version`, as the watch streams and the listings carry it (a shorthand
+    of builders.node_body for the streams below)."""
     return node_body(name, labels, resource_version=version, typed=True)
 
 

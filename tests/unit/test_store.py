@@ -8,7 +8,7 @@ import threading
 from dataclasses import replace
 from typing import Any
 
-from builders import condition, daemonset_body, operand_pod, operand_pod_body
+from builders import condition, daemonset_body, node_body, operand_pod, operand_pod_body
 
 from gpu_operator.core.components import BY_NAME, COMPONENTS
 from gpu_operator.core.node_labels import NodeInfo
@@ -130,7 +130,7 @@ def test_a_writer_waits_for_the_watch_to_bring_a_nodes_new_version() -> None:
     threading.Timer(
         0.02,
         store.record_node,
-        ({"metadata": {"name": "gpu-0", "uid": "u0", "resourceVersion": "57"}}, False),
+        (node_body("gpu-0", uid="u0", resource_version="57"), False),
     ).start()
     arrived, found = store.wait_node("gpu-0", "41", 5.0)
     assert arrived and found == moved and found.resource_version == "57"

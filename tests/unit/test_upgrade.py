@@ -1011,6 +1011,7 @@ def _manual_changes(world: World) -> dict[str, tuple[bool, Any]]:
     """name → (whether a plan with autoUpgrade off reads it, a change of one node of `world`)."""
 
     def node(**fields: Any) -> Any:
+        """A change of node-1's NodeInfo in `world` (no API body: what the planner reads)."""
         return lambda: world.nodes.update({"node-1": replace(world.nodes["node-1"], **fields)})
 
     def driver(**fields: Any) -> Any:
