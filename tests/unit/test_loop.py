@@ -123,24 +123,26 @@ def test_a_pass_that_lost_the_lease_is_no_failure_and_is_not_retried_on_a_back_o
 
 
 class SteppedLoop(asyncio.SelectorEventLoop):
-    """An event loop whose clock runs with the real one and jumps when the test says (`skip`): the
-    tests set their intervals a minute or more long, so that no timer fires on its own while a test
-    runs, however slow the machine, and each fires when the test moves the clock past it."""
+    """An event loop whose clock runs with the real one and jumps when the test moves `hand` on
+    (`skip`); the Loop's own clock is `hand` alone, so what it computes (its budget, when the next pass
+    is due) does not depend on how fast the machine is. The tests set their intervals a minute or more
+    long, so that no timer fires on its own while a test runs, however slow the machine, and each
+    fires when the test moves the clock past it."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.skipped = 0.0
+        self.hand = Clock(0.0)
 
     def time(self) -> float:
-        return super().time() + self.skipped
+        return super().time() + self.hand.now
 
 
 async def skip(seconds: float) -> None:
-    """Move the event loop's clock (and the Loop's, which reads it) on; the timers now due have run
-    when this returns."""
+    """Move the hand-moved clock (the Loop's, and the event loop's with it) on; the timers now due
+    have run when this returns."""
     running = asyncio.get_running_loop()
     assert isinstance(running, SteppedLoop)
-    running.skipped += seconds
+    running.hand.now += seconds
     for _ in range(2):  # the timers due run in the next iteration, after the task that yielded
         await asyncio.sleep(0)
 
@@ -163,10 +165,12 @@ def drive(
     settings: Settings, step: Callable[[Loop], None], script: Callable[[Loop], Awaitable[None]]
 ) -> None:
     """Run the loop, each pass doing `step` and then succeeding, while `script` acts and checks; the
-    Loop's clock is the event loop's, that `skip` moves on."""
+    Loop's clock is the hand-moved one that `skip` moves on (SteppedLoop.hand)."""
 
     async def main() -> None:
-        loop = Loop(settings, asyncio.get_running_loop().time)
+        running = asyncio.get_running_loop()
+        assert isinstance(running, SteppedLoop)
+        loop = Loop(settings, running.hand)
         loop.listed.set()
 
         def one_pass() -> Outcome:
@@ -208,34 +212,56 @@ def test_changes_that_only_show_coalesce_into_one_pass_soon() -> None:
     drive(settings, lambda loop: started.append(loop.clock()), script)
 
 
-def busy_passes(settings: Settings, cpu: float, count: int) -> tuple[list[float], list[float]]:
-    """Run `count` passes that each burn `cpu` seconds while events keep coming: the gaps between their
-    starts, and the CPU each took."""
+def busy_passes(settings: Settings, cpus: list[float], monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Run a pass for each of `cpus` in turn while events keep coming, each taking that many CPU
+    seconds and lasting as long on the hand-moved clock (a pass lasts at least its CPU), the clock
+    moved on to the end of each wait between them: the gaps between their starts on that clock.
+
+    The CPU seconds are a clock the passes move, not the machine's: `time.thread_time`, what the Loop
+    measures a pass's CPU with, reads it while they run, so that neither the CPU a pass takes nor
+    how long anything lasts depends on how fast or busy the machine is."""
+    cpu = Clock(0.0)
+    monkeypatch.setattr(time, "thread_time", cpu)
     started: list[float] = []
-    burnt: list[float] = []
 
     def step(loop: Loop) -> None:
-        started.append(time.monotonic())
-        begun = time.thread_time()
-        while time.thread_time() - begun < cpu:
-            pass
-        burnt.append(time.thread_time() - begun)
-        loop.wake()  # events keep coming
+        assert isinstance(loop.clock, Clock)
+        started.append(loop.clock())
+        took = cpus[len(started) - 1]
+        cpu.now += took
+        loop.clock.now += took
+        if len(started) < len(cpus):
+            loop.wake()  # events keep coming
 
     async def script(loop: Loop) -> None:
         loop.wake()
-        while len(started) < count:
-            await asyncio.sleep(0.01)
+        for number in range(1, len(cpus)):
+            await next_pass(loop, started, number)
 
     drive(settings, step, script)
-    return [b - a for a, b in itertools.pairwise(started)], burnt
+    return [b - a for a, b in itertools.pairwise(started)]
 
 
-def test_the_next_pass_waits_twice_the_cpu_the_last_one_took() -> None:
-    settings = Settings(pass_spacing=2.0, max_pass_spacing_seconds=5.0, resync_seconds=3600.0)
-    gaps, burnt = busy_passes(settings, 0.05, 3)  # passes planning 1000 nodes
-    # Each gap: the pass itself (at least its CPU), then twice its CPU of spacing.
-    assert all(gap >= 3.0 * cpu for gap, cpu in zip(gaps, burnt, strict=False)), (gaps, burnt)
+async def next_pass(loop: Loop, started: list[float], number: int) -> None:
+    """Once pass `number` has ended, move the clock to the end of the wait after it (if the loop waits
+    at all), and see pass `number + 1` start."""
+    await until(lambda: loop.passes >= number, f"pass {number} ended")
+    if len(started) == number and loop.next_pass_at is not None:  # waiting, from the end of that pass
+        await skip(loop.next_pass_at - loop.clock())
+    await until(lambda: len(started) > number, f"pass {number + 1} started")
+
+
+def test_the_next_pass_waits_twice_the_cpu_the_last_one_took(monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = Settings(
+        pass_spacing=2.0,
+        max_pass_spacing_seconds=1200.0,
+        planning_burst_seconds=1000.0,  # more than the passes take: no wait for the budget
+        resync_seconds=86400.0,
+    )
+    cpus = [60.0, 30.0, 60.0]  # passes planning thousands of nodes
+    gaps = busy_passes(settings, cpus, monkeypatch)
+    # Each gap: the pass itself (its CPU), then twice its CPU of spacing.
+    assert gaps == [3.0 * cpu for cpu in cpus[:-1]], (gaps, cpus)
 
 
 def test_once_the_planning_burst_is_spent_passes_wait_for_the_budget_to_refill(clock: Clock) -> None:
@@ -262,14 +288,19 @@ def test_once_the_planning_burst_is_spent_passes_wait_for_the_budget_to_refill(c
     assert health(loop, Store())[1]["reconcile"]["planningBudgetSeconds"] == 1.0
 
 
-def test_passes_past_the_burst_run_at_the_planning_share() -> None:
+def test_passes_past_the_burst_run_at_the_planning_share(monkeypatch: pytest.MonkeyPatch) -> None:
     settings = Settings(
-        pass_spacing=0.0, planning_burst_seconds=0.02, planning_share=0.5, resync_seconds=3600.0
+        pass_spacing=0.0,
+        planning_burst_seconds=60.0,
+        planning_share=0.5,
+        max_budget_wait_seconds=3600.0,  # longer than any wait here: no debt forgiven
+        resync_seconds=86400.0,
     )
-    gaps, _ = busy_passes(settings, 0.02, 4)
-    # The first pass spends the burst; from then on a pass (and its wait) lasts as long as refilling its
-    # 0.02 s at half a core takes: 0.04 s, where spacing by cost alone (pass_spacing 0) would not wait.
-    assert all(gap >= 0.04 * 0.9 for gap in gaps[1:]), gaps
+    gaps = busy_passes(settings, [60.0] * 4, monkeypatch)
+    assert gaps[0] == 60.0, "the first pass spends the burst: the next starts as it ends"
+    # From then on a pass (and its wait) lasts as long as refilling its 60 s at half a core takes:
+    # 120 s, where spacing by cost alone (pass_spacing 0) would not wait.
+    assert gaps[1:] == [120.0, 120.0], gaps
 
 
 def test_watches_read_on_while_the_loop_is_idle_and_wait_while_a_pass_runs_or_is_due() -> None:
@@ -288,10 +319,7 @@ def test_watches_read_on_while_the_loop_is_idle_and_wait_while_a_pass_runs_or_is
         assert loop.settle(BUSY) is None, "idle: the next event may start a pass"
         loop.wake()
         assert not loop.idle.is_set(), "woken: a pass is due"
-        for _ in range(100):
-            if running.is_set():
-                break
-            await asyncio.sleep(0.01)
+        await until(running.is_set, "the pass started")
         waiting = loop.settle(QUIET)
         assert waiting is not None and loop.quiet_reads.timer is None, "a pass runs: quiet or not"
         timer = loop.reads.timer
@@ -383,8 +411,7 @@ def test_the_watches_read_when_a_pass_ends_even_with_the_next_one_due() -> None:
     async def script(loop: Loop) -> None:
         await until_idle(loop)
         loop.wake()
-        while not running.is_set():
-            await asyncio.sleep(0.01)
+        await until(running.is_set, "the pass started")
         waiting = loop.settle(BUSY)
         assert waiting is not None
         loop.wake()  # an event read during the pass: the next pass is due as soon as this one ends
