@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from aiohttp import web
-from builders import daemonset_body, node_body
+from builders import Clock, daemonset_body, node_body
 from kubernetes_asyncio import client
 
 from gpu_operator.main import watches
@@ -25,8 +26,9 @@ NODES = informer.Kind("", "v1", "nodes", label_selector="a=b")
 DAEMONSETS = informer.Kind("apps", "v1", "daemonsets", "gpu-operator")
 FAST = replace(informer.Timing.of(Settings()), chunk_size=2, retry=0.0)
 """Pages of two objects; failures retried at once."""
-Part = bytes | float | None
-"""What a watch stream sends next: bytes, a pause of that many seconds, or None: the connection drops."""
+Part = bytes | float | Callable[[], Awaitable[object]] | None
+"""What a watch stream sends next: bytes, a pause of that many seconds, a step of the test's that the
+stream awaits (an event to wait for, a change to make), or None: the connection drops."""
 
 
 def line(kind: str | None, body: dict[str, Any]) -> bytes:
@@ -83,8 +85,10 @@ class FakeApi:
                 return response
             if isinstance(part, float):
                 await asyncio.sleep(part)
-            else:
+            elif isinstance(part, bytes):
                 await response.write(part)
+            else:
+                await part()
         return response
 
 
@@ -203,17 +207,16 @@ def test_gone_lists_the_kind_again_and_what_vanished_meanwhile_is_reported() -> 
     store = Store()
     recorded: list[str] = []
     expired = line("ERROR", {"kind": "Status", "code": 410, "reason": "Expired"})
-    gone = FakeApi([node("n1", "9")], [[0.2, expired]])
+
+    async def vanish() -> None:
+        gone.items = []  # deleted while the watch runs, before its 410
+
+    gone = FakeApi([node("n1", "9")], [[vanish, expired]])
 
     def relisted() -> bool:
         return len(gone.requests) >= 4
 
-    def vanish() -> bool:
-        if len(gone.requests) >= 2:
-            gone.items = []  # deleted while the watch was gone
-        return relisted()
-
-    watched = run(gone, recorder(store, recorded), until=vanish)
+    watched = run(gone, recorder(store, recorded), until=relisted)
     assert "watch" not in gone.requests[2], "listed again after the 410"
     assert watched.told[:2] == [{("", "n1")}, set()], "the second listing lacks what vanished"
 
@@ -330,32 +333,50 @@ def test_a_policy_nested_deeper_than_pythons_decoder_goes_is_recorded_truncated(
         assert found is not None and too_deep(found.spec) is not None, name
 
 
-def test_while_the_loop_is_busy_the_events_of_the_wait_arrive_in_one_read() -> None:
+def test_while_the_loop_is_busy_the_events_of_the_wait_arrive_in_one_read(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Events arriving while `settle` says wait are all read at once after it, a line cut between two
-    writes included, in order and none lost."""
+    writes included, in order and none lost.
+
+    The stream writes them once the wait has begun, and the wait ends once they are written and has
+    lasted 0.5 s on a clock the test moves (watch_stream's, for the rate it tells `settle`), so that
+    how fast the machine is does not matter."""
+    clock = Clock(0.0)
+    monkeypatch.setattr(watch_stream, "time", SimpleNamespace(monotonic=clock))
+    began, written = asyncio.Event(), asyncio.Event()
+
+    async def wait() -> None:
+        await written.wait()
+        clock.now += 0.5
+
+    def settle() -> Awaitable[None] | None:
+        """Wait after the first read (the loop is busy), read on after the next (idle again)."""
+        if began.is_set():
+            return None
+        began.set()
+        return wait()
+
+    async def all_written() -> None:
+        written.set()
+
     store = Store()
     recorded: list[str] = []
-    third = line("ADDED", node("n3", "13"))
+    second, third = line("ADDED", node("n2", "12")), line("ADDED", node("n3", "13"))
     stream: list[Part] = [
         line("ADDED", node("n1", "11")),
-        0.05,
-        line("ADDED", node("n2", "12")),
-        0.05,
+        began.wait,
+        second,
         third[:20],
-        0.05,
         third[20:],
+        all_written,
     ]
     api = FakeApi([], [stream])
-    watched = run(
-        api,
-        recorder(store, recorded),
-        until=lambda: len(recorded) == 3,
-        settle=lambda: asyncio.sleep(0.5),
-    )
+    watched = run(api, recorder(store, recorded), until=lambda: len(recorded) == 3, settle=settle)
     assert recorded == ["n1", "n2", "n3"]
     assert watched.settled == 2, "one read for the first event, one for the three writes of the wait"
-    waited = len(stream[2]) + len(third)  # type: ignore[arg-type]
-    assert waited < watched.rates[1] < waited / 0.5, "what the read brought, a second: over the 0.5 s wait"
+    waited = len(second) + len(third)
+    assert watched.rates[1] == waited / 0.5, "what the read brought, a second: over the 0.5 s wait"
 
 
 def test_the_connection_is_not_read_at_all_while_waiting() -> None:
