@@ -243,9 +243,10 @@ def test_objects_go_in_waves_the_labelled_components_daemonset_after_its_own_obj
 
 
 def test_the_first_stages_daemonset_does_not_queue_behind_the_node_labels() -> None:
-    """60 nodes, each label write a round trip: the driver's DaemonSet goes out while they are
-    written, not after the last of them."""
+    """60 nodes, each label write slow: the driver's DaemonSet goes out while they are written, not
+    after the last of them."""
     done: list[str] = []
+    daemonset = threading.Event()
 
     class Busy(FakeKube):
         def apply(
@@ -254,12 +255,16 @@ def test_the_first_stages_daemonset_does_not_queue_behind_the_node_labels() -> N
             written = super().apply(body, manager, dry_run)
             if not dry_run:
                 done.append(body["metadata"]["name"])
+                if body["metadata"]["name"] == "nvidia-driver-daemonset":
+                    daemonset.set()
             return written
 
         def apply_node_labels(
             self, node: str, labels: Mapping[str, str], uid: str, resource_version: str = ""
         ) -> dict[str, Any]:
-            time.sleep(0.02)
+            # An API server slow to write labels: each waits until the driver's DaemonSet is written
+            # (or gives up on it: a label write the DaemonSet queued behind).
+            daemonset.wait(5.0)
             written = super().apply_node_labels(node, labels, uid, resource_version)
             done.append(f"node {node}")
             return written
@@ -818,6 +823,8 @@ def test_psa_namespace_write_restores_then_applies_never_creating_it() -> None:
 def test_progress_waits_for_the_status_interval_and_a_new_state_does_not() -> None:
     fake = FakeKube()
     rec = reconciler(fake)
+    # An hour: however slow the machine, the passes below run well within it after the write.
+    rec.settings = replace(rec.settings, status_interval_seconds=3600.0)
     rec.store.put("nodes", "gpu-1", watched_node("gpu-1"))
     rec.run_once()
     settle(rec, fake)
@@ -828,9 +835,9 @@ def test_progress_waits_for_the_status_interval_and_a_new_state_does_not() -> No
     assert len(fake.statuses) == written, "progress only, just after a write: it waits"
     assert (
         outcome.wake_at is not None
-        and 0 < outcome.wake_at - time.time() <= Settings().status_interval_seconds
+        and 0 < outcome.wake_at - time.time() <= rec.settings.status_interval_seconds
     )
-    rec.status_written["p"] -= Settings().status_interval_seconds
+    rec.status_written["p"] -= rec.settings.status_interval_seconds
     rec.run_once()
     assert len(fake.statuses) == written + 1 and component(fake.statuses[-1], "driver")["nodesReady"] == 1
     settle(rec, fake)

@@ -20,6 +20,7 @@ from test_reconciler import FakeKube
 from gpu_operator.core.ownership import FIELD_MANAGER
 from gpu_operator.core.plan import PolicyRef, build
 from gpu_operator.core.status import status_body
+from gpu_operator.core.upgrade import node_steps
 from gpu_operator.core.upgrade.states import (
     AUTO_UPGRADE_ANNOTATION,
     FAILURE_ANNOTATION,
@@ -431,7 +432,10 @@ def test_no_start_when_the_finishing_node_could_not_be_written() -> None:
     assert "node/gpu-0" in outcome.errors
 
 
-def test_a_refused_eviction_is_a_fact_for_the_next_pass() -> None:
+def test_a_refused_eviction_is_a_fact_for_the_next_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Asked again an hour after the refusal, not 10 s: however slow the machine, the next pass runs
+    # within it (the passes read the real clock).
+    monkeypatch.setattr(node_steps, "EVICTION_RETRY_SECONDS", 3600)
     nodes = {"gpu-0": node_body("gpu-0", 10, "pod-deletion-required", unschedulable=True)}
     pods = [
         pod_body("drv-0", "gpu-0", "nvidia-driver", revision_hash="h1"),
