@@ -4,8 +4,8 @@ The planner is a pure function of the policy and the watched cluster, but betwee
 some event touched differs, so it keeps results while their inputs stay equal (gpu_operator/core/memo.py):
 a pass over a large cluster then costs what changed, not what exists. Those results live here rather
 than in module globals, so that whoever runs passes decides how long they are kept: the operator keeps
-one Caches for its whole life (runtime/reconciler.py), a test or the bench makes its own, and two of
-them never see each other's results. What is kept never changes a decision, only its cost
+one Caches for its whole life (in its Memory, gpu_operator/core/memory.py), a test or the bench makes
+its own, and two of them never see each other's results. What is kept never changes a decision, only its cost
 (tests/unit/test_memo.py builds every pass warm and cold and compares them).
 """
 

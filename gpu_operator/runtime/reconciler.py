@@ -23,8 +23,8 @@ from math import inf
 from typing import Any, Protocol, TypeVar
 
 from gpu_operator.api.crd import crd
-from gpu_operator.core.caches import Caches
 from gpu_operator.core.components import COMPONENTS
+from gpu_operator.core.memory import Memory
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import (
     HASH_ANNOTATION,
@@ -50,7 +50,6 @@ from gpu_operator.core.plan import (
 )
 from gpu_operator.core.psa import PRIVILEGED, NamespaceInfo, NamespaceWrite
 from gpu_operator.core.render import PREREQUISITES
-from gpu_operator.core.status import Signature
 from gpu_operator.core.upgrade import (
     DeletePod,
     EvictionResult,
@@ -233,22 +232,13 @@ class Reconciler:
     crd_current: bool = False
     """Whether the ClusterPolicy CRD was found at our schema (checked again when its watch says it
     went)."""
-    applied: dict[ObjectKey, Applied] = field(default_factory=dict)
-    reported: dict[str, Signature] = field(default_factory=dict)
-    """Policy name → what the Events posted for it have said."""
+    memory: Memory = field(default_factory=Memory)
+    """What each pass leaves for the next (core/memory.py): one for the operator's life."""
     pod_watches: PodWatches | None = None
     """The pods of the nodes a driver upgrade empties (None: none are watched, as in unit tests that
     feed the Store themselves)."""
-    evictions: dict[str, EvictionResult] = field(default_factory=dict)
-    """Pod UID → the API server's answer to our last Eviction of it: facts for the next pass."""
     evictions_lock: threading.Lock = field(default_factory=threading.Lock)
-    good: Good | None = None
-    """The last generation of the active policy written in full (see plan.Good)."""
-    status_written: dict[str, float] = field(default_factory=dict)
-    """Policy name → when (monotonic) its status was last written: progress-only writes wait."""
-    caches: Caches = field(default_factory=Caches)
-    """The core's memory across passes (plan.build): one for the operator's life, so that a pass plans
-    again only what changed since the last."""
+    """Guards the memory's evictions: the writers record their answers at once."""
     pool: ThreadPoolExecutor = field(init=False)
     appliers: ThreadPoolExecutor = field(init=False)
 
@@ -351,10 +341,10 @@ class Reconciler:
                     )
         if self.pod_watches is not None:
             self.pod_watches.follow(upgrade.pods_needed if upgrade is not None else ())
-        conclusion = conclude(plan, observed.policies, errors, self.reported, stamp, verdict.conflicts)
+        conclusion = conclude(plan, observed.policies, errors, self.memory.reported, stamp, verdict.conflicts)
         active = plan.active
         if active is not None and plan.spec is not None and not plan.problems and not errors:
-            self.good = Good(active.uid, active.generation, active.spec)
+            self.memory.good = Good(active.uid, active.generation, active.spec)
         status_due = self._write_statuses(conclusion)
         wake_at = upgrade.wake_at if upgrade is not None else None
         if status_due is not None:
@@ -370,27 +360,25 @@ class Reconciler:
     def _plan(self, stamp: str, clock: float) -> tuple[Observed, Plan, Verdict]:
         observed = self.store.snapshot(self.settings.namespace, self.settings.environ)
         with self.evictions_lock:
-            # Answers about pods no longer watched (gone, or their node done) are of no use any more.
-            known = {p.uid for p in observed.upgrade.pods}
-            self.evictions = {uid: e for uid, e in self.evictions.items() if uid in known}
-            observed = replace(observed, upgrade=replace(observed.upgrade, evictions=dict(self.evictions)))
+            observed = self.memory.with_evictions(observed)
         return (observed, *self._prove(observed, stamp, clock))
 
     def _prove(self, observed: Observed, stamp: str, clock: float) -> tuple[Plan, Verdict]:
         """The plan to carry out and its proven change. A generation that cannot be written leaves
-        the cluster on the last one written (self.good); when that cannot take the cluster's new facts
-        either, or none is known (after a restart), nothing changes."""
-        plan = build(observed, stamp, self.good, clock=clock, caches=self.caches)
+        the cluster on the last one written (the memory's `good`); when that cannot take the cluster's
+        new facts either, or none is known (after a restart), nothing changes."""
+        good, caches = self.memory.good, self.memory.caches
+        plan = build(observed, stamp, good, clock=clock, caches=caches)
         verdict = self._vet(plan, observed)
         if verdict.proven:
             return plan, verdict
         if plan.problems is None:  # the current generation itself: fall back to the last one written
-            plan = build(observed, stamp, self.good, verdict.problems, clock, caches=self.caches)
+            plan = build(observed, stamp, good, verdict.problems, clock, caches=caches)
             verdict = self._vet(plan, observed)
             if verdict.proven:
                 return plan, verdict
         problems = (plan.problems or Problems()) + verdict.problems
-        return build(observed, stamp, None, problems, clock, caches=self.caches), Verdict(
+        return build(observed, stamp, None, problems, clock, caches=caches), Verdict(
             conflicts=verdict.conflicts
         )
 
@@ -400,7 +388,7 @@ class Reconciler:
         context = vetting_context(plan, observed)
         if context is None:
             return Verdict(deletes=tuple(plan.deletes))
-        writes = to_write(plan, observed.objects, self.applied)
+        writes = to_write(plan, observed.objects, self.memory.applied)
         if not writes:
             return judge(context, writes, plan.deletes, Answers(dry_run={}))
         answers = self._ask(requests(writes, observed.objects, context.spec))
@@ -479,14 +467,14 @@ class Reconciler:
             log.info("applied %s %s/%s", key[1], key[2], key[3])
             info = object_info(result)
             self.store.put("objects", key, info)
-            self.applied[key] = Applied(desired_hash, info.generation, info.resource_version)
+            self.memory.applied[key] = Applied(desired_hash, info.generation, info.resource_version)
 
     def _delete(self, key: ObjectKey, errors: dict[str, str]) -> None:
         log.info("deleting %s %s/%s (no longer wanted)", key[1], key[2], key[3])
         with _recorded(errors, key[1] + "/" + key[3]):
             self.kube.delete(key)
             self.store.put("objects", key, None)
-            self.applied.pop(key, None)
+            self.memory.applied.pop(key, None)
 
     def _label(
         self,
@@ -627,7 +615,7 @@ class Reconciler:
             result = EvictionResult(exc.status, message or exc.reason, time.time())
             log.info("eviction of pod %s/%s refused: %s", write.namespace, write.name, exc)
         with self.evictions_lock:
-            self.evictions[write.uid] = result
+            self.memory.evictions[write.uid] = result
         return result
 
     def _delete_pod(self, write: DeletePod) -> None:
@@ -662,7 +650,7 @@ class Reconciler:
         for name, events in conclusion.events.items():
             body = conclusion.status_writes.get(name)
             if body is not None and name in conclusion.progress:
-                wait = self.status_written.get(name, -inf) + self.settings.status_interval_seconds
+                wait = self.memory.status_written.get(name, -inf) + self.settings.status_interval_seconds
                 wait -= time.monotonic()
                 if wait > 0:
                     body = None
@@ -674,8 +662,8 @@ class Reconciler:
                     if exc.status != 404:
                         raise
                     continue  # deleted meanwhile; its DELETED event is on the way
-                self.status_written[name] = time.monotonic()
-            self.reported[name] = conclusion.reported[name]
+                self.memory.status_written[name] = time.monotonic()
+            self.memory.reported[name] = conclusion.reported[name]
             stamp = now()
             for event in events:
                 # Events are a courtesy; the status already says it all, so a failure must not fail

@@ -371,7 +371,7 @@ def test_the_passes_of_a_reconciler_share_the_cores_caches(monkeypatch: pytest.M
     rec.run_once()
     assert renders == ["render"]
     again = Reconciler(cast(Kube, fake), rec.store, Settings(stale_wait_seconds=0.05), crd_current=True)
-    assert again.caches is not rec.caches
+    assert again.memory.caches is not rec.memory.caches
     again.run_once()
     assert renders == ["render", "render"]
 
@@ -837,7 +837,7 @@ def test_progress_waits_for_the_status_interval_and_a_new_state_does_not() -> No
         outcome.wake_at is not None
         and 0 < outcome.wake_at - time.time() <= rec.settings.status_interval_seconds
     )
-    rec.status_written["p"] -= rec.settings.status_interval_seconds
+    rec.memory.status_written["p"] -= rec.settings.status_interval_seconds
     rec.run_once()
     assert len(fake.statuses) == written + 1 and component(fake.statuses[-1], "driver")["nodesReady"] == 1
     settle(rec, fake)

@@ -446,7 +446,7 @@ def test_a_refused_eviction_is_a_fact_for_the_next_pass(monkeypatch: pytest.Monk
     rec.store.list_node_pods("gpu-0", [pod_body("train", "gpu-0", gpu=True)])
     outcome = with_kube(rec, kube).run_once()
     assert kube.calls == [("evict", "train")]
-    assert rec.evictions["uid-train"].status == 429
+    assert rec.memory.evictions["uid-train"].status == 429
     assert outcome.wake_at is not None and outcome.wake_at <= time.time()  # say why at once
     kube.calls.clear()
     again = rec.run_once()
