@@ -11,11 +11,12 @@ operator just started, which must decide the same from the cluster alone.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from gpu_operator.core.caches import Caches
 from gpu_operator.core.observed import ObjectKey
-from gpu_operator.core.plan import Applied, Good, Observed
+from gpu_operator.core.plan import Applied, Good, Observed, Plan
 from gpu_operator.core.status import Signature
 from gpu_operator.core.upgrade import EvictionResult
 
@@ -44,3 +45,10 @@ class Memory:
         known = {pod.uid for pod in observed.upgrade.pods}
         self.evictions = {uid: e for uid, e in self.evictions.items() if uid in known}
         return replace(observed, upgrade=replace(observed.upgrade, evictions=dict(self.evictions)))
+
+    def written(self, plan: Plan, errors: Mapping[str, str]) -> None:
+        """After a pass's writes (`errors`: those that failed): a valid generation written without an
+        error is the one a later generation that cannot be written falls back to."""
+        active = plan.active
+        if active is not None and plan.spec is not None and not plan.problems and not errors:
+            self.good = Good(active.uid, active.generation, active.spec)

@@ -38,7 +38,6 @@ from gpu_operator.core.plan import (
     POLICY_CRD,
     Applied,
     Conclusion,
-    Good,
     LabelRewrites,
     Observed,
     Plan,
@@ -342,9 +341,7 @@ class Reconciler:
         if self.pod_watches is not None:
             self.pod_watches.follow(upgrade.pods_needed if upgrade is not None else ())
         conclusion = conclude(plan, observed.policies, errors, self.memory.reported, stamp, verdict.conflicts)
-        active = plan.active
-        if active is not None and plan.spec is not None and not plan.problems and not errors:
-            self.memory.good = Good(active.uid, active.generation, active.spec)
+        self.memory.written(plan, errors)
         status_due = self._write_statuses(conclusion)
         wake_at = upgrade.wake_at if upgrade is not None else None
         if status_due is not None:
@@ -353,8 +350,8 @@ class Reconciler:
             # The status written above predates the refusal: say at once what the eviction waits for.
             wake_at = clock
         unsettled = {**verdict.conflicts, **errors}
-        if plan.problems and active is not None:
-            unsettled[f"generation {active.generation}"] = "; ".join(plan.problems.lines())
+        if plan.problems and plan.active is not None:
+            unsettled[f"generation {plan.active.generation}"] = "; ".join(plan.problems.lines())
         return Outcome(conclusion.plan, unsettled, tuple(sorted(stale)), wake_at)
 
     def _plan(self, stamp: str, clock: float) -> tuple[Observed, Plan, Verdict]:

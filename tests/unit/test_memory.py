@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
+from gpu_operator.api import FieldError, parse_spec
 from gpu_operator.core.memory import Memory
-from gpu_operator.core.plan import Observed
+from gpu_operator.core.plan import Good, Observed, Plan, PolicyRef
 from gpu_operator.core.upgrade import EvictionResult, Facts, WorkloadPod
+from gpu_operator.core.vetting import Problems
 
 
 def watching(*uids: str) -> Observed:
@@ -27,3 +31,27 @@ def test_a_new_memory_is_an_operator_just_started() -> None:
     assert (memory.applied, memory.reported, memory.evictions, memory.status_written) == ({}, {}, {}, {})
     assert memory.good is None
     assert memory.caches is not other.caches, "two memories never share the planner's results"
+
+
+def planned(generation: int, spec: dict[str, object]) -> Plan:
+    """A plan for generation `generation` of policy p whose spec the models accept."""
+    active = PolicyRef("p", "uid-p", generation, "2026-01-01T00:00:00Z", spec, {})
+    return Plan(active, parse_spec(spec), [], [], [], {}, {}, [])
+
+
+def test_the_generation_written_in_full_is_the_one_to_fall_back_to() -> None:
+    memory = Memory()
+    memory.written(planned(1, {"dcgm": {"enabled": False}}), {})
+    first = Good("uid-p", 1, {"dcgm": {"enabled": False}})
+    assert memory.good == first
+    memory.written(planned(2, {}), {"driver": "500 Internal Server Error"})
+    assert memory.good == first, "a write failed: generation 2 is not what the operands run"
+    refused = Problems(invalid=(FieldError("spec.driver", "refused"),))
+    memory.written(replace(planned(3, {}), problems=refused), {})
+    assert memory.good == first, "generation 3 could not be written: the plan ran generation 1"
+    memory.written(replace(planned(4, {}), spec=None), {})
+    assert memory.good == first, "nothing valid was written"
+    memory.written(replace(planned(5, {}), active=None), {})
+    assert memory.good == first, "no policy (uninstalled): nothing to fall back to changes"
+    memory.written(planned(6, {}), {})
+    assert memory.good == Good("uid-p", 6, {})
