@@ -23,7 +23,6 @@ from math import inf
 from typing import Any, Protocol, TypeVar
 
 from gpu_operator.api.crd import crd
-from gpu_operator.core.components import COMPONENTS
 from gpu_operator.core.memory import Memory
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import (
@@ -48,7 +47,6 @@ from gpu_operator.core.plan import (
     vetting_context,
 )
 from gpu_operator.core.psa import PRIVILEGED, NamespaceInfo, NamespaceWrite
-from gpu_operator.core.render import PREREQUISITES
 from gpu_operator.core.upgrade import (
     DeletePod,
     EvictionResult,
@@ -69,6 +67,7 @@ from gpu_operator.core.vetting import (
     judge,
     requests,
 )
+from gpu_operator.core.writes import in_waves, labelled_components
 from gpu_operator.runtime.client import ApiError, Kube, NotLeader, gone_or_changed, preconditioned
 from gpu_operator.runtime.settings import Settings
 from gpu_operator.runtime.store import Store
@@ -107,42 +106,6 @@ def ensure_crd(kube: Kube, create: bool) -> bool:
         return False
     log.info("%s the ClusterPolicy CRD", "updated" if current else "created")
     return True
-
-
-def in_waves(
-    objects: Iterable[dict[str, Any]], leading: set[str]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
-    """The objects to write in three waves, each after the one before: the shared ones (RuntimeClasses)
-    and the ServiceAccounts, RBAC, ConfigMaps and the rest of the `leading` components (those whose
-    pods this pass's labels make due); their DaemonSets, with everything but the DaemonSets of the
-    others; the others' DaemonSets.
-
-    A DaemonSet comes after its component's other objects and the RuntimeClasses (its pods need their
-    ServiceAccount, RBAC and ConfigMaps, and the API server refuses a pod whose RuntimeClass is not
-    there); nothing else orders them: a binding may name a role that is not there yet. Written one
-    after another per component, the first stage's DaemonSet waits for its whole chain of applies and
-    goes out last of every DaemonSet; in waves it goes out two rounds of the appliers after its first
-    object (measured: bench/README.md)."""
-    first: list[dict[str, Any]] = []
-    second: list[dict[str, Any]] = []
-    third: list[dict[str, Any]] = []
-    for body in objects:
-        component = component_of(body["metadata"])
-        leads = component in leading or component == PREREQUISITES
-        if body["kind"] == "DaemonSet":
-            (second if leads else third).append(body)
-        else:
-            (first if leads else second).append(body)
-    return first, second, third
-
-
-def labelled_components(node_labels: Mapping[str, Mapping[str, str]]) -> set[str]:
-    """The components whose deploy label a pass sets (to "true") on some node."""
-    return {
-        component.name
-        for component in COMPONENTS
-        if any(labels.get(component.deploy_label) == "true" for labels in node_labels.values())
-    }
 
 
 def now() -> str:
@@ -251,7 +214,7 @@ class Reconciler:
         handled, and the errors go into the status and the returned Outcome.
 
         Writes run in parallel (a rollout is a label patch per node and stage), the objects in
-        waves (`in_waves`): a component's DaemonSet after its ServiceAccount, RBAC and ConfigMaps."""
+        waves (`writes.in_waves`): a component's DaemonSet after its ServiceAccount, RBAC and ConfigMaps."""
         if self.store.get("crds", POLICY_CRD) is False:
             # The watch saw it go (or not established yet): create it again (operator.createCRD). Its
             # informer tries to list ClusterPolicies again as soon as the CRD's events arrive.

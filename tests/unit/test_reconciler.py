@@ -26,11 +26,7 @@ from gpu_operator.core.psa import PREVIOUS_ANNOTATION, PSA_LABELS, NamespaceInfo
 from gpu_operator.core.render import render as core_render
 from gpu_operator.core.status import progress_only, status_body
 from gpu_operator.runtime.client import ApiError, Kube, NotLeader
-from gpu_operator.runtime.reconciler import (
-    Reconciler,
-    in_waves,
-    labelled_components,
-)
+from gpu_operator.runtime.reconciler import Reconciler
 from gpu_operator.runtime.settings import Settings
 from gpu_operator.runtime.store import Store
 
@@ -277,36 +273,6 @@ def test_the_first_stages_daemonset_does_not_queue_behind_the_node_labels() -> N
     assert len(fake.labels) == 60
     last_label = max(index for index, name in enumerate(done) if name.startswith("node "))
     assert done.index("nvidia-driver-daemonset") < last_label
-
-
-def test_waves_are_the_labelled_components_objects_their_daemonsets_with_the_rest_then_the_rest() -> None:
-    def body(kind: str, component: str) -> dict[str, Any]:
-        labels = {"app.kubernetes.io/component": component}
-        return {"kind": kind, "metadata": {"name": f"{component}-{kind}", "labels": labels}}
-
-    objects = [
-        body(kind, name)
-        for name in ("nvidia-driver", "nvidia-dcgm")
-        for kind in ("ServiceAccount", "DaemonSet")
-    ]
-    objects.append(body("RuntimeClass", "pre-requisites"))
-    first, second, third = in_waves(objects, {"driver"})
-    assert [o["metadata"]["name"] for o in first] == [
-        "nvidia-driver-ServiceAccount",
-        "pre-requisites-RuntimeClass",
-    ]
-    assert [o["metadata"]["name"] for o in second] == [
-        "nvidia-driver-DaemonSet",
-        "nvidia-dcgm-ServiceAccount",
-    ]
-    assert [o["metadata"]["name"] for o in third] == ["nvidia-dcgm-DaemonSet"]
-    assert [o["metadata"]["name"] for o in in_waves(objects, set())[0]] == ["pre-requisites-RuntimeClass"]
-    deploy = {"n1": {"nvidia.com/gpu.deploy.driver": "true"}, "n2": {"nvidia.com/gpu.deploy.dcgm": "false"}}
-    assert labelled_components(deploy) == {"driver"}
-    assert labelled_components({"n1": {"nvidia.com/gpu.deploy.device-plugin": "true"}}) == {
-        "device-plugin",
-        "mps-control-daemon",
-    }
 
 
 def edit(rec: Reconciler, spec: dict[str, Any]) -> None:
