@@ -35,7 +35,8 @@ class Memory:
     good: Good | None = None
     """The last generation of the active policy written in full (see plan.Good)."""
     status_written: dict[str, float] = field(default_factory=dict)
-    """Policy name → when (monotonic seconds) its status was last written: progress-only writes wait."""
+    """Policy name → when (monotonic seconds) its status was last written: progress-only writes wait
+    (writes.paced_statuses)."""
     caches: Caches = field(default_factory=Caches)
     """The planner's memos (core/caches.py): a pass plans again only what changed since the last."""
 

@@ -8,10 +8,13 @@ every such rule is unit-tested without an API server.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from math import inf
 from typing import Any
 
 from gpu_operator.core.components import COMPONENTS
 from gpu_operator.core.observed import component_of
+from gpu_operator.core.plan import Conclusion
 from gpu_operator.core.render import PREREQUISITES
 
 
@@ -49,3 +52,30 @@ def labelled_components(node_labels: Mapping[str, Mapping[str, str]]) -> set[str
         for component in COMPONENTS
         if any(labels.get(component.deploy_label) == "true" for labels in node_labels.values())
     }
+
+
+@dataclass(frozen=True)
+class PacedStatuses:
+    writes: Mapping[str, dict[str, Any]]
+    """Policy name → the status body to write now."""
+    due_in: float | None = None
+    """Seconds until the first status held back is due (None: none is held back)."""
+
+
+def paced_statuses(
+    conclusion: Conclusion, written: Mapping[str, float], interval: float, now: float
+) -> PacedStatuses:
+    """The status writes of a pass that go now. One that only tells a rollout's progress
+    (status.progress_only) waits while the policy's last status write (`written`: policy name → when,
+    on the clock of `now`) is less than `interval` seconds old: during a rollout every pass would
+    otherwise write the status again. A new state, generation or error is never held back."""
+    writes: dict[str, dict[str, Any]] = {}
+    due_in = inf
+    for name, body in conclusion.status_writes.items():
+        if name in conclusion.progress:
+            wait = written.get(name, -inf) + interval - now
+            if wait > 0:
+                due_in = min(due_in, wait)
+                continue
+        writes[name] = body
+    return PacedStatuses(writes, None if due_in == inf else due_in)

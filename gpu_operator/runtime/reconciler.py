@@ -19,7 +19,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
-from math import inf
 from typing import Any, Protocol, TypeVar
 
 from gpu_operator.api.crd import crd
@@ -67,7 +66,7 @@ from gpu_operator.core.vetting import (
     judge,
     requests,
 )
-from gpu_operator.core.writes import in_waves, labelled_components
+from gpu_operator.core.writes import in_waves, labelled_components, paced_statuses
 from gpu_operator.runtime.client import ApiError, Kube, NotLeader, gone_or_changed, preconditioned
 from gpu_operator.runtime.settings import Settings
 from gpu_operator.runtime.store import Store
@@ -604,17 +603,14 @@ class Reconciler:
             _unless_changed(what, stale, partial(self.kube.apply, body))
 
     def _write_statuses(self, conclusion: Conclusion) -> float | None:
-        """Write the statuses that differ and post their Events; a progress-only write made too soon
-        after the last one is left to a later pass: when that is due (Unix seconds), or None."""
-        due = inf
+        """Write the statuses the pacing lets go now (writes.paced_statuses) and post their Events;
+        when the first status held back is due (Unix seconds), or None."""
+        paced = paced_statuses(
+            conclusion, self.memory.status_written, self.settings.status_interval_seconds, time.monotonic()
+        )
+        due = None if paced.due_in is None else time.time() + paced.due_in
         for name, events in conclusion.events.items():
-            body = conclusion.status_writes.get(name)
-            if body is not None and name in conclusion.progress:
-                wait = self.memory.status_written.get(name, -inf) + self.settings.status_interval_seconds
-                wait -= time.monotonic()
-                if wait > 0:
-                    body = None
-                    due = min(due, time.time() + wait)
+            body = paced.writes.get(name)
             if body is not None:
                 try:
                     self.kube.patch_status(name, body)
@@ -638,4 +634,4 @@ class Reconciler:
                     )
                 except ApiError as exc:
                     log.warning("could not post Event %s on ClusterPolicy %s: %s", event.reason, name, exc)
-        return None if due == inf else due
+        return due

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpu_operator.core.writes import in_waves, labelled_components
+from gpu_operator.core.plan import Conclusion, Plan
+from gpu_operator.core.writes import in_waves, labelled_components, paced_statuses
 
 
 def test_waves_are_the_labelled_components_objects_their_daemonsets_with_the_rest_then_the_rest() -> None:
@@ -35,3 +36,28 @@ def test_waves_are_the_labelled_components_objects_their_daemonsets_with_the_res
         "device-plugin",
         "mps-control-daemon",
     }
+
+
+def concluded(writes: dict[str, dict[str, Any]], progress: set[str]) -> Conclusion:
+    """A pass's end with these status writes, those of `progress` telling a rollout's progress only."""
+    plan = Plan(None, None, [], [], [], {}, {}, [])
+    events: dict[str, list[Any]] = {name: [] for name in writes}
+    return Conclusion(plan, writes, events, {}, frozenset(progress))
+
+
+def test_progress_waits_for_the_interval_after_the_policys_last_status_write() -> None:
+    body = {"componentsReady": "1/9"}
+    conclusion = concluded({"p": body}, {"p"})
+    held = paced_statuses(conclusion, {"p": 100.0}, interval=2.0, now=100.5)
+    assert held.writes == {} and held.due_in == 1.5
+    assert paced_statuses(conclusion, {"p": 100.0}, interval=2.0, now=102.0).writes == {"p": body}
+    assert paced_statuses(conclusion, {}, interval=2.0, now=0.0).writes == {"p": body}, "never written"
+
+
+def test_a_new_state_goes_at_once_and_the_soonest_held_back_write_says_when() -> None:
+    state, progress = {"state": "ready"}, {"componentsReady": "2/9"}
+    conclusion = concluded({"a": state, "b": progress, "c": progress}, {"b", "c"})
+    paced = paced_statuses(conclusion, {"a": 10.0, "b": 9.5, "c": 9.0}, interval=2.0, now=10.0)
+    assert paced.writes == {"a": state}, "a new state is never held back, however recent the last write"
+    assert paced.due_in == 1.0
+    assert paced_statuses(concluded({"a": state}, set()), {"a": 10.0}, 2.0, 10.0).due_in is None
