@@ -7,13 +7,13 @@ every such rule is unit-tested without an API server.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from math import inf
 from typing import Any
 
 from gpu_operator.core.components import COMPONENTS
-from gpu_operator.core.observed import component_of
+from gpu_operator.core.observed import ObjectKey, component_of
 from gpu_operator.core.plan import Conclusion
 from gpu_operator.core.render import PREREQUISITES
 
@@ -52,6 +52,15 @@ def labelled_components(node_labels: Mapping[str, Mapping[str, str]]) -> set[str
         for component in COMPONENTS
         if any(labels.get(component.deploy_label) == "true" for labels in node_labels.values())
     }
+
+
+def deletes_after(deletes: Sequence[ObjectKey], failed: Mapping[str, str]) -> tuple[ObjectKey, ...]:
+    """The deletes to carry out once the pass's objects are written (`failed`: the object writes, and
+    the driver upgrade's announcements before them, that did not go through). Never delete what runs
+    before its replacement is in place: an object the new generation no longer wants may be what its
+    operands run on until the new objects are written, so a single failed write keeps every delete
+    for a later pass."""
+    return () if failed else tuple(deletes)
 
 
 @dataclass(frozen=True)

@@ -66,7 +66,7 @@ from gpu_operator.core.vetting import (
     judge,
     requests,
 )
-from gpu_operator.core.writes import in_waves, labelled_components, paced_statuses
+from gpu_operator.core.writes import deletes_after, in_waves, labelled_components, paced_statuses
 from gpu_operator.runtime.client import ApiError, Kube, NotLeader, gone_or_changed, preconditioned
 from gpu_operator.runtime.settings import Settings
 from gpu_operator.runtime.store import Store
@@ -286,8 +286,8 @@ class Reconciler:
             wait(labelled)
         for future in labelled:
             future.result()
-        if not errors:  # never delete what runs before its replacement is in place
-            self._in_parallel(partial(self._delete, key, errors) for key in verdict.deletes)
+        deletes = deletes_after(verdict.deletes, errors)
+        self._in_parallel(partial(self._delete, key, errors) for key in deletes)
         errors.update(label_errors)
         if plan.namespace_write is not None and observed.operand_namespace is not None:
             self._write_namespace(observed.operand_namespace, plan.namespace_write, errors, stale)

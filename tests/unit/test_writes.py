@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpu_operator.core.plan import Conclusion, Plan
-from gpu_operator.core.writes import in_waves, labelled_components, paced_statuses
+from gpu_operator.core.writes import deletes_after, in_waves, labelled_components, paced_statuses
 
 
 def test_waves_are_the_labelled_components_objects_their_daemonsets_with_the_rest_then_the_rest() -> None:
@@ -61,3 +61,10 @@ def test_a_new_state_goes_at_once_and_the_soonest_held_back_write_says_when() ->
     assert paced.writes == {"a": state}, "a new state is never held back, however recent the last write"
     assert paced.due_in == 1.0
     assert paced_statuses(concluded({"a": state}, set()), {"a": 10.0}, 2.0, 10.0).due_in is None
+
+
+def test_nothing_is_deleted_while_a_write_of_the_pass_failed() -> None:
+    old = ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-driver-daemonset-5.15")
+    role = ("rbac.authorization.k8s.io/v1", "Role", "gpu-operator", "nvidia-dcgm")
+    assert deletes_after([old, role], {}) == (old, role)
+    assert deletes_after([old, role], {"driver": "500 Internal Server Error"}) == ()
