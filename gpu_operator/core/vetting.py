@@ -34,6 +34,7 @@ from gpu_operator.core.observed import (
     ObjectKey,
     component_of,
     may_rewrite,
+    object_info,
     object_key,
 )
 from gpu_operator.core.policy_fields import fields_named, policy_field, spec_values, string_fields
@@ -242,6 +243,57 @@ def requests(
         lookups=tuple(key for key in map(object_key, writes) if key not in cached),
         references=tuple(r for r in references(writes, spec) if r.kind in LOOKED_UP_KINDS),
     )
+
+
+def reference_key(ref: Reference, namespace: str) -> ObjectKey:
+    """Where a reference is looked up: a Secret in the operand namespace (`namespace`), where the pods
+    that name it run; a PriorityClass in none."""
+    api_version, _ = LOOKED_UP_KINDS[ref.kind]
+    return api_version, ref.kind, namespace if ref.kind == "Secret" else "", ref.name
+
+
+def to_look_up(asks: Requests, namespace: str) -> list[ObjectKey]:
+    """The metadata lookups that answer `asks`: its objects, then its references."""
+    return [*asks.lookups, *(reference_key(ref, namespace) for ref in asks.references)]
+
+
+Lookup = Mapping[str, Any] | Failure | None
+"""What the API server answered to a metadata lookup: the object's metadata (`{"metadata": ...}`),
+None when there is no such object, or the failure."""
+
+
+def lookup_answers(
+    asks: Requests, namespace: str, got: Mapping[ObjectKey, Lookup]
+) -> tuple[Answers, list[tuple[str, Failure]]]:
+    """What the lookups of `asks` (`got`, by to_look_up's keys) tell the judge, and what could not be
+    checked. A lookup the operator's ServiceAccount may not make (403: an older chart's RBAC, say)
+    proves nothing either way, and must not hold every change back: the object counts as not there,
+    the reference as not checked. Any other failure leaves the change unproven, for a retry."""
+    found: dict[ObjectKey, ObjectInfo | None] = {}
+    present: dict[tuple[str, str], bool] = {}
+    failed: dict[str, Failure] = {}
+    unchecked: list[tuple[str, Failure]] = []
+
+    def answered(key: ObjectKey) -> tuple[bool, Mapping[str, Any] | None]:
+        answer = got[key]
+        if not isinstance(answer, Failure):
+            return True, answer
+        what = f"{key[1]} {key[3]}"
+        if answer.status == 403:
+            unchecked.append((what, answer))
+        else:
+            failed[f"looking up {what}"] = answer
+        return False, None
+
+    for key in asks.lookups:
+        ok, body = answered(key)
+        if ok:
+            found[key] = None if body is None else object_info(body, key)
+    for ref in asks.references:
+        ok, body = answered(reference_key(ref, namespace))
+        if ok:
+            present[ref.kind, ref.name] = body is not None
+    return Answers(found=found, present=present, failed=failed), unchecked
 
 
 def conflict_message(info: ObjectInfo, policy: str) -> str:

@@ -26,7 +26,6 @@ from gpu_operator.core.memory import Memory
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import (
     HASH_ANNOTATION,
-    ObjectInfo,
     ObjectKey,
     component_of,
     object_info,
@@ -56,15 +55,16 @@ from gpu_operator.core.upgrade import (
 )
 from gpu_operator.core.upgrade.facts import format_time
 from gpu_operator.core.vetting import (
-    LOOKED_UP_KINDS,
     Answers,
     Failure,
+    Lookup,
     Problems,
-    Reference,
     Requests,
     Verdict,
     judge,
+    lookup_answers,
     requests,
+    to_look_up,
 )
 from gpu_operator.core.writes import deletes_after, in_waves, labelled_components, paced_statuses
 from gpu_operator.runtime.client import ApiError, Kube, NotLeader, gone_or_changed, preconditioned
@@ -359,41 +359,21 @@ class Reconciler:
         return judge(context, writes, plan.deletes, answers)
 
     def _ask(self, asks: Requests) -> Answers:
-        """Look up, metadata only, the objects and references the judge asked about. A lookup this
-        ServiceAccount may not make (403, e.g. an older chart) counts as not there (objects) or not
-        checked (references)."""
-        found: dict[ObjectKey, ObjectInfo | None] = {}
-        present: dict[tuple[str, str], bool] = {}
-        failed: dict[str, Failure] = {}
+        """Look up, metadata only, the objects and references the judge asked about; what their
+        answers mean is for vetting.lookup_answers to say."""
+        keys = to_look_up(asks, self.settings.namespace)
+        got = dict(zip(keys, self._gather(partial(self._metadata, key) for key in keys), strict=True))
+        answers, unchecked = lookup_answers(asks, self.settings.namespace, got)
+        for what, failure in unchecked:
+            log.warning("cannot check whether %s exists: %s", what, failure)
+        return answers
 
-        def fetch(api_version: str, kind: str, name: str, namespace: str) -> tuple[bool, Any]:
-            """(answered, the metadata or None when there is no such object)."""
-            try:
-                return True, self.kube.metadata(api_version, kind, name, namespace)
-            except ApiError as exc:
-                if exc.status != 403:
-                    failed[f"looking up {kind} {name}"] = _failure(exc)
-                else:
-                    log.warning("cannot check whether %s %s exists: %s", kind, name, exc)
-                return False, None
-
-        def lookup(key: ObjectKey) -> None:
-            api_version, kind, namespace, name = key
-            answered, body = fetch(api_version, kind, name, namespace)
-            if answered:
-                found[key] = None if body is None else object_info(body, key)
-
-        def check(ref: Reference) -> None:
-            api_version, _ = LOOKED_UP_KINDS[ref.kind]
-            namespace = self.settings.namespace if ref.kind == "Secret" else ""
-            answered, body = fetch(api_version, ref.kind, ref.name, namespace)
-            if answered:
-                present[ref.kind, ref.name] = body is not None
-
-        self._in_parallel(
-            [*(partial(lookup, key) for key in asks.lookups), *(partial(check, r) for r in asks.references)]
-        )
-        return Answers(found=found, present=present, failed=failed)
+    def _metadata(self, key: ObjectKey) -> Lookup:
+        api_version, kind, namespace, name = key
+        try:
+            return self.kube.metadata(api_version, kind, name, namespace)
+        except ApiError as exc:
+            return _failure(exc)
 
     def _dry_run(self, body: dict[str, Any]) -> tuple[ObjectKey, Failure | None]:
         try:
