@@ -1,4 +1,5 @@
-"""The order of a pass's writes, which of them go now and which must wait (pure).
+"""The order of a pass's writes, which of them go now and which must wait, and what the pass leaves
+to the next (pure).
 
 The planner says what to write; this says in what order and when, from the plan and from what the
 writes done so far returned, so that the runtime (runtime/reconciler.py) only carries them out and
@@ -14,8 +15,9 @@ from typing import Any
 
 from gpu_operator.core.components import COMPONENTS
 from gpu_operator.core.observed import ObjectKey, component_of
-from gpu_operator.core.plan import Conclusion
+from gpu_operator.core.plan import Conclusion, Plan
 from gpu_operator.core.render import PREREQUISITES
+from gpu_operator.core.upgrade import UpgradePlan
 
 
 def in_waves(
@@ -88,3 +90,26 @@ def paced_statuses(
                 continue
         writes[name] = body
     return PacedStatuses(writes, None if due_in == inf else due_in)
+
+
+def next_pass_at(
+    upgrade: UpgradePlan | None, status_due: float | None, evictions_refused: bool, clock: float
+) -> float | None:
+    """When (Unix seconds) to run a pass even if no watch event comes (None: no such time): the
+    driver upgrade's next timeout or eviction retry, or a status held back by the pacing, whichever
+    comes first. After a refused eviction, at once (`clock`, the pass's own time): the status the
+    pass wrote predates the refusal and must say what the eviction waits for."""
+    if evictions_refused:
+        return clock
+    due = [at for at in (upgrade.wake_at if upgrade is not None else None, status_due) if at is not None]
+    return min(due, default=None)
+
+
+def unsettled(plan: Plan, conflicts: Mapping[str, str], errors: Mapping[str, str]) -> dict[str, str]:
+    """What a pass leaves unsettled, for a retry (component, object or generation → why): the objects
+    of our names that are someone else's, the writes that failed, and what keeps the active policy's
+    generation from being written."""
+    found = {**conflicts, **errors}
+    if plan.problems and plan.active is not None:
+        found[f"generation {plan.active.generation}"] = "; ".join(plan.problems.lines())
+    return found

@@ -66,7 +66,14 @@ from gpu_operator.core.vetting import (
     requests,
     to_look_up,
 )
-from gpu_operator.core.writes import deletes_after, in_waves, labelled_components, paced_statuses
+from gpu_operator.core.writes import (
+    deletes_after,
+    in_waves,
+    labelled_components,
+    next_pass_at,
+    paced_statuses,
+    unsettled,
+)
 from gpu_operator.runtime.client import ApiError, Kube, NotLeader, gone_or_changed, preconditioned
 from gpu_operator.runtime.settings import Settings
 from gpu_operator.runtime.store import Store
@@ -305,16 +312,9 @@ class Reconciler:
         conclusion = conclude(plan, observed.policies, errors, self.memory.reported, stamp, verdict.conflicts)
         self.memory.written(plan, errors)
         status_due = self._write_statuses(conclusion)
-        wake_at = upgrade.wake_at if upgrade is not None else None
-        if status_due is not None:
-            wake_at = status_due if wake_at is None else min(wake_at, status_due)
-        if refused:
-            # The status written above predates the refusal: say at once what the eviction waits for.
-            wake_at = clock
-        unsettled = {**verdict.conflicts, **errors}
-        if plan.problems and plan.active is not None:
-            unsettled[f"generation {plan.active.generation}"] = "; ".join(plan.problems.lines())
-        return Outcome(conclusion.plan, unsettled, tuple(sorted(stale)), wake_at)
+        wake_at = next_pass_at(upgrade, status_due, bool(refused), clock)
+        left = unsettled(plan, verdict.conflicts, errors)
+        return Outcome(conclusion.plan, left, tuple(sorted(stale)), wake_at)
 
     def _plan(self, stamp: str, clock: float) -> tuple[Observed, Plan, Verdict]:
         observed = self.store.snapshot(self.settings.namespace, self.settings.environ)

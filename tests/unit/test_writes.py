@@ -1,11 +1,23 @@
-"""The order of a pass's writes and which of them wait (core/writes.py): decisions alone, no API."""
+"""The order of a pass's writes, which of them wait, and what the pass leaves to the next (core/writes.py):
+decisions alone, no API."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
-from gpu_operator.core.plan import Conclusion, Plan
-from gpu_operator.core.writes import deletes_after, in_waves, labelled_components, paced_statuses
+from gpu_operator.api import FieldError
+from gpu_operator.core.plan import Conclusion, Plan, PolicyRef
+from gpu_operator.core.upgrade import UpgradePlan
+from gpu_operator.core.vetting import Problems
+from gpu_operator.core.writes import (
+    deletes_after,
+    in_waves,
+    labelled_components,
+    next_pass_at,
+    paced_statuses,
+    unsettled,
+)
 
 
 def test_waves_are_the_labelled_components_objects_their_daemonsets_with_the_rest_then_the_rest() -> None:
@@ -38,9 +50,12 @@ def test_waves_are_the_labelled_components_objects_their_daemonsets_with_the_res
     }
 
 
+NO_POLICY = Plan(None, None, [], [], [], {}, {}, [])
+
+
 def concluded(writes: dict[str, dict[str, Any]], progress: set[str]) -> Conclusion:
     """A pass's end with these status writes, those of `progress` telling a rollout's progress only."""
-    plan = Plan(None, None, [], [], [], {}, {}, [])
+    plan = NO_POLICY
     events: dict[str, list[Any]] = {name: [] for name in writes}
     return Conclusion(plan, writes, events, {}, frozenset(progress))
 
@@ -68,3 +83,26 @@ def test_nothing_is_deleted_while_a_write_of_the_pass_failed() -> None:
     role = ("rbac.authorization.k8s.io/v1", "Role", "gpu-operator", "nvidia-dcgm")
     assert deletes_after([old, role], {}) == (old, role)
     assert deletes_after([old, role], {"driver": "500 Internal Server Error"}) == ()
+
+
+def test_the_next_pass_comes_at_the_first_timeout_or_held_back_status_and_at_once_after_a_refusal() -> None:
+    upgrade = UpgradePlan((), {}, wake_at=1060.0)
+    assert next_pass_at(upgrade, 1002.0, False, clock=1000.0) == 1002.0
+    assert next_pass_at(upgrade, None, False, clock=1000.0) == 1060.0
+    assert next_pass_at(replace(upgrade, wake_at=None), None, False, clock=1000.0) is None
+    assert next_pass_at(None, 1002.0, False, clock=1000.0) == 1002.0
+    assert next_pass_at(upgrade, 1002.0, True, clock=1000.0) == 1000.0, "say what the eviction waits for"
+
+
+def test_unsettled_are_the_conflicts_the_failed_writes_and_what_keeps_the_generation_back() -> None:
+    conflicts = {"dcgm": "ServiceAccount nvidia-dcgm exists and was not created by this operator"}
+    errors = {"node/gpu-0": "500 Internal Server Error"}
+    assert unsettled(NO_POLICY, conflicts, errors) == {**conflicts, **errors}
+    active = PolicyRef("p", "uid-p", 3, "2026-01-01T00:00:00Z", {}, {})
+    problems = Problems(
+        missing=(FieldError("spec.driver.licensingConfig", "ConfigMap 'licensing' not found"),),
+        failures=("looking up Secret registry: 503 ServiceUnavailable: etcd leader changed",),
+    )
+    held = replace(NO_POLICY, active=active, problems=problems)
+    assert unsettled(held, {}, {}) == {"generation 3": "; ".join(problems.lines())}
+    assert unsettled(replace(held, problems=Problems()), {}, {}) == {}, "nothing keeps it back"
