@@ -187,6 +187,16 @@ def vetting_context(plan: Plan, observed: Observed) -> Context | None:
     )
 
 
+def unlisted_pods(observed: Observed, plan: Plan) -> frozenset[str]:
+    """The nodes whose pods the plan's driver upgrade needs (nodes to empty) and the watches have not
+    listed yet: with them listed, a pass planned again takes those nodes as far as they go in one
+    pass instead of stopping at the cordon."""
+    known = observed.upgrade.pods_known
+    if known is None or plan.upgrade is None:
+        return frozenset()
+    return plan.upgrade.pods_needed - known
+
+
 def in_sync(desired_hash: str, observed: ObjectInfo | None, applied: Applied | None) -> bool:
     """Whether an object needs no apply: present, at our desired content, and untouched since our apply.
 

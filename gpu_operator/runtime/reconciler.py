@@ -42,6 +42,7 @@ from gpu_operator.core.plan import (
     conclude,
     content_hash,
     to_write,
+    unlisted_pods,
     vetting_context,
 )
 from gpu_operator.core.psa import PRIVILEGED, NamespaceInfo, NamespaceWrite
@@ -232,9 +233,7 @@ class Reconciler:
         clock = time.time()
         stamp = format_time(clock)
         observed, plan, verdict = self._plan(stamp, clock)
-        known = observed.upgrade.pods_known
-        needed = plan.upgrade.pods_needed if plan.upgrade is not None else frozenset()
-        unlisted = needed - known if known is not None else frozenset()
+        unlisted = unlisted_pods(observed, plan)
         if (
             unlisted
             and self.pod_watches is not None

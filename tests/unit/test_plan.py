@@ -32,6 +32,7 @@ from gpu_operator.core.plan import (
     in_sync,
     pods_by_node,
     status_differs,
+    unlisted_pods,
 )
 from gpu_operator.core.psa import (
     PREVIOUS_ANNOTATION,
@@ -41,6 +42,7 @@ from gpu_operator.core.psa import (
     namespace_info,
 )
 from gpu_operator.core.status import status_body
+from gpu_operator.core.upgrade import Facts, UpgradePlan
 
 NOW = "2026-11-29T12:00:00Z"
 OURS = ("gpu-operator", "kube-controller-manager")
@@ -578,3 +580,12 @@ def test_namespace_info_reads_ownership_and_previous_levels() -> None:
     assert info.resource_version == "7"
     broken = {"metadata": {"name": "n", "annotations": {PREVIOUS_ANNOTATION: "not json"}}}
     assert namespace_info(broken).previous == {}
+
+
+def test_a_pass_waits_for_the_pods_of_the_nodes_its_upgrade_empties_that_no_watch_has_listed() -> None:
+    emptying = Plan(None, None, [], [], [], {}, {}, [], upgrade=UpgradePlan((), {}, None, frozenset("ab")))
+    listed = replace(observed(), upgrade=Facts(nodes=(), pods_known=frozenset({"a"})))
+    assert unlisted_pods(listed, emptying) == {"b"}
+    everyone = replace(observed(), upgrade=Facts(nodes=()))
+    assert unlisted_pods(everyone, emptying) == frozenset(), "every node's pods are known"
+    assert unlisted_pods(listed, replace(emptying, upgrade=None)) == frozenset(), "no upgrade planned"
