@@ -2,10 +2,13 @@
 
 Only I/O: `Reconciler.run_once` takes a snapshot of the Store (filled by the watch handlers), lets the
 pure core decide (plan.build), asks the API server what the pure side needs to prove the change
-(gpu_operator/core/vetting.py: lookups and dry runs), carries out the writes of a proven change, hands
-what they returned back to the pure side (plan.conclude: the final status and the Events) and
-writes that. Writes, and the questions before them, happen only when the desired state differs
-from what the watches show, so a converged cluster costs the API server nothing.
+(gpu_operator/core/vetting.py: lookups and dry runs), carries out the writes of a proven change in
+the order and at the pace the core sets (gpu_operator/core/writes.py), hands what they returned back
+to the pure side (plan.conclude: the final status and the Events) and writes that. What a pass leaves
+for the next is the core's Memory (gpu_operator/core/memory.py): the reconciler holds it and records
+in it what the API server answered. Writes, and the questions before them, happen only when the
+desired state differs from what the watches show, so a converged cluster costs the API server
+nothing.
 """
 
 from __future__ import annotations
