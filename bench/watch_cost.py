@@ -121,7 +121,7 @@ async def watch(port: int, ca: str, kind: str, events: int, coalesce: float) -> 
     done = asyncio.Event()
     group, version, plural = KINDS[kind]
 
-    def settle(rate: float) -> Awaitable[object] | None:  # as Loop.settle while a pass always runs or waits
+    def settle() -> Awaitable[object] | None:  # as WorkQueue.settle while a pass always runs or is asked for
         return asyncio.sleep(coalesce) if coalesce > 0 else None
 
     configuration = client.Configuration(host=f"https://127.0.0.1:{port}")
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         "--coalesce",
         type=float,
         default=0.0,
-        help="seconds between reads, as while a pass runs or waits (settings.watch_coalesce_seconds)",
+        help="seconds between reads, as while a pass runs or waits (settings.watch_batch_seconds)",
     )
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--cert", help=argparse.SUPPRESS)

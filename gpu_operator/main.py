@@ -2,13 +2,13 @@
 lives here.
 
 Kopf runs the operator: it logs in, runs the startup handler, which starts the informers
-(gpu_operator/runtime/informer.py, one per watched kind, ClusterPolicies included) and the reconcile
-loop (gpu_operator/runtime/loop.py), and the cleanup handler on exit. Every watch event updates the
-Store and wakes the loop. Kopf serves no resource itself: a ClusterPolicy's content, however deeply
-nested, is decoded only by our own decoder (gpu_operator/runtime/safe_json.py), and Kopf writes no
-annotation or finalizer to any object, so deleting a policy never waits for the operator. Nothing is
-module state: `run` builds the Store, the loop and a Kopf registry whose handlers close over them, from
-the Settings the CLI made.
+(gpu_operator/runtime/informer.py, one per watched kind, ClusterPolicies included) and the work
+queue of reconcile passes (gpu_operator/runtime/workqueue.py), and the cleanup handler on exit. Every
+watch event updates the Store and asks the queue for a pass. Kopf serves no resource itself: a
+ClusterPolicy's content, however deeply nested, is decoded only by our own decoder
+(gpu_operator/runtime/safe_json.py), and Kopf writes no annotation or finalizer to any object, so
+deleting a policy never waits for the operator. Nothing is module state: `run` builds the Store, the
+work queue and a Kopf registry whose handlers close over them, from the Settings the CLI made.
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ from gpu_operator.runtime import informer, metrics, server, watch_stream
 from gpu_operator.runtime.client import RESOURCES, Kube, load_api_client
 from gpu_operator.runtime.drain_watches import NodePodWatches
 from gpu_operator.runtime.leader import Elector, Leadership
-from gpu_operator.runtime.loop import Loop, health, ready
+from gpu_operator.runtime.probes import health, ready
 from gpu_operator.runtime.reconciler import Reconciler
 from gpu_operator.runtime.settings import Settings
 from gpu_operator.runtime.store import Store
+from gpu_operator.runtime.workqueue import WorkQueue
 
 log = logging.getLogger("gpu_operator")
 
@@ -152,8 +153,10 @@ def _of_kind(api_version: str, kind: str, key: ObjectKey) -> bool:
     return key[0] == api_version and key[1] == kind
 
 
-def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadership) -> kopf.OperatorRegistry:
-    """Kopf's handlers for this operator (login, startup, cleanup), closed over its Store and loop."""
+def registry(
+    settings: Settings, store: Store, queue: WorkQueue, leadership: Leadership
+) -> kopf.OperatorRegistry:
+    """Kopf's handlers for this operator (login, startup, cleanup), closed over its Store and work queue."""
     handlers = kopf.OperatorRegistry()
 
     async def on_startup(memo: kopf.Memo, **kwargs: Any) -> None:
@@ -162,7 +165,7 @@ def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadershi
         # Kopf serves no resource (the informers watch everything), so it needs no watch of CRDs or
         # namespaces to learn what is served.
         kopf_settings.scanning.disabled = True
-        memo["informers"] = await start_informers(settings, store, loop)
+        memo["informers"] = await start_informers(settings, store, queue)
         # One connection per writer and applier thread, plus one: no "connection pool is full". Every
         # write asks the leader lease first.
         api = load_api_client(pool_size=settings.writers + settings.appliers + 1)
@@ -170,7 +173,7 @@ def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadershi
         event_loop = asyncio.get_running_loop()
         memo["warm"] = event_loop.run_in_executor(None, render.warm)  # the first pass renders warm
         # The pods of nodes a driver upgrade empties: watches of their own, started by the passes.
-        pod_watches = NodePodWatches(kube, store, partial(loop.wake_from, event_loop))
+        pod_watches = NodePodWatches(kube, store, partial(queue.add_from, event_loop))
         memo["pod_watches"] = pod_watches
         reconciler = Reconciler(kube, store, settings, pod_watches=pod_watches)
         if settings.leader_election:
@@ -178,7 +181,7 @@ def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadershi
             def on_change(leading: bool) -> None:
                 if leading:
                     reconciler.crd_current = False  # another leader may have run meanwhile
-                    loop.wake_from(event_loop)
+                    queue.add_from(event_loop)
 
             # Its own connections and timeout: a lease call never waits behind a pass's requests.
             deadline = settings.lease.renew_deadline
@@ -191,7 +194,7 @@ def registry(settings: Settings, store: Store, loop: Loop, leadership: Leadershi
                 settings.lease,
                 on_change,
             ).start()
-        memo["task"] = asyncio.create_task(loop.run(reconciler.run_once))
+        memo["task"] = asyncio.create_task(queue.run(reconciler.run_once))
 
     async def on_cleanup(memo: kopf.Memo, **_: Any) -> None:
         task = memo.get("task")
@@ -229,9 +232,9 @@ class Informers:
         await self.api.close()
 
 
-async def start_informers(settings: Settings, store: Store, loop: Loop) -> Informers:
-    """An informer for every watched kind. The loop's first pass waits until each has listed its kind
-    once (`loop.listed`), so that it never mistakes "not listed yet" for "deleted"."""
+async def start_informers(settings: Settings, store: Store, queue: WorkQueue) -> Informers:
+    """An informer for every watched kind. The first pass waits until each has listed its kind
+    once (`queue.listed`), so that it never mistakes "not listed yet" for "deleted"."""
     every = watches(store)
     unlisted = {spec.plural for spec in every}
     timing = informer.Timing.of(settings)
@@ -242,10 +245,10 @@ async def start_informers(settings: Settings, store: Store, loop: Loop) -> Infor
     def listed(spec: Watch, present: informer.Names) -> None:
         if spec.retain(present):
             log.info("%s deleted while no watch was open: forgotten", spec.plural)
-            loop.wake()
+            queue.add()
         unlisted.discard(spec.plural)
         if not unlisted:
-            loop.listed.set()
+            queue.listed.set()
 
     def poked(record: watch_stream.Record) -> watch_stream.Record:
         """A CRD's change may make a kind served (or no longer): its informer tries again at once."""
@@ -259,7 +262,7 @@ async def start_informers(settings: Settings, store: Store, loop: Loop) -> Infor
 
     for spec in every:
         record = poked(spec.record) if (spec.group, spec.plural) == CRDS else spec.record
-        events = watch_stream.Events(record, spec.plural, loop.wake, loop.settle)
+        events = watch_stream.Events(record, spec.plural, queue.add, queue.settle)
         running.append(
             informer.Informer(api, spec.kind(settings.namespace), events, partial(listed, spec), timing)
         )
@@ -297,17 +300,17 @@ def tune_gc(young_threshold: int = GC_YOUNG_THRESHOLD) -> None:
 async def _serve(settings: Settings) -> None:
     store = Store()
     leadership = Leadership(settings.leader_election)
-    loop = Loop(settings, leading=leadership.leading)
-    store.shown = loop.wake_soon
+    queue = WorkQueue(settings, leading=leadership.leading)
+    store.shown = queue.add_soon
     # The HTTP server first, so a busy port fails at once (server.ServerError) and the probes answer
     # while Kopf starts: /healthz says "not started", /readyz 503.
     running = None
     if settings.listen:
-        probes = partial(health, loop, store), partial(ready, loop)
+        probes = partial(health, queue, store), partial(ready, queue)
         running = await server.start(settings.listen, *probes, metrics.REGISTRY)
     try:
         await kopf.operator(
-            registry=registry(settings, store, loop, leadership),
+            registry=registry(settings, store, queue, leadership),
             standalone=True,
             clusterwide=True,  # Kopf watches nothing: no namespace to follow
             memo=kopf.Memo(),

@@ -475,7 +475,7 @@ class Reconciler:
 
     def _node_after_conflict(self, name: str, refused: str) -> NodeInfo | None:
         """The node as it is now, after a label write on its version `refused` was refused as stale.
-        Its watch event brings the newer version within about `watch_coalesce_seconds` (the readers
+        Its watch event brings the newer version within about `watch_batch_seconds` (the readers
         take a running pass's events together, which is also why the Store lags the node by that
         much): waited for, at most `stale_wait_seconds`, instead of reading the node (otherwise a large
         rollout reads back a good share of its nodes, one GET each; measured: bench/README.md); read

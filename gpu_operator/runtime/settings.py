@@ -37,8 +37,13 @@ class Settings:
     resync_seconds: float = 600.0
     """A pass without any watch event after this long: a safety net only, since a pass with nothing
     changed reads caches and writes nothing."""
+    coalesce_seconds: float = 0.0
+    """A pass starts this long after the event that asks for it: what else the same change brings
+    goes into the same pass (events that arrive while a pass runs go into the next one anyway)."""
+    retry_seconds: float = 1.0
+    """The first wait before retrying a failed pass, doubled with each failure in a row."""
     max_backoff_seconds: float = 60.0
-    """Longest wait before retrying a failed pass (doubling from 1 s); watch events wake it sooner."""
+    """The longest wait before retrying a failed pass; watch events ask for a pass sooner."""
     stale_retry_seconds: float = 0.5
     """A write that found its object changed since the snapshot (409) asks for another pass this soon:
     the watch may bring the new version without a change a pass would react to."""
@@ -48,54 +53,18 @@ class Settings:
     status_interval_seconds: float = 2.0
     """A status write that only tells a rollout's progress (node counts, messages, components becoming
     ready; status.progress_only) waits until this long after the policy's last one; a changed
-    state, condition or generation goes out at once. A
-    large rollout runs hundreds of passes: without it each would patch the ClusterPolicy (whose
-    schema the API server validates on every write) and wait for it before the next labels."""
-    pass_spacing: float = 2.0
-    """After a pass, the next waits this many times the CPU seconds the pass took (at most
-    max_pass_spacing_seconds): planning never takes more than a third of a core, and the events of
-    the wait are planned together."""
-    max_pass_spacing_seconds: float = 1.0
-    """The longest wait `pass_spacing` imposes after an expensive pass, so that a change is still acted
-    on within about a second."""
-    planning_burst_seconds: float = 2.5
-    """CPU seconds passes may spend back to back (spaced as above) before `planning_share` applies:
-    enough for the whole rollout of a small or medium cluster, so that only large rollouts ever wait
-    for the budget."""
-    planning_share: float = 0.005
-    """Once the burst is spent, the share of a core planning gets: the budget refills at this rate and
-    the next pass waits for it. Spacing alone bounds the share of a core but not a rollout's CPU
-    (cheaper passes only come more often), and on large clusters these waits stay shorter than the
-    DaemonSet controller's own pace of creating pods, so they do not slow the rollout (measured:
-    bench/README.md)."""
-    max_budget_wait_seconds: float = 10.0
-    """The longest a pass waits for the planning budget; what a pass costs beyond that is forgiven, not
-    carried over (loop.Budget), so a node that joins after a long rollout waits at most this long
-    rather than for the rollout's accumulated debt."""
+    state, condition or generation goes out at once. A large rollout runs hundreds of passes: without
+    it each would patch the ClusterPolicy (whose schema the API server validates on every write)."""
     writers: int = 16
     """Concurrent API writes in one pass: enough to label 1000 nodes quickly, few enough for the API
     server."""
     appliers: int = 8
     """Concurrent applies of the operands' objects, beside the writers' label writes: a stage's
     DaemonSet never queues behind a thousand node labels."""
-    watch_coalesce_seconds: float = 0.2
-    """While a pass runs or waits to run, the watches of pods, nodes and the operator's objects read
-    their connections at most this often (gpu_operator/runtime/watch_stream.py `read`): the pass would see the
-    events no sooner, and the event loop pays for each wake-up about what it pays for the events it
-    brings. Short enough that the API server's buffers for the watch never fill (it closes a watcher
-    that stays behind)."""
-    watch_quiet_seconds: float = 1.0
-    """Between passes (most of a large rollout, while passes wait for their planning budget), a watch
-    that brings little reads its connection only this often: no pass reads the Store meanwhile, and the
-    fewer events a read brings, the more each costs (measured: bench/watch_cost.py, bench/README.md).
-    Only while the next pass is further off than this and one `watch_coalesce_seconds` more
-    (Loop.settle), so that every watch still reads at most `watch_coalesce_seconds` before a pass."""
-    watch_quiet_bytes: int = 192 * 1024
-    """What "brings little" means for `watch_quiet_seconds`: fewer bytes than this per quiet interval, as
-    the nodes' and DaemonSets' watches of a rollout do; the pods' watch of a large rollout brings more
-    and stays at `watch_coalesce_seconds`. The bound keeps what waits unread in the connection well
-    below what the server's buffers hold: a watch that falls behind slows the server, and one too far
-    behind is closed by it."""
+    watch_batch_seconds: float = 0.2
+    """While a pass runs or is asked for, a watch reads its connection at most this often: the pass
+    would not see the events sooner, and events read together cost the event loop far less than
+    read one by one. Idle, a watch reads every event at once."""
     watch_server_timeout_seconds: int = 300
     """Watches end on the server after this long and are resumed from their resourceVersion."""
     watch_inactivity_seconds: float = 70.0

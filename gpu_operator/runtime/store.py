@@ -104,7 +104,7 @@ class Store:
     """Notified whenever a node is recorded or forgotten (under `lock`): see `wait_node`."""
     shown: Callable[[], None] = field(default=lambda: None, compare=False)
     """Called when a change only shows in the status (a pod's reason or message): a pass is due soon,
-    not at once (Loop.wake_soon). Most pod events are such changes: Init:1/4, Init:2/4, Running."""
+    not at once (WorkQueue.add_soon). Most pod events are such changes: Init:1/4, Init:2/4, Running."""
 
     def __post_init__(self) -> None:
         self.node_moved = threading.Condition(self.lock)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,9 +23,8 @@ log = logging.getLogger("gpu_operator")
 
 Record = Callable[[Mapping[str, Any], bool], bool]
 """(object, deleted) → whether a pass must follow."""
-Settle = Callable[[float], Awaitable[object] | None]
-"""Asked after each read, with the bytes a second the stream brought since the one before: None to
-read on at once, else what to await first (see `read`)."""
+Settle = Callable[[], Awaitable[object] | None]
+"""Asked after each read: None to read on at once, else what to await first (see `read`)."""
 _EVENTS = frozenset({"ADDED", "MODIFIED", "DELETED"})
 
 
@@ -61,19 +59,14 @@ async def read(
 ) -> None:
     """Record every event of the stream, until it ends or a 410 Gone (then `events.version` is "").
 
-    After each read `events.settle`, told how many bytes a second the stream brings, says whether to
-    read on at once (the loop is idle: the next event may be what starts a pass) or to wait first (a
-    pass is running or due: it would not see the events any sooner; how long depends on the rate).
-    While waiting, the connection's `transport` is not read at all, so that the events of the wait
-    arrive in one read: each wake-up of the event loop costs about as much as the events it
-    brings, so events read one by one cost several times what they cost read together (measured:
-    bench/watch_cost.py, bench/README.md), and a large rollout brings tens of thousands of them while
-    the loop waits for its planning budget.
+    After each read `events.settle` says whether to read on at once (the work queue is idle: the next
+    event may be what starts a pass) or to wait first (a pass runs or is asked for: it would not see
+    the events any sooner). While waiting, the connection's `transport` is not read at all, so that
+    the events of the wait arrive in one read: each wake-up of the event loop costs about as much as
+    the events it brings (measured: bench/watch_cost.py, bench/README.md).
     """
     rest = b""
-    last = time.monotonic()
     while data := await content.readany():
-        size = len(data)
         if rest:
             data, rest = rest + data, b""
         start = 0
@@ -83,9 +76,7 @@ async def read(
             if line.strip() and _event(line, events):
                 return
         rest = data[start:]
-        now = time.monotonic()
-        waiting = events.settle(size / max(now - last, 0.001))
-        last = now
+        waiting = events.settle()
         if waiting is not None:
             await _unread(waiting, transport)
 

@@ -267,12 +267,13 @@ def test_server_serves_probes_and_metrics() -> None:
 
 
 def test_operator_probes() -> None:
-    from gpu_operator.runtime.loop import Loop, health, ready
+    from gpu_operator.runtime.probes import health, ready
     from gpu_operator.runtime.settings import Settings
     from gpu_operator.runtime.store import Store
+    from gpu_operator.runtime.workqueue import WorkQueue
 
     async def scenario() -> list[tuple[bool, Any]]:
-        loop = Loop(Settings())
+        loop = WorkQueue(Settings())
         seen = [ready(loop), health(loop, Store())]
         loop.started = True
         loop.listed.set()

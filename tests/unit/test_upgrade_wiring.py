@@ -30,10 +30,10 @@ from gpu_operator.core.upgrade.states import (
 from gpu_operator.runtime import metrics
 from gpu_operator.runtime.client import ApiError, Kube
 from gpu_operator.runtime.drain_watches import NodePodWatches, _NodeWatch
-from gpu_operator.runtime.loop import Loop
 from gpu_operator.runtime.reconciler import Reconciler
 from gpu_operator.runtime.settings import Settings
 from gpu_operator.runtime.store import Store
+from gpu_operator.runtime.workqueue import WorkQueue
 
 OURS = {"app.kubernetes.io/managed-by": "gpu-operator"}
 NOW = time.time()
@@ -504,15 +504,15 @@ def test_upgrade_gauges_exist_only_while_known() -> None:
     assert gauge("gpu_operator_driver_auto_upgrade_enabled") is None
 
 
-def test_the_loop_wakes_itself_at_the_asked_time() -> None:
+def test_the_queue_asks_for_a_pass_at_the_asked_time() -> None:
     async def scenario() -> None:
-        loop = Loop(Settings())
-        loop.wake_at(time.time() + 0.05)
-        await asyncio.wait_for(loop.wakeup.wait(), timeout=10)
-        loop.wakeup.clear()
-        loop.wake_at(time.time() + 3600)
-        loop.wake_at(None)  # the latest answer wins: no timer left
-        assert loop.timer is None
+        queue = WorkQueue(Settings())
+        queue.add_at(time.time() + 0.05, "wake_at")
+        await asyncio.wait_for(queue.dirty.wait(), timeout=10)
+        queue.dirty.clear()
+        queue.add_at(time.time() + 3600, "wake_at")
+        queue.add_at(None, "wake_at")  # the latest answer wins: no timer left
+        assert queue.later == {}
 
     asyncio.run(scenario())
 

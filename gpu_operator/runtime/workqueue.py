@@ -1,0 +1,243 @@
+"""The work queue: passes over the whole cluster, one at a time, woken by watch events.
+
+The shape of controller-runtime's workqueue for its one key, the cluster: every decision depends on
+all of it (nodes, pods, DaemonSets, every ClusterPolicy), so any change anywhere asks for one more
+pass of the same work. An ask while a pass runs marks it dirty: one pass follows, whatever the number
+of asks. A failed pass is retried with exponential back-off; a pass is also asked for later
+(`add_after`: the upgrade's next timeout, the status pacing) and, as a safety net, every
+`resync_seconds`. Each pass runs in a worker thread (the reconciler's I/O is synchronous), never on
+the event loop, so the watches and the probes keep answering while it runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from gpu_operator.runtime import metrics
+from gpu_operator.runtime.client import ApiError, NotLeader
+from gpu_operator.runtime.reconciler import Outcome
+from gpu_operator.runtime.settings import Settings
+
+log = logging.getLogger("gpu_operator")
+
+
+class RejectedWrites(Exception):
+    """Some writes were rejected (already reported in the status); retry with back-off."""
+
+
+class Backoff:
+    """Exponential back-off: `first` seconds, doubled with each failure in a row up to `most`; `reset`
+    after a success (client-go's and controller-runtime's per-item failure rate limiter)."""
+
+    def __init__(self, first: float, most: float) -> None:
+        self.first = first
+        self.most = most
+        self.failures = 0
+
+    def next(self) -> float:
+        delay: float = min(self.first * 2.0**self.failures, self.most)
+        self.failures += 1
+        return delay
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class Batch:
+    """One wait the watches share while a pass runs or is due: they read their connections again
+    when it ends (after `seconds`, or at once when the queue goes idle), so that the events of the
+    wait arrive in one read each rather than one read per event. One timer for every watch."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.ended = asyncio.Event()
+        self.timer: asyncio.TimerHandle | None = None
+
+    def wait(self) -> Awaitable[object]:
+        if self.timer is None:
+            self.ended.clear()
+            self.timer = asyncio.get_running_loop().call_later(self.seconds, self.end)
+        return self.ended.wait()
+
+    def end(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        self.ended.set()
+
+
+class WorkQueue:
+    def __init__(
+        self,
+        settings: Settings,
+        clock: Callable[[], float] = time.monotonic,
+        leading: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock
+        self.leading = leading
+        """Whether this replica may reconcile now (holds the leader lease); a standby runs no pass."""
+        self.dirty = asyncio.Event()
+        """Set while a pass is asked for and not started yet."""
+        self.idle = asyncio.Event()
+        """Set while no pass runs and none is asked for: the next watch event starts one."""
+        self.listed = asyncio.Event()
+        """Set once every informer has listed its kind (see gpu_operator/main.py start_informers)."""
+        self.completed = asyncio.Event()
+        """Set once a pass has run to its end (some writes may have been rejected)."""
+        self.started = False
+        """Set once the queue runs (Kopf's startup handler has built the reconciler)."""
+        self.passes = 0
+        self.failures = 0
+        self.cpu_seconds = 0.0
+        """CPU the passes took, all of them together (the watches run on the event loop)."""
+        self.last_error = ""
+        """The error of the last pass; empty once a pass succeeds."""
+        self.work_since: float | None = None
+        """Since when there is work no finished pass has taken up (an ask, or a pass running)."""
+        self.last_finished: float | None = None
+        """When the last pass ended, successful or not."""
+        self.later: dict[str, asyncio.TimerHandle] = {}
+        """Passes asked for later, by why (the latest ask for each reason wins)."""
+        self.backoff = Backoff(settings.retry_seconds, settings.max_backoff_seconds)
+        self.reads = Batch(settings.watch_batch_seconds)
+
+    # --- asking for a pass ------------------------------------------------------------------------
+
+    def add(self) -> None:
+        """Ask for a pass (a watch event that changes what a pass would decide)."""
+        if self.work_since is None and self.leading():
+            self.work_since = self.clock()
+        self.dirty.set()
+        self.idle.clear()
+
+    def add_after(self, seconds: float, why: str = "later") -> None:
+        """Ask for a pass in `seconds`; an earlier ask for the same reason is replaced."""
+        self.cancel(why)
+        self.later[why] = asyncio.get_running_loop().call_later(max(0.0, seconds), self._due, why)
+
+    def add_at(self, when: float | None, why: str = "at") -> None:
+        """Ask for a pass at `when` (Unix seconds); None cancels the ask of the same reason."""
+        if when is None:
+            self.cancel(why)
+        else:
+            self.add_after(when - time.time(), why)
+
+    def add_soon(self) -> None:
+        """Ask for a pass within `status_interval_seconds`, for a change that only shows in the status:
+        the changes of that while are one pass instead of one each."""
+        if "soon" not in self.later and not self.dirty.is_set():
+            self.add_after(self.settings.status_interval_seconds, "soon")
+
+    def add_from(self, loop: asyncio.AbstractEventLoop) -> None:
+        """add(), from another thread (the leader elector's, a pod watch's)."""
+        loop.call_soon_threadsafe(self.add)
+
+    def cancel(self, why: str) -> None:
+        timer = self.later.pop(why, None)
+        if timer is not None:
+            timer.cancel()
+
+    def _due(self, why: str) -> None:
+        self.later.pop(why, None)
+        self.add()
+
+    # --- what the watches and the probes ask ---------------------------------------------------------
+
+    def settle(self) -> Awaitable[object] | None:
+        """For a watch after a read: None while the queue is idle (read on: the next event may be what
+        starts a pass), else the shared wait of `watch_batch_seconds` (a pass runs or is due: it would
+        not see the events any sooner)."""
+        if self.idle.is_set() or self.settings.watch_batch_seconds <= 0:
+            return None
+        return self.reads.wait()
+
+    def stuck_for(self) -> float:
+        """How long work has waited without any pass finishing (0 when there is none)."""
+        return 0.0 if self.work_since is None else max(0.0, self.clock() - self.work_since)
+
+    def _finished(self) -> None:
+        self.last_finished = self.clock()
+        # Work asked for during the pass waits from now on: the pass that ends here did not see it.
+        self.work_since = self.last_finished if self.dirty.is_set() else None
+
+    # --- the passes ------------------------------------------------------------------------------
+
+    async def run(self, one_pass: Callable[[], Outcome]) -> None:
+        """Run `one_pass` whenever asked (at the latest after `resync_seconds`), until cancelled."""
+        self.started = True
+        await self.listed.wait()
+        while True:
+            if not self.dirty.is_set():
+                self.idle.set()
+                self.reads.end()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.dirty.wait(), timeout=self.settings.resync_seconds)
+            self.idle.clear()
+            if self.settings.coalesce_seconds > 0:
+                # What else the same change brings (a burst of events) goes into the same pass.
+                await asyncio.sleep(self.settings.coalesce_seconds)
+            self.dirty.clear()
+            self.cancel("soon")  # this pass sees what it was asked for
+            if not self.leading():
+                self.work_since = None  # a standby has no work; the leader it becomes is asked
+                continue
+            if self.work_since is None:  # the resync: work as much as an ask
+                self.work_since = self.clock()
+            await self._pass(one_pass)
+
+    async def _pass(self, one_pass: Callable[[], Outcome]) -> None:
+        spent = [0.0]
+        try:
+            outcome = await asyncio.to_thread(_timed, one_pass, spent)
+            self.completed.set()
+            self.add_at(outcome.wake_at, "wake_at")
+            if outcome.stale:
+                # The watch may bring the node's new version without a change a pass would react to
+                # (a status update): look again shortly, without counting a failure.
+                self.add_after(self.settings.stale_retry_seconds, "stale")
+            if outcome.errors:
+                raise RejectedWrites("; ".join(f"{k}: {v}" for k, v in outcome.errors.items()))
+        except NotLeader:
+            # The lease was lost during the pass: not a failure, and no back-off; the elector asks for
+            # a pass the moment this replica leads again (at once when nobody else took it).
+            log.info("pass stopped: this replica no longer holds the leader lease")
+        except Exception as exc:
+            self.failures += 1
+            delay = self.backoff.next()
+            if isinstance(exc, ApiError | OSError | RejectedWrites):
+                # API trouble: retry later; watch events in between ask sooner.
+                self.last_error = str(exc)
+                log.warning("reconcile failed, retrying in %.0fs: %s", delay, exc)
+            else:
+                log.exception("reconcile failed with an unexpected error")
+            self.add_after(delay, "retry")
+        else:
+            self.passes += 1
+            self.last_error = ""
+            self.backoff.reset()
+        finally:
+            self.cpu_seconds += spent[0]
+            self._finished()
+            # What arrived during the pass is read now, for the next one: waiting out the batch, a
+            # pass already asked for would start without it.
+            self.reads.end()
+
+
+def _timed(one_pass: Callable[[], Outcome], spent: list[float]) -> Outcome:
+    """Run a pass (in a worker thread), observed; `spent` gets the CPU seconds it took."""
+    started, cpu = time.monotonic(), time.thread_time()
+    try:
+        outcome = one_pass()
+    except Exception as exc:
+        bug = not isinstance(exc, ApiError | OSError)
+        metrics.observe_aborted_pass(time.monotonic() - started, operator_error=bug)
+        raise
+    finally:
+        spent[0] = time.thread_time() - cpu
+    metrics.observe_pass(outcome.plan, outcome.errors, outcome.plan.gpu_nodes, time.monotonic() - started)
+    return outcome
