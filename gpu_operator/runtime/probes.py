@@ -24,6 +24,7 @@ def health(queue: WorkQueue, store: Store) -> tuple[bool, dict[str, Any]]:
             "lastError": queue.last_error,
             "secondsSinceLastPass": since,
             "planningCpuSeconds": round(queue.cpu_seconds, 3),
+            "passTokens": round(queue.tokens.tokens),
             "workWaitingSeconds": round(waiting, 1),
             "stuck": stuck,
             "nodes": store.size("nodes"),

@@ -5,8 +5,11 @@ all of it (nodes, pods, DaemonSets, every ClusterPolicy), so any change anywhere
 pass of the same work. An ask while a pass runs marks it dirty: one pass follows, whatever the number
 of asks. A failed pass is retried with exponential back-off; a pass is also asked for later
 (`add_after`: the upgrade's next timeout, the status pacing) and, as a safety net, every
-`resync_seconds`. Each pass runs in a worker thread (the reconciler's I/O is synchronous), never on
-the event loop, so the watches and the probes keep answering while it runs.
+`resync_seconds`. Passes are rate limited by a token bucket, as client-go limits requests, where a
+pass costs one token per node it plans: a small cluster's rollout never waits, and a large one, whose
+pace the DaemonSet controller sets anyway, is planned in fewer, larger passes. Each pass runs in a
+worker thread (the reconciler's I/O is synchronous), never on the event loop, so the watches and the
+probes keep answering while it runs.
 """
 
 from __future__ import annotations
@@ -47,6 +50,35 @@ class Backoff:
         self.failures = 0
 
 
+class TokenBucket:
+    """client-go's token bucket rate limiter (flowcontrol.NewTokenBucketRateLimiter): it holds at most
+    `burst` tokens, refilled at `rate` a second; taking more than it holds waits until it holds them.
+    A cost above `burst` counts as `burst`, so no wait is longer than burst / rate and nothing is owed
+    after it."""
+
+    def __init__(self, rate: float, burst: float, clock: Callable[[], float]) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.clock = clock
+        self.tokens = burst
+        self.at = clock()
+
+    def _refill(self) -> None:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+
+    def delay(self, cost: float) -> float:
+        """How long until the bucket holds `cost` tokens (0: it does now)."""
+        self._refill()
+        missing = min(cost, self.burst) - self.tokens
+        return 0.0 if missing <= 0 else missing / self.rate
+
+    def take(self, cost: float) -> None:
+        self._refill()
+        self.tokens = max(0.0, self.tokens - min(cost, self.burst))
+
+
 class Batch:
     """One wait the watches share while a pass runs or is due: they read their connections again
     when it ends (after `seconds`, or at once when the queue goes idle), so that the events of the
@@ -76,10 +108,13 @@ class WorkQueue:
         settings: Settings,
         clock: Callable[[], float] = time.monotonic,
         leading: Callable[[], bool] = lambda: True,
+        size: Callable[[], int] = lambda: 1,
     ) -> None:
         self.settings = settings
         self.clock = clock
         self.leading = leading
+        self.size = size
+        """The nodes a pass plans (the Store's): what it costs in tokens."""
         """Whether this replica may reconcile now (holds the leader lease); a standby runs no pass."""
         self.dirty = asyncio.Event()
         """Set while a pass is asked for and not started yet."""
@@ -104,6 +139,7 @@ class WorkQueue:
         self.later: dict[str, asyncio.TimerHandle] = {}
         """Passes asked for later, by why (the latest ask for each reason wins)."""
         self.backoff = Backoff(settings.retry_seconds, settings.max_backoff_seconds)
+        self.tokens = TokenBucket(settings.pass_rate_nodes_per_second, settings.pass_burst_nodes, clock)
         self.reads = Batch(settings.watch_batch_seconds)
 
     # --- asking for a pass ------------------------------------------------------------------------
@@ -178,9 +214,11 @@ class WorkQueue:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.dirty.wait(), timeout=self.settings.resync_seconds)
             self.idle.clear()
-            if self.settings.coalesce_seconds > 0:
-                # What else the same change brings (a burst of events) goes into the same pass.
-                await asyncio.sleep(self.settings.coalesce_seconds)
+            cost = max(1, self.size())
+            if wait := self.tokens.delay(cost):
+                # What the watches bring meanwhile goes into this pass (they read in batches: not idle).
+                await asyncio.sleep(wait)
+            self.tokens.take(cost)
             self.dirty.clear()
             self.cancel("soon")  # this pass sees what it was asked for
             if not self.leading():

@@ -9,6 +9,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import pytest
 from builders import Clock
 
 from gpu_operator.runtime.client import ApiError, NotLeader
@@ -16,7 +17,7 @@ from gpu_operator.runtime.probes import health, ready
 from gpu_operator.runtime.reconciler import Outcome
 from gpu_operator.runtime.settings import Settings
 from gpu_operator.runtime.store import Store
-from gpu_operator.runtime.workqueue import Backoff, WorkQueue
+from gpu_operator.runtime.workqueue import Backoff, TokenBucket, WorkQueue
 
 SETTINGS = Settings(
     stuck_after_seconds=100.0, retry_seconds=0.01, max_backoff_seconds=0.01, resync_seconds=3600.0
@@ -161,13 +162,16 @@ async def done(waiting: Awaitable[object]) -> None:
 
 
 def drive(
-    settings: Settings, step: Callable[[WorkQueue], None], script: Callable[[WorkQueue], Awaitable[None]]
+    settings: Settings,
+    step: Callable[[WorkQueue], None],
+    script: Callable[[WorkQueue], Awaitable[None]],
+    nodes: int = 1,
 ) -> None:
-    """Run the queue, each pass doing `step` and then succeeding, while `script` acts and checks; the
-    Loop's clock is the event loop's, that `skip` moves on."""
+    """Run the queue over a cluster of `nodes`, each pass doing `step` and then succeeding, while
+    `script` acts and checks; the queue's clock is the event loop's, that `skip` moves on."""
 
     async def main() -> None:
-        loop = WorkQueue(settings, asyncio.get_running_loop().time)
+        loop = WorkQueue(settings, asyncio.get_running_loop().time, size=lambda: nodes)
         loop.listed.set()
 
         def one_pass() -> Outcome:
@@ -263,22 +267,60 @@ def test_backoff_doubles_up_to_its_most() -> None:
     assert backoff.next() == 1.0
 
 
-def test_a_burst_of_events_within_the_coalescing_delay_is_one_pass() -> None:
-    settings = Settings(coalesce_seconds=30.0, resync_seconds=86400.0)
+def test_the_token_bucket_waits_for_what_it_lacks_and_owes_nothing(clock: Clock) -> None:
+    bucket = TokenBucket(rate=10.0, burst=2500.0, clock=clock)
+    assert bucket.delay(1000) == 0.0
+    bucket.take(1000)
+    bucket.take(1000)
+    assert bucket.delay(1000) == pytest.approx(50.0), "500 left, 500 missing at 10 a second"
+    clock.now += 50
+    assert bucket.delay(1000) == 0.0
+    bucket.take(1000)
+    assert bucket.delay(10_000) == 250.0, "a cost over the burst counts as the burst: no debt"
+    clock.now += 10_000
+    assert bucket.delay(0) == 0.0 and bucket.tokens == 2500.0, "full, and no fuller"
+
+
+def test_passes_over_a_large_cluster_wait_for_their_tokens_once_the_burst_is_spent() -> None:
+    """A pass costs a token per node: with 2000 tokens and 10 a second, two passes over 1000 nodes go
+    at once and each one after waits 100 s, the events of the wait planned together."""
+    settings = Settings(pass_rate_nodes_per_second=10.0, pass_burst_nodes=2000.0, resync_seconds=86400.0)
     started: list[float] = []
 
-    async def script(loop: WorkQueue) -> None:
-        await until_idle(loop)
-        for _ in range(10):
-            loop.add()
-            await skip(2.0)  # the events of one change, over 20 s
-        assert started == [], "not before the delay is over"
-        await skip(10.0)
-        await until(lambda: len(started) == 1, "one pass after the delay")
-        await until_idle(loop)
-        assert len(started) == 1
+    def step(loop: WorkQueue) -> None:
+        started.append(loop.clock())
+        loop.add()  # events keep coming
 
-    drive(settings, lambda loop: started.append(loop.clock()), script)
+    async def script(loop: WorkQueue) -> None:
+        loop.add()
+        await until(lambda: len(started) == 2, "the burst")
+        await asyncio.sleep(0.05)
+        assert len(started) == 2, "the third pass waits for its tokens"
+        await skip(99.0)
+        await asyncio.sleep(0.05)
+        assert len(started) == 2
+        await skip(1.0)
+        await until(lambda: len(started) == 3, "the third pass, 100 s on")
+
+    drive(settings, step, script, nodes=1000)
+    assert started[1] - started[0] < 1.0 and started[2] - started[1] >= 100.0
+
+
+def test_a_small_clusters_passes_never_wait() -> None:
+    settings = Settings(pass_rate_nodes_per_second=10.0, pass_burst_nodes=2000.0, resync_seconds=86400.0)
+    started: list[float] = []
+
+    def step(loop: WorkQueue) -> None:
+        started.append(loop.clock())
+        if len(started) < 100:
+            loop.add()
+
+    async def script(loop: WorkQueue) -> None:
+        loop.add()
+        await until(lambda: len(started) == 100, "100 passes over 10 nodes, back to back")
+
+    drive(settings, step, script, nodes=10)
+    assert started[-1] - started[0] < 60.0, "no 1000-token wait on the moved clock"
 
 
 def test_an_ask_during_a_pass_is_one_more_pass_after_it() -> None:
