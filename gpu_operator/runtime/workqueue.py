@@ -214,6 +214,12 @@ class WorkQueue:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.dirty.wait(), timeout=self.settings.resync_seconds)
             self.idle.clear()
+            if not self.leading():
+                self.dirty.clear()
+                self.work_since = None  # a standby has no work; the leader it becomes is asked
+                continue
+            if self.work_since is None:  # the resync: work as much as an ask
+                self.work_since = self.clock()
             cost = max(1, self.size())
             if wait := self.tokens.delay(cost):
                 # What the watches bring meanwhile goes into this pass (they read in batches: not idle).
@@ -221,11 +227,6 @@ class WorkQueue:
             self.tokens.take(cost)
             self.dirty.clear()
             self.cancel("soon")  # this pass sees what it was asked for
-            if not self.leading():
-                self.work_since = None  # a standby has no work; the leader it becomes is asked
-                continue
-            if self.work_since is None:  # the resync: work as much as an ask
-                self.work_since = self.clock()
             await self._pass(one_pass)
 
     async def _pass(self, one_pass: Callable[[], Outcome]) -> None:
@@ -258,6 +259,7 @@ class WorkQueue:
             self.passes += 1
             self.last_error = ""
             self.backoff.reset()
+            self.cancel("retry")
         finally:
             self.cpu_seconds += spent[0]
             self._finished()
