@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
+from gpu_operator.runtime.backoff import Backoff
 from gpu_operator.runtime.client import ApiError, Kube
 from gpu_operator.runtime.store import Store
 
@@ -60,7 +61,7 @@ class _NodeWatch:
 
     def _run(self) -> None:
         selector = f"spec.nodeName={self.node}"
-        backoff = 1.0
+        backoff = Backoff(1.0, MAX_BACKOFF_SECONDS)
         try:
             while not self.stopped.is_set():
                 try:
@@ -68,13 +69,13 @@ class _NodeWatch:
                     # Always a wake-up: a pass waits for this list ("listing the pods on the node").
                     self._record(self.store.list_node_pods, items, always=True)
                     self.listed.set()
-                    backoff = 1.0
+                    backoff.reset()
                     while version and not self.stopped.is_set():
                         version = self._watch(selector, version)
                 except ApiError as exc:
-                    log.warning("pods on node %s: %s; listing again in %.0fs", self.node, exc, backoff)
-                    self.stopped.wait(backoff)
-                    backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+                    delay = backoff.next()
+                    log.warning("pods on node %s: %s; listing again in %.0fs", self.node, exc, delay)
+                    self.stopped.wait(delay)
         finally:
             self.kube.close()
 

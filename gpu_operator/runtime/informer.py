@@ -27,6 +27,7 @@ import aiohttp
 from kubernetes_asyncio import client, config
 
 from gpu_operator.runtime import safe_json, watch_stream
+from gpu_operator.runtime.backoff import Backoff
 from gpu_operator.runtime.settings import Settings
 
 log = logging.getLogger("gpu_operator")
@@ -83,20 +84,6 @@ class Timing:
             request=settings.request_timeout_seconds,
             retry=settings.watch_retry_seconds,
         )
-
-
-@dataclass
-class Backoff:
-    first: float
-    most: float
-    current: float = 0.0
-
-    def next(self) -> float:
-        self.current = min(self.most, self.current * 2 if self.current else self.first)
-        return self.current
-
-    def reset(self) -> None:
-        self.current = 0.0
 
 
 @dataclass

@@ -21,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from gpu_operator.runtime import metrics
+from gpu_operator.runtime.backoff import Backoff
 from gpu_operator.runtime.client import ApiError, NotLeader
 from gpu_operator.runtime.reconciler import Outcome
 from gpu_operator.runtime.settings import Settings
@@ -30,24 +31,6 @@ log = logging.getLogger("gpu_operator")
 
 class RejectedWrites(Exception):
     """Some writes were rejected (already reported in the status); retry with back-off."""
-
-
-class Backoff:
-    """Exponential back-off: `first` seconds, doubled with each failure in a row up to `most`; `reset`
-    after a success (client-go's and controller-runtime's per-item failure rate limiter)."""
-
-    def __init__(self, first: float, most: float) -> None:
-        self.first = first
-        self.most = most
-        self.failures = 0
-
-    def next(self) -> float:
-        delay: float = min(self.first * 2.0**self.failures, self.most)
-        self.failures += 1
-        return delay
-
-    def reset(self) -> None:
-        self.failures = 0
 
 
 class TokenBucket:

@@ -18,6 +18,7 @@ from kubernetes_asyncio import client
 
 from gpu_operator.main import watches
 from gpu_operator.runtime import informer, watch_stream
+from gpu_operator.runtime.backoff import Backoff
 from gpu_operator.runtime.settings import Settings
 from gpu_operator.runtime.store import Store
 
@@ -285,7 +286,7 @@ def test_refusals_right_after_a_dropped_connection_are_logged_quietly(
 
 
 def test_backoff_doubles_up_to_its_bound_and_starts_again_after_a_success() -> None:
-    backoff = informer.Backoff(0.5, 3.0)
+    backoff = Backoff(0.5, 3.0)
     assert [backoff.next() for _ in range(5)] == [0.5, 1.0, 2.0, 3.0, 3.0]
     backoff.reset()
     assert backoff.next() == 0.5

@@ -12,12 +12,13 @@ from typing import Any
 import pytest
 from builders import Clock
 
+from gpu_operator.runtime.backoff import Backoff
 from gpu_operator.runtime.client import ApiError, NotLeader
 from gpu_operator.runtime.probes import health, ready
 from gpu_operator.runtime.reconciler import Outcome
 from gpu_operator.runtime.settings import Settings
 from gpu_operator.runtime.store import Store
-from gpu_operator.runtime.workqueue import Backoff, TokenBucket, WorkQueue
+from gpu_operator.runtime.workqueue import TokenBucket, WorkQueue
 
 SETTINGS = Settings(
     stuck_after_seconds=100.0, retry_seconds=0.01, max_backoff_seconds=0.01, resync_seconds=3600.0
@@ -237,7 +238,7 @@ def test_a_failing_pass_is_retried_after_a_doubling_back_off_and_a_success_reset
             await skip(1.0)
             await until(lambda: len(started) == count + 1, f"retried after {wait} s")  # noqa: B023
         await until(lambda: loop.passes == 1, "the good pass")
-        assert loop.last_error == "" and loop.backoff.failures == 0
+        assert loop.last_error == "" and loop.backoff.current == 0
 
     drive(settings, step, script)
 
