@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 class Caches:
     """What the core keeps from one pass to the next. Results taken from it are shared by the passes
     that find them, so no caller may mutate them. Not thread-safe: one pass at a time uses it (the
-    operator's loop is single-flight)."""
+    operator's work queue runs one pass at a time)."""
 
     parsed: Memo[ClusterPolicySpec | list[FieldError]] = field(default_factory=Memo)
     """Spec content → its parsed spec, or the errors it was refused with (plan._parsed). The same

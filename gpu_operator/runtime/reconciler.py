@@ -166,7 +166,7 @@ def _log_rewrites(node: str, rewrites: LabelRewrites) -> None:
 @contextmanager
 def _recorded(errors: dict[str, str], what: str) -> Iterator[None]:
     """Run one write; whatever the API server answers (a refusal, a 5xx, no answer at all), the failure
-    is recorded and the pass goes on with every other object, node and status: the loop retries the
+    is recorded and the pass goes on with every other object, node and status: the work queue retries the
     pass with backoff. Except NotLeader: a replica that lost the lease stops writing at once."""
     try:
         yield
