@@ -199,7 +199,11 @@ class WorkQueue:
             self.idle.clear()
             if not self.leading():
                 self.dirty.clear()
-                self.work_since = None  # a standby has no work; the leader it becomes is asked
+                self.work_since = None  # a standby has no work
+                # Asked again a retry period on: the elector asks for a pass when this replica wins
+                # the lease, but not when a late renewal of a lease it kept goes through (a slow API
+                # server), and an ask dropped then would wait for the resync.
+                self.add_after(self.settings.lease.retry, "standby")
                 continue
             if self.work_since is None:  # the resync: work as much as an ask
                 self.work_since = self.clock()

@@ -125,6 +125,25 @@ def test_a_pass_that_lost_the_lease_is_no_failure_and_is_not_retried_on_a_back_o
     drive(settings, step, script)
 
 
+def test_an_ask_while_a_renewal_is_late_is_not_lost() -> None:
+    """A slow API server makes a renewal late: the replica still holds the lease but does not lead for
+    a moment, and the elector asks for nothing when the renewal gets through. The pass asked for then
+    runs a retry period later, with no other event."""
+    settings = Settings(resync_seconds=86400.0)
+    leads = [False]
+    passes: list[float] = []
+
+    async def script(loop: WorkQueue) -> None:
+        loop.add()  # the edit, while the renewal is late
+        await until(lambda: "standby" in loop.later, "the ask put off")
+        assert passes == [], "no pass while not leading"
+        leads[0] = True  # the renewal got through: nobody asks for a pass
+        await skip(settings.lease.retry)
+        await until(lambda: len(passes) == 1, "the pass asked for while the renewal was late")
+
+    drive(settings, lambda loop: passes.append(loop.clock()), script, leading=lambda: leads[0])
+
+
 class SteppedLoop(asyncio.SelectorEventLoop):
     """An event loop whose clock runs with the real one and jumps when the test says (`skip`): the
     tests set their intervals a minute or more long, so that no timer fires on its own while a test
@@ -167,12 +186,13 @@ def drive(
     step: Callable[[WorkQueue], None],
     script: Callable[[WorkQueue], Awaitable[None]],
     nodes: int = 1,
+    leading: Callable[[], bool] = lambda: True,
 ) -> None:
     """Run the queue over a cluster of `nodes`, each pass doing `step` and then succeeding, while
     `script` acts and checks; the queue's clock is the event loop's, that `skip` moves on."""
 
     async def main() -> None:
-        loop = WorkQueue(settings, asyncio.get_running_loop().time, size=lambda: nodes)
+        loop = WorkQueue(settings, asyncio.get_running_loop().time, leading, size=lambda: nodes)
         loop.listed.set()
 
         def one_pass() -> Outcome:
