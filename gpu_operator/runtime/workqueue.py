@@ -213,7 +213,8 @@ class WorkQueue:
                 await asyncio.sleep(wait)
             self.tokens.take(cost)
             self.dirty.clear()
-            self.cancel("soon")  # this pass sees what it was asked for
+            for why in ("soon", "standby"):  # this pass sees what it was asked for
+                self.cancel(why)
             await self._pass(one_pass)
 
     async def _pass(self, one_pass: Callable[[], Outcome]) -> None:
