@@ -1,24 +1,31 @@
 """The only module that talks to the API server: server-side apply, delete, node labels, status, events.
 
-A small generic client over the `kubernetes` package's ApiClient (its configuration, credentials and
-connection pool): one code path for every kind, no discovery round trips at start-up (the operator
-only handles the kinds in RESOURCES), plain dicts in and out. Sync on purpose: it runs in worker
-threads, never on the event loop. The operator's informers read with kubernetes_asyncio
-(gpu_operator/runtime/informer.py); everything else of the project (the operator's writes, its node
-agent, `doctor`, the Helm cleanup hook, the bench and the tests' helpers) uses this client.
+A small generic async client over kubernetes_asyncio's ApiClient (its configuration, credentials and
+aiohttp connection pool), the one client library of the project: one code path for every kind, no
+discovery round trips at start-up (the operator only handles the kinds in RESOURCES), plain dicts in
+and out. Requests go through the public `ApiClient.call_api` with `_preload_content=False`, which
+hands back the raw response: bodies are decoded by `safe_json.loads` (no depth of nesting makes it
+raise), never by the library's model classes. The operator's informers, writes, lease and drain
+watches run on this client in its event loop; what has no event loop of its own (`doctor`, the Helm
+cleanup hook, the node agent, the bench and the tests' helpers) calls it through
+gpu_operator/runtime/sync_client.py.
+
+Why kubernetes_asyncio: it is the async twin of the official client (same configuration and
+kubeconfig loaders: exec plugins, OIDC, in-cluster token refresh), maintained, and already what the
+informers needed; its ApiClient accepts any path and a raw body, which is all a generic client
+needs. lightkube would bring httpx and a second model layer for the same requests.
 """
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import urllib3
-from kubernetes import client, config
+import aiohttp
+from kubernetes_asyncio import client, config
 
 from gpu_operator.core.observed import ObjectKey
 from gpu_operator.core.ownership import FIELD_MANAGER
@@ -55,9 +62,12 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
 }
 
 
+APPLY_PATCH = "application/apply-patch+yaml; charset=utf-8"
+
+
 def _verb(method: str, content_type: str) -> str:
     if method == "PATCH":
-        return "apply" if content_type == "application/apply-patch+yaml" else "patch"
+        return "apply" if content_type == APPLY_PATCH else "patch"
     return {"POST": "create", "PUT": "update", "DELETE": "delete"}.get(method, method.lower())
 
 
@@ -148,7 +158,11 @@ def gone_or_changed(exc: ApiError) -> bool:
     return exc.status == 409 or (exc.status == 422 and "metadata.uid" in exc.message)
 
 
-def load_api_client(
+ConfigException = config.ConfigException
+"""Raised by `connect` when neither in-cluster credentials nor a kubeconfig work."""
+
+
+async def connect(
     kubeconfig: str | Path | None = None,
     context: str | None = None,
     user_agent: str = "",
@@ -156,69 +170,31 @@ def load_api_client(
 ) -> client.ApiClient:
     """A client with its own configuration (never the package's global one, so several can live in one
     process): the kubeconfig when one is given, else in-cluster credentials when running in a pod, else
-    $KUBECONFIG or ~/.kube/config. `pool_size`: connections kept per host, at least the number of
-    threads that use the client at once. Raises config.ConfigException (or OSError) when none works."""
+    $KUBECONFIG or ~/.kube/config. `pool_size`: connections at once (a watch holds one the whole
+    time). Raises ConfigException (or OSError) when none works. The library's own refresh hooks
+    re-read an in-cluster token or an exec plugin's credentials when they are due."""
     configuration = client.Configuration()
-    # No retries inside urllib3: its default (3) turns one silent connection into four read timeouts
-    # (2 minutes) before a caller hears of it; every caller has its own retry with back-off.
-    configuration.retries = 0
-    if pool_size is not None:
-        configuration.connection_pool_maxsize = pool_size
     try:
         if kubeconfig is not None or context is not None:
             raise config.ConfigException("a kubeconfig was asked for")
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except config.ConfigException:
-        config.load_kube_config(  # type: ignore[no-untyped-call]
+        await config.load_kube_config(
             config_file=None if kubeconfig is None else str(kubeconfig),
             context=context,
             client_configuration=configuration,
         )
-    hook = configuration.refresh_api_key_hook
-    if hook is not None:
-        configuration.refresh_api_key_hook = throttled(hook, AUTH_REFRESH_SECONDS)
+    if pool_size is not None:
+        configuration.connection_pool_maxsize = pool_size
     api = client.ApiClient(configuration)
     if user_agent:
         api.user_agent = user_agent
     return api
 
 
-AUTH_REFRESH_SECONDS = 1.0
-"""How often a request runs the config loader's refresh hook (see `throttled`)."""
-
-
-def throttled(
-    hook: Callable[[Any], None], seconds: float, clock: Callable[[], float] = time.monotonic
-) -> Callable[[Any], None]:
-    """The credentials' refresh hook, run at most once every `seconds`.
-
-    Both config loaders (kubernetes/config/incluster_config.py and kube_config.py `_set_config`) install
-    a hook that the client runs before every request, and it sets `configuration.host` again, whose
-    setter reads the proxy settings from the whole environment (`urllib.request.getproxies`): a large
-    share of the client's CPU per request (measured: bench/README.md), paid by every write of a
-    rollout and every request of the vetting, for settings that do not change between requests. The
-    loaders themselves re-read a token only when it is due (incluster_config.py: the token file once a
-    minute; kube_config.py: an exec or OIDC token 5 minutes before it expires), so a second's delay
-    never sends an expired one."""
-    last: float | None = None
-
-    def refresh(configuration: Any) -> None:
-        nonlocal hook, last
-        now = clock()
-        if last is not None and now - last < seconds:
-            return
-        last = now
-        hook(configuration)
-        # The loaders' hook installs a new copy of itself each time it runs: keep it behind this one.
-        replacement = configuration.refresh_api_key_hook
-        if replacement is not None and replacement is not refresh:
-            hook = replacement
-            configuration.refresh_api_key_hook = refresh
-
-    return refresh
-
-
 DEFAULT_TIMEOUT: Timeout = (5.0, 30.0)
+FAILED_CONNECTIONS = (aiohttp.ClientError, TimeoutError, OSError)
+"""What a request that got no answer raises: connection refused or reset, TLS, timeouts."""
 
 
 class NotLeader(ApiError):
@@ -228,8 +204,12 @@ class NotLeader(ApiError):
         super().__init__(0, "NotLeader", "this replica does not hold the leader lease; it writes nothing")
 
 
-def _always() -> bool:
+async def _always() -> bool:
     return True
+
+
+def _unanswered(exc: BaseException) -> ApiError:
+    return ApiError(0, "ConnectionError", str(exc) or type(exc).__name__)
 
 
 @dataclass
@@ -237,18 +217,10 @@ class Kube:
     api: client.ApiClient
     timeout: Timeout = DEFAULT_TIMEOUT
     """Every call's connect and read timeout, so that no call waits forever on a silent connection."""
-    may_write: Callable[[], bool] = _always
-    """Asked before every write; False refuses it with NotLeader (a standby replica writes nothing)."""
+    may_write: Callable[[], Awaitable[bool]] = _always
+    """Awaited before every write; False refuses it with NotLeader (a standby replica writes nothing)."""
 
-    def fork(self) -> Kube:
-        """A client with the same credentials and a connection pool of its own (for a long watch in a
-        thread of its own, which would otherwise hold one of the writers' connections); the same
-        timeouts, and writes gated on the same leader lease."""
-        api = client.ApiClient(self.api.configuration)
-        api.user_agent = self.api.user_agent
-        return replace(self, api=api)
-
-    def _call(
+    async def _call(
         self,
         method: str,
         url: str,
@@ -257,51 +229,49 @@ class Kube:
         content_type: str = "application/json",
         kind: str = "",
         accept: str = "application/json",
-        timeout: float | Timeout | None = None,
-    ) -> Any:
-        """The raw response of the ApiClient, its body not read yet; ApiError for anything but a 2xx
-        status. Writes (anything but GET) count in the metrics by `kind`."""
-        if method != "GET" and not self.may_write():
+        timeout: aiohttp.ClientTimeout | None = None,
+    ) -> aiohttp.ClientResponse:
+        """The raw response, its body not read yet; ApiError for anything but a 2xx status. Writes
+        (anything but GET) count in the metrics by `kind`."""
+        if method != "GET" and not await self.may_write():
             raise NotLeader()
-        method_, full_url, headers, payload, _ = self.api.param_serialize(
-            method=method,
-            resource_path=url,
-            query_params=list((query or {}).items()),
-            header_params={"Content-Type": content_type, "Accept": accept},
-            body=body,
-            auth_settings=["BearerToken"],
-        )
+        connect, read = self.timeout
         status = 0
         try:
-            response = self.api.call_api(
-                method_,
-                full_url,
-                header_params=headers,
-                body=payload,
-                _request_timeout=timeout or self.timeout,
+            response: aiohttp.ClientResponse = await self.api.call_api(
+                url,
+                method,
+                query_params=list((query or {}).items()),
+                header_params={"Content-Type": content_type, "Accept": accept},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout
+                or aiohttp.ClientTimeout(connect=connect, sock_connect=connect, sock_read=read),
             )
             status = response.status
-        except urllib3.exceptions.HTTPError as exc:
+        except FAILED_CONNECTIONS as exc:
             # Connection refused, TLS failure, timeout: reported like an API error, retried the same way.
-            raise ApiError(0, "ConnectionError", str(exc)) from None
+            raise _unanswered(exc) from None
         finally:
             _observe(method, content_type, query, kind, status)
-        if not 200 <= response.status < 300:
-            raise _refusal(response.status, response.read())  # type: ignore[no-untyped-call]
+        if not 200 <= status < 300:
+            raise _refusal(status, await self._read(response))
         return response
 
-    def _read(self, response: Any) -> bytes:
+    async def _read(self, response: aiohttp.ClientResponse) -> bytes:
         try:
-            data: bytes = response.read()
-        except urllib3.exceptions.HTTPError as exc:
-            raise ApiError(0, "ConnectionError", str(exc)) from None
-        return data
+            return await response.read()
+        except FAILED_CONNECTIONS as exc:
+            raise _unanswered(exc) from None
+        finally:
+            response.release()
 
-    def close(self) -> None:
+    async def close(self) -> None:
         """Close every connection this client keeps."""
-        self.api.close()  # type: ignore[no-untyped-call]
+        await self.api.close()
 
-    def request(
+    async def request(
         self,
         method: str,
         url: str,
@@ -310,52 +280,54 @@ class Kube:
         content_type: str = "application/json",
         kind: str = "",
         accept: str = "application/json",
-        timeout: float | None = None,
     ) -> dict[str, Any]:
         """One API call; the JSON response."""
-        data = self._read(self._call(method, url, body, query, content_type, kind, accept, timeout))
+        data = await self._read(await self._call(method, url, body, query, content_type, kind, accept))
         # A ClusterPolicy's status patch returns the whole object, whatever its spec holds.
         return safe_json.loads(data) if data else {}
 
-    def watch(
+    async def watch(
         self, api_version: str, kind: str, query: Mapping[str, str], timeout_seconds: int
-    ) -> Iterator[dict[str, Any]]:
-        """The events of a watch (`{"type": ..., "object": ...}`) of a kind's collection."""
-        return self.stream(path(api_version, kind), query, timeout_seconds)
-
-    def stream(self, url: str, query: Mapping[str, str], timeout_seconds: int) -> Iterator[dict[str, Any]]:
-        """The events of a watch of the collection at `url`, until the server ends it after
-        `timeout_seconds`. A connection that goes quiet for longer raises ApiError(0, ...)."""
+    ) -> AsyncGenerator[dict[str, Any], None]:
+        """The events (`{"type": ..., "object": ...}`) of a watch of a kind's collection, until the
+        server ends it after `timeout_seconds`. A connection that goes quiet for longer raises
+        ApiError(0, ...)."""
         params = {**query, "watch": "true", "timeoutSeconds": str(timeout_seconds)}
         # The server ends the watch after timeout_seconds; a read timeout above that catches a connection
         # that went silent (a black hole), which no server-side timeout can.
-        response = self._call("GET", url, query=params, timeout=(self.timeout[0], timeout_seconds + 30))
+        silent = aiohttp.ClientTimeout(sock_connect=self.timeout[0], sock_read=timeout_seconds + 30)
+        response = await self._call("GET", path(api_version, kind), query=params, timeout=silent)
         try:
             buffer = b""
-            for chunk in response.response.stream(amt=None, decode_content=False):
+            # Chunks, not the reader's lines: it refuses a line longer than its buffer (a large Node).
+            async for chunk in response.content.iter_any():
                 buffer += chunk
                 *lines, buffer = buffer.split(b"\n")
                 for line in lines:
                     if line.strip():
                         yield safe_json.loads(line)
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise ApiError(0, "ConnectionError", str(exc)) from None
+        except FAILED_CONNECTIONS as exc:
+            raise _unanswered(exc) from None
         finally:
-            response.response.release_conn()
+            response.close()
 
-    def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
-        return self.request("GET", path(api_version, kind, namespace, name))
+    async def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
+        return await self.request("GET", path(api_version, kind, namespace, name))
 
-    def metadata(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any] | None:
+    async def metadata(
+        self, api_version: str, kind: str, name: str, namespace: str = ""
+    ) -> dict[str, Any] | None:
         """An object's metadata alone (`{"metadata": ...}`), None when there is no such object."""
         try:
-            return self.request("GET", path(api_version, kind, namespace, name), accept=PARTIAL_METADATA)
+            return await self.request(
+                "GET", path(api_version, kind, namespace, name), accept=PARTIAL_METADATA
+            )
         except ApiError as exc:
             if exc.status == 404:
                 return None
             raise
 
-    def list_at(
+    async def list_at(
         self,
         api_version: str,
         kind: str,
@@ -371,32 +343,34 @@ class Kube:
         if field_selector:
             query["fieldSelector"] = field_selector
         while True:
-            page = self.request("GET", path(api_version, kind, namespace), query=query)
+            page = await self.request("GET", path(api_version, kind, namespace), query=query)
             items.extend(page.get("items") or [])
             metadata = page.get("metadata") or {}
             if not metadata.get("continue"):
                 return items, str(metadata.get("resourceVersion") or "")
             query["continue"] = metadata["continue"]
 
-    def list(
+    async def list(
         self, api_version: str, kind: str, namespace: str = "", label_selector: str = ""
     ) -> list[dict[str, Any]]:
         """Every object of a kind (all namespaces when `namespace` is empty), fetched in pages."""
-        return self.list_at(api_version, kind, namespace, label_selector)[0]
+        return (await self.list_at(api_version, kind, namespace, label_selector))[0]
 
-    def pod_log(self, namespace: str, name: str, container: str, lines: int, previous: bool = False) -> str:
+    async def pod_log(
+        self, namespace: str, name: str, container: str, lines: int, previous: bool = False
+    ) -> str:
         """The last `lines` lines of a container's log (of its previous run when `previous`)."""
         query = {"container": container, "tailLines": str(lines)}
         if previous:
             query["previous"] = "true"
-        return self.text(path("v1", "Pod", namespace, name, "log"), query)
+        return await self.text(path("v1", "Pod", namespace, name, "log"), query)
 
-    def text(self, url: str, query: Mapping[str, str] | None = None) -> str:
+    async def text(self, url: str, query: Mapping[str, str] | None = None) -> str:
         """A GET whose answer is text (logs, /readyz)."""
-        data = self._read(self._call("GET", url, query=query, accept="text/plain"))
+        data = await self._read(await self._call("GET", url, query=query, accept="text/plain"))
         return data.decode(errors="replace")
 
-    def apply(
+    async def apply(
         self,
         body: Mapping[str, Any],
         manager: str = FIELD_MANAGER,
@@ -411,23 +385,25 @@ class Kube:
         url = path(body["apiVersion"], body["kind"], metadata.get("namespace", ""), metadata["name"])
         # The body is YAML to the API server. The client's json.dumps would escape an emoji as a UTF-16
         # surrogate pair, which YAML refuses ("invalid Unicode character escape code"): send the
-        # renderer's YAML-safe JSON instead, which keeps every such character as UTF-8.
+        # renderer's YAML-safe JSON instead, which keeps every such character as UTF-8. The client sends
+        # a bytes body as it is only under a content type it does not encode itself: hence the charset,
+        # which the API server drops before it reads the patch type.
         query = {"fieldManager": manager, "force": str(force).lower()}
         if dry_run:
             query["dryRun"] = "All"
-        return self.request(
+        return await self.request(
             "PATCH",
             url,
             body=tojson(body).encode(),
             query=query,
-            content_type="application/apply-patch+yaml",
+            content_type=APPLY_PATCH,
             kind=body["kind"],
         )
 
-    def delete(self, key: ObjectKey) -> None:
+    async def delete(self, key: ObjectKey) -> None:
         api_version, kind, namespace, name = key
         try:
-            self.request(
+            await self.request(
                 "DELETE",
                 path(api_version, kind, namespace, name),
                 body={"propagationPolicy": "Background"},
@@ -437,7 +413,7 @@ class Kube:
             if exc.status != 404:
                 raise
 
-    def apply_node_labels(
+    async def apply_node_labels(
         self,
         node: str,
         labels: Mapping[str, str],
@@ -451,9 +427,11 @@ class Kube:
         not exist, whatever `resourceVersion` says, but not one whose uid it is told (409 "uid
         mismatch"), so a write never brings back a Node deleted meanwhile; see `gone_or_changed`. With
         `resource_version` the write also fails with 409 if the node changed since."""
-        return self.apply(preconditioned("v1", "Node", node, labels, uid, resource_version), manager, force)
+        return await self.apply(
+            preconditioned("v1", "Node", node, labels, uid, resource_version), manager, force
+        )
 
-    def rewrite_labels(
+    async def rewrite_labels(
         self, kind: str, name: str, changes: Mapping[str, tuple[str, str | None]]
     ) -> dict[str, Any] | None:
         """Change labels of a cluster-scoped core object (Node, Namespace) whoever owns them: label →
@@ -470,7 +448,7 @@ class Kube:
                 else {"op": "replace", "path": pointer, "value": new}
             )
         try:
-            return self.request(
+            return await self.request(
                 "PATCH",
                 path("v1", kind, name=name),
                 body=operations,
@@ -482,9 +460,11 @@ class Kube:
                 raise
             return None
 
-    def patch_node(self, name: str, body: Mapping[str, Any], manager: str = FIELD_MANAGER) -> dict[str, Any]:
+    async def patch_node(
+        self, name: str, body: Mapping[str, Any], manager: str = FIELD_MANAGER
+    ) -> dict[str, Any]:
         """A JSON merge patch of a Node (never creates one: a node that is gone is a 404)."""
-        return self.request(
+        return await self.request(
             "PATCH",
             path("v1", "Node", name=name),
             body=dict(body),
@@ -493,17 +473,19 @@ class Kube:
             kind="Node",
         )
 
-    def evict(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
+    async def evict(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
         """POST an Eviction: the API server deletes the pod unless a PodDisruptionBudget forbids it
         (429), which is an ApiError like any refusal."""
-        self.request("POST", path("v1", "Pod", namespace, name, "eviction"), body=dict(body), kind="Eviction")
+        await self.request(
+            "POST", path("v1", "Pod", namespace, name, "eviction"), body=dict(body), kind="Eviction"
+        )
 
-    def delete_pod(self, namespace: str, name: str, options: Mapping[str, Any]) -> None:
+    async def delete_pod(self, namespace: str, name: str, options: Mapping[str, Any]) -> None:
         """DELETE a pod with DeleteOptions (a UID precondition: 409 when the name is another pod's now)."""
-        self.request("DELETE", path("v1", "Pod", namespace, name), body=dict(options), kind="Pod")
+        await self.request("DELETE", path("v1", "Pod", namespace, name), body=dict(options), kind="Pod")
 
-    def patch_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
-        return self.request(
+    async def patch_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
+        return await self.request(
             "PATCH",
             path("nvidia.com/v1", "ClusterPolicy", name=name, subresource="status"),
             body={"status": dict(status)},
@@ -511,7 +493,7 @@ class Kube:
             kind="ClusterPolicy",
         )
 
-    def post_event(
+    async def post_event(
         self,
         policy: Mapping[str, str],
         type_: str,
@@ -543,4 +525,4 @@ class Kube:
             "source": {"component": FIELD_MANAGER},
             "reportingComponent": FIELD_MANAGER,
         }
-        self.request("POST", path("v1", "Event", namespace), body=body, kind="Event")
+        await self.request("POST", path("v1", "Event", namespace), body=body, kind="Event")
