@@ -28,7 +28,7 @@ from gpu_operator.core import render
 from gpu_operator.core.observed import ObjectKey
 from gpu_operator.core.ownership import FIELD_MANAGER, MANAGED_BY_LABEL
 from gpu_operator.runtime import informer, metrics, server, watch_stream
-from gpu_operator.runtime.client import RESOURCES, Kube, load_api_client
+from gpu_operator.runtime.client import RESOURCES, Kube, connect
 from gpu_operator.runtime.drain_watches import NodePodWatches
 from gpu_operator.runtime.leader import Elector, Leadership
 from gpu_operator.runtime.probes import health, ready
@@ -166,14 +166,18 @@ def registry(
         # namespaces to learn what is served.
         kopf_settings.scanning.disabled = True
         memo["informers"] = await start_informers(settings, store, queue)
-        # One connection per writer and applier thread, plus one: no "connection pool is full". Every
-        # write asks the leader lease first.
-        api = load_api_client(pool_size=settings.writers + settings.appliers + 1)
+        # As many connections as writes and applies may be in flight, plus one. Every write asks the
+        # leader lease first.
+        api = await connect(pool_size=settings.writers + settings.appliers + 1)
+        memo["apis"] = [api]
         kube = Kube(api, timeout=settings.api_timeout_seconds, may_write=leadership.may_write)
-        event_loop = asyncio.get_running_loop()
-        memo["warm"] = event_loop.run_in_executor(None, render.warm)  # the first pass renders warm
-        # The pods of nodes a driver upgrade empties: watches of their own, started by the passes.
-        pod_watches = NodePodWatches(kube, store, partial(queue.add_from, event_loop))
+        memo["warm"] = asyncio.get_running_loop().run_in_executor(None, render.warm)  # warm first pass
+        # The pods of nodes a driver upgrade empties: watches of their own, started by the passes, on
+        # connections of their own (each holds one, as many as nodes are emptied at once).
+        watches_api = await connect(pool_size=None)
+        memo["apis"].append(watches_api)
+        timing = informer.Timing.of(settings)
+        pod_watches = NodePodWatches(watches_api, store, queue.add, queue.settle, timing)
         memo["pod_watches"] = pod_watches
         reconciler = Reconciler(kube, store, settings, pod_watches=pod_watches)
         if settings.leader_election:
@@ -181,11 +185,13 @@ def registry(
             def on_change(leading: bool) -> None:
                 if leading:
                     reconciler.crd_current = False  # another leader may have run meanwhile
-                    queue.add_from(event_loop)
+                    queue.add()
 
             # Its own connections and timeout: a lease call never waits behind a pass's requests.
             deadline = settings.lease.renew_deadline
-            lease_kube = Kube(load_api_client(pool_size=2), timeout=(deadline, deadline))
+            lease_api = await connect(pool_size=2)
+            memo["apis"].append(lease_api)
+            lease_kube = Kube(lease_api, timeout=(deadline, deadline))
             leadership.elector = Elector(
                 lease_kube,
                 settings.namespace,
@@ -205,17 +211,49 @@ def registry(
             await informers.stop()
         pod_watches = memo.get("pod_watches")
         if pod_watches is not None:
-            pod_watches.stop()
+            await pod_watches.stop()
         if leadership.elector is not None:
             # Hand the lease back: a standby takes over within one retry period, not a lease duration.
-            await asyncio.to_thread(leadership.elector.stop)
+            await leadership.elector.stop()
+        for api in memo.get("apis", []):
+            await api.close()
 
-    # A registry of our own has none of the default one's login fallbacks: log in as the API client does
-    # (in-cluster credentials, else the kubeconfig), the same credentials as kube.load_api_client.
-    kopf.on.login(registry=handlers)(kopf.login_via_client)
+    # A registry of our own has none of the default one's login fallbacks: log in with what the
+    # operator's own client loads (in-cluster credentials, else the kubeconfig).
+    kopf.on.login(registry=handlers)(login)
     kopf.on.startup(registry=handlers)(on_startup)
     kopf.on.cleanup(registry=handlers)(on_cleanup)
     return handlers
+
+
+async def login(**_: Any) -> kopf.ConnectionInfo:
+    """Kopf's credentials, from the configuration client.connect loads (Kopf's own login_via_client
+    reads the synchronous `kubernetes` package's, which the operator does not use)."""
+    api = await connect()
+    try:
+        return connection_info(
+            api.configuration, await api.configuration.get_api_key_with_prefix("BearerToken")
+        )
+    finally:
+        await api.close()
+
+
+def connection_info(configuration: Any, header: str | None) -> kopf.ConnectionInfo:
+    """The ConnectionInfo of a kubernetes_asyncio Configuration and its Authorization header (as Kopf's
+    login_via_client reads the synchronous client's: a scheme and a token, RFC 7235)."""
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (None, None) if not parts else (None, parts[0]) if len(parts) == 1 else tuple(parts)
+    return kopf.ConnectionInfo(
+        server=configuration.host,
+        ca_path=configuration.ssl_ca_cert,  # the loader may have written it to a temporary file
+        insecure=not configuration.verify_ssl,
+        username=configuration.username or None,
+        password=configuration.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=configuration.cert_file,
+        private_key_path=configuration.key_file,
+    )
 
 
 @dataclass
@@ -239,7 +277,7 @@ async def start_informers(settings: Settings, store: Store, queue: WorkQueue) ->
     unlisted = {spec.plural for spec in every}
     timing = informer.Timing.of(settings)
     # A watch holds its connection; listings and resumed watches may overlap for a moment.
-    api = await informer.connect(pool_size=2 * len(every))
+    api = await connect(pool_size=2 * len(every))
     running: list[informer.Informer] = []
 
     def listed(spec: Watch, present: informer.Names) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 
 from gpu_operator.runtime import safe_json, watch_stream
 from gpu_operator.runtime.backoff import Backoff
@@ -219,16 +219,3 @@ async def _raise_for(response: aiohttp.ClientResponse) -> None:
     if response.status != 200:
         text = (await response.read())[:300].decode(errors="replace")
         raise watch_stream.WatchFailed(f"{response.status} {text}")
-
-
-async def connect(pool_size: int) -> client.ApiClient:
-    """An async client with its own configuration and the operator's credentials: in-cluster when
-    running in a pod, else $KUBECONFIG or ~/.kube/config (as gpu_operator/runtime/client.py
-    load_api_client). `pool_size`: connections at once, at least one per informer (a watch holds one)."""
-    configuration = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        await config.load_kube_config(client_configuration=configuration)
-    configuration.connection_pool_maxsize = pool_size
-    return client.ApiClient(configuration)

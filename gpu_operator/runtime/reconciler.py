@@ -13,12 +13,11 @@ nothing.
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
@@ -90,14 +89,14 @@ CRD_API = ("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 CRD_HASH_ANNOTATION = "nvidia.com/gpu-operator.crd-hash"
 
 
-def ensure_crd(kube: Kube, create: bool) -> bool:
+async def ensure_crd(kube: Kube, create: bool) -> bool:
     """Server-side apply our own CRD when the cluster's differs, so a `helm upgrade` (Helm never
     upgrades CRDs) or a new image never runs against a stale schema that prunes new fields; create it
     when it is absent only with `create` (the chart's operator.createCRD). True when it is current."""
     body = crd()
     body["metadata"].setdefault("annotations", {})[CRD_HASH_ANNOTATION] = content_hash(body)
     try:
-        current = kube.get(*CRD_API, body["metadata"]["name"])
+        current = await kube.get(*CRD_API, body["metadata"]["name"])
     except ApiError as exc:
         if exc.status != 404:
             log.warning("cannot read the ClusterPolicy CRD (%s); leaving it as it is", exc)
@@ -110,7 +109,7 @@ def ensure_crd(kube: Kube, create: bool) -> bool:
     if annotations.get(CRD_HASH_ANNOTATION) == body["metadata"]["annotations"][CRD_HASH_ANNOTATION]:
         return True
     try:
-        kube.apply(body)
+        await kube.apply(body)
     except ApiError as exc:
         log.warning("cannot apply the ClusterPolicy CRD (%s); it may be stale", exc)
         return False
@@ -129,7 +128,7 @@ class PodWatches(Protocol):
 
     def follow(self, nodes: Iterable[str]) -> None: ...
 
-    def wait_listed(self, nodes: Iterable[str], timeout: float) -> bool: ...
+    async def wait_listed(self, nodes: Iterable[str], timeout: float) -> bool: ...
 
 
 LISTING_SECONDS = 5.0
@@ -163,8 +162,8 @@ def _log_rewrites(node: str, rewrites: LabelRewrites) -> None:
         log.info("node %s: setting labels %s", node, changed)
 
 
-@contextmanager
-def _recorded(errors: dict[str, str], what: str) -> Iterator[None]:
+@asynccontextmanager
+async def _recorded(errors: dict[str, str], what: str) -> AsyncIterator[None]:
     """Run one write; whatever the API server answers (a refusal, a 5xx, no answer at all), the failure
     is recorded and the pass goes on with every other object, node and status: the work queue retries the
     pass with backoff. Except NotLeader: a replica that lost the lease stops writing at once."""
@@ -177,12 +176,12 @@ def _recorded(errors: dict[str, str], what: str) -> Iterator[None]:
         errors.setdefault(what, str(exc))
 
 
-def _unless_changed(what: str, stale: list[str], write: Callable[[], object]) -> bool:
+async def _unless_changed(what: str, stale: list[str], write: Callable[[], Awaitable[object]]) -> bool:
     """Run a write that carries the uid and resourceVersion the plan saw. An object changed since (a
     manager's pause, an admin's label), deleted or replaced (see kube.gone_or_changed) means the write
     is left to the next pass, which is asked for. True when the write went through."""
     try:
-        write()
+        await write()
     except ApiError as exc:
         if not gone_or_changed(exc):
             raise
@@ -209,50 +208,49 @@ class Reconciler:
     pod_watches: PodWatches | None = None
     """The pods of the nodes a driver upgrade empties (None: none are watched, as in unit tests that
     feed the Store themselves)."""
-    evictions_lock: threading.Lock = field(default_factory=threading.Lock)
-    """Guards the memory's evictions: the writers record their answers at once."""
-    pool: ThreadPoolExecutor = field(init=False)
-    appliers: ThreadPoolExecutor = field(init=False)
+    writers: asyncio.Semaphore = field(init=False)
+    """Writes in flight at once: node labels, deletes, upgrade writes, lookups and dry runs."""
+    appliers: asyncio.Semaphore = field(init=False)
+    """Applies of operand objects in flight at once, beside the writers."""
 
-    def __post_init__(self) -> None:
-        self.pool = ThreadPoolExecutor(self.settings.writers, "gpu-operator-write")
-        self.appliers = ThreadPoolExecutor(self.settings.appliers, "gpu-operator-apply")
-
-    def run_once(self) -> Outcome:
+    async def run_once(self) -> Outcome:
         """One pass. A change is proven before any of it is written (gpu_operator/core/vetting.py); API
         errors on single objects do not stop the pass: every other object, node and status is still
         handled, and the errors go into the status and the returned Outcome.
 
         Writes run in parallel (a rollout is a label patch per node and stage), the objects in
         waves (`writes.in_waves`): a component's DaemonSet after its ServiceAccount, RBAC and ConfigMaps."""
+        # A pass's own limits (passes run one at a time), on the event loop that runs it.
+        self.writers = asyncio.Semaphore(self.settings.writers)
+        self.appliers = asyncio.Semaphore(self.settings.appliers)
         if self.store.get("crds", POLICY_CRD) is False:
             # The watch saw it go (or not established yet): create it again (operator.createCRD). Its
             # informer tries to list ClusterPolicies again as soon as the CRD's events arrive.
             self.crd_current = False
         if not self.crd_current:
-            self.crd_current = ensure_crd(self.kube, self.settings.create_crd)
+            self.crd_current = await ensure_crd(self.kube, self.settings.create_crd)
             if self.crd_current:
                 self.store.put("crds", POLICY_CRD, True)
         clock = time.time()
         stamp = format_time(clock)
-        observed, plan, verdict = self._plan(stamp, clock)
+        observed, plan, verdict = await self._plan(stamp, clock)
         unlisted = unlisted_pods(observed, plan)
         if (
             unlisted
             and self.pod_watches is not None
-            and self.pod_watches.wait_listed(unlisted, LISTING_SECONDS)
+            and await self.pod_watches.wait_listed(unlisted, LISTING_SECONDS)
         ):
             # Nodes about to start their upgrade (or met mid-way after a restart): with their pods
             # listed, this pass takes them as far as they go (cordon, evictions, driver restart) instead
             # of cordoning them and waiting for a pass of their own.
             clock = time.time()
             stamp = format_time(clock)
-            observed, plan, verdict = self._plan(stamp, clock)
+            observed, plan, verdict = await self._plan(stamp, clock)
         errors: dict[str, str] = {}
         label_errors: dict[str, str] = {}
         stale: list[str] = []
-        # The node labels go out with the objects, not after them, each on threads of their own (the
-        # writers, the appliers): a deploy label needs nothing but the proven plan (the DaemonSet
+        # The node labels go out with the objects, not after them, each within a limit of their own
+        # (the writers, the appliers): a deploy label needs nothing but the proven plan (the DaemonSet
         # controller creates the pods once both are there), and neither queues behind the other. After
         # the objects, a stage's labels would wait for every component's chain of applies; behind a
         # large stage's labels, the driver's DaemonSet would wait for all of them, and with it the
@@ -274,68 +272,75 @@ class Reconciler:
             for node, rewrites in plan.label_rewrites.items()
             if node not in plan.node_labels
         ]
-        labelled = [self.pool.submit(job) for job in labelling]
+        labelled = asyncio.ensure_future(_gather(labelling, self.writers))
         upgrade = plan.upgrade
         first, rest = announcements(upgrade.actions) if upgrade is not None else ([], [])
         policy = {"name": plan.active.name, "uid": plan.active.uid} if plan.active is not None else {}
         refused: list[str] = []
         failed: list[str] = []
-        if policy and first:
-            # Before any object: a driver pod started by this pass's DaemonSet finds the annotation.
-            # One that fails holds back no other node's upgrade writes (its error is reported).
-            self._in_parallel(
-                partial(self._upgrade_node, actions, observed.nodes, policy, errors, refused, [])
-                for actions in first
-            )
         try:
+            if policy and first:
+                # Before any object: a driver pod started by this pass's DaemonSet finds the annotation.
+                # One that fails holds back no other node's upgrade writes (its error is reported).
+                await _gather(
+                    [
+                        partial(self._upgrade_node, actions, observed.nodes, policy, errors, refused, [])
+                        for actions in first
+                    ],
+                    self.writers,
+                )
             leading = labelled_components(plan.node_labels) if verdict.writes else set()
             for wave in in_waves(verdict.writes, leading):
-                self._in_parallel((partial(self._apply, body, errors) for body in wave), self.appliers)
+                await _gather([partial(self._apply, body, errors) for body in wave], self.appliers)
         finally:
-            wait(labelled)
-        for future in labelled:
-            future.result()
+            # However the objects went, the labels under way are waited for (and their failure raised).
+            await asyncio.wait([labelled])
+        labelled.result()
         deletes = deletes_after(verdict.deletes, errors)
-        self._in_parallel(partial(self._delete, key, errors) for key in deletes)
+        await _gather([partial(self._delete, key, errors) for key in deletes], self.writers)
         errors.update(label_errors)
         if plan.namespace_write is not None and observed.operand_namespace is not None:
-            self._write_namespace(observed.operand_namespace, plan.namespace_write, errors, stale)
+            await self._write_namespace(observed.operand_namespace, plan.namespace_write, errors, stale)
         if policy:
             # Starts last, and only once the others are written (gpu_operator/core/upgrade/writes.py).
             for starts in (False, True):
                 if not failed:
-                    self._in_parallel(
-                        partial(self._upgrade_node, actions, observed.nodes, policy, errors, refused, failed)
-                        for actions in rest
-                        if actions.starts == starts
+                    await _gather(
+                        [
+                            partial(
+                                self._upgrade_node, actions, observed.nodes, policy, errors, refused, failed
+                            )
+                            for actions in rest
+                            if actions.starts == starts
+                        ],
+                        self.writers,
                     )
         if self.pod_watches is not None:
             self.pod_watches.follow(upgrade.pods_needed if upgrade is not None else ())
         conclusion = conclude(plan, observed.policies, errors, self.memory.reported, stamp, verdict.conflicts)
         self.memory.written(plan, errors)
-        status_due = self._write_statuses(conclusion)
+        status_due = await self._write_statuses(conclusion)
         wake_at = next_pass_at(upgrade, status_due, bool(refused), clock)
         left = unsettled(plan, verdict.conflicts, errors)
         return Outcome(conclusion.plan, left, tuple(sorted(stale)), wake_at)
 
-    def _plan(self, stamp: str, clock: float) -> tuple[Observed, Plan, Verdict]:
+    async def _plan(self, stamp: str, clock: float) -> tuple[Observed, Plan, Verdict]:
         observed = self.store.snapshot(self.settings.namespace, self.settings.environ)
-        with self.evictions_lock:
-            observed = self.memory.with_evictions(observed)
-        return (observed, *self._prove(observed, stamp, clock))
+        observed = self.memory.with_evictions(observed)
+        return (observed, *await self._prove(observed, stamp, clock))
 
-    def _prove(self, observed: Observed, stamp: str, clock: float) -> tuple[Plan, Verdict]:
+    async def _prove(self, observed: Observed, stamp: str, clock: float) -> tuple[Plan, Verdict]:
         """The plan to carry out and its proven change. A generation that cannot be written leaves
         the cluster on the last one written (the memory's `good`); when that cannot take the cluster's
         new facts either, or none is known (after a restart), nothing changes."""
         good, caches = self.memory.good, self.memory.caches
         plan = build(observed, stamp, good, clock=clock, caches=caches)
-        verdict = self._vet(plan, observed)
+        verdict = await self._vet(plan, observed)
         if verdict.proven:
             return plan, verdict
         if plan.problems is None:  # the current generation itself: fall back to the last one written
             plan = build(observed, stamp, good, verdict.problems, clock, caches=caches)
-            verdict = self._vet(plan, observed)
+            verdict = await self._vet(plan, observed)
             if verdict.proven:
                 return plan, verdict
         problems = (plan.problems or Problems()) + verdict.problems
@@ -343,7 +348,7 @@ class Reconciler:
             conflicts=verdict.conflicts
         )
 
-    def _vet(self, plan: Plan, observed: Observed) -> Verdict:
+    async def _vet(self, plan: Plan, observed: Observed) -> Verdict:
         """Ask the API server what the plan's change needs asked (nothing when nothing is to be
         written), and judge it."""
         context = vetting_context(plan, observed)
@@ -352,72 +357,60 @@ class Reconciler:
         writes = to_write(plan, observed.objects, self.memory.applied)
         if not writes:
             return judge(context, writes, plan.deletes, Answers(dry_run={}))
-        answers = self._ask(requests(writes, observed.objects, context.spec))
+        answers = await self._ask(requests(writes, observed.objects, context.spec))
         verdict = judge(context, writes, plan.deletes, answers)
         if not verdict.proven:
             return verdict
-        dry_runs = self._gather(partial(self._dry_run, body) for body in verdict.dry_run)
+        dry_runs = await _gather([partial(self._dry_run, body) for body in verdict.dry_run], self.writers)
         answers = replace(answers, dry_run=dict(dry_runs))
         return judge(context, writes, plan.deletes, answers)
 
-    def _ask(self, asks: Requests) -> Answers:
+    async def _ask(self, asks: Requests) -> Answers:
         """Look up, metadata only, the objects and references the judge asked about; what their
         answers mean is for vetting.lookup_answers to say."""
         keys = to_look_up(asks, self.settings.namespace)
-        got = dict(zip(keys, self._gather(partial(self._metadata, key) for key in keys), strict=True))
+        looked_up = await _gather([partial(self._metadata, key) for key in keys], self.writers)
+        got = dict(zip(keys, looked_up, strict=True))
         answers, unchecked = lookup_answers(asks, self.settings.namespace, got)
         for what, failure in unchecked:
             log.warning("cannot check whether %s exists: %s", what, failure)
         return answers
 
-    def _metadata(self, key: ObjectKey) -> Lookup:
+    async def _metadata(self, key: ObjectKey) -> Lookup:
         api_version, kind, namespace, name = key
         try:
-            return self.kube.metadata(api_version, kind, name, namespace)
+            return await self.kube.metadata(api_version, kind, name, namespace)
         except ApiError as exc:
             return _failure(exc)
 
-    def _dry_run(self, body: dict[str, Any]) -> tuple[ObjectKey, Failure | None]:
+    async def _dry_run(self, body: dict[str, Any]) -> tuple[ObjectKey, Failure | None]:
         try:
-            self.kube.apply(body, dry_run=True)
+            await self.kube.apply(body, dry_run=True)
         except NotLeader:
             raise
         except ApiError as exc:
             return object_key(body), _failure(exc)
         return object_key(body), None
 
-    def _in_parallel(
-        self, jobs: Iterable[Callable[[], None]], pool: ThreadPoolExecutor | None = None
-    ) -> None:
-        """Run the jobs on the writers (or `pool`); after all have finished, re-raise the first failure."""
-        self._gather(jobs, pool)
-
-    def _gather(self, jobs: Iterable[Callable[[], T]], pool: ThreadPoolExecutor | None = None) -> list[T]:
-        """Run the jobs on the writers (or `pool`); their results, in order (the first failure re-raised
-        once all have finished)."""
-        futures = [(pool or self.pool).submit(job) for job in jobs]
-        wait(futures)
-        return [future.result() for future in futures]
-
-    def _apply(self, body: dict[str, Any], errors: dict[str, str]) -> None:
+    async def _apply(self, body: dict[str, Any], errors: dict[str, str]) -> None:
         key = object_key(body)
         desired_hash = body["metadata"]["annotations"][HASH_ANNOTATION]
         component = component_of(body["metadata"]) or key[1]
-        with _recorded(errors, component):
-            result = self.kube.apply(body)
+        async with _recorded(errors, component):
+            result = await self.kube.apply(body)
             log.info("applied %s %s/%s", key[1], key[2], key[3])
             info = object_info(result)
             self.store.put("objects", key, info)
             self.memory.applied[key] = Applied(desired_hash, info.generation, info.resource_version)
 
-    def _delete(self, key: ObjectKey, errors: dict[str, str]) -> None:
+    async def _delete(self, key: ObjectKey, errors: dict[str, str]) -> None:
         log.info("deleting %s %s/%s (no longer wanted)", key[1], key[2], key[3])
-        with _recorded(errors, key[1] + "/" + key[3]):
-            self.kube.delete(key)
+        async with _recorded(errors, key[1] + "/" + key[3]):
+            await self.kube.delete(key)
             self.store.put("objects", key, None)
             self.memory.applied.pop(key, None)
 
-    def _label(
+    async def _label(
         self,
         node: NodeInfo,
         labels: Mapping[str, str],
@@ -427,12 +420,12 @@ class Reconciler:
     ) -> None:
         log.info("node %s: operator labels %s", node.name, sorted(labels))
         what = f"node/{node.name}"
-        with _recorded(errors, what):
+        async with _recorded(errors, what):
             # On the node as the plan saw it: if k8s-driver-manager or mig-manager changed a label since,
             # the write conflicts (409) rather than undo their pause, and the next pass decides again.
             # Its uid too: a node deleted meanwhile is never created again by the write.
-            def apply(version: str) -> None:
-                written = self.kube.apply_node_labels(node.name, labels, node.uid, version)
+            async def apply(version: str) -> None:
+                written = await self.kube.apply_node_labels(node.name, labels, node.uid, version)
                 # The node as written, before its watch event: a pass in between must not write the
                 # same labels again on the version this one replaced (a 409), and the event, equal to
                 # it, wakes no pass.
@@ -447,43 +440,43 @@ class Reconciler:
             # Its resourceVersion alone may have moved meanwhile (another manager's annotation, a status
             # update): the decision stands, on the newest version known.
             version = node.resource_version if current is None else current.resource_version
-            done = _unless_changed(what, stale, partial(apply, version))
+            done = await _unless_changed(what, stale, partial(apply, version))
             if not done:
-                fresh = self._node_after_conflict(node.name, version)
+                fresh = await self._node_after_conflict(node.name, version)
                 # Only its resourceVersion moved (a status update, another manager's annotation: common
                 # while a rollout's pods start on the node): everything the plan read of the node
                 # is the same, so its decision stands and the write goes again at once, on the new
                 # version, instead of a pass later.
                 if fresh is not None and fresh == node:
                     stale.remove(what)
-                    done = _unless_changed(what, stale, partial(apply, fresh.resource_version))
+                    done = await _unless_changed(what, stale, partial(apply, fresh.resource_version))
             if done and rewrites:
-                self._rewrite_node(node.name, rewrites)
+                await self._rewrite_node(node.name, rewrites)
 
-    def _rewrite(self, node: str, rewrites: LabelRewrites, errors: dict[str, str]) -> None:
+    async def _rewrite(self, node: str, rewrites: LabelRewrites, errors: dict[str, str]) -> None:
         """Change labels the operator does not own, each only if it still has the value planned on (a
         change meanwhile leaves them all to the next pass, which the change's watch event wakes)."""
-        with _recorded(errors, f"node/{node}"):
-            self._rewrite_node(node, rewrites)
+        async with _recorded(errors, f"node/{node}"):
+            await self._rewrite_node(node, rewrites)
 
-    def _rewrite_node(self, node: str, rewrites: LabelRewrites) -> None:
+    async def _rewrite_node(self, node: str, rewrites: LabelRewrites) -> None:
         _log_rewrites(node, rewrites)
-        written = self.kube.rewrite_labels("Node", node, rewrites)
+        written = await self.kube.rewrite_labels("Node", node, rewrites)
         if written is not None:
             # As after a label apply: a pass before its watch event must not write it again.
             self.store.record_node(written, False)
 
-    def _node_after_conflict(self, name: str, refused: str) -> NodeInfo | None:
+    async def _node_after_conflict(self, name: str, refused: str) -> NodeInfo | None:
         """The node as it is now, after a label write on its version `refused` was refused as stale.
         Its watch event brings the newer version within about `watch_batch_seconds` (the readers
         take a running pass's events together, which is also why the Store lags the node by that
         much): waited for, at most `stale_wait_seconds`, instead of reading the node (otherwise a large
         rollout reads back a good share of its nodes, one GET each; measured: bench/README.md); read
         only if it does not come."""
-        arrived, found = self.store.wait_node(name, refused, self.settings.stale_wait_seconds)
-        return found if arrived else self._refresh_node(name)
+        arrived, found = await self.store.wait_node(name, refused, self.settings.stale_wait_seconds)
+        return found if arrived else await self._refresh_node(name)
 
-    def _refresh_node(self, name: str) -> NodeInfo | None:
+    async def _refresh_node(self, name: str) -> NodeInfo | None:
         """After a label write refused as stale: the node as it is now, into the Store, so that the next
         pass plans on it; the Store's node then (None when it could not be read). Waiting for its watch
         event instead, a node whose events lag (its watch reopened, say) stays at the refused version
@@ -491,14 +484,14 @@ class Reconciler:
         after a 409 on a write, so never at rest; the Store drops watch events older than what it
         holds."""
         try:
-            self.store.record_node(self.kube.get("v1", "Node", name), False)
+            self.store.record_node(await self.kube.get("v1", "Node", name), False)
         except ApiError as exc:
             log.info("node %s: not read again after the stale write (%s); its watch brings it", name, exc)
             return None
         found: NodeInfo | None = self.store.get("nodes", name)
         return found
 
-    def _upgrade_node(
+    async def _upgrade_node(
         self,
         actions: NodeActions,
         nodes: Mapping[str, NodeInfo],
@@ -514,16 +507,16 @@ class Reconciler:
         what = f"node/{actions.node}"
         for write in actions.writes:
             if isinstance(write, EvictPod):
-                if not self._evict(write).accepted:
+                if not (await self._evict(write)).accepted:
                     refused.append(write.uid)
                 continue
             done = False
-            with _recorded(errors, what):
+            async with _recorded(errors, what):
                 if isinstance(write, PatchNode):
                     log.info("node %s: driver upgrade %s", write.node, write.body())
-                    self.store.record_node(self.kube.patch_node(write.node, write.body()), False)
+                    self.store.record_node(await self.kube.patch_node(write.node, write.body()), False)
                 else:
-                    self._delete_pod(write)
+                    await self._delete_pod(write)
                 done = True
             if not done:
                 failed.append(actions.node)
@@ -535,17 +528,17 @@ class Reconciler:
                 node = nodes.get(event.node)
                 target, kind = {"name": event.node, "uid": node.uid if node else ""}, ("v1", "Node")
             try:
-                self.kube.post_event(target, event.type, event.reason, event.message, stamp, kind=kind)
+                await self.kube.post_event(target, event.type, event.reason, event.message, stamp, kind=kind)
             except ApiError as exc:
                 log.warning(
                     "could not post Event %s on %s: %s", event.reason, event.node or "the policy", exc
                 )
 
-    def _evict(self, write: EvictPod) -> EvictionResult:
+    async def _evict(self, write: EvictPod) -> EvictionResult:
         """Whatever the answer (201, 429 from a PodDisruptionBudget, 404, no answer at all), it is a fact
         for the next pass, never a failure: the state machine retries, waits or times out."""
         try:
-            self.kube.evict(write.namespace, write.name, write.body())
+            await self.kube.evict(write.namespace, write.name, write.body())
             result = EvictionResult(201, "", time.time())
             log.info("evicted pod %s/%s (driver upgrade)", write.namespace, write.name)
         except ApiError as exc:
@@ -555,36 +548,35 @@ class Reconciler:
             message = f"{exc.message} ({said})" if said else exc.message
             result = EvictionResult(exc.status, message or exc.reason, time.time())
             log.info("eviction of pod %s/%s refused: %s", write.namespace, write.name, exc)
-        with self.evictions_lock:
-            self.memory.evictions[write.uid] = result
+        self.memory.evictions[write.uid] = result
         return result
 
-    def _delete_pod(self, write: DeletePod) -> None:
+    async def _delete_pod(self, write: DeletePod) -> None:
         log.info("deleting pod %s/%s (%s)", write.namespace, write.name, write.why)
         try:
-            self.kube.delete_pod(write.namespace, write.name, write.body())
+            await self.kube.delete_pod(write.namespace, write.name, write.body())
         except ApiError as exc:
             # Gone already, or the name is another pod's now (UID precondition): nothing to delete.
             if exc.status not in (404, 409):
                 raise
 
-    def _write_namespace(
+    async def _write_namespace(
         self, namespace: NamespaceInfo, write: NamespaceWrite, errors: dict[str, str], stale: list[str]
     ) -> None:
         log.info("namespace %s: pod-security labels %s", namespace.name, write.labels or "released")
         what = f"namespace/{namespace.name}"
-        with _recorded(errors, what):
+        async with _recorded(errors, what):
             version = namespace.resource_version
             if write.restore:
                 restore = {key: (PRIVILEGED, value) for key, value in write.restore.items()}
-                self.kube.rewrite_labels("Namespace", namespace.name, restore)
+                await self.kube.rewrite_labels("Namespace", namespace.name, restore)
                 version = ""  # the restore moved it on; the uid still keeps the write from creating it
             body = preconditioned(
                 "v1", "Namespace", namespace.name, write.labels, namespace.uid, version, write.annotations
             )
-            _unless_changed(what, stale, partial(self.kube.apply, body))
+            await _unless_changed(what, stale, partial(self.kube.apply, body))
 
-    def _write_statuses(self, conclusion: Conclusion) -> float | None:
+    async def _write_statuses(self, conclusion: Conclusion) -> float | None:
         """Write the statuses the pacing lets go now (writes.paced_statuses) and post their Events;
         when the first status held back is due (Unix seconds), or None."""
         paced = paced_statuses(
@@ -595,7 +587,7 @@ class Reconciler:
             body = paced.writes.get(name)
             if body is not None:
                 try:
-                    self.kube.patch_status(name, body)
+                    await self.kube.patch_status(name, body)
                 except ApiError as exc:
                     if exc.status != 404:
                         raise
@@ -607,7 +599,7 @@ class Reconciler:
                 # Events are a courtesy; the status already says it all, so a failure must not fail
                 # the pass.
                 try:
-                    self.kube.post_event(
+                    await self.kube.post_event(
                         {"name": event.policy, "uid": event.uid},
                         event.type,
                         event.reason,
@@ -617,3 +609,22 @@ class Reconciler:
                 except ApiError as exc:
                     log.warning("could not post Event %s on ClusterPolicy %s: %s", event.reason, name, exc)
         return due
+
+
+async def _gather(jobs: Sequence[Callable[[], Awaitable[T]]], limit: asyncio.Semaphore) -> list[T]:
+    """Run the jobs, as many at once as `limit` lets; their results, in order. The first failure is
+    raised once all have finished: a write that fails never leaves another half done."""
+    results: list[T | None] = [None] * len(jobs)
+    failures: dict[int, BaseException] = {}
+
+    async def run(index: int) -> None:
+        async with limit:
+            try:
+                results[index] = await jobs[index]()
+            except Exception as exc:
+                failures[index] = exc
+
+    await asyncio.gather(*(run(index) for index in range(len(jobs))))
+    if failures:
+        raise failures[min(failures)]
+    return results  # type: ignore[return-value]

@@ -7,6 +7,8 @@ The `record_*` methods turn a watched body into its slim record and say whether 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -91,6 +93,8 @@ class Store:
     node_pods: dict[str, dict[str, WorkloadPod]] = field(default_factory=dict)
     """Node → its pods by UID, only for the nodes being emptied (gpu_operator/runtime/drain_watches.py watches
     them); a node is here once its pods have been listed."""
+    listing_pods: dict[str, dict[str, WorkloadPod]] = field(default_factory=dict)
+    """The pods of a node whose first listing is under way (record_node_pod)."""
     speaking: dict[tuple[str, str], PodInfo] = field(default_factory=dict)
     """(component, node) → the pod that speaks for it (status.pods_by_node), kept with `pods`: a pass
     would otherwise sort out every operand pod of the cluster again."""
@@ -100,14 +104,11 @@ class Store:
     """Node → `speaking` of its components (status.operands_of), a new tuple whenever one changes: a
     pass tells an unchanged node by comparing one tuple, not by looking up each of its components."""
     lock: threading.Lock = field(default_factory=threading.Lock)
-    node_moved: threading.Condition = field(init=False, repr=False, compare=False)
-    """Notified whenever a node is recorded or forgotten (under `lock`): see `wait_node`."""
+    node_moved: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)
+    """Set, and replaced by a new one, whenever a node is recorded or forgotten: see `wait_node`."""
     shown: Callable[[], None] = field(default=lambda: None, compare=False)
     """Called when a change only shows in the status (a pod's reason or message): a pass is due soon,
     not at once (WorkQueue.add_soon). Most pod events are such changes: Init:1/4, Init:2/4, Running."""
-
-    def __post_init__(self) -> None:
-        self.node_moved = threading.Condition(self.lock)
 
     def _swap(self, table: str, key: Any, value: Any) -> Any:
         """Set or (value None) remove an entry; the entry it replaced (None if there was none)."""
@@ -119,7 +120,7 @@ class Store:
             if table == "pods":
                 self._speak(key, before, value)
             elif table == "nodes":
-                self.node_moved.notify_all()
+                self._node_moved()
             return before
 
     def _speak(self, key: str, before: PodInfo | None, after: PodInfo | None) -> None:
@@ -241,21 +242,26 @@ class Store:
             if before is not None and _older(info.resource_version, before.resource_version):
                 return False
             self.nodes[name] = info
-            self.node_moved.notify_all()
+            self._node_moved()
         return before != info
 
-    def wait_node(self, name: str, moved_from: str, timeout: float) -> tuple[bool, NodeInfo | None]:
-        """For a writer thread whose write on node `name` at resourceVersion `moved_from` was refused as
-        stale: wait until the Store holds the node at another version, or not at all (its watch brought
-        the change), at most `timeout` seconds. Whether it did, and the node the Store holds."""
+    def _node_moved(self) -> None:
+        self.node_moved.set()
+        self.node_moved = asyncio.Event()
 
-        def moved() -> bool:
-            node = self.nodes.get(name)
-            return node is None or node.resource_version != moved_from
-
-        with self.node_moved:
-            arrived = self.node_moved.wait_for(moved, timeout)
-            return arrived, self.nodes.get(name)
+    async def wait_node(self, name: str, moved_from: str, timeout: float) -> tuple[bool, NodeInfo | None]:
+        """For a write on node `name` at resourceVersion `moved_from` refused as stale: wait until the
+        Store holds the node at another version, or not at all (its watch brought the change), at most
+        `timeout` seconds. Whether it did, and the node the Store holds."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while (node := self.nodes.get(name)) is not None and node.resource_version == moved_from:
+            left = deadline - loop.time()
+            if left <= 0:
+                return False, node
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.node_moved.wait(), left)
+        return True, node
 
     def record_pod(self, body: Body, deleted: bool) -> bool:
         """True when a decision may change (a pod came, went, got ready or not, started terminating:
@@ -305,22 +311,35 @@ class Store:
         return before != pods
 
     def record_node_pod(self, node: str, body: Body, deleted: bool) -> bool:
+        """A pod of a node being emptied (gpu_operator/runtime/drain_watches.py). Until the node's first
+        listing is complete its pods are kept aside: a pass must not take half a listing for all."""
         pod = None if deleted else workload_pod(body)
         uid = body["metadata"].get("uid", "")
         with self.lock:
-            pods = self.node_pods.get(node)
-            if pods is None:
-                return False
+            listed = node in self.node_pods
+            pods = self.node_pods[node] if listed else self.listing_pods.setdefault(node, {})
             before = pods.get(uid)
             if pod is None or pod.node != node:
                 pods.pop(uid, None)
-                return before is not None
+                return listed and before is not None
             pods[uid] = pod
-        return before != pod
+        return listed and before != pod
+
+    def node_pods_listed(self, node: str, present: Iterable[tuple[str, str]]) -> bool:
+        """A complete listing of the node's pods ((namespace, name) of each) has been recorded: those it
+        does not name are gone, and the node's pods are known from now on (Facts.pods_known)."""
+        names = set(present)
+        with self.lock:
+            before = self.node_pods.get(node)
+            pods = self.listing_pods.pop(node, None) or dict(before or {})
+            kept = {uid: pod for uid, pod in pods.items() if (pod.namespace, pod.name) in names}
+            self.node_pods[node] = kept
+        return before != kept
 
     def forget_node_pods(self, node: str) -> None:
         with self.lock:
             self.node_pods.pop(node, None)
+            self.listing_pods.pop(node, None)
 
     def record_config_map(self, body: Body, deleted: bool) -> bool:
         """ConfigMaps are watched without the label selector: the driver mounts the files of users'

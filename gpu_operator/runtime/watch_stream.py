@@ -43,6 +43,9 @@ class Events:
     wake: Callable[[], None]
     settle: Settle
     version: str = ""
+    decode: Callable[[bytes], Any] = safe_json.loads_event
+    """How a line of the stream is decoded: by default without what nothing reads of a pod;
+    `safe_json.loads` for a stream whose pods are read whole (drain_watches.py)."""
 
     def add(self, kind: str | None, body: Mapping[str, Any]) -> None:
         """One listed (kind None) or watched object into the Store; a bug here never stops the watch."""
@@ -83,7 +86,7 @@ async def read(
 
 def _event(line: bytes, events: Events) -> bool:
     """Record one event and keep its resourceVersion; True for a 410 Gone (list the kind again)."""
-    event = safe_json.loads_event(line)
+    event = events.decode(line)
     kind = event.get("type")
     body = event.get("object") or {}
     if kind == "ERROR":

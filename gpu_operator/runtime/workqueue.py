@@ -7,9 +7,9 @@ of asks. A failed pass is retried with exponential back-off; a pass is also aske
 (`add_after`: the upgrade's next timeout, the status pacing) and, as a safety net, every
 `resync_seconds`. Passes are rate limited by a token bucket, as client-go limits requests, where a
 pass costs one token per node it plans: a small cluster's rollout never waits, and a large one, whose
-pace the DaemonSet controller sets anyway, is planned in fewer, larger passes. Each pass runs in a
-worker thread (the reconciler's I/O is synchronous), never on the event loop, so the watches and the
-probes keep answering while it runs.
+pace the DaemonSet controller sets anyway, is planned in fewer, larger passes. A pass runs on the
+event loop like everything else of the operator: its planning is a few CPU slices between its
+requests, and while it waits for answers the watches and the probes run.
 """
 
 from __future__ import annotations
@@ -152,10 +152,6 @@ class WorkQueue:
         if "soon" not in self.later and not self.dirty.is_set():
             self.add_after(self.settings.status_interval_seconds, "soon")
 
-    def add_from(self, loop: asyncio.AbstractEventLoop) -> None:
-        """add(), from another thread (the leader elector's, a pod watch's)."""
-        loop.call_soon_threadsafe(self.add)
-
     def cancel(self, why: str) -> None:
         timer = self.later.pop(why, None)
         if timer is not None:
@@ -186,7 +182,7 @@ class WorkQueue:
 
     # --- the passes ------------------------------------------------------------------------------
 
-    async def run(self, one_pass: Callable[[], Outcome]) -> None:
+    async def run(self, one_pass: Callable[[], Awaitable[Outcome]]) -> None:
         """Run `one_pass` whenever asked (at the latest after `resync_seconds`), until cancelled."""
         self.started = True
         await self.listed.wait()
@@ -217,10 +213,10 @@ class WorkQueue:
                 self.cancel(why)
             await self._pass(one_pass)
 
-    async def _pass(self, one_pass: Callable[[], Outcome]) -> None:
+    async def _pass(self, one_pass: Callable[[], Awaitable[Outcome]]) -> None:
         spent = [0.0]
         try:
-            outcome = await asyncio.to_thread(_timed, one_pass, spent)
+            outcome = await _timed(one_pass, spent)
             self.completed.set()
             self.add_at(outcome.wake_at, "wake_at")
             if outcome.stale:
@@ -256,11 +252,12 @@ class WorkQueue:
             self.reads.end()
 
 
-def _timed(one_pass: Callable[[], Outcome], spent: list[float]) -> Outcome:
-    """Run a pass (in a worker thread), observed; `spent` gets the CPU seconds it took."""
+async def _timed(one_pass: Callable[[], Awaitable[Outcome]], spent: list[float]) -> Outcome:
+    """Run a pass, observed; `spent` gets the CPU seconds the event loop's thread spent meanwhile (the
+    pass's own, and the watches' reading of what its writes set off)."""
     started, cpu = time.monotonic(), time.thread_time()
     try:
-        outcome = one_pass()
+        outcome = await one_pass()
     except Exception as exc:
         bug = not isinstance(exc, ApiError | OSError)
         metrics.observe_aborted_pass(time.monotonic() - started, operator_error=bug)
