@@ -220,6 +220,7 @@ class Elector:
         """Start campaigning: a task on the running loop (called from within it)."""
         log.info("leader election: lease %s/%s as %s", self.namespace, self.name, self.election.identity)
         self.task = asyncio.create_task(self._run(), name="gpu-operator-leader")
+        self.task.add_done_callback(self._ended)
         return self
 
     async def stop(self, release: bool = True) -> None:
@@ -253,6 +254,12 @@ class Elector:
             done = await self.step()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.stopping.wait(), self.pause(started, done))
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """Log a campaign that ended on an error (a task's exception is otherwise seen by no one; the
+        lease then lapses and a standby takes over)."""
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("leader election stopped: %r", error, exc_info=error)
 
     def pause(self, started: float, done: bool) -> float:
         """How long to wait after a round that began at `started`. Rounds begin every `retry` seconds,
