@@ -2,16 +2,17 @@
 
 Kopf's peering only lets operators pause for each other; it is not leader election. Here every
 replica runs the watches (warm caches), but only the holder of the Lease runs reconcile passes and
-writes: every write of the operator's client asks `Elector.may_write` first (kube.Kube.may_write).
+writes: every write of the operator's client awaits `Elector.may_write` first (client.Kube.may_write).
 
 The rules (`Election`, pure, its clock passed in, so unit tests run it on a fake one):
 
 - A replica that holds the lease renews it every `retry` seconds (from the start of one round to the
-  next, however slow the answers), on connections of its own, and retries a renewal that got no
-  answer after half a second. It leads while its last successful renewal *started* less than
-  `renew_deadline` ago: a leader cut off from the API server stops writing before anyone else may
-  take over, since others wait a full `duration` after they last saw the lease change, and
-  renew_deadline < duration. A write meanwhile waits for the late renewal rather than fail
+  next, however slow the answers), from an asyncio task on the operator's loop with a client of its
+  own (its own connection pool: a lease call never waits behind a pass's requests), and retries a
+  renewal that got no answer after half a second. It leads while its last successful renewal
+  *started* less than `renew_deadline` ago: a leader cut off from the API server stops writing before
+  anyone else may take over, since others wait a full `duration` after they last saw the lease
+  change, and renew_deadline < duration. A write meanwhile waits for the late renewal rather than fail
   (`Elector.may_write`): the only replica on a slow API server loses no pass to it.
 - A standby reads the lease every `retry` seconds and takes it over once it has seen no change for
   `duration` seconds (its own monotonic clock: no comparison of clocks across machines), or at once
@@ -26,8 +27,9 @@ that shuts down releases the lease and a standby takes it within a retry period.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -160,12 +162,14 @@ def lease_body(namespace: str, name: str, record: Record) -> dict[str, Any]:
 
 
 class Elector:
-    """Runs an Election against the API server in its own thread (never behind a pass or Kopf's loop).
+    """Runs an Election against the API server as an asyncio task on the operator's loop.
 
     `kube` must not be gated by `leading` (the lease writes are what makes this replica the leader),
-    has connections of its own, and its timeout is the renew deadline: a renewal counts from when it
-    was sent, so an answer that takes that long still renews (on a saturated API server a TLS
-    handshake alone can take seconds)."""
+    is a client of its own (its own connection pool, so a lease call never waits behind a pass's
+    requests), and its timeout is the renew deadline: a renewal counts from when it was sent, so an
+    answer that takes that long still renews (on a saturated API server a TLS handshake alone can take
+    seconds). Sharing the loop, a renewal goes out only when the loop is free: whatever holds the loop
+    for long without awaiting delays it."""
 
     def __init__(
         self,
@@ -180,62 +184,82 @@ class Elector:
         self.kube = kube
         self.namespace = namespace
         self.name = name
+        # Only ever used on the loop, between awaits: the Election needs no lock.
         self.election = Election(identity, timing)
         self.on_change = on_change
         self.clock = clock
-        self.lock = threading.Lock()
-        self.rounds = threading.Condition(self.lock)
-        """Notified after every round: writes waiting for a late renewal look again."""
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="gpu-operator-leader", daemon=True)
+        self.rounds = asyncio.Condition()
+        """Notified after every round, and on stop: writes waiting for a late renewal look again."""
+        self.stopping = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
         self._was_leading = False
         self._said = ""
 
     def leading(self) -> bool:
-        with self.lock:
-            return self.election.leading(self.clock())
+        return self.election.leading(self.clock())
 
-    def may_write(self) -> bool:
+    async def may_write(self) -> bool:
         """Whether a write may go out now. While leading, yes. A holder whose renewal is late (an API
         server slower than the renew deadline) waits for it, up to the lease duration, rather than
         refuse the write: nobody else may take the lease before its duration is out, so the wait
-        keeps one writer at a time and loses no pass. A replica the lease does not name: no, at once.
+        keeps one writer at a time and loses no pass. A replica the lease does not name, or one that
+        is stopping: no, at once.
         """
         deadline = self.clock() + self.election.timing.duration
-        with self.rounds:
+        async with self.rounds:
             while not self.election.leading(self.clock()):
                 left = deadline - self.clock()
                 if not self.election.holds() or self.stopping.is_set() or left <= 0:
                     return False
-                self.rounds.wait(min(left, self.election.timing.retry))
+                # Looks again at least every retry period, even if no round notifies.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.rounds.wait(), min(left, self.election.timing.retry))
             return True
 
     def start(self) -> Elector:
+        """Start campaigning: a task on the running loop (called from within it)."""
         log.info("leader election: lease %s/%s as %s", self.namespace, self.name, self.election.identity)
-        self.thread.start()
+        self.task = asyncio.create_task(self._run(), name="gpu-operator-leader")
+        self.task.add_done_callback(self._ended)
         return self
 
-    def stop(self, release: bool = True) -> None:
+    async def stop(self, release: bool = True) -> None:
         """Stop campaigning; with `release`, hand the lease back so a standby takes over at once."""
         self.stopping.set()
-        if self.thread.is_alive():
-            self.thread.join(timeout=self.election.timing.retry + sum(self.kube.timeout))
+        async with self.rounds:
+            self.rounds.notify_all()  # a write waiting for a late renewal is refused now
+        task = self.task
+        if task is not None and not task.done():
+            # A round in flight may finish (as long as its requests may take): cancelled in the middle
+            # of a write that got through, the lease would move on without this replica knowing its
+            # resourceVersion, and the release would be refused.
+            timeout = self.election.timing.retry + sum(self.kube.timeout)
+            done, _ = await asyncio.wait({task}, timeout=timeout)
+            if not done:
+                task.cancel()
+                await asyncio.wait({task})
         if release:
-            with self.lock:
-                record = self.election.released(micro_time())
+            record = self.election.released(micro_time())
             if record is not None:
                 try:
-                    self._write(record)
+                    await self._write(record)
                     log.info("leader election: released the lease")
                 except ApiError as exc:
                     log.warning("leader election: could not release the lease: %s", exc)
         self._changed(False)
 
-    def _run(self) -> None:
+    async def _run(self) -> None:
         while not self.stopping.is_set():
             started = self.clock()
-            done = self.step()
-            self.stopping.wait(self.pause(started, done))
+            done = await self.step()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.pause(started, done))
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        """Log a campaign that ended on an error (a task's exception is otherwise seen by no one; the
+        lease then lapses and a standby takes over)."""
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.error("leader election stopped: %r", error, exc_info=error)
 
     def pause(self, started: float, done: bool) -> float:
         """How long to wait after a round that began at `started`. Rounds begin every `retry` seconds,
@@ -246,28 +270,27 @@ class Elector:
             return RETRY_AFTER_FAILURE
         return max(0.0, started + self.election.timing.retry - self.clock())
 
-    def step(self) -> bool:
+    async def step(self) -> bool:
         """One round: read the lease, acquire or renew it when due; False when the API server did not
         answer. The leader renews on the lease as it last wrote it, without reading it first
         (client-go's optimistic fast path): one request every `retry` seconds at rest instead of two;
         a refused renewal (409: someone else wrote it) falls back to reading it."""
         try:
-            if self._renewed():
+            if await self._renewed():
                 self._say("")
                 return True
             try:
-                current: Record | None = record_of(self.kube.get(*LEASE_API, self.name, self.namespace))
+                current: Record | None = record_of(await self.kube.get(*LEASE_API, self.name, self.namespace))
             except ApiError as exc:
                 if exc.status != 404:
                     raise
                 current = None
-            with self.lock:
-                self.election.observe(current, self.clock())
-                wanted = self.election.wanted(self.clock(), micro_time())
+            self.election.observe(current, self.clock())
+            wanted = self.election.wanted(self.clock(), micro_time())
             if current is not None and current.holder not in ("", self.election.identity):
                 self._say(f"leader election: the lease is held by {current.holder}")
             if wanted is not None:
-                self._write(wanted)
+                await self._write(wanted)
                 self._say("")
             return True
         except ApiError as exc:
@@ -276,36 +299,36 @@ class Elector:
             return exc.status != 0
         finally:
             self._changed(self.leading())
-            with self.rounds:
+            async with self.rounds:
                 self.rounds.notify_all()
 
-    def _renewed(self) -> bool:
+    async def _renewed(self) -> bool:
         """The leader's renewal without a read first; False when not leading or refused."""
-        with self.lock:
-            if not self.election.leading(self.clock()):
-                return False
-            wanted = self.election.wanted(self.clock(), micro_time())
+        if not self.election.leading(self.clock()):
+            return False
+        wanted = self.election.wanted(self.clock(), micro_time())
         if wanted is None:
             return False
         try:
-            self._write(wanted)
+            await self._write(wanted)
         except ApiError as exc:
             log.debug("leader election: renewal without a read refused (%s); reading the lease", exc)
             return False
         return True
 
-    def _write(self, record: Record) -> None:
+    async def _write(self, record: Record) -> None:
         """Create or replace the lease (at the resourceVersion read), and take in what it became."""
         body = lease_body(self.namespace, self.name, record)
         sent_at = self.clock()
         if record.resource_version:
-            answer = self.kube.request(
+            answer = await self.kube.request(
                 "PUT", path(*LEASE_API, self.namespace, self.name), body=body, kind="Lease"
             )
         else:
-            answer = self.kube.request("POST", path(*LEASE_API, self.namespace), body=body, kind="Lease")
-        with self.lock:
-            self.election.wrote(record_of(answer), sent_at, self.clock())
+            answer = await self.kube.request(
+                "POST", path(*LEASE_API, self.namespace), body=body, kind="Lease"
+            )
+        self.election.wrote(record_of(answer), sent_at, self.clock())
 
     def _changed(self, leading: bool) -> None:
         if leading == self._was_leading:
@@ -315,8 +338,7 @@ class Elector:
         if leading:
             log.info("leader election: leading: this replica reconciles")
         else:
-            with self.lock:
-                holder = self.election.observed.holder if self.election.observed is not None else ""
+            holder = self.election.observed.holder if self.election.observed is not None else ""
             why = (
                 f"the lease is {holder}'s"
                 if holder and holder != self.election.identity
@@ -345,8 +367,8 @@ class Leadership:
             return True
         return self.elector is not None and self.elector.leading()
 
-    def may_write(self) -> bool:
-        """Asked before every write (Elector.may_write: a late renewal is waited for)."""
+    async def may_write(self) -> bool:
+        """Awaited before every write (Elector.may_write: a late renewal is waited for)."""
         if not self.enabled:
             return True
-        return self.elector is not None and self.elector.may_write()
+        return self.elector is not None and await self.elector.may_write()

@@ -5,9 +5,10 @@ released lease is taken at once, a slow API server does not cost the only replic
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Mapping
-from typing import Any, cast
+import asyncio
+import functools
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any, ParamSpec, cast
 
 import pytest
 from builders import Clock
@@ -17,6 +18,25 @@ from gpu_operator.runtime.leader import Election, Elector, Leadership, Record, T
 
 TIMING = Timing(duration=10, renew_deadline=7, retry=2)
 """The rules on a shorter timing than the default (client-go's 15/10/2 s), whose numbers they check."""
+
+P = ParamSpec("P")
+
+
+def in_loop(test: Callable[P, Coroutine[Any, Any, None]]) -> Callable[P, None]:
+    """An async test run as a plain one, on an event loop of its own (pytest-asyncio is not a
+    dependency); its fixtures are still the async function's parameters."""
+
+    @functools.wraps(test)
+    def plain(*args: P.args, **kwargs: P.kwargs) -> None:
+        asyncio.run(test(*args, **kwargs))
+
+    return plain
+
+
+async def settle() -> None:
+    """Let every task that can go on go on: a few turns of the loop, no time passing."""
+    for _ in range(20):
+        await asyncio.sleep(0)
 
 
 class LeaseServer:
@@ -42,10 +62,10 @@ class FakeKube:
     def __init__(self, server: LeaseServer) -> None:
         self.server = server
 
-    def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
-        return self.request("GET", f"/{kind}/{name}")
+    async def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
+        return await self.request("GET", f"/{kind}/{name}")
 
-    def request(
+    async def request(
         self,
         method: str,
         url: str,
@@ -57,7 +77,8 @@ class FakeKube:
         if server.down:
             raise ApiError(0, "ConnectionError", "refused")
         if server.slow:
-            # The answer takes `slow` seconds: a request whose timeout is shorter gets none.
+            # The answer takes `slow` seconds (on the fake clock): a request whose timeout is shorter
+            # gets none.
             waited = min(server.slow, timeout or max(self.timeout))
             server.clock.now += waited
             if waited < server.slow:
@@ -88,13 +109,13 @@ def elector(server: LeaseServer, clock: Clock, name: str, timing: Timing = TIMIN
     return Elector(kube, "ns", "gpu-operator", name, timing, clock=clock)
 
 
-def run(clock: Clock, electors: list[Elector], seconds: float) -> list[set[str]]:
+async def run(clock: Clock, electors: list[Elector], seconds: float) -> list[set[str]]:
     """Step every elector each retry period for `seconds`; who leads after each round."""
     leaders = []
     end = clock.now + seconds
     while clock.now < end:
         for each in electors:
-            each.step()
+            await each.step()
         leaders.append({e.election.identity for e in electors if e.leading()})
         clock.now += TIMING.retry
     return leaders
@@ -105,16 +126,17 @@ def test_timing_must_leave_a_margin() -> None:
         Timing(duration=10, renew_deadline=10, retry=2)
 
 
-def test_one_leader_and_a_standby_takes_over_within_15_seconds_of_its_death(clock: Clock) -> None:
+@in_loop
+async def test_one_leader_and_a_standby_takes_over_within_15_seconds_of_its_death(clock: Clock) -> None:
     server = LeaseServer()
     a, b = elector(server, clock, "a"), elector(server, clock, "b")
-    rounds = run(clock, [a, b], 30)
+    rounds = await run(clock, [a, b], 30)
     assert all(len(leaders) == 1 for leaders in rounds), rounds
     assert rounds[-1] == {"a"}, "the first one keeps it while it renews"
     died = clock.now - TIMING.retry  # a's last renewal was in the last round
     taken = None
     while taken is None:
-        b.step()
+        await b.step()
         if b.leading():
             taken = clock.now
         clock.now += 0.5
@@ -122,23 +144,24 @@ def test_one_leader_and_a_standby_takes_over_within_15_seconds_of_its_death(cloc
     assert record_of(cast(dict[str, Any], server.lease)).transitions == 1
 
 
-def test_a_leader_cut_off_stops_before_a_standby_may_start(clock: Clock) -> None:
+@in_loop
+async def test_a_leader_cut_off_stops_before_a_standby_may_start(clock: Clock) -> None:
     server = LeaseServer()
     a, b = elector(server, clock, "a"), elector(server, clock, "b")
-    run(clock, [a, b], 10)
+    await run(clock, [a, b], 10)
     assert a.leading()
     last_renewal = clock.now - TIMING.retry
     server.down = True
     stopped = None
     while stopped is None:
-        a.step()
+        await a.step()
         if not a.leading():
             stopped = clock.now
         clock.now += 0.5
     server.down = False
     started = None
     while started is None:
-        b.step()
+        await b.step()
         if b.leading():
             started = clock.now
         clock.now += 0.5
@@ -146,121 +169,128 @@ def test_a_leader_cut_off_stops_before_a_standby_may_start(clock: Clock) -> None
     assert started > stopped + 2, "no overlap: the old leader stopped writing well before"
 
 
-def campaign(clock: Clock, each: Elector, seconds: float) -> list[bool]:
-    """Run one elector as its thread does (each round, then its pause) for `seconds`; whether it leads
+async def campaign(clock: Clock, each: Elector, seconds: float) -> list[bool]:
+    """Run one elector as its task does (each round, then its pause) for `seconds`; whether it leads
     after each round."""
     leading = []
     end = clock.now + seconds
     while clock.now < end:
         started = clock.now
-        done = each.step()
+        done = await each.step()
         leading.append(each.leading())
         clock.now += each.pause(started, done)
     return leading
 
 
-def test_the_only_replica_keeps_its_lease_on_an_api_server_slower_than_a_round(clock: Clock) -> None:
+@in_loop
+async def test_the_only_replica_keeps_its_lease_on_an_api_server_slower_than_a_round(clock: Clock) -> None:
     # Every answer takes 5 s (a saturated API server: TLS handshakes alone time out at 2-3 s):
     # renewals go out back to back, each may take until the renew deadline, and none is given up.
     server = LeaseServer(clock)
     a = elector(server, clock, "a")
-    assert campaign(clock, a, 10)[-1]
+    assert (await campaign(clock, a, 10))[-1]
     server.slow = 5.0
-    assert all(campaign(clock, a, 120))
+    assert all(await campaign(clock, a, 120))
     assert record_of(cast(dict[str, Any], server.lease)).transitions == 0
 
 
-def test_by_default_answers_8_seconds_late_keep_the_only_replica_leading(clock: Clock) -> None:
+@in_loop
+async def test_by_default_answers_8_seconds_late_keep_the_only_replica_leading(clock: Clock) -> None:
     # The chaos suite's slow API server answers 2-8 s late; client-go's timing (a 10 s renew
     # deadline) keeps leading through it where 10/7/2 s could not (an answer after 7 s comes too late).
     server = LeaseServer(clock)
     a = elector(server, clock, "a", Timing())
-    campaign(clock, a, 10)
+    await campaign(clock, a, 10)
     server.slow = 8.0
-    assert all(campaign(clock, a, 120))
+    assert all(await campaign(clock, a, 120))
     short = elector(LeaseServer(clock), clock, "b")
-    campaign(clock, short, 10)
+    await campaign(clock, short, 10)
     short.kube.server.slow = 8.0  # type: ignore[attr-defined]
-    assert not all(campaign(clock, short, 60))
+    assert not all(await campaign(clock, short, 60))
 
 
-def test_a_lease_lost_to_nobody_is_taken_back_at_once(clock: Clock) -> None:
+@in_loop
+async def test_a_lease_lost_to_nobody_is_taken_back_at_once(clock: Clock) -> None:
     server = LeaseServer(clock)
     a = elector(server, clock, "a")
-    campaign(clock, a, 10)
+    await campaign(clock, a, 10)
     server.slow = 8.0  # past the renew deadline: it must stop writing
-    assert not all(campaign(clock, a, 20))
+    assert not all(await campaign(clock, a, 20))
     server.slow = 0.0
-    assert campaign(clock, a, 0.1) == [True]  # the first round that gets through
+    assert await campaign(clock, a, 0.1) == [True]  # the first round that gets through
     assert record_of(cast(dict[str, Any], server.lease)).holder == "a"
 
 
-def test_a_write_waits_for_a_late_renewal_of_the_lease_this_replica_holds(clock: Clock) -> None:
+@in_loop
+async def test_a_write_waits_for_a_late_renewal_of_the_lease_this_replica_holds(clock: Clock) -> None:
     server = LeaseServer(clock)
     a = elector(server, clock, "a")
-    campaign(clock, a, 4)
+    await campaign(clock, a, 4)
     clock.now += TIMING.renew_deadline  # the renewal is late: not leading, but the lease names it
     assert not a.leading()
-    answers: list[bool] = []
-    writer = threading.Thread(target=lambda: answers.append(a.may_write()))
-    writer.start()
-    writer.join(0.2)
-    assert writer.is_alive(), "it waits rather than refuse"
-    a.step()  # the renewal gets through
-    writer.join(5)
-    assert answers == [True]
+    writer = asyncio.create_task(a.may_write())
+    await settle()
+    assert not writer.done(), "it waits rather than refuse"
+    await a.step()  # the renewal gets through
+    await settle()
+    assert writer.done() and writer.result() is True
 
 
-def test_a_write_is_refused_at_once_when_another_replica_holds_the_lease(clock: Clock) -> None:
+@in_loop
+async def test_a_write_is_refused_at_once_when_another_replica_holds_the_lease(clock: Clock) -> None:
     server = LeaseServer(clock)
     a, b = elector(server, clock, "a"), elector(server, clock, "b")
-    run(clock, [a, b], 6)
-    assert not b.may_write()
+    await run(clock, [a, b], 6)
+    assert not await b.may_write()
     clock.now += TIMING.renew_deadline
     a.stopping.set()  # a stopping leader waits for nothing
-    assert not a.may_write()
+    assert not await a.may_write()
 
 
-def test_a_failed_renewal_is_retried_at_once_while_leading(clock: Clock) -> None:
+@in_loop
+async def test_a_failed_renewal_is_retried_at_once_while_leading(clock: Clock) -> None:
     server = LeaseServer(clock)
     a = elector(server, clock, "a")
-    campaign(clock, a, 10)
+    await campaign(clock, a, 10)
     started = clock.now
     server.down = True
-    assert not a.step()
+    assert not await a.step()
     assert a.pause(started, False) < TIMING.retry
     server.down = False
-    assert a.step() and a.pause(clock.now, True) == TIMING.retry
+    assert await a.step() and a.pause(clock.now, True) == TIMING.retry
 
 
-def test_a_released_lease_is_taken_at_the_next_round(clock: Clock) -> None:
+@in_loop
+async def test_a_released_lease_is_taken_at_the_next_round(clock: Clock) -> None:
     server = LeaseServer()
     a, b = elector(server, clock, "a"), elector(server, clock, "b")
-    run(clock, [a, b], 6)
-    a.stop(release=True)
+    await run(clock, [a, b], 6)
+    await a.stop(release=True)
     assert not a.leading() and record_of(cast(dict[str, Any], server.lease)).holder == ""
-    b.step()
+    await b.step()
     assert b.leading()
 
 
-def test_a_standby_writes_nothing_while_the_lease_is_held(clock: Clock) -> None:
+@in_loop
+async def test_a_standby_writes_nothing_while_the_lease_is_held(clock: Clock) -> None:
     server = LeaseServer()
     a = elector(server, clock, "a")
-    run(clock, [a], 4)
+    await run(clock, [a], 4)
     writes = server.writes
     b = elector(server, clock, "b")
-    run(clock, [b], 8)  # a is silent but its lease is not yet expired
+    await run(clock, [b], 8)  # a is silent but its lease is not yet expired
     assert server.writes == writes and not b.leading()
 
 
-def test_the_leader_renews_without_reading_and_reads_once_its_renewal_is_refused(clock: Clock) -> None:
+@in_loop
+async def test_the_leader_renews_without_reading_and_reads_once_its_renewal_is_refused(clock: Clock) -> None:
     """At rest a leader costs the API server one write per retry period, no read (client-go's fast
     path); a lease someone else wrote meanwhile (a 409 on the renewal) is read and respected."""
     server = LeaseServer()
     a = elector(server, clock, "a")
-    run(clock, [a], 4)
+    await run(clock, [a], 4)
     reads, writes = server.reads, server.writes
-    run(clock, [a], 20)
+    await run(clock, [a], 20)
     assert (server.reads - reads, server.writes - writes) == (0, 10) and a.leading()
     # An admin hands the lease to "b" (a write a does not know of): a's next renewal is refused.
     lease = cast(dict[str, Any], server.lease)
@@ -268,7 +298,7 @@ def test_the_leader_renews_without_reading_and_reads_once_its_renewal_is_refused
     server.lease = {**lease, "spec": {**lease["spec"], "holderIdentity": "b"}}
     server.lease["metadata"] = {**lease["metadata"], "resourceVersion": str(server.version)}
     reads = server.reads
-    a.step()
+    await a.step()
     assert server.reads == reads + 1 and not a.leading()
     assert record_of(server.lease).holder == "b"
 
@@ -284,12 +314,46 @@ def test_election_rules_on_their_own() -> None:
     assert not election.leading(10.0) and election.released("t3") is None
 
 
+@in_loop
+async def test_a_started_elector_leads_and_on_stop_releases_the_lease(clock: Clock) -> None:
+    """The task: its first round at once, then (the fake clock standing still) a wait for the next,
+    which stop ends at once; stop hands the lease back and says so."""
+    server = LeaseServer(clock)
+    changes: list[bool] = []
+    a = Elector(server.client(), "ns", "gpu-operator", "a", TIMING, changes.append, clock=clock)
+    a.start()
+    await settle()
+    assert a.leading() and changes == [True] and server.writes == 1
+    await a.stop()
+    assert a.task is not None and a.task.done() and not a.task.cancelled()
+    assert not a.leading() and changes == [True, False]
+    assert record_of(cast(dict[str, Any], server.lease)).holder == ""
+
+
+@in_loop
+async def test_a_write_waiting_for_a_late_renewal_is_refused_when_the_elector_stops(clock: Clock) -> None:
+    server = LeaseServer(clock)
+    a = elector(server, clock, "a")
+    await campaign(clock, a, 4)
+    clock.now += TIMING.renew_deadline
+    writer = asyncio.create_task(a.may_write())
+    await settle()
+    assert not writer.done()
+    await a.stop(release=False)
+    await settle()
+    assert writer.done() and writer.result() is False
+    assert record_of(cast(dict[str, Any], server.lease)).holder == "a", "not released"
+
+
 def test_leadership_gates_writes() -> None:
     assert Leadership(enabled=False).leading()
-    assert not Leadership(enabled=True).leading(), "no elector yet: a standby"
-    kube = Kube(cast(Any, None), may_write=lambda: False)
+    assert asyncio.run(Leadership(enabled=False).may_write())
+    standby = Leadership(enabled=True)
+    assert not standby.leading(), "no elector yet: a standby"
+    assert not asyncio.run(standby.may_write())
+    kube = Kube(cast(Any, None), may_write=standby.may_write)
     with pytest.raises(NotLeader):
-        kube.delete(("v1", "ConfigMap", "ns", "x"))
+        asyncio.run(kube.delete(("v1", "ConfigMap", "ns", "x")))
 
 
 def test_lease_body_round_trip() -> None:
