@@ -1,7 +1,6 @@
-"""What the watches last saw, in slim form: written by the watch handlers (on Kopf's event loop) and by
-the reconciler's writers (the objects their applies returned), read by a pass as one snapshot.
-
-Every read and write takes the lock: the watch handlers and the writer threads run at the same time.
+"""What the watches last saw, in slim form: written by the informers and by the reconciler's writes (the
+objects their applies returned), read by a pass as one snapshot. All of them run on the operator's one
+event loop, so no write is ever half seen and no lock is needed.
 The `record_*` methods turn a watched body into its slim record and say whether a pass must follow.
 """
 
@@ -9,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -71,7 +69,7 @@ def policy_ref(body: Body) -> PolicyRef:
 
 @dataclass
 class Store:
-    """The tables; read them only through `get`, `size` and `snapshot` (they hold the lock)."""
+    """The tables; read them only through `get`, `size` and `snapshot`."""
 
     policies: dict[str, PolicyRef] = field(default_factory=dict)
     nodes: dict[str, NodeInfo] = field(default_factory=dict)
@@ -103,7 +101,6 @@ class Store:
     operands: dict[str, Operands] = field(default_factory=dict)
     """Node → `speaking` of its components (status.operands_of), a new tuple whenever one changes: a
     pass tells an unchanged node by comparing one tuple, not by looking up each of its components."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
     node_moved: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)
     """Set, and replaced by a new one, whenever a node is recorded or forgotten: see `wait_node`."""
     shown: Callable[[], None] = field(default=lambda: None, compare=False)
@@ -112,19 +109,18 @@ class Store:
 
     def _swap(self, table: str, key: Any, value: Any) -> Any:
         """Set or (value None) remove an entry; the entry it replaced (None if there was none)."""
-        with self.lock:
-            entries: dict[Any, Any] = getattr(self, table)
-            before = entries.pop(key, None) if value is None else entries.get(key)
-            if value is not None:
-                entries[key] = value
-            if table == "pods":
-                self._speak(key, before, value)
-            elif table == "nodes":
-                self._node_moved()
-            return before
+        entries: dict[Any, Any] = getattr(self, table)
+        before = entries.pop(key, None) if value is None else entries.get(key)
+        if value is not None:
+            entries[key] = value
+        if table == "pods":
+            self._speak(key, before, value)
+        elif table == "nodes":
+            self._node_moved()
+        return before
 
     def _speak(self, key: str, before: PodInfo | None, after: PodInfo | None) -> None:
-        """Keep `speaking`, `slots` and `operands` with a change of `pods` (under the lock)."""
+        """Keep `speaking`, `slots` and `operands` with a change of `pods`."""
         now = None if after is None else (after.component, after.node)
         for slot in {(p.component, p.node) for p in (before, after) if p is not None}:
             members = self.slots.setdefault(slot, set())
@@ -157,49 +153,44 @@ class Store:
     def retain(self, table: str, present: set[Any], applies: Callable[[Any], bool] = lambda _: True) -> bool:
         """Forget the entries (those `applies` to) that a fresh listing no longer has: deletions that
         happened while no watch was open. True when any was forgotten."""
-        with self.lock:
-            entries: dict[Any, Any] = getattr(self, table)
-            gone = [key for key in entries if applies(key) and key not in present]
-            for key in gone:
-                before = entries.pop(key)
-                if table == "pods":
-                    self._speak(key, before, None)
+        entries: dict[Any, Any] = getattr(self, table)
+        gone = [key for key in entries if applies(key) and key not in present]
+        for key in gone:
+            before = entries.pop(key)
+            if table == "pods":
+                self._speak(key, before, None)
         return bool(gone)
 
     def retain_driver_daemonsets(self, present: set[str]) -> bool:
         """`retain` for the driver DaemonSets, kept by UID: those whose name a fresh listing lacks."""
-        with self.lock:
-            gone = [uid for uid, name in self.driver_daemonsets.items() if name not in present]
-            for uid in gone:
-                del self.driver_daemonsets[uid]
+        gone = [uid for uid, name in self.driver_daemonsets.items() if name not in present]
+        for uid in gone:
+            del self.driver_daemonsets[uid]
         return bool(gone)
 
     def get(self, table: str, key: Any) -> Any:
-        with self.lock:
-            return getattr(self, table).get(key)
+        return getattr(self, table).get(key)
 
     def size(self, table: str) -> int:
-        with self.lock:
-            return len(getattr(self, table))
+        return len(getattr(self, table))
 
     def snapshot(self, namespace: str, environ: Mapping[str, str]) -> Observed:
-        with self.lock:
-            return Observed(
-                policies=tuple(self.policies.values()),
-                nodes=dict(self.nodes),
-                pods=tuple(self.pods.values()),
-                speaking=dict(self.speaking),
-                operands=dict(self.operands),
-                daemonsets={d.name: d for d in self.daemonsets.values()},
-                objects=dict(self.objects),
-                config_maps=dict(self.config_maps),
-                namespace=namespace,
-                environ=dict(environ),
-                nvidia_driver_crd=self.crds.get(NVIDIA_DRIVER_CRD, False),
-                service_monitor_crd=self.crds.get(SERVICE_MONITOR_CRD, False),
-                operand_namespace=self.namespaces.get(namespace),
-                upgrade=self._upgrade_facts(),
-            )
+        return Observed(
+            policies=tuple(self.policies.values()),
+            nodes=dict(self.nodes),
+            pods=tuple(self.pods.values()),
+            speaking=dict(self.speaking),
+            operands=dict(self.operands),
+            daemonsets={d.name: d for d in self.daemonsets.values()},
+            objects=dict(self.objects),
+            config_maps=dict(self.config_maps),
+            namespace=namespace,
+            environ=dict(environ),
+            nvidia_driver_crd=self.crds.get(NVIDIA_DRIVER_CRD, False),
+            service_monitor_crd=self.crds.get(SERVICE_MONITOR_CRD, False),
+            operand_namespace=self.namespaces.get(namespace),
+            upgrade=self._upgrade_facts(),
+        )
 
     def _upgrade_facts(self) -> Facts:
         """The upgrade state machine's facts but the nodes and the time (the planner adds them)."""
@@ -237,12 +228,11 @@ class Store:
         if deleted:
             return self.put("nodes", name, None)
         info = node_info(body)
-        with self.lock:
-            before = self.nodes.get(name)
-            if before is not None and _older(info.resource_version, before.resource_version):
-                return False
-            self.nodes[name] = info
-            self._node_moved()
+        before = self.nodes.get(name)
+        if before is not None and _older(info.resource_version, before.resource_version):
+            return False
+        self.nodes[name] = info
+        self._node_moved()
         return before != info
 
     def _node_moved(self) -> None:
@@ -305,9 +295,8 @@ class Store:
 
     def list_node_pods(self, node: str, bodies: Iterable[Body]) -> bool:
         pods = {p.uid: p for p in map(workload_pod, bodies) if p is not None and p.node == node}
-        with self.lock:
-            before = self.node_pods.get(node)
-            self.node_pods[node] = pods
+        before = self.node_pods.get(node)
+        self.node_pods[node] = pods
         return before != pods
 
     def record_node_pod(self, node: str, body: Body, deleted: bool) -> bool:
@@ -315,31 +304,28 @@ class Store:
         listing is complete its pods are kept aside: a pass must not take half a listing for all."""
         pod = None if deleted else workload_pod(body)
         uid = body["metadata"].get("uid", "")
-        with self.lock:
-            listed = node in self.node_pods
-            pods = self.node_pods[node] if listed else self.listing_pods.setdefault(node, {})
-            before = pods.get(uid)
-            if pod is None or pod.node != node:
-                pods.pop(uid, None)
-                return listed and before is not None
-            pods[uid] = pod
+        listed = node in self.node_pods
+        pods = self.node_pods[node] if listed else self.listing_pods.setdefault(node, {})
+        before = pods.get(uid)
+        if pod is None or pod.node != node:
+            pods.pop(uid, None)
+            return listed and before is not None
+        pods[uid] = pod
         return listed and before != pod
 
     def node_pods_listed(self, node: str, present: Iterable[tuple[str, str]]) -> bool:
         """A complete listing of the node's pods ((namespace, name) of each) has been recorded: those it
         does not name are gone, and the node's pods are known from now on (Facts.pods_known)."""
         names = set(present)
-        with self.lock:
-            before = self.node_pods.get(node)
-            pods = self.listing_pods.pop(node, None) or dict(before or {})
-            kept = {uid: pod for uid, pod in pods.items() if (pod.namespace, pod.name) in names}
-            self.node_pods[node] = kept
+        before = self.node_pods.get(node)
+        pods = self.listing_pods.pop(node, None) or dict(before or {})
+        kept = {uid: pod for uid, pod in pods.items() if (pod.namespace, pod.name) in names}
+        self.node_pods[node] = kept
         return before != kept
 
     def forget_node_pods(self, node: str) -> None:
-        with self.lock:
-            self.node_pods.pop(node, None)
-            self.listing_pods.pop(node, None)
+        self.node_pods.pop(node, None)
+        self.listing_pods.pop(node, None)
 
     def record_config_map(self, body: Body, deleted: bool) -> bool:
         """ConfigMaps are watched without the label selector: the driver mounts the files of users'

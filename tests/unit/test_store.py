@@ -3,8 +3,8 @@ that it only shows in the status (a pass soon), or nothing at all (a DaemonSet's
 
 from __future__ import annotations
 
+import asyncio
 import random
-import threading
 from dataclasses import replace
 from typing import Any
 
@@ -125,14 +125,15 @@ def test_a_writer_waits_for_the_watch_to_bring_a_nodes_new_version() -> None:
     in time, and the caller reads the node itself."""
     store = Store()
     store.put("nodes", "gpu-0", NodeInfo("gpu-0", {}, uid="u0", resource_version="41"))
-    assert store.wait_node("gpu-0", "41", 0.01) == (False, store.get("nodes", "gpu-0"))
     moved = NodeInfo("gpu-0", {}, uid="u0", resource_version="57")
-    threading.Timer(
-        0.02,
-        store.record_node,
-        (node_body("gpu-0", uid="u0", resource_version="57"), False),
-    ).start()
-    arrived, found = store.wait_node("gpu-0", "41", 5.0)
-    assert arrived and found == moved and found.resource_version == "57"
-    threading.Timer(0.02, store.put, ("nodes", "gpu-0", None)).start()
-    assert store.wait_node("gpu-0", "57", 5.0) == (True, None)
+
+    async def script() -> None:
+        assert await store.wait_node("gpu-0", "41", 0.01) == (False, store.get("nodes", "gpu-0"))
+        loop = asyncio.get_running_loop()
+        loop.call_soon(store.record_node, node_body("gpu-0", uid="u0", resource_version="57"), False)
+        arrived, found = await store.wait_node("gpu-0", "41", 60.0)
+        assert arrived and found == moved and found.resource_version == "57"
+        loop.call_soon(store.put, "nodes", "gpu-0", None)
+        assert await store.wait_node("gpu-0", "57", 60.0) == (True, None)
+
+    asyncio.run(script())

@@ -5,7 +5,6 @@ is progress), lastError clears after a good pass. Timers run on a clock the test
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -66,13 +65,13 @@ def test_work_arriving_during_a_pass_waits_from_its_end(clock: Clock) -> None:
 def scenario(passes: list[Exception | None]) -> tuple[WorkQueue, list[tuple[bool, dict[str, Any]]]]:
     """Run the queue over passes that raise or succeed in turn; the probes after each."""
     seen: list[tuple[bool, dict[str, Any]]] = []
-    done = threading.Event()
+    done = asyncio.Event()
 
     async def main() -> WorkQueue:
         loop = WorkQueue(SETTINGS)
         remaining = list(passes)
 
-        def one_pass() -> Outcome:
+        async def one_pass() -> Outcome:
             error = remaining.pop(0)
             if not remaining:
                 done.set()
@@ -183,7 +182,7 @@ async def done(waiting: Awaitable[object]) -> None:
 
 def drive(
     settings: Settings,
-    step: Callable[[WorkQueue], None],
+    step: Callable[[WorkQueue], Awaitable[None] | None],
     script: Callable[[WorkQueue], Awaitable[None]],
     nodes: int = 1,
     leading: Callable[[], bool] = lambda: True,
@@ -195,8 +194,10 @@ def drive(
         loop = WorkQueue(settings, asyncio.get_running_loop().time, leading, size=lambda: nodes)
         loop.listed.set()
 
-        def one_pass() -> Outcome:
-            step(loop)
+        async def one_pass() -> Outcome:
+            stepped = step(loop)
+            if stepped is not None:
+                await stepped
             return outcome()
 
         task = asyncio.create_task(loop.run(one_pass))
@@ -345,15 +346,15 @@ def test_a_small_clusters_passes_never_wait() -> None:
 
 
 def test_an_ask_during_a_pass_is_one_more_pass_after_it() -> None:
-    running = threading.Event()
-    release = threading.Event()
+    running = asyncio.Event()
+    release = asyncio.Event()
     started: list[float] = []
 
-    def step(loop: WorkQueue) -> None:
+    async def step(loop: WorkQueue) -> None:
         started.append(loop.clock())
         if len(started) == 1:
             running.set()
-            release.wait(30)  # until the script lets it end (a guard against a hang)
+            await release.wait()
 
     async def script(loop: WorkQueue) -> None:
         loop.add()
@@ -386,12 +387,12 @@ def test_watches_read_on_while_the_queue_is_idle_and_wait_while_a_pass_runs_or_i
     """WorkQueue.settle (gpu_operator/runtime/watch_stream.py asks it after each read): None while idle;
     while a pass runs, a wait that ends when the queue is idle again, or after watch_batch_seconds, one
     timer for every watch."""
-    running = threading.Event()
-    release = threading.Event()
+    running = asyncio.Event()
+    release = asyncio.Event()
 
-    def step(loop: WorkQueue) -> None:
+    async def step(loop: WorkQueue) -> None:
         running.set()
-        release.wait(30)  # until the script lets it end (a guard against a hang)
+        await release.wait()
 
     async def script(loop: WorkQueue) -> None:
         await until_idle(loop)
@@ -422,14 +423,14 @@ def test_watches_read_on_while_the_queue_is_idle_and_wait_while_a_pass_runs_or_i
 def test_the_watches_read_when_a_pass_ends_even_with_the_next_one_asked_for() -> None:
     """What arrived during a pass is read as it ends, before the next pass (asked for during this one)
     starts, not when the batch interval is over."""
-    running = threading.Event()
-    release = threading.Event()
+    running = asyncio.Event()
+    release = asyncio.Event()
     passes: list[float] = []
 
-    def step(loop: WorkQueue) -> None:
+    async def step(loop: WorkQueue) -> None:
         passes.append(loop.clock())
         running.set()
-        release.wait(30)  # until the script lets it end (a guard against a hang)
+        await release.wait()
 
     async def script(loop: WorkQueue) -> None:
         await until_idle(loop)
