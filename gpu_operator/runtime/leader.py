@@ -337,6 +337,8 @@ class Elector:
         metrics.LEADER.set(1 if leading else 0)
         if leading:
             log.info("leader election: leading: this replica reconciles")
+        elif self.stopping.is_set():
+            log.info("leader election: stopped; this replica writes nothing more")
         else:
             holder = self.election.observed.holder if self.election.observed is not None else ""
             why = (
