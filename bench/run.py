@@ -328,6 +328,8 @@ class SizeBench:
             time.sleep(0.2)
 
     def teardown(self) -> None:
+        if getattr(self, "api", None) is not None:
+            self.api.close()
         if self.s.keep_cluster:
             log(f"N={self.n}: keeping cluster {self.s.cluster_name} (--keep-cluster)")
             return
