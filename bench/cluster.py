@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpu_operator.runtime.client import Kube
 from gpu_operator.runtime.kubeconfig import write_service_account_kubeconfig
+from gpu_operator.runtime.sync_client import SyncKube
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "gpu-operator"
@@ -176,7 +176,7 @@ REQUIRED_ACCESS = (
 )
 
 
-def missing_access(api: Kube, user: str) -> list[str]:
+def missing_access(api: SyncKube, user: str) -> list[str]:
     """The REQUIRED_ACCESS that `user` (a ServiceAccount) lacks, by SubjectAccessReview."""
     namespace = user.split(":")[2] if user.startswith("system:serviceaccount:") else ""
     groups = ["system:authenticated", "system:serviceaccounts", f"system:serviceaccounts:{namespace}"]
@@ -200,7 +200,7 @@ def missing_access(api: Kube, user: str) -> list[str]:
     return missing
 
 
-def sa_kubeconfig(api: Kube, admin_kubeconfig: Path, path: Path) -> Path:
+def sa_kubeconfig(api: SyncKube, admin_kubeconfig: Path, path: Path) -> Path:
     """A kubeconfig that logs in as the chart's ServiceAccount with a fresh TokenRequest token."""
     return write_service_account_kubeconfig(api, admin_kubeconfig, NAMESPACE, RELEASE, path, seconds=14400)
 

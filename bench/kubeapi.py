@@ -1,5 +1,5 @@
-"""The bench's API helpers over the project's client (gpu_operator.runtime.client), and watches that timestamp
-a condition.
+"""The bench's API helpers over the project's client (gpu_operator.runtime.client, blocking through
+gpu_operator.runtime.sync_client), and watches that timestamp a condition.
 
 `Watcher` is how every duration is measured: it lists a collection, opens a watch from the list's
 resourceVersion (before the action being timed starts), and records the wall-clock time of the
@@ -9,13 +9,16 @@ any measured time; the only latency is the watch's own, the same for the operato
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from gpu_operator.runtime.client import ApiError, Kube, load_api_client
+from gpu_operator.runtime import client
+from gpu_operator.runtime.client import ApiError, Kube
+from gpu_operator.runtime.sync_client import SyncKube
 
 USER_AGENT = "gpu-operator-bench"
 PARTIAL_METADATA = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
@@ -25,21 +28,27 @@ Objects = Mapping[str, dict[str, Any]]
 """`namespace/name` → object, as the watch currently sees the collection."""
 
 
-def connect(kubeconfig: Path, pool: int = 16) -> Kube:
-    """Admin (or any kubeconfig) access through the project's client; thread-safe, with a connection
-    pool for parallel writes. Its user agent keeps the bench's own requests out of the audit counts."""
-    return Kube(load_api_client(kubeconfig, user_agent=USER_AGENT, pool_size=pool))
+def connect(kubeconfig: Path, pool: int = 16) -> SyncKube:
+    """Admin (or any kubeconfig) access through the project's client; thread-safe, with `pool`
+    connections for parallel writes and the watches (a watch holds one; a request that waits longer
+    than the connect timeout for a free one fails). Its user agent keeps the bench's own requests
+    out of the audit counts."""
+
+    async def make() -> Kube:
+        return Kube(await client.connect(kubeconfig, user_agent=USER_AGENT, pool_size=pool))
+
+    return SyncKube(make)
 
 
-def get(kube: Kube, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
+def get(kube: SyncKube, path: str, query: Mapping[str, str] | None = None) -> dict[str, Any]:
     return kube.request("GET", path, query=query)
 
 
-def items(kube: Kube, path: str, query: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+def items(kube: SyncKube, path: str, query: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
     return list(get(kube, path, query).get("items") or [])
 
 
-def exists(kube: Kube, path: str, selector: str = "") -> bool:
+def exists(kube: SyncKube, path: str, selector: str = "") -> bool:
     """Whether the collection (or object) has anything matching; one cheap request."""
     try:
         found = get(kube, path, {"labelSelector": selector, "limit": "1"} if selector else {"limit": "1"})
@@ -51,7 +60,7 @@ def exists(kube: Kube, path: str, selector: str = "") -> bool:
 
 
 def delete(
-    kube: Kube, path: str, body: Mapping[str, Any] | None = None, query: Mapping[str, str] | None = None
+    kube: SyncKube, path: str, body: Mapping[str, Any] | None = None, query: Mapping[str, str] | None = None
 ) -> None:
     try:
         kube.request("DELETE", path, body=dict(body or {}), query=query)
@@ -60,17 +69,30 @@ def delete(
             raise
 
 
-def delete_collection(kube: Kube, path: str, selector: str) -> None:
+def delete_collection(kube: SyncKube, path: str, selector: str) -> None:
     """Delete what matches at once, without grace period. The answer lists every deleted object,
     so ask for metadata only (8000 pods as full objects are 80 MB)."""
-    kube.request(
-        "DELETE",
-        path,
-        body={"gracePeriodSeconds": 0},
-        query={"labelSelector": selector},
-        timeout=300.0,
-        accept=PARTIAL_METADATA,
+    patient = dataclasses.replace(kube.kube, timeout=(kube.kube.timeout[0], 300.0))  # the same connections
+    kube.run(
+        patient.request(
+            "DELETE",
+            path,
+            body={"gracePeriodSeconds": 0},
+            query={"labelSelector": selector},
+            accept=PARTIAL_METADATA,
+        )
     )
+
+
+def collection(path: str) -> tuple[str, str, str]:
+    """(apiVersion, kind, namespace) of a collection's URL path (`/api/v1/nodes`,
+    `/apis/apps/v1/namespaces/NS/daemonsets`), as the client's `watch` names it."""
+    head = path.rsplit("/", 1)[0]
+    namespace = head.split("/namespaces/", 1)[1] if "/namespaces/" in head else ""
+    for api_version, kind in client.RESOURCES:
+        if client.path(api_version, kind, namespace) == path:
+            return api_version, kind, namespace
+    raise ValueError(f"{path}: not a collection of a kind the client knows")
 
 
 def object_key(body: Mapping[str, Any]) -> str:
@@ -87,7 +109,7 @@ class Watcher:
 
     def __init__(
         self,
-        api: Kube,
+        api: SyncKube,
         path: str,
         predicate: Callable[[Objects], bool],
         query: Mapping[str, str] | None = None,
@@ -96,6 +118,11 @@ class Watcher:
         self.api = api
         self.path = path
         self.query = dict(query or {})
+        self.api_version, self.kind, namespace = collection(path)
+        self.watch_query = dict(self.query)
+        if namespace:  # the client watches a kind's whole collection: narrowed to the namespace here
+            selectors = (self.query.get("fieldSelector"), f"metadata.namespace={namespace}")
+            self.watch_query["fieldSelector"] = ",".join(s for s in selectors if s)
         self.predicate = predicate
         self.what = what or path
         self.objects: dict[str, dict[str, Any]] = {}
@@ -149,8 +176,8 @@ class Watcher:
                 self._done.set()
             self._listed.set()
             while not self._stop.is_set() and self.done_at is None:
-                query = {**self.query, "resourceVersion": version, "allowWatchBookmarks": "true"}
-                for event in self.api.stream(self.path, query, WATCH_SECONDS):
+                query = {**self.watch_query, "resourceVersion": version, "allowWatchBookmarks": "true"}
+                for event in self.api.watch(self.api_version, self.kind, query, WATCH_SECONDS):
                     kind, body = event["type"], event["object"]
                     if kind == "ERROR":  # 410 Gone: the version is too old; start over from a list
                         version = self._relist()

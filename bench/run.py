@@ -32,7 +32,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import urllib3
 import yaml
 
 from bench import audit, kubeapi, memtrace, procstat, profile, report, stats
@@ -328,6 +327,8 @@ class SizeBench:
             time.sleep(0.2)
 
     def teardown(self) -> None:
+        if getattr(self, "api", None) is not None:
+            self.api.close()
         if self.s.keep_cluster:
             log(f"N={self.n}: keeping cluster {self.s.cluster_name} (--keep-cluster)")
             return
@@ -407,12 +408,12 @@ class SizeBench:
         for component in COMPONENTS:
             try:
                 kubeapi.delete_collection(self.api, PODS, f"{COMPONENT_LABEL}={component.component_label}")
-            except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+            except (ApiError, OSError) as exc:
                 log(f"N={self.n}: deleting {component.name} pods: {exc}; will retry")
         try:
             # The validator's workload pods (the emulated validator creates them, as NVIDIA's does).
             kubeapi.delete_collection(self.api, PODS, f"app in ({','.join(VALIDATOR_WORKLOADS)})")
-        except (ApiError, OSError, urllib3.exceptions.HTTPError) as exc:
+        except (ApiError, OSError) as exc:
             log(f"N={self.n}: deleting validator workload pods: {exc}; will retry")
 
     # --- node join ---

@@ -52,7 +52,7 @@ from bench.run import (
 )
 from gpu_operator.core.components import BY_NAME
 from gpu_operator.core.upgrade.states import STATE_LABEL
-from gpu_operator.runtime.client import Kube
+from gpu_operator.runtime.sync_client import SyncKube
 
 VERSION_A, VERSION_B = "570.195.03", "580.95.05"
 DRIVER = BY_NAME["driver"]
@@ -136,7 +136,7 @@ class ValidatorRestarts:
     """k8s-driver-manager's part (see the module docstring): a driver pod newly placed on a node → the
     validator pod of that node deleted (its DaemonSet starts a new one)."""
 
-    def __init__(self, api: Kube) -> None:
+    def __init__(self, api: SyncKube) -> None:
         self.api = api
         self.placed: set[str] = set()
         self.restarts = 0

@@ -22,7 +22,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 import yaml
 from pydantic import BaseModel
@@ -31,6 +31,9 @@ from gpu_operator import __version__
 from gpu_operator.api import KIND, FieldError, PolicyError, parse_document
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.core.components import COMPONENTS
+
+if TYPE_CHECKING:
+    from gpu_operator.runtime.sync_client import SyncKube
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -446,15 +449,14 @@ def cmd_discover(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-def _client(command: str, err: TextIO, kubeconfig: str | None = None) -> Any:
-    """A Kube for the in-cluster credentials or the kubeconfig; None (after one line on `err`) if neither
-    works."""
-    from kubernetes.config import ConfigException
-
-    from gpu_operator.runtime.client import Kube, load_api_client
+def _client(command: str, err: TextIO, kubeconfig: str | None = None) -> SyncKube | None:
+    """A SyncKube for the in-cluster credentials or the kubeconfig; None (after one line on `err`) if
+    neither works."""
+    from gpu_operator.runtime.client import ConfigException
+    from gpu_operator.runtime.sync_client import SyncKube
 
     try:
-        return Kube(load_api_client(kubeconfig))
+        return SyncKube.connect(kubeconfig)
     except (ConfigException, OSError) as exc:
         print(f"{command}: no credentials (in-cluster or kubeconfig): {exc}", file=err)
         return None
@@ -464,7 +466,12 @@ def cmd_cleanup(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gpu_operator.runtime.cleanup import cleanup
 
     kube = _client("cleanup", err)
-    return EXIT_INVALID if kube is None else cleanup(kube, args.policy, args.timeout, out)
+    if kube is None:
+        return EXIT_INVALID
+    try:
+        return cleanup(kube, args.policy, args.timeout, out)
+    finally:
+        kube.close()
 
 
 def cmd_kubeconfig(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -484,6 +491,8 @@ def cmd_kubeconfig(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except (ApiError, OSError, KeyError, StopIteration) as exc:
         print(f"kubeconfig: cannot write a kubeconfig for {args.service_account}: {exc}", file=err)
         return EXIT_INVALID
+    finally:
+        kube.close()
     print(args.output, file=out)
     return EXIT_OK
 

@@ -42,7 +42,8 @@ from gpu_operator.agent.discovery import (
     read_devices,
 )
 from gpu_operator.core.node_labels import owned_label_keys
-from gpu_operator.runtime.client import ApiError, Kube, path
+from gpu_operator.runtime.client import ApiError, path
+from gpu_operator.runtime.sync_client import SyncKube
 
 log = logging.getLogger("gpu_operator.discover")
 
@@ -64,7 +65,7 @@ class Agent:
 
     def __init__(
         self,
-        kube: Kube,
+        kube: SyncKube,
         node_name: str,
         sysfs: Path,
         mode: Mode,

@@ -43,7 +43,11 @@ def run(
     if state_file:
         state = load_state(state_file)
     else:
-        state = record(kube_from_kubeconfig(kubeconfig, context), namespace, log_lines, scope.pod)
+        kube = kube_from_kubeconfig(kubeconfig, context)
+        try:
+            state = record(kube, namespace, log_lines, scope.pod)
+        finally:
+            kube.close()  # its connections and the thread of its event loop
     if save:
         save_state(state, save)
     check_scope(state, scope)

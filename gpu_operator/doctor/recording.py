@@ -1,5 +1,5 @@
 """Recording a cluster for `gpu-operator doctor`: read only, with the user's kubeconfig, through
-kube.py; and saving and loading recorded states (--save-state, --from-state).
+runtime/sync_client.py; and saving and loading recorded states (--save-state, --from-state).
 
 It reads nodes, pods (and the logs of failing operand containers), Events, ResourceQuotas,
 RuntimeClasses, the operand DaemonSets and ClusterPolicies (`READS`; the chart's `<release>-doctor`
@@ -29,7 +29,8 @@ from gpu_operator.doctor.state import (
     quota_worth_recording,
     worth_recording,
 )
-from gpu_operator.runtime.client import ApiError, Kube, load_api_client
+from gpu_operator.runtime.client import ApiError
+from gpu_operator.runtime.sync_client import SyncKube
 
 DEFAULT_NAMESPACE = "gpu-operator"
 MAX_LOGS = 20
@@ -151,7 +152,7 @@ def _read(what: str, call: Callable[[], list[dict[str, Any]]]) -> list[dict[str,
         raise _failure(what, exc) from None
 
 
-def _logs(kube: Kube, pods: list[dict[str, Any]], lines: int) -> dict[str, str]:
+def _logs(kube: SyncKube, pods: list[dict[str, Any]], lines: int) -> dict[str, str]:
     """The last lines of each failing container of the not-ready operand pods."""
     logs: dict[str, str] = {}
     failing = [
@@ -178,7 +179,7 @@ def _logs(kube: Kube, pods: list[dict[str, Any]], lines: int) -> dict[str, str]:
     return logs
 
 
-def record(kube: Kube, namespace: str = "", log_lines: int = LOG_LINES, pod: str = "") -> ClusterState:
+def record(kube: SyncKube, namespace: str = "", log_lines: int = LOG_LINES, pod: str = "") -> ClusterState:
     """Read what the diagnosis needs. `namespace` of the operands: default the active ClusterPolicy's
     status.namespace, else gpu-operator; `pod` (NAMESPACE/NAME) is recorded whatever it is."""
     try:
@@ -272,10 +273,9 @@ def check_scope(state: ClusterState, scope: Scope) -> None:
 # --- the command ----------------------------------------------------------------------------------
 
 
-def kube_from_kubeconfig(path: str | None, context: str | None) -> Kube:
+def kube_from_kubeconfig(path: str | None, context: str | None) -> SyncKube:
     try:
-        api = load_api_client(path, context)
+        return SyncKube.connect(path, context)
     except Exception as exc:  # the loader raises ConfigException, OSError, YAML and type errors alike
         where = path or "$KUBECONFIG or ~/.kube/config"
         raise DoctorError(f"cannot use the kubeconfig ({where}): {exc}") from None
-    return Kube(api)

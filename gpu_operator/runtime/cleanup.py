@@ -19,7 +19,8 @@ from collections.abc import Mapping
 from typing import Any, TextIO
 
 from gpu_operator.core.node_labels import left_on_uninstall, node_info
-from gpu_operator.runtime.client import ApiError, Kube, path
+from gpu_operator.runtime.client import ApiError, path
+from gpu_operator.runtime.sync_client import SyncKube
 
 
 def operator_labels(node: Mapping[str, Any]) -> list[str]:
@@ -27,7 +28,7 @@ def operator_labels(node: Mapping[str, Any]) -> list[str]:
     return left_on_uninstall(node_info(node))
 
 
-def cleanup(kube: Kube, policy: str, timeout: float, out: TextIO) -> int:
+def cleanup(kube: SyncKube, policy: str, timeout: float, out: TextIO) -> int:
     def log(message: str, **fields: Any) -> None:
         print(json.dumps({"message": message, **fields}), file=out, flush=True)
 

@@ -11,11 +11,11 @@ from typing import Any
 
 import yaml
 
-from gpu_operator.runtime.client import Kube
+from gpu_operator.runtime.sync_client import SyncKube
 
 
 def request_token(
-    kube: Kube,
+    kube: SyncKube,
     namespace: str,
     service_account: str,
     seconds: int = 7200,
@@ -67,7 +67,7 @@ def token_kubeconfig(cluster_of: Path, user: str, token: str) -> dict[str, Any]:
 
 
 def write_service_account_kubeconfig(
-    kube: Kube,
+    kube: SyncKube,
     cluster_of: Path,
     namespace: str,
     service_account: str,

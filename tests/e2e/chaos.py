@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_operator.runtime.client import ApiError, Kube
+from gpu_operator.runtime.client import ApiError
+from gpu_operator.runtime.sync_client import SyncKube
 
 from .kube_helpers import Cluster, wait_for
 from .operator_process import OperatorProcess
@@ -147,7 +148,7 @@ def compact_etcd(cluster: Cluster) -> None:
     subprocess.run([*etcdctl, "compact", str(revision)], capture_output=True, check=True)
 
 
-def api_ready(admin: Kube) -> None:
+def api_ready(admin: SyncKube) -> None:
     """The API server answers and is ready (its own /readyz: etcd reachable, informers synced)."""
     try:
         admin.text("/readyz")

@@ -19,10 +19,18 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client, config
-from kubernetes.client import ApiException
+from kubernetes_asyncio.client import ApiException
 
-from .kube_helpers import Cluster, clear_all_failures, emulator_profile, failure_injection_supported, wait_for
+from gpu_operator.runtime.sync_client import SyncKube
+
+from .kube_helpers import (
+    Cluster,
+    clear_all_failures,
+    client,
+    emulator_profile,
+    failure_injection_supported,
+    wait_for,
+)
 from .operator_process import OperatorProcess, chart_operator
 from .test_operator import CONVERGE, NS, SEED_CONFIG_MAPS, assert_cleaned_up, delete_policies
 
@@ -116,7 +124,7 @@ def cluster() -> Iterator[Cluster]:
         kubeconfig = Path(_make_output("kubeconfig"))
         audit_log = Path(_make_output("audit-log"))
         check_emulator_profile(kubeconfig.parent / "emulators.settings")
-    api = config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
+    api = SyncKube.connect(kubeconfig)
     found = Cluster(
         kubeconfig=kubeconfig, api=api, kubectl_path=_kubectl_path(), local=not external, audit_log=audit_log
     )
@@ -154,7 +162,7 @@ def clean(cluster: Cluster, operator: OperatorProcess) -> Iterator[OperatorProce
 
 
 @pytest.fixture(scope="session")
-def api(cluster: Cluster) -> client.ApiClient:
+def api(cluster: Cluster) -> SyncKube:
     return cluster.api
 
 
@@ -164,7 +172,7 @@ def kubeconfig(cluster: Cluster) -> Path:
 
 
 @pytest.fixture
-def namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator[str]:
+def namespace(api: SyncKube, request: pytest.FixtureRequest) -> Iterator[str]:
     """A fresh namespace for one test, deleted (and waited for) afterwards."""
     slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
     name = f"e2e-{slug}-{uuid.uuid4().hex[:6]}"
@@ -197,7 +205,7 @@ def namespace(api: client.ApiClient, request: pytest.FixtureRequest) -> Iterator
 
 
 @pytest.fixture
-def failures(api: client.ApiClient) -> Iterator[None]:
+def failures(api: SyncKube) -> Iterator[None]:
     """Skip without kwok's Stage API; remove every injected failure after the test."""
     if not failure_injection_supported(api):
         pytest.skip("failure injection needs kwok with --enable-crds=Stage (the local kwok cluster)")

@@ -1,4 +1,11 @@
-"""Helpers for end-to-end tests: waiting on conditions, reading pod state, failure injection.
+"""Helpers for end-to-end tests: the cluster's client, waiting on conditions, reading pod state, failure
+injection.
+
+The client: the project's own (gpu_operator/runtime/client.py, blocking through
+gpu_operator/runtime/sync_client.py's SyncKube), ``Cluster.api``. Where a test reads typed objects
+(``pod.metadata.name``), :data:`client` is kubernetes_asyncio's ``client`` whose API classes take
+that SyncKube and block until their answer (``client.CoreV1Api(cluster.api).list_node()``), on
+the same connections: one client library, one transport.
 
 Waiting: :func:`wait_for` calls a check until it passes. A check is a function that either
 returns a value (done) or raises ``AssertionError`` whose message describes what it saw; on
@@ -28,19 +35,24 @@ not heal in place).
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import subprocess
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import urllib3
-from kubernetes import client, utils
-from kubernetes.client import ApiException
+import aiohttp
+from kubernetes_asyncio import client as async_client
+from kubernetes_asyncio import utils
+from kubernetes_asyncio import watch as async_watch
+from kubernetes_asyncio.client import ApiException
 
+from gpu_operator.runtime.client import Kube
+from gpu_operator.runtime.sync_client import SyncKube
 from hack.emulators.emulator import (  # the failure protocol: the emulators read what these write
     FAILURE_COMPONENT_LABEL,
     FAILURE_CONTAINER_ANNOTATION,
@@ -73,12 +85,103 @@ FailureReason = Literal["CrashLoopBackOff", "ImagePullBackOff"]
 FAILURE_REASONS: tuple[FailureReason, ...] = ("CrashLoopBackOff", "ImagePullBackOff")
 
 
+class BlockingCall:
+    """A method of one of kubernetes_asyncio's API classes that blocks until its answer, run on a
+    SyncKube's event loop; `method` is the library's own (what :class:`Watch` streams)."""
+
+    def __init__(self, kube: SyncKube, method: Callable[..., Any]) -> None:
+        self.kube = kube
+        self.method = method
+        self.__doc__ = method.__doc__
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        answer = self.method(*args, **kwargs)
+        return self.kube.run(answer) if inspect.iscoroutine(answer) else answer
+
+
+class Blocking:
+    """One of kubernetes_asyncio's API classes (CoreV1Api, ...) over a SyncKube's client: each call
+    blocks until its answer (typed models, ApiException)."""
+
+    def __init__(self, kube: SyncKube, api: Any) -> None:
+        self._kube = kube
+        self._api = api
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._api, name)
+        return BlockingCall(self._kube, found) if callable(found) else found
+
+
+class Watch:
+    """kubernetes_asyncio's ``watch.Watch``, blocking: ``stream(core.list_node, **kwargs)`` (a method
+    of a :class:`Blocking` API) yields its events (``type``, typed ``object``, ``raw_object``) one at
+    a time; after ``stop()`` it ends at the next. An ERROR event is an ApiException."""
+
+    def __init__(self) -> None:
+        self._stop = False
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def stream(self, lister: Callable[..., Any], *args: Any, **kwargs: Any) -> Iterator[dict[str, Any]]:
+        assert isinstance(lister, BlockingCall), f"not a method of client.<Kind>Api(cluster.api): {lister}"
+        kube = lister.kube
+
+        async def start() -> Any:
+            return async_watch.Watch().stream(lister.method, *args, **kwargs)
+
+        async def following(events: Any) -> Any:
+            return await events.__anext__()
+
+        events = kube.run(start())
+        try:
+            while not self._stop:
+                try:
+                    event = kube.run(following(events))
+                except StopAsyncIteration:
+                    return
+                yield event
+        finally:
+            kube.run(events.close())
+
+
+class _BlockingClient:
+    """kubernetes_asyncio's ``client`` module, its API classes :class:`Blocking` over a SyncKube;
+    models (``client.V1Namespace``) and ``client.ApiException`` are the module's own."""
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(async_client, name)
+        if isinstance(found, type) and name.endswith("Api"):
+            return lambda kube: Blocking(kube, found(kube.kube.api))
+        return found
+
+
+client: Any = _BlockingClient()
+"""``client.CoreV1Api(cluster.api)``: typed calls through the cluster's SyncKube (module docstring)."""
+
+
+def token_client(kube: SyncKube, token: str) -> SyncKube:
+    """A client for `kube`'s API server (its address and CA) that logs in with a bearer token."""
+    base = kube.kube.api.configuration
+
+    async def make() -> Kube:
+        configuration = async_client.Configuration()
+        configuration.host = base.host
+        configuration.ssl_ca_cert = base.ssl_ca_cert
+        configuration.verify_ssl = base.verify_ssl
+        configuration.api_key = {"BearerToken": token}
+        configuration.api_key_prefix = {"BearerToken": "Bearer"}
+        return Kube(async_client.ApiClient(configuration))
+
+    return SyncKube(make)
+
+
 @dataclass(frozen=True)
 class Cluster:
     """The cluster under test, as the ``cluster`` session fixture gives it."""
 
     kubeconfig: Path
-    api: client.ApiClient
+    api: SyncKube
     kubectl_path: str
     # True when the tests started the local kwok cluster (or found it running) via make.
     local: bool
@@ -243,14 +346,15 @@ def daemonset_manifest(
     }
 
 
-def create_object(api: client.ApiClient, body: dict[str, Any], namespace: str | None = None) -> None:
+def create_object(api: SyncKube, body: dict[str, Any], namespace: str | None = None) -> None:
     """Create any object from its manifest (a dict), in ``namespace`` when it is namespaced."""
-    utils.create_from_dict(api, body, namespace=namespace)  # type: ignore[no-untyped-call]
+    try:
+        api.run(utils.create_from_dict(api.kube.api, body, namespace=namespace or "default"))
+    except utils.FailToCreateError as exc:  # an ApiException without the status of the one it wraps
+        raise exc.api_exceptions[0] from None
 
 
-def list_pods(
-    api: client.ApiClient, namespace: str | None = None, *, labels: str = "", node: str = ""
-) -> list[Any]:
+def list_pods(api: SyncKube, namespace: str | None = None, *, labels: str = "", node: str = "") -> list[Any]:
     """Pods by label selector and node, in one namespace or all; deleted pods excluded."""
     core = client.CoreV1Api(api)
     fields = f"spec.nodeName={node}" if node else ""
@@ -262,21 +366,21 @@ def list_pods(
     return [p for p in result.items if p.metadata.deletion_timestamp is None]
 
 
-def node_gpus(api: client.ApiClient, node: str) -> tuple[str | None, str | None]:
+def node_gpus(api: SyncKube, node: str) -> tuple[str | None, str | None]:
     """(capacity, allocatable) of nvidia.com/gpu on the node; None where not advertised."""
     found: Any = client.CoreV1Api(api).read_node(node)
     status = found.status
     return (status.capacity or {}).get(GPU_RESOURCE), (status.allocatable or {}).get(GPU_RESOURCE)
 
 
-def gpu_nodes(api: client.ApiClient) -> list[str]:
+def gpu_nodes(api: SyncKube) -> list[str]:
     """Names of the nodes labelled as having an NVIDIA PCI device, sorted."""
     nodes: list[Any] = client.CoreV1Api(api).list_node(label_selector=f"{GPU_NODE_LABEL}=true").items
     return sorted(str(n.metadata.name) for n in nodes)
 
 
 def wait_for_daemonset(
-    api: client.ApiClient,
+    api: SyncKube,
     namespace: str,
     name: str,
     *,
@@ -518,11 +622,11 @@ def failure_stage(
     }
 
 
-def _stages(api: client.ApiClient) -> client.CustomObjectsApi:
+def _stages(api: SyncKube) -> Any:
     return client.CustomObjectsApi(api)
 
 
-def failure_injection_supported(api: client.ApiClient) -> bool:
+def failure_injection_supported(api: SyncKube) -> bool:
     """True when the cluster serves kwok's Stage API."""
     try:
         _stages(api).list_cluster_custom_object(STAGE_GROUP, STAGE_VERSION, STAGE_PLURAL, limit=1)
@@ -533,7 +637,7 @@ def failure_injection_supported(api: client.ApiClient) -> bool:
     return True
 
 
-def _delete_pods(api: client.ApiClient, component: str, node: str | None) -> list[str]:
+def _delete_pods(api: SyncKube, component: str, node: str | None) -> list[str]:
     core = client.CoreV1Api(api)
     deleted = []
     for pod in list_pods(api, labels=f"{COMPONENT_LABEL}={component}", node=node or ""):
@@ -547,7 +651,7 @@ def _delete_pods(api: client.ApiClient, component: str, node: str | None) -> lis
 
 
 def inject_failure(
-    api: client.ApiClient,
+    api: SyncKube,
     component: str,
     node: str | None,
     reason: FailureReason = "CrashLoopBackOff",
@@ -576,9 +680,7 @@ def inject_failure(
     return str(body["metadata"]["name"])
 
 
-def _delete_stages(
-    api: client.ApiClient, component: str | None, node: str | None
-) -> set[tuple[str, str | None]]:
+def _delete_stages(api: SyncKube, component: str | None, node: str | None) -> set[tuple[str, str | None]]:
     """Deletes the matching failure Stages; the (component, node or None) they failed."""
     selector = f"{FAILURE_LABEL}=true"
     if component is not None:
@@ -602,9 +704,7 @@ def _delete_stages(
     return failed
 
 
-def clear_failure(
-    api: client.ApiClient, component: str, node: str | None, *, delete_pods: bool = True
-) -> list[str]:
+def clear_failure(api: SyncKube, component: str, node: str | None, *, delete_pods: bool = True) -> list[str]:
     """Undo :func:`inject_failure` for ``component`` on ``node`` (None: the all-nodes injection).
 
     Pods that start from now on become Ready. A failing pod does not heal in place, so by
@@ -615,7 +715,7 @@ def clear_failure(
     return _delete_pods(api, component, node) if delete_pods else []
 
 
-def clear_all_failures(api: client.ApiClient) -> None:
+def clear_all_failures(api: SyncKube) -> None:
     """Delete every injected failure Stage and the pods it made fail (a failing pod does not heal in
     place; its controller recreates it healthy), so that a test that failed half-way leaves nothing
     failing behind for the next one. Safe without the Stage API."""
@@ -632,7 +732,7 @@ SIM_PREFIX = "gpu-operator.sim/"
 UNSCHEDULABLE = "spec.unschedulable"
 
 
-def emulated_host(api: client.ApiClient, node: str) -> dict[str, str]:
+def emulated_host(api: SyncKube, node: str) -> dict[str, str]:
     """The emulated host of a node: its hardware (the node's `gpu-operator.sim/...` annotations, prefix
     removed: `gpu-model`, `gpu-count`) and the emulators' mirror of its state (its ConfigMap in
     HOSTS_NAMESPACE, hack/emulators/node.py): `validations` (files in /run/nvidia/validations),
@@ -657,18 +757,14 @@ class LabelHistory:
     thread), to check transitions a poll could miss, e.g. a deploy label paused and restored within a
     second."""
 
-    def __init__(
-        self, api: client.ApiClient, node: str, prefixes: tuple[str, ...] = ("nvidia.com/",)
-    ) -> None:
+    def __init__(self, api: SyncKube, node: str, prefixes: tuple[str, ...] = ("nvidia.com/",)) -> None:
         import threading
-
-        from kubernetes import watch
 
         self.node = node
         self.values: dict[str, list[str | None]] = {}
         self._prefixes = prefixes
         self._stop = threading.Event()
-        self._watch = watch.Watch()  # type: ignore[no-untyped-call]
+        self._watch = Watch()
         self._api = client.CoreV1Api(api)
         listed: Any = self._api.list_node(field_selector=f"metadata.name={node}")
         self._record(listed.items[0])
@@ -689,7 +785,7 @@ class LabelHistory:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                for event in self._watch.stream(  # type: ignore[no-untyped-call]
+                for event in self._watch.stream(
                     self._api.list_node,
                     field_selector=f"metadata.name={self.node}",
                     resource_version=self._version,
@@ -705,9 +801,10 @@ class LabelHistory:
                     raise
                 listed: Any = self._api.list_node(field_selector=f"metadata.name={self.node}")
                 self._version = listed.metadata.resource_version
-            except urllib3.exceptions.HTTPError:
-                # The API server ended the stream early ("Response ended prematurely", seen on a loaded
-                # machine): watch again from the last version seen, so no change goes unrecorded.
+            except aiohttp.ClientError:
+                # The API server ended the stream early ("Response payload is not completed", seen on
+                # a loaded machine): watch again from the last version seen, so no change goes
+                # unrecorded.
                 continue
 
     def stop(self) -> dict[str, list[str | None]]:
@@ -715,6 +812,6 @@ class LabelHistory:
         if self._stop.is_set():
             return self.values
         self._stop.set()
-        self._watch.stop()  # type: ignore[no-untyped-call]
+        self._watch.stop()
         self._thread.join(timeout=35)
         return self.values

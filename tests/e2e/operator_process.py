@@ -17,12 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client
-
-from gpu_operator.runtime.client import Kube
 from gpu_operator.runtime.kubeconfig import write_service_account_kubeconfig
 
-from .kube_helpers import SIMULATED_NODE_LABEL, Cluster
+from .kube_helpers import SIMULATED_NODE_LABEL, Cluster, client
 
 ROOT = Path(__file__).resolve().parents[2]
 OPERATOR = Path(sys.executable).parent / "gpu-operator"
@@ -66,7 +63,7 @@ def sa_kubeconfig(
     (gpu_operator.runtime.kubeconfig); with `bound_pod` (a V1Pod) the token is bound to that pod."""
     bound = None if bound_pod is None else (bound_pod.metadata.name, bound_pod.metadata.uid)
     return write_service_account_kubeconfig(
-        Kube(cluster.api), cluster.kubeconfig, namespace, service_account, path, bound_pod=bound
+        cluster.api, cluster.kubeconfig, namespace, service_account, path, bound_pod=bound
     )
 
 

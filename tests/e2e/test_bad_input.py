@@ -9,11 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes
 import pytest
 
 from .conftest import CRD_FILE, install_crds
-from .kube_helpers import Cluster, wait_for
+from .kube_helpers import Cluster, client, wait_for
 from .operator_process import OperatorProcess
 from .test_operator import (
     CONVERGE,
@@ -28,8 +27,6 @@ from .test_operator import (
     policy_from,
     wait_state,
 )
-
-client: Any = kubernetes.client
 
 CRD_NAME = "clusterpolicies.nvidia.com"
 SPEC_SCHEMA = "/spec/versions/0/schema/openAPIV3Schema/properties/spec/properties"

@@ -32,7 +32,8 @@ from gpu_operator.core.components import BY_NAME
 from gpu_operator.core.node_labels import GPU_PRESENT
 from gpu_operator.core.plan import POLICY_CRD
 from gpu_operator.core.upgrade.states import STATE_LABEL
-from gpu_operator.runtime.client import ApiError, Kube, path
+from gpu_operator.runtime.client import ApiError, path
+from gpu_operator.runtime.sync_client import SyncKube
 
 from .chaos import (
     Component,
@@ -65,7 +66,7 @@ class Snapshot:
     nodes: frozenset[str]
 
 
-def snapshot(admin: Kube) -> Snapshot:
+def snapshot(admin: SyncKube) -> Snapshot:
     daemonsets = admin.list("apps/v1", "DaemonSet", NS, MANAGED)
     nodes = admin.list("v1", "Node")
     return Snapshot(
@@ -74,7 +75,7 @@ def snapshot(admin: Kube) -> Snapshot:
     )
 
 
-def honest_and_converged(admin: Kube) -> None:
+def honest_and_converged(admin: SyncKube) -> None:
     policy = admin.get("nvidia.com/v1", "ClusterPolicy", POLICY)
     status = policy.get("status") or {}
     assert status.get("observedGeneration") == policy["metadata"]["generation"], "status is stale"
@@ -94,7 +95,7 @@ def honest_and_converged(admin: Kube) -> None:
 
 
 def assert_invariants(
-    admin: Kube, before: Snapshot, changed: bool = False, nodes: frozenset[str] | None = None
+    admin: SyncKube, before: Snapshot, changed: bool = False, nodes: frozenset[str] | None = None
 ) -> float:
     """The invariants after a fault; seconds until converged."""
     seconds = timed(lambda: honest_and_converged(admin), BOUND, "converged and honest after the fault")
@@ -111,15 +112,15 @@ def assert_invariants(
 
 
 @pytest.fixture(scope="module")
-def admin(cluster: Cluster) -> Kube:
+def admin(cluster: Cluster) -> SyncKube:
     if not cluster.local:
         pytest.skip("faults of the control plane need the local cluster")
-    return Kube(cluster.api)
+    return cluster.api
 
 
 @pytest.fixture(scope="module")
 def operator(
-    cluster: Cluster, admin: Kube, tmp_path_factory: pytest.TempPathFactory
+    cluster: Cluster, admin: SyncKube, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[OperatorProcess]:
     with chart_operator(cluster, tmp_path_factory.mktemp("chaos"), NS) as process:
         apply_seed_config_maps(cluster)  # what the seed sample names, there before it is applied
@@ -127,7 +128,7 @@ def operator(
 
 
 @pytest.fixture
-def converged(cluster: Cluster, admin: Kube, operator: OperatorProcess) -> Iterator[Snapshot]:
+def converged(cluster: Cluster, admin: SyncKube, operator: OperatorProcess) -> Iterator[Snapshot]:
     """The seed sample applied and converged; removed (and the operator healthy) afterwards."""
     if not operator.running:
         operator.start()
@@ -145,7 +146,7 @@ def converged(cluster: Cluster, admin: Kube, operator: OperatorProcess) -> Itera
         assert_survived(operator)
 
 
-def edit_policy(admin: Kube) -> None:
+def edit_policy(admin: SyncKube) -> None:
     """A policy change (a new generation) that every operand DaemonSet follows: a label of ours on
     them, so each rolls (a new generation) without being replaced."""
     body = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": POLICY}}
@@ -153,7 +154,7 @@ def edit_policy(admin: Kube) -> None:
     admin.apply({**body, "spec": spec}, manager="chaos-edit")
 
 
-def wanted_daemonsets(admin: Kube, policy: dict[str, Any], scratch: Path) -> list[str]:
+def wanted_daemonsets(admin: SyncKube, policy: dict[str, Any], scratch: Path) -> list[str]:
     """The operand DaemonSets the planner wants for `policy` on the cluster's nodes, from
     `gpu-operator render` (offline): after the faults there must be exactly these, once each."""
     (scratch / "policy.yaml").write_text(yaml.safe_dump(policy))
@@ -173,7 +174,7 @@ def restore_nodes(cluster: Cluster, gpu: int = 4) -> None:
 
 
 def test_deletions_missed_while_no_watch_was_open_are_forgotten(
-    cluster: Cluster, admin: Kube, operator: OperatorProcess, converged: Snapshot
+    cluster: Cluster, admin: SyncKube, operator: OperatorProcess, converged: Snapshot
 ) -> None:
     """The operator is frozen, a GPU node is deleted, etcd compacted and the API server restarted (its
     watch cache gone): the operator's watches resume from a resourceVersion that is too old (410
@@ -208,13 +209,13 @@ def test_deletions_missed_while_no_watch_was_open_are_forgotten(
         restore_nodes(cluster)
 
 
-def restart(component: Component, admin: Kube) -> None:
+def restart(component: Component, admin: SyncKube) -> None:
     component.kill()
     component.start()
     wait_for(lambda: api_ready(admin), timeout=120, what="API server back")
 
 
-def node_gone(admin: Kube, name: str) -> None:
+def node_gone(admin: SyncKube, name: str) -> None:
     try:
         admin.get("v1", "Node", name)
     except ApiError as exc:
@@ -225,7 +226,7 @@ def node_gone(admin: Kube, name: str) -> None:
 
 
 def test_crd_deleted_and_restored(
-    cluster: Cluster, admin: Kube, operator: OperatorProcess, converged: Snapshot
+    cluster: Cluster, admin: SyncKube, operator: OperatorProcess, converged: Snapshot
 ) -> None:
     """Deleting the CRD deletes every ClusterPolicy (and the garbage collector their operands): the
     operator keeps running, creates the CRD again (operator.createCRD, the chart's default) and
@@ -256,7 +257,7 @@ def test_crd_deleted_and_restored(
 
 
 def test_standby_takes_over_when_the_leader_is_killed(
-    cluster: Cluster, admin: Kube, operator: OperatorProcess, converged: Snapshot
+    cluster: Cluster, admin: SyncKube, operator: OperatorProcess, converged: Snapshot
 ) -> None:
     standby = OperatorProcess(operator.kubeconfig, NS, operator.log_path.with_name("standby.log")).start()
     try:
@@ -287,7 +288,7 @@ def ready_as(process: OperatorProcess, leader: bool) -> bool:
 
 
 def test_black_hole_between_operator_and_api_server(
-    cluster: Cluster, admin: Kube, operator: OperatorProcess, converged: Snapshot
+    cluster: Cluster, admin: SyncKube, operator: OperatorProcess, converged: Snapshot
 ) -> None:
     """A relay that stops forwarding without closing: every call of the operator hangs until its
     timeout. The loop keeps making progress (passes fail fast), liveness holds, and an edit made
@@ -324,7 +325,7 @@ def leads(process: OperatorProcess) -> bool:
 @chaos
 @pytest.mark.parametrize("replicas", [1, 2])
 def test_an_api_server_answering_2_to_8_seconds_late(
-    cluster: Cluster, admin: Kube, operator: OperatorProcess, converged: Snapshot, replicas: int
+    cluster: Cluster, admin: SyncKube, operator: OperatorProcess, converged: Snapshot, replicas: int
 ) -> None:
     """Every answer of the API server held back 2-8 s (a relay; within the 10 s renew deadline): an
     edit is still rolled out, at most one replica leads at any moment, and the only replica never
@@ -366,7 +367,7 @@ def test_an_api_server_answering_2_to_8_seconds_late(
 
 @chaos
 def test_api_server_killed_and_restarted(
-    cluster: Cluster, admin: Kube, operator: OperatorProcess, converged: Snapshot
+    cluster: Cluster, admin: SyncKube, operator: OperatorProcess, converged: Snapshot
 ) -> None:
     apiserver = Component.of(cluster_dir(cluster), "kube-apiserver")
     apiserver.kill()
@@ -382,7 +383,7 @@ def test_api_server_killed_and_restarted(
 
 @chaos
 def test_api_server_paused_90_seconds(
-    cluster: Cluster, admin: Kube, operator: OperatorProcess, converged: Snapshot
+    cluster: Cluster, admin: SyncKube, operator: OperatorProcess, converged: Snapshot
 ) -> None:
     apiserver = Component.of(cluster_dir(cluster), "kube-apiserver")
     managers = [Component.of(cluster_dir(cluster), n) for n in ("kube-controller-manager", "kube-scheduler")]
@@ -411,7 +412,7 @@ def test_api_server_paused_90_seconds(
 
 @chaos
 def test_etcd_restarted(
-    cluster: Cluster, admin: Kube, operator: OperatorProcess, converged: Snapshot
+    cluster: Cluster, admin: SyncKube, operator: OperatorProcess, converged: Snapshot
 ) -> None:
     etcd = Component.of(cluster_dir(cluster), "etcd")
     etcd.kill()
@@ -427,7 +428,7 @@ def test_etcd_restarted(
 @chaos
 @pytest.mark.parametrize("gpu_nodes", [4, 50])
 def test_sigkill_ten_times_while_converging(
-    cluster: Cluster, admin: Kube, operator: OperatorProcess, gpu_nodes: int, tmp_path: Path
+    cluster: Cluster, admin: SyncKube, operator: OperatorProcess, gpu_nodes: int, tmp_path: Path
 ) -> None:
     restore_nodes(cluster, gpu_nodes)
     chance = random.Random(gpu_nodes)
@@ -459,7 +460,7 @@ def test_sigkill_ten_times_while_converging(
 
 @chaos
 def test_fifty_nodes_added_and_deleted_while_converging(
-    cluster: Cluster, admin: Kube, operator: OperatorProcess
+    cluster: Cluster, admin: SyncKube, operator: OperatorProcess
 ) -> None:
     try:
         nodes = snapshot(admin).nodes
@@ -483,7 +484,7 @@ def test_fifty_nodes_added_and_deleted_while_converging(
 @chaos
 @pytest.mark.parametrize(("gpu_nodes", "parallel"), [(10, 3), (50, 5)], ids=["10-nodes", "50-nodes"])
 def test_upgrade_with_driver_and_validator_pods_deleted_at_random(
-    cluster: Cluster, admin: Kube, operator: OperatorProcess, gpu_nodes: int, parallel: int
+    cluster: Cluster, admin: SyncKube, operator: OperatorProcess, gpu_nodes: int, parallel: int
 ) -> None:
     """A driver upgrade of many GPU nodes while driver and validator pods are deleted by hand at random
     moments, as people and NVIDIA's own update test do: every node ends done at the new version,
@@ -543,7 +544,7 @@ class StepClock:
     """Samples every half second which upgrade step each GPU node is at, and how many live driver pods
     each runs: how long each node stayed at each step, and whether one ever ran two."""
 
-    def __init__(self, admin: Kube) -> None:
+    def __init__(self, admin: SyncKube) -> None:
         self.admin = admin
         self.spans: dict[tuple[str, str], list[float]] = {}
         """(node, step) → [first seen, last seen] (monotonic seconds)."""
@@ -587,7 +588,7 @@ DRIVER_COMPONENT = BY_NAME["driver"].component_label
 VALIDATOR_COMPONENT = BY_NAME["operator-validator"].component_label
 
 
-def live_driver_pods(admin: Kube) -> dict[str, int]:
+def live_driver_pods(admin: SyncKube) -> dict[str, int]:
     """Node → its driver pods not being deleted."""
     found: dict[str, int] = {}
     for pod in admin.list("v1", "Pod", NS, f"app.kubernetes.io/component={DRIVER_COMPONENT}"):
@@ -597,7 +598,7 @@ def live_driver_pods(admin: Kube) -> dict[str, int]:
     return found
 
 
-def all_done(admin: Kube, version: str, gpu_nodes: int) -> None:
+def all_done(admin: SyncKube, version: str, gpu_nodes: int) -> None:
     """Every GPU node upgrade-done and uncordoned, its one driver pod Ready at `version`, its validator
     pod Ready and started after that driver pod; the status says up to date."""
     nodes = [n for n in admin.list("v1", "Node") if (n["metadata"].get("labels") or {}).get(GPU_PRESENT)]

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from kubernetes import client
-from kubernetes.client import ApiException
+from kubernetes_asyncio.client import ApiException
+
+from gpu_operator.runtime.sync_client import SyncKube
 
 from .kube_helpers import (
     COMPONENT_LABEL,
@@ -29,12 +30,14 @@ from .kube_helpers import (
     Cluster,
     FailureReason,
     clear_failure,
+    client,
     create_object,
     daemonset_manifest,
     describe_pods,
     inject_failure,
     list_pods,
     pod_is_ready,
+    token_client,
     wait_for,
     wait_for_daemonset,
     waiting_reasons,
@@ -62,7 +65,7 @@ class SimNodes:
 
 
 @pytest.fixture(scope="module")
-def sim(api: client.ApiClient) -> SimNodes:
+def sim(api: SyncKube) -> SimNodes:
     nodes: list[Any] = client.CoreV1Api(api).list_node(label_selector=f"{SIMULATED_NODE_LABEL}=true").items
     names: list[str] = [n.metadata.name for n in nodes]
     if not names:
@@ -116,9 +119,7 @@ def test_nodes_ready_with_labels_and_taints(cluster: Cluster, sim: SimNodes) -> 
             assert taints == [], name
 
 
-def test_daemonset_runs_one_ready_pod_per_gpu_node(
-    api: client.ApiClient, namespace: str, sim: SimNodes
-) -> None:
+def test_daemonset_runs_one_ready_pod_per_gpu_node(api: SyncKube, namespace: str, sim: SimNodes) -> None:
     create_object(
         api, daemonset("gpu-operand", "e2e-operand", node_selector={GPU_NODE_LABEL: "true"}), namespace
     )
@@ -135,7 +136,7 @@ def test_daemonset_runs_one_ready_pod_per_gpu_node(
 
 @pytest.mark.parametrize("reason", ["CrashLoopBackOff", "ImagePullBackOff"])
 def test_failure_injection_and_recovery(
-    api: client.ApiClient, namespace: str, sim: SimNodes, failures: None, reason: FailureReason
+    api: SyncKube, namespace: str, sim: SimNodes, failures: None, reason: FailureReason
 ) -> None:
     component = f"e2e-{reason.lower()}"
     target = sim.gpu[-1]
@@ -178,20 +179,14 @@ def test_failure_injection_and_recovery(
     wait_for_daemonset(api, namespace, "operand", ready=len(sim.gpu), timeout=sim.timeout(60))
 
 
-def test_service_account_token_is_authorized_by_rbac(
-    cluster: Cluster, api: client.ApiClient, namespace: str
-) -> None:
+def test_service_account_token_is_authorized_by_rbac(cluster: Cluster, api: SyncKube, namespace: str) -> None:
     sa = {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "reader"}}
     create_object(api, sa, namespace)
     token = cluster.kubectl("create", "token", "reader", "-n", namespace, "--duration=10m").strip()
     assert token.count(".") == 2, "not a JWT"
 
-    conf = client.Configuration()
-    conf.host = api.configuration.host
-    conf.ssl_ca_cert = api.configuration.ssl_ca_cert
-    conf.verify_ssl = api.configuration.verify_ssl
-    conf.api_key = {"authorization": f"Bearer {token}"}
-    with client.ApiClient(conf) as as_reader:
+    as_reader = token_client(api, token)
+    try:
         reader = client.CoreV1Api(as_reader)
         with pytest.raises(ApiException) as denied:
             reader.list_namespaced_pod(namespace)
@@ -220,9 +215,11 @@ def test_service_account_token_is_authorized_by_rbac(
                 raise AssertionError(f"still {exc.status}") from exc
 
         wait_for(allowed, timeout=30, what="RoleBinding takes effect")
+    finally:
+        as_reader.close()
 
 
-def test_cluster_scoped_owner_reference_and_garbage_collection(api: client.ApiClient, namespace: str) -> None:
+def test_cluster_scoped_owner_reference_and_garbage_collection(api: SyncKube, namespace: str) -> None:
     """Namespaced objects owned by a cluster-scoped one (as operands by a ClusterPolicy)."""
     core, rbac = client.CoreV1Api(api), client.RbacAuthorizationV1Api(api)
     owner: Any = rbac.create_cluster_role(
@@ -258,7 +255,7 @@ def test_cluster_scoped_owner_reference_and_garbage_collection(api: client.ApiCl
     wait_for(collected, timeout=60, what="garbage collector deletes the owned ConfigMap")
 
 
-def test_audit_log_records_each_request_once(cluster: Cluster, api: client.ApiClient, namespace: str) -> None:
+def test_audit_log_records_each_request_once(cluster: Cluster, api: SyncKube, namespace: str) -> None:
     if cluster.audit_log is None:
         pytest.skip("the audit log path is known only for the local kwok cluster")
     audit_log = cluster.audit_log

@@ -10,15 +10,11 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
 
-import kubernetes
 import pytest
 
-from .kube_helpers import Cluster, gpu_nodes
+from .kube_helpers import Cluster, client, gpu_nodes
 from .operator_process import ROOT
-
-client: Any = kubernetes.client
 
 DEMO = ROOT / "hack" / "demo.sh"
 

@@ -21,15 +21,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client, config
 
 from gpu_operator.agent.discovery import FIELD_MANAGER, NFD_CRD
 from gpu_operator.core.components import BY_NAME
 from gpu_operator.core.node_labels import GPU_PRESENT, NFD_PREFIX, owned_label_keys
-from gpu_operator.runtime.client import ApiError, Kube
+from gpu_operator.runtime.client import ApiError
+from gpu_operator.runtime.sync_client import SyncKube
 from hack import gen_nodes
 
-from .kube_helpers import Cluster, list_pods, pod_is_ready, wait_for, wait_timeout
+from .kube_helpers import Cluster, client, list_pods, pod_is_ready, wait_for, wait_timeout
 from .operator_process import OPERATOR, ROOT, OperatorProcess, helm, sa_kubeconfig
 
 pytestmark = pytest.mark.e2e
@@ -249,9 +249,9 @@ def test_the_admission_policy_type_checks(cluster: Cluster, setup: Setup) -> Non
 
 def test_the_agents_token_is_bound_to_its_node(cluster: Cluster, setup: Setup) -> None:
     """What the admission policy relies on: the pod-bound token names the pod's node."""
-    api = config.new_client_from_config(config_file=str(setup.agent_kubeconfig))  # type: ignore[no-untyped-call]
+    api = SyncKube.connect(setup.agent_kubeconfig)
     try:
-        review = Kube(api).request(
+        review = api.request(
             "POST",
             "/apis/authentication.k8s.io/v1/selfsubjectreviews",
             body={"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
@@ -325,10 +325,10 @@ def test_the_agents_token_cannot_change_another_node_or_another_label(
     cluster: Cluster, setup: Setup, what: str, node: str, patch: dict[str, Any], message: str
 ) -> None:
     before = core(cluster).read_node(node)
-    api = config.new_client_from_config(config_file=str(setup.agent_kubeconfig))  # type: ignore[no-untyped-call]
+    api = SyncKube.connect(setup.agent_kubeconfig)
     try:
         with pytest.raises(ApiError) as denied:
-            Kube(api).request(
+            api.request(
                 "PATCH", f"/api/v1/nodes/{node}", body=patch, content_type="application/merge-patch+json"
             )
     finally:

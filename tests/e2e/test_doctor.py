@@ -15,15 +15,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes
 import pytest
-from kubernetes.client import ApiException
+from kubernetes_asyncio.client import ApiException
 
 from gpu_operator.core.components import BY_NAME
 
 from .kube_helpers import (
     Cluster,
     clear_failure,
+    client,
     create_object,
     inject_failure,
     list_pods,
@@ -42,8 +42,6 @@ from .test_operator import (
 
 DRIVER = BY_NAME["driver"].component_label
 """The driver pods' app.kubernetes.io/component label (NVIDIA's `nvidia-driver`)."""
-
-client: Any = kubernetes.client
 
 NS = "gpu-operator"
 POLICY = "cluster-policy"

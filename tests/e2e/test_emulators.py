@@ -9,15 +9,15 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-import kubernetes
 import pytest
-from kubernetes.client import ApiException
+from kubernetes_asyncio.client import ApiException
 
 from .kube_helpers import (
     GPU_RESOURCE,
     GPU_TOLERATION,
     SIMULATED_NODE_LABEL,
     clear_failure,
+    client,
     create_object,
     daemonset_manifest,
     describe_pods,
@@ -28,8 +28,6 @@ from .kube_helpers import (
     pod_is_ready,
     wait_for,
 )
-
-client: Any = kubernetes.client
 
 MANAGED = {"app.kubernetes.io/managed-by": "gpu-operator"}
 TOLERATION = GPU_TOLERATION

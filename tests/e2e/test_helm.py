@@ -17,13 +17,12 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
+from kubernetes_asyncio.client import ApiException
 
 from gpu_operator.core.components import BY_LABEL
 from gpu_operator.core.node_labels import left_on_uninstall, node_info
 
-from .kube_helpers import Cluster, wait_for, wait_timeout
+from .kube_helpers import Cluster, client, wait_for, wait_timeout
 from .operator_process import ROOT, OperatorProcess, helm, run_cleanup_hook, sa_kubeconfig
 
 pytestmark = pytest.mark.e2e

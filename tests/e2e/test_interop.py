@@ -13,15 +13,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import kubernetes
 import pytest
+from kubernetes_asyncio.client import ApiException
 
-from gpu_operator.runtime.client import Kube, path
+from gpu_operator.runtime.client import path
 
 from .conftest import install_crds
 from .kube_helpers import (
     Cluster,
     clear_failure,
+    client,
     emulated_host,
     inject_failure,
     list_pods,
@@ -48,8 +49,6 @@ from .test_operator import (
 sys.path.insert(0, str(ROOT))
 from hack import operand_managers
 
-client: Any = kubernetes.client
-
 DRIVER_MANAGER = "k8s-driver-manager"
 MIG_MANAGER = "nvidia-mig-manager"
 DEPLOY = "nvidia.com/gpu.deploy."
@@ -59,7 +58,7 @@ def manager_patch(
     cluster: Cluster, node: str, manager: str, labels: dict[str, str], merge: bool = False
 ) -> None:
     """A label patch as the operand manager sends it: its own field manager, operation Update."""
-    Kube(cluster.api).request(
+    cluster.api.request(
         "PATCH",
         path("v1", "Node", name=node),
         body={"metadata": {"labels": labels}},
@@ -311,7 +310,7 @@ def no_service_monitor_crd(cluster: Cluster) -> Iterator[None]:
     finally:
         try:
             extensions.delete_custom_resource_definition(SERVICE_MONITOR_CRD_NAME)
-        except kubernetes.client.ApiException as exc:
+        except ApiException as exc:
             if exc.status != 404:
                 raise
         wait_for(gone, timeout=60, what="ServiceMonitor CRD deleted")

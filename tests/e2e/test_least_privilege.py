@@ -14,7 +14,8 @@ import pytest
 import yaml
 
 from gpu_operator.core.ownership import FIELD_MANAGER
-from gpu_operator.runtime.client import ApiError, Kube, load_api_client, path
+from gpu_operator.runtime.client import ApiError, path
+from gpu_operator.runtime.sync_client import SyncKube
 
 from .kube_helpers import Cluster, wait_for
 from .operator_process import OperatorProcess, chart_operator
@@ -26,15 +27,17 @@ EVERYTHING = {"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}
 
 
 @pytest.fixture(scope="module")
-def converged(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Kube, Kube]]:
+def converged(
+    cluster: Cluster, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[SyncKube, SyncKube]]:
     """The operator, converged on a policy with every component (every operand role and binding
     exists); (the operator's token, the admin)."""
     folder = tmp_path_factory.mktemp("least-privilege")
     # everything.yaml names its own RuntimeClass: the chart must be told (its RBAC names it).
     runtime_class = "clusterPolicy.operator.runtimeClass=nvidia-gpu"
     with chart_operator(cluster, folder, NS, "--set", runtime_class) as operator:
-        admin = Kube(cluster.api)
-        token = Kube(load_api_client(folder / "kubeconfig"))
+        admin = cluster.api
+        token = SyncKube.connect(folder / "kubeconfig")
         for body in REFERENCES:
             admin.apply(body, manager="e2e-user")
         apply_policy(cluster, policy_from("everything", "cluster-policy"))
@@ -52,6 +55,7 @@ def converged(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Ite
                     "DELETE",
                     path(body["apiVersion"], body["kind"], metadata.get("namespace", ""), metadata["name"]),
                 )
+            token.close()
             operator.assert_clean_log()
 
 
@@ -86,7 +90,7 @@ so the policy is not applied before these are there): the user's ConfigMaps, Sec
 GENERATED = Path(__file__).resolve().parents[2] / "charts" / "gpu-operator" / "files" / "operand-rbac.yaml"
 
 
-def all_rbac_applied(admin: Kube, operator: OperatorProcess) -> None:
+def all_rbac_applied(admin: SyncKube, operator: OperatorProcess) -> None:
     wanted = yaml.safe_load(GENERATED.read_text())
     for kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
         namespace = NS if kind in ("Role", "RoleBinding") else ""
@@ -108,15 +112,17 @@ def refused(write: Any, *args: Any, **kwargs: Any) -> ApiError:
     return caught.value
 
 
-def apply(kube: Kube, body: dict[str, Any]) -> dict[str, Any]:
+def apply(kube: SyncKube, body: dict[str, Any]) -> dict[str, Any]:
     return kube.apply(body, manager=FIELD_MANAGER, force=True)
 
 
-def role(admin: Kube, kind: str, name: str) -> dict[str, Any]:
+def role(admin: SyncKube, kind: str, name: str) -> dict[str, Any]:
     return admin.get(RBAC, kind, name, NS if kind in ("Role", "RoleBinding") else "")
 
 
-def test_the_operator_created_everything_it_needs(converged: tuple[Kube, Kube], cluster: Cluster) -> None:
+def test_the_operator_created_everything_it_needs(
+    converged: tuple[SyncKube, SyncKube], cluster: Cluster
+) -> None:
     def no_write_refused() -> None:
         status = get_policy(cluster, "cluster-policy").get("status", {})
         error = next((c for c in status.get("conditions", []) if c["type"] == "Error"), None)
@@ -125,7 +131,7 @@ def test_the_operator_created_everything_it_needs(converged: tuple[Kube, Kube], 
     wait_for(no_write_refused, timeout=60, what="a status without refused writes")
 
 
-def test_the_charts_admission_policies_type_check(converged: tuple[Kube, Kube]) -> None:
+def test_the_charts_admission_policies_type_check(converged: tuple[SyncKube, SyncKube]) -> None:
     """kube-controller-manager type-checks each policy's expressions against the kinds it matches and
     writes the result into its status. A policy whose warnings do not fit in a status (3 MiB; one
     policy over all seven kinds had more) is type-checked again and again, seconds of the controller
@@ -144,7 +150,7 @@ def test_the_charts_admission_policies_type_check(converged: tuple[Kube, Kube]) 
     wait_for(checked, timeout=60, what="every admission policy type-checked without warnings")
 
 
-def test_rewriting_an_operand_role_to_everything_is_refused(converged: tuple[Kube, Kube]) -> None:
+def test_rewriting_an_operand_role_to_everything_is_refused(converged: tuple[SyncKube, SyncKube]) -> None:
     token, admin = converged
     for kind in ("ClusterRole", "Role"):
         before = role(admin, kind, "nvidia-driver")
@@ -159,7 +165,7 @@ def test_rewriting_an_operand_role_to_everything_is_refused(converged: tuple[Kub
         assert role(admin, kind, "nvidia-driver")["rules"] == before["rules"]
 
 
-def test_binding_an_operand_role_to_itself_is_refused(converged: tuple[Kube, Kube]) -> None:
+def test_binding_an_operand_role_to_itself_is_refused(converged: tuple[SyncKube, SyncKube]) -> None:
     token, admin = converged
     driver_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "nvidia-driver"}
     attempts: list[dict[str, Any]] = [
@@ -200,7 +206,7 @@ def test_binding_an_operand_role_to_itself_is_refused(converged: tuple[Kube, Kub
     assert gone.value.status == 404
 
 
-def test_foreign_objects_are_out_of_reach(converged: tuple[Kube, Kube]) -> None:
+def test_foreign_objects_are_out_of_reach(converged: tuple[SyncKube, SyncKube]) -> None:
     token, admin = converged
     new_role = {
         "apiVersion": RBAC,
@@ -247,7 +253,7 @@ def test_foreign_objects_are_out_of_reach(converged: tuple[Kube, Kube]) -> None:
     ],
 )
 def test_a_node_is_changed_only_where_the_operator_writes(
-    converged: tuple[Kube, Kube], what: str, change: dict[str, Any]
+    converged: tuple[SyncKube, SyncKube], what: str, change: dict[str, Any]
 ) -> None:
     """RBAC's `patch nodes` covers every field; the chart's policy leaves the token its own labels,
     the upgrade's annotations and the cordon (which the upgrade tests write with this token)."""
@@ -261,7 +267,7 @@ def test_a_node_is_changed_only_where_the_operator_writes(
     assert "evil" not in json.dumps({"metadata": after["metadata"], "spec": after["spec"]}), what
 
 
-def test_its_crd_cannot_get_a_conversion_webhook(converged: tuple[Kube, Kube]) -> None:
+def test_its_crd_cannot_get_a_conversion_webhook(converged: tuple[SyncKube, SyncKube]) -> None:
     token, admin = converged
     name = "clusterpolicies.nvidia.com"
     crd = admin.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name)
@@ -283,7 +289,7 @@ def test_its_crd_cannot_get_a_conversion_webhook(converged: tuple[Kube, Kube]) -
     refused(token.apply, other, manager="escalation", force=True)
 
 
-def test_what_the_token_can_do_is_no_more_than_before(converged: tuple[Kube, Kube]) -> None:
+def test_what_the_token_can_do_is_no_more_than_before(converged: tuple[SyncKube, SyncKube]) -> None:
     token, _admin = converged
     checks = [
         ("*", "*", "*", ""),

@@ -11,15 +11,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import kubernetes
 import pytest
-from kubernetes.client import ApiException
+from kubernetes_asyncio.client import ApiException
 
 from gpu_operator.core.observed import ADOPT_ANNOTATION
-from gpu_operator.runtime.client import ApiError, Kube, gone_or_changed
+from gpu_operator.runtime.client import ApiError, gone_or_changed
 from hack import gen_nodes
 
-from .kube_helpers import Cluster, wait_for
+from .kube_helpers import Cluster, client, wait_for
 from .operator_process import OperatorProcess
 from .test_bad_input import running_operands
 from .test_operator import (
@@ -33,8 +32,6 @@ from .test_operator import (
     policy_from,
     wait_state,
 )
-
-client: Any = kubernetes.client
 
 OURS = {"app.kubernetes.io/managed-by": "gpu-operator"}
 PRESENT = "nvidia.com/gpu.present"
@@ -129,7 +126,7 @@ def admission_policy(cluster: Cluster) -> Iterator[None]:
 
     def in_force() -> None:
         try:
-            Kube(cluster.api).apply(probe, dry_run=True)
+            cluster.api.apply(probe, dry_run=True)
         except ApiError as exc:
             assert "DEBUG must not be set" in exc.message, exc
             return
@@ -408,7 +405,7 @@ def assert_components(found: dict[str, Any], expected: set[str]) -> None:
 def test_a_label_write_never_creates_a_node_whatever_the_credentials(cluster: Cluster) -> None:
     """Server-side apply creates what does not exist, even with a resourceVersion; the node's uid in
     the write is what stops it. Under the admin's credentials, which may create Nodes."""
-    kube = Kube(cluster.api)
+    kube = cluster.api
     core = client.CoreV1Api(cluster.api)
     name = "ghost-node"
     node = core.create_node({"metadata": {"name": name, "labels": {"example.com/ghost": "true"}}})

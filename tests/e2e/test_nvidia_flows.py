@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
 
-from .kube_helpers import Cluster, wait_for, wait_timeout
+from .kube_helpers import Cluster, client, wait_for, wait_timeout
 from .operator_process import ROOT, OperatorProcess, helm, run_cleanup_hook, sa_kubeconfig
 
 pytestmark = pytest.mark.e2e

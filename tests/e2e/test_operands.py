@@ -12,14 +12,15 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-import kubernetes
 import pytest
+from kubernetes_asyncio.client import ApiException
 
 from .kube_helpers import (
     SIMULATED_NODE_LABEL,
     UNSCHEDULABLE,
     Cluster,
     LabelHistory,
+    client,
     emulated_host,
     gpu_nodes,
     list_pods,
@@ -37,8 +38,6 @@ from .test_operator import (
     policy_from,
     wait_state,
 )
-
-client: Any = kubernetes.client
 
 # What GFD v0.20 publishes for the simulated GPUs (hack/emulators/gpus.py, hack/gen_nodes.py).
 PRODUCTS = {"H100-80GB-HBM3": ("NVIDIA-H100-80GB-HBM3", "81559", "hopper", "true"),
@@ -327,7 +326,7 @@ def release(core: Any, pod: str) -> None:
     """Remove the HOLD finalizer (the pod may be gone already)."""
     try:
         core.patch_namespaced_pod(pod, NS, {"metadata": {"finalizers": None}})
-    except kubernetes.client.ApiException as exc:
+    except ApiException as exc:
         if exc.status != 404:
             raise
 

@@ -9,7 +9,6 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-import kubernetes
 import pytest
 import yaml
 
@@ -19,6 +18,7 @@ from gpu_operator.core.node_labels import left_on_uninstall, node_info
 from .kube_helpers import (
     Cluster,
     clear_failure,
+    client,
     emulated_host,
     gpu_nodes,
     inject_failure,
@@ -31,7 +31,6 @@ from .operator_process import ROOT, OperatorProcess
 
 # The generated models type every field Optional; these tests read live objects whose fields are set,
 # so they use the client untyped rather than assert on each attribute.
-client: Any = kubernetes.client
 
 NS = "gpu-operator"
 RELEASE = "gpu-operator"

@@ -17,7 +17,6 @@ from dataclasses import replace
 from types import ModuleType
 from typing import Any
 
-import kubernetes
 import pytest
 from hypothesis import HealthCheck, Phase, assume, given, reject, settings
 from hypothesis import strategies as st
@@ -27,12 +26,11 @@ from gpu_operator.core.node_labels import cluster_facts
 from gpu_operator.core.observed import object_key
 from gpu_operator.core.render import render
 from gpu_operator.core.vetting import Answers, Context, Failure, judge
-from gpu_operator.runtime.client import ApiError, Kube, path
+from gpu_operator.runtime.client import ApiError, path
+from gpu_operator.runtime.sync_client import SyncKube
 
-from .kube_helpers import Cluster
+from .kube_helpers import Cluster, client
 from .operator_process import ROOT
-
-client: Any = kubernetes.client
 
 NS = "gpu-operator"
 EXAMPLES = 40
@@ -72,7 +70,7 @@ def service_monitors_served(cluster: Cluster) -> bool:
     return "servicemonitors.monitoring.coreos.com" in names
 
 
-def crd_accepts(kube: Kube, spec: dict[str, Any]) -> bool:
+def crd_accepts(kube: SyncKube, spec: dict[str, Any]) -> bool:
     body = {
         "apiVersion": "nvidia.com/v1",
         "kind": "ClusterPolicy",
@@ -108,14 +106,15 @@ def crd_accepts(kube: Kube, spec: dict[str, Any]) -> bool:
 def test_what_the_crd_accepts_is_accepted_by_the_api_server_or_reported_invalid(
     cluster: Cluster, operand_namespace: str, spec: dict[str, Any]
 ) -> None:
-    kube = Kube(cluster.api)
+    kube = cluster.api
     assume(crd_accepts(kube, spec))
     try:
         parsed = parse_spec(spec)
     except PolicyError as exc:  # InvalidSpec with every field's path (tests/unit/test_crd_properties.py)
         assert all(e.path.startswith("spec") for e in exc.errors)
         return
-    nodes = client.ApiClient().sanitize_for_serialization(client.CoreV1Api(cluster.api).list_node().items)
+    core = client.CoreV1Api(cluster.api)
+    nodes = core.api_client.sanitize_for_serialization(core.list_node().items)
     # As the operator renders: ServiceMonitors only where their CRD is served (not on the local cluster).
     facts = replace(
         cluster_facts(nodes, operand_namespace, {}, parsed.operator.defaultRuntime),

@@ -22,9 +22,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import kubernetes
 import pytest
-from kubernetes.client import ApiException
+from kubernetes_asyncio.client import ApiException
 
 from gpu_operator.core.components import BY_NAME
 from gpu_operator.core.upgrade.states import (
@@ -36,7 +35,9 @@ from gpu_operator.core.upgrade.states import (
 
 from .kube_helpers import (
     Cluster,
+    Watch,
     clear_failure,
+    client,
     inject_failure,
     list_pods,
     pod_is_ready,
@@ -47,8 +48,6 @@ from .operator_process import OperatorProcess, chart_operator
 from .test_doctor import doctor
 from .test_metrics import scrape, value
 from .test_operator import apply_policy, assert_cleaned_up, get_policy, wait_state
-
-client: Any = kubernetes.client
 
 NS = "gpu-operator"
 NAME = "cluster-policy"
@@ -161,7 +160,7 @@ class Observer:
         self.ready.wait(timeout=30)
         version = listed.metadata.resource_version
         while not self.stop.is_set():
-            watch: Any = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
+            watch = Watch()
             for event in watch.stream(lister, resource_version=version, timeout_seconds=5, **kw):
                 version = event["object"].metadata.resource_version
                 record(event["object"] if event["type"] != "DELETED" else _deleted(event["object"]))
@@ -264,7 +263,7 @@ class ValidatorRestarts:
         placed: set[str] = set()
         """Driver pods seen on their node (DaemonSet pods are bound by the scheduler after creation)."""
         while not self.stop.is_set():
-            watch: Any = kubernetes.watch.Watch()  # type: ignore[no-untyped-call]
+            watch = Watch()
             for event in watch.stream(
                 self.core.list_namespaced_pod,
                 NS,

@@ -498,3 +498,56 @@ def test_pass_cost_plans_a_settled_store_and_measures_each_pass() -> None:
     result = pass_cost.measure(20, changes=3, passes=4)
     assert (result.nodes, result.changes, result.passes) == (20, 3, 4)
     assert 0 <= result.median_ms <= result.max_ms
+
+
+def test_collection_names_the_kind_and_namespace_of_a_path() -> None:
+    from bench import kubeapi, run
+
+    assert kubeapi.collection(run.NODES) == ("v1", "Node", "")
+    assert kubeapi.collection(run.PODS) == ("v1", "Pod", "gpu-operator")
+    assert kubeapi.collection(run.DAEMONSETS) == ("apps/v1", "DaemonSet", "gpu-operator")
+    assert kubeapi.collection(run.POLICIES) == ("nvidia.com/v1", "ClusterPolicy", "")
+    assert kubeapi.collection("/api/v1/namespaces") == ("v1", "Namespace", "")
+    with pytest.raises(ValueError):
+        kubeapi.collection("/apis/example.com/v1/widgets")
+
+
+def test_a_watcher_lists_its_path_and_watches_its_kind_in_its_namespace() -> None:
+    from bench import kubeapi
+
+    class FakeKube:
+        """SyncKube's `request` and `watch`."""
+
+        def __init__(self) -> None:
+            self.listed: list[str] = []
+            self.watched: list[tuple[str, str, dict[str, str], int]] = []
+
+        def request(self, method: str, url: str, query: Any = None, **_: Any) -> dict[str, Any]:
+            self.listed.append(f"{method} {url}")
+            return {"metadata": {"resourceVersion": "5"}, "items": []}
+
+        def watch(self, api_version: str, kind: str, query: dict[str, str], seconds: int) -> Any:
+            self.watched.append((api_version, kind, query, seconds))
+            pod = {"metadata": {"name": "p", "namespace": "gpu-operator", "resourceVersion": "6"}}
+            yield {"type": "ADDED", "object": pod}
+
+    fake = FakeKube()
+    query = {"labelSelector": "a=b", "fieldSelector": "spec.nodeName=n"}
+    watcher = kubeapi.Watcher(fake, "/api/v1/namespaces/gpu-operator/pods", bool, query)  # type: ignore[arg-type]
+    watcher.start(5).wait(5)
+    assert set(watcher.objects) == {"gpu-operator/p"}
+    assert fake.listed == ["GET /api/v1/namespaces/gpu-operator/pods"]
+    selector = "spec.nodeName=n,metadata.namespace=gpu-operator"
+    assert fake.watched == [
+        (
+            "v1",
+            "Pod",
+            {
+                "labelSelector": "a=b",
+                "fieldSelector": selector,
+                "resourceVersion": "5",
+                "allowWatchBookmarks": "true",
+            },
+            kubeapi.WATCH_SECONDS,
+        )
+    ]

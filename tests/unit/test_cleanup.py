@@ -16,8 +16,9 @@ from builders import label_owner, node_body
 
 from gpu_operator import cli
 from gpu_operator.runtime.cleanup import cleanup, operator_labels
-from gpu_operator.runtime.client import ApiError, Kube
+from gpu_operator.runtime.client import ApiError
 from gpu_operator.runtime.kubeconfig import write_service_account_kubeconfig
+from gpu_operator.runtime.sync_client import SyncKube
 
 DEPLOY = "nvidia.com/gpu.deploy.driver"
 
@@ -59,7 +60,7 @@ class FakeKube:
 
 def run(fake: FakeKube, timeout: float = 30.0) -> list[dict[str, Any]]:
     out = io.StringIO()
-    assert cleanup(cast(Kube, fake), "cluster-policy", timeout, out) == 0
+    assert cleanup(cast(SyncKube, fake), "cluster-policy", timeout, out) == 0
     return [json.loads(line) for line in out.getvalue().splitlines()]
 
 
@@ -133,7 +134,7 @@ def test_service_account_kubeconfig(tmp_path: Path) -> None:
 
     out = tmp_path / "sa.yaml"
     write_service_account_kubeconfig(
-        cast(Kube, TokenKube()), tmp_path / "admin.yaml", "ns", "sa", out, 600, bound_pod=("p", "u")
+        cast(SyncKube, TokenKube()), tmp_path / "admin.yaml", "ns", "sa", out, 600, bound_pod=("p", "u")
     )
     written = yaml.safe_load(out.read_text())
     assert out.stat().st_mode & 0o777 == 0o600

@@ -297,7 +297,7 @@ def test_validate_and_crd_do_not_import_kopf() -> None:
 
     program = (
         "import sys; from gpu_operator import cli; cli.main(['crd']); "
-        "assert 'kopf' not in sys.modules and 'kubernetes' not in sys.modules, 'imported'"
+        "assert 'kopf' not in sys.modules and 'kubernetes_asyncio' not in sys.modules, 'imported'"
     )
     result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr

@@ -14,7 +14,8 @@ import yaml
 from gpu_operator import cli, doctor
 from gpu_operator.doctor import recording
 from gpu_operator.doctor.state import ClusterState
-from gpu_operator.runtime.client import ApiError, Kube
+from gpu_operator.runtime.client import ApiError
+from gpu_operator.runtime.sync_client import SyncKube
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "doctor"
 HEALTHY = str(DATA / "healthy.yaml")
@@ -27,7 +28,8 @@ def healthy() -> dict[str, Any]:
 
 
 class FakeKube:
-    """Answers list() from a recorded state's objects; `fail` maps a kind to the ApiError it raises."""
+    """SyncKube's reads: answers list() from a recorded state's objects; `fail` maps a kind to the
+    ApiError it raises."""
 
     def __init__(
         self, objects: Mapping[str, list[dict[str, Any]]], fail: Mapping[str, ApiError] | None = None
@@ -36,6 +38,7 @@ class FakeKube:
         self.fail = dict(fail or {})
         self.logs: list[tuple[str, str, str, int, bool]] = []
         self.listed: list[tuple[str, str, str]] = []
+        self.closed = False
 
     def list(self, api_version: str, kind: str, namespace: str = "", label_selector: str = "") -> list[Any]:
         self.listed.append((kind, namespace, label_selector))
@@ -52,6 +55,9 @@ class FakeKube:
         if name.endswith("-nolog"):
             raise ApiError(500, "InternalError", "dial tcp 10.0.0.1:10250: connect: connection refused")
         return "line 1\nline 2\n"
+
+    def close(self) -> None:
+        self.closed = True
 
 
 def cluster_objects() -> dict[str, list[dict[str, Any]]]:
@@ -148,7 +154,7 @@ def cluster_objects() -> dict[str, list[dict[str, Any]]]:
 
 
 def record(fake: FakeKube, **kwargs: Any) -> ClusterState:
-    return recording.record(cast(Kube, fake), **kwargs)
+    return recording.record(cast(SyncKube, fake), **kwargs)
 
 
 def test_record_keeps_what_the_diagnosis_needs() -> None:
@@ -267,14 +273,18 @@ def test_live_run_and_saved_state(
 ) -> None:
     seen: list[tuple[str | None, str | None]] = []
 
+    made: list[FakeKube] = []
+
     def fake_kube(path: str | None, context: str | None) -> FakeKube:
         seen.append((path, context))
-        return FakeKube(cluster_objects())
+        made.append(FakeKube(cluster_objects()))
+        return made[-1]
 
     monkeypatch.setattr(doctor, "kube_from_kubeconfig", fake_kube)
     saved = tmp_path / "state.json"
     code, out, _ = run(capsys, "--kubeconfig", "k.yaml", "--context", "c", "--save-state", str(saved))
     assert seen == [("k.yaml", "c")]
+    assert made[0].closed, "the client is closed once the cluster is recorded"
     assert code == 1 and "OperandNotReady" in out
     again, replay, _ = run(capsys, "--from-state", str(saved))
     assert (again, replay) == (code, out), "a saved state diagnoses the same"

@@ -15,7 +15,6 @@ from typing import Any, cast
 
 import aiohttp
 import pytest
-import urllib3
 from builders import PCI, operand_daemonset, operand_pod
 
 from gpu_operator.api import parse_spec
@@ -131,30 +130,36 @@ def test_watch_events() -> None:
 
 
 class FakeResponse:
+    """What `ApiClient.call_api(..., _preload_content=False)` answers: aiohttp's response, unread."""
+
     def __init__(self, status: int, body: Mapping[str, Any]) -> None:
         self.status = status
         self.body = json.dumps(body).encode()
 
-    def read(self) -> bytes:
+    async def read(self) -> bytes:
         return self.body
+
+    def release(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class FakeApiClient:
-    """The two ApiClient methods runtime/client.py uses; answers with `status`, or fails to connect."""
+    """The ApiClient methods runtime/client.py uses; answers with `status`, or fails to connect."""
 
     def __init__(self, status: int = 200, connect: bool = True) -> None:
         self.status = status
         self.connect = connect
 
-    def param_serialize(self, **kwargs: Any) -> tuple[str, str, dict[str, str], Any, None]:
-        return kwargs["method"], kwargs["resource_path"], kwargs["header_params"], kwargs["body"], None
-
-    def call_api(
-        self, method: str, url: str, header_params: Any, body: Any, _request_timeout: Any = None
-    ) -> FakeResponse:
+    async def call_api(self, resource_path: str, method: str, **_: Any) -> FakeResponse:
         if not self.connect:
-            raise urllib3.exceptions.NewConnectionError(cast(Any, None), "refused")
+            raise aiohttp.ClientConnectionError("refused")
         return FakeResponse(self.status, {"kind": "Status", "reason": "Invalid", "message": "bad"})
+
+    async def close(self) -> None:
+        pass
 
 
 def kube(status: int = 200, connect: bool = True) -> Kube:
@@ -170,16 +175,17 @@ def test_writes_are_counted_by_verb_kind_and_code() -> None:
 
     applied, rejected, failed = writes("apply", "DaemonSet", "200"), writes("apply", "DaemonSet", "422"), 0.0
     failed = writes("delete", "DaemonSet", "<error>")
-    kube().apply(DAEMONSET)
+    asyncio.run(kube().apply(DAEMONSET))
     with pytest.raises(ApiError):
-        kube(422).apply(DAEMONSET)
-    with pytest.raises(ApiError):
-        kube(connect=False).delete(("apps/v1", "DaemonSet", "ns", "x"))
+        asyncio.run(kube(422).apply(DAEMONSET))
+    with pytest.raises(ApiError) as unanswered:
+        asyncio.run(kube(connect=False).delete(("apps/v1", "DaemonSet", "ns", "x")))
+    assert unanswered.value.status == 0
     assert writes("apply", "DaemonSet", "200") == applied + 1
     assert writes("apply", "DaemonSet", "422") == rejected + 1
     assert writes("delete", "DaemonSet", "<error>") == failed + 1
     statuses = writes("patch", "ClusterPolicy", "200")
-    kube().patch_status("p", {"state": "ready"})
+    asyncio.run(kube().patch_status("p", {"state": "ready"}))
     assert writes("patch", "ClusterPolicy", "200") == statuses + 1
 
 
@@ -193,8 +199,8 @@ def test_reads_are_not_writes() -> None:
         )
 
     before = total()
-    kube().get("v1", "Node", "n")
-    kube().list("v1", "Pod")
+    asyncio.run(kube().get("v1", "Node", "n"))
+    asyncio.run(kube().list("v1", "Pod"))
     assert total() == before
 
 

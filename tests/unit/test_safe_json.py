@@ -3,6 +3,7 @@ sends."""
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import json
 from pathlib import Path
@@ -211,25 +212,25 @@ def test_other_kinds_and_other_layouts_decode_whole() -> None:
 
 
 class RecordingApi:
-    """Just enough of kubernetes.client.ApiClient to see the bytes Kube sends."""
+    """Just enough of kubernetes_asyncio's ApiClient to see the bytes Kube sends."""
 
     def __init__(self) -> None:
         self.sent: Any = None
 
-    def param_serialize(self, **kwargs: Any) -> tuple[str, str, dict[str, str], Any, None]:
-        return kwargs["method"], kwargs["resource_path"], kwargs["header_params"], kwargs["body"], None
-
-    def call_api(
-        self, method: str, url: str, header_params: dict[str, str], body: Any, _request_timeout: Any = None
+    async def call_api(
+        self, resource_path: str, method: str, header_params: dict[str, str], body: Any, **_: Any
     ) -> Any:
         self.sent = (header_params["Content-Type"], body)
-        outer = self
+        answer = body if isinstance(body, bytes) else b"{}"
 
         class Response:
             status = 200
 
-            def read(self) -> bytes:
-                return outer.sent[1] if isinstance(outer.sent[1], bytes) else b"{}"
+            async def read(self) -> bytes:
+                return answer
+
+            def release(self) -> None:
+                pass
 
         return Response()
 
@@ -245,9 +246,11 @@ def test_apply_body_is_yaml_that_keeps_every_character(value: str) -> None:
         "metadata": {"name": "c", "namespace": "n"},
         "data": {"v": value},
     }
-    Kube(api).apply(body)  # type: ignore[arg-type]
+    asyncio.run(Kube(api).apply(body))  # type: ignore[arg-type]
     content_type, sent = api.sent
-    assert content_type == "application/apply-patch+yaml"
+    # The charset keeps kubernetes_asyncio from encoding the body itself (json.dumps) under this type.
+    assert content_type == "application/apply-patch+yaml; charset=utf-8"
+    assert isinstance(sent, bytes)
     text = sent.decode("utf-8")
     # UTF-16 surrogate escapes are what the API server's YAML decoder refuses.
     assert "\\ud8" not in text.lower() and "\\ud" not in text.lower()
