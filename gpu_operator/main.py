@@ -253,6 +253,7 @@ def connection_info(configuration: Any, header: str | None) -> kopf.ConnectionIn
         token=token,
         certificate_path=configuration.cert_file,
         private_key_path=configuration.key_file,
+        proxy_url=configuration.proxy,
     )
 
 

@@ -18,6 +18,9 @@ needs. lightkube would bring httpx and a second model layer for the same request
 
 from __future__ import annotations
 
+import os
+import urllib.parse
+import urllib.request
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -171,25 +174,56 @@ async def connect(
     """A client with its own configuration (never the package's global one, so several can live in one
     process): the kubeconfig when one is given, else in-cluster credentials when running in a pod, else
     $KUBECONFIG or ~/.kube/config. `pool_size`: connections at once (a watch holds one the whole
-    time). Raises ConfigException (or OSError) when none works. The library's own refresh hooks
-    re-read an in-cluster token or an exec plugin's credentials when they are due."""
+    time; None: no limit). Raises ConfigException (or OSError) when none works. The library's own
+    refresh hooks re-read an in-cluster token or an exec plugin's credentials when they are due."""
     configuration = client.Configuration()
     try:
         if kubeconfig is not None or context is not None:
             raise config.ConfigException("a kubeconfig was asked for")
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except config.ConfigException:
+        files = kubeconfig_files(kubeconfig)
+        if not any(os.path.isfile(each) for each in files):
+            # Said here, in one line: the loader would log a warning of its own first.
+            raise config.ConfigException(
+                f"no kubeconfig at {os.pathsep.join(files)}, and not running in a cluster"
+            ) from None
         await config.load_kube_config(
-            config_file=None if kubeconfig is None else str(kubeconfig),
-            context=context,
-            client_configuration=configuration,
+            config_file=os.pathsep.join(files), context=context, client_configuration=configuration
         )
-    if pool_size is not None:
-        configuration.connection_pool_maxsize = pool_size
+    configuration.connection_pool_maxsize = pool_size or 0  # aiohttp's 0: no limit
+    if configuration.proxy is None:
+        configuration.proxy = environment_proxy(configuration.host or "")
     api = client.ApiClient(configuration)
     if user_agent:
         api.user_agent = user_agent
+    # The library opens its session with trust_env: every request then looks up ~/.netrc and the proxy
+    # environment, each on a worker thread, for settings that do not change (measured:
+    # bench/README.md). The same connector under a session that reads neither; the environment's
+    # proxy, read once above, is the configuration's.
+    library_session = api.rest_client.pool_manager
+    connector = library_session.connector
+    library_session.detach()
+    api.rest_client.pool_manager = aiohttp.ClientSession(connector=connector, read_bufsize=2**21)
     return api
+
+
+def kubeconfig_files(kubeconfig: str | Path | None) -> list[str]:
+    """The kubeconfig files to read: the one asked for, else $KUBECONFIG's (a path list), else
+    ~/.kube/config."""
+    listed = str(kubeconfig) if kubeconfig is not None else os.environ.get("KUBECONFIG", "")
+    return [os.path.expanduser(each) for each in listed.split(os.pathsep) if each] or [
+        os.path.expanduser("~/.kube/config")
+    ]
+
+
+def environment_proxy(host: str) -> str | None:
+    """The proxy $HTTPS_PROXY / $HTTP_PROXY name for the API server at `host`, unless $NO_PROXY
+    exempts it; None for none."""
+    url = urllib.parse.urlsplit(host)
+    if not url.hostname or urllib.request.proxy_bypass(url.hostname):
+        return None
+    return urllib.request.getproxies().get(url.scheme)
 
 
 DEFAULT_TIMEOUT: Timeout = (5.0, 30.0)
@@ -246,8 +280,8 @@ class Kube:
                 body=body,
                 auth_settings=["BearerToken"],
                 _preload_content=False,
-                _request_timeout=timeout
-                or aiohttp.ClientTimeout(connect=connect, sock_connect=connect, sock_read=read),
+                # Not `connect`, which counts the wait for a free connection of the pool too.
+                _request_timeout=timeout or aiohttp.ClientTimeout(sock_connect=connect, sock_read=read),
             )
             status = response.status
         except FAILED_CONNECTIONS as exc:

@@ -39,7 +39,11 @@ class SyncKube:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="gpu-operator-client", daemon=True)
         self.thread.start()
-        self.kube = self.run(make())
+        try:
+            self.kube = self.run(make())
+        except BaseException:
+            self._stop_loop()
+            raise
 
     @classmethod
     def connect(
@@ -65,6 +69,9 @@ class SyncKube:
         if self.loop.is_closed():
             return
         self.run(self.kube.close())
+        self._stop_loop()
+
+    def _stop_loop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join()
         self.loop.close()
