@@ -6,8 +6,8 @@ posted on transitions only."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -26,7 +26,7 @@ from gpu_operator.core.psa import PREVIOUS_ANNOTATION, PSA_LABELS, NamespaceInfo
 from gpu_operator.core.render import render as core_render
 from gpu_operator.core.status import progress_only, status_body
 from gpu_operator.runtime.client import ApiError, Kube, NotLeader
-from gpu_operator.runtime.reconciler import Reconciler
+from gpu_operator.runtime.reconciler import Outcome, Reconciler
 from gpu_operator.runtime.settings import Settings
 from gpu_operator.runtime.store import Store
 
@@ -35,8 +35,9 @@ RUNTIME_CLASS = ("node.k8s.io/v1", "RuntimeClass", "", "nvidia")
 
 
 class FakeKube:
-    """Records writes and questions; answers like the API server would (generation, resourceVersion,
-    managedFields), for objects it knows (`existing`, metadata of objects not in the caches)."""
+    """Kube's calls (coroutines, as client.Kube's are). Records writes and questions; answers like the
+    API server would (generation, resourceVersion, managedFields), for objects it knows (`existing`,
+    metadata of objects not in the caches)."""
 
     def __init__(
         self,
@@ -65,7 +66,9 @@ class FakeKube:
         self.version = 0
         self.managers: list[str] = []
 
-    def metadata(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any] | None:
+    async def metadata(
+        self, api_version: str, kind: str, name: str, namespace: str = ""
+    ) -> dict[str, Any] | None:
         self.lookups.append((kind, name))
         if kind == "Secret":
             return {"metadata": {"name": name}} if name in self.secrets else None
@@ -74,7 +77,7 @@ class FakeKube:
         found = self.existing.get((api_version, kind, namespace, name))
         return None if found is None else {"metadata": found}
 
-    def apply(
+    async def apply(
         self, body: Mapping[str, Any], manager: str = "gpu-operator", dry_run: bool = False
     ) -> dict[str, Any]:
         name = body["metadata"]["name"]
@@ -97,10 +100,10 @@ class FakeKube:
         }
         return {**body, "metadata": metadata}
 
-    def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
+    async def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
         raise ApiError(404, "NotFound", f"{kind} {name}")
 
-    def apply_node_labels(
+    async def apply_node_labels(
         self, node: str, labels: Mapping[str, str], uid: str, resource_version: str = ""
     ) -> dict[str, Any]:
         if node in self.reject:
@@ -118,18 +121,27 @@ class FakeKube:
         )
         return copy.deepcopy(self.written[node])
 
-    def rewrite_labels(self, kind: str, name: str, changes: Mapping[str, tuple[str, str | None]]) -> None:
+    async def rewrite_labels(
+        self, kind: str, name: str, changes: Mapping[str, tuple[str, str | None]]
+    ) -> None:
         self.rewritten[kind, name] = dict(changes)
 
-    def delete(self, key: ObjectKey) -> None:
+    async def delete(self, key: ObjectKey) -> None:
         self.deleted.append(key)
 
-    def patch_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
+    async def patch_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         self.statuses.append(dict(status))
         return {}
 
-    def post_event(self, policy: Mapping[str, str], type_: str, reason: str, message: str, now: str) -> None:
+    async def post_event(
+        self, policy: Mapping[str, str], type_: str, reason: str, message: str, now: str
+    ) -> None:
         self.events.append((type_, reason))
+
+
+def run_once(rec: Reconciler) -> Outcome:
+    """One pass, on an event loop of its own (the operator runs its passes on Kopf's)."""
+    return asyncio.run(rec.run_once())
 
 
 def reconciler(fake: FakeKube, spec: dict[str, Any] | None = None) -> Reconciler:
@@ -166,42 +178,57 @@ def test_a_label_write_goes_into_the_store_at_once_and_its_watch_event_wakes_no_
     version the first write replaced (409 Conflict at the API server), nor pass again for the event."""
     fake = FakeKube()
     rec = reconciler(fake)
-    rec.run_once()
+    run_once(rec)
     assert fake.labels["gpu-0"]["nvidia.com/gpu.deploy.driver"] == "true"
     node = rec.store.get("nodes", "gpu-0")
     assert node.resource_version == fake.written["gpu-0"]["metadata"]["resourceVersion"]
     assert node.labels["nvidia.com/gpu.deploy.driver"] == "true"
     fake.labels.clear()
-    rec.run_once()
+    run_once(rec)
     assert fake.labels == {}, "nothing written again"
     assert not rec.store.record_node(copy.deepcopy(fake.written["gpu-0"]), False), "the echo changes nothing"
+
+
+async def arrives(event: asyncio.Event, guard: float = 5.0) -> bool:
+    """Wait for `event`; False if it is not set within `guard` seconds (a guard against a pass that
+    would wait for it forever, not a bound on how long anything takes)."""
+    try:
+        await asyncio.wait_for(event.wait(), guard)
+    except TimeoutError:
+        return False
+    return True
 
 
 def test_node_labels_go_out_while_the_objects_are_applied_not_after() -> None:
     """The first stage of a rollout: the driver's deploy label need not wait for every component's
     ServiceAccount, RBAC and DaemonSet to be applied (most of a 10-node rollout's first second)."""
-    labelled = threading.Event()
+    labelling, applying = asyncio.Event(), asyncio.Event()
     stalled: list[str] = []
 
     class SlowDaemonSets(FakeKube):
-        def apply(
+        async def apply(
             self, body: Mapping[str, Any], manager: str = "gpu-operator", dry_run: bool = False
         ) -> dict[str, Any]:
-            # An API server slow to write DaemonSets: each waits until the label is written (or gives
-            # up on it: a DaemonSet written before the label, that the label waited for).
-            if not dry_run and body["kind"] == "DaemonSet" and not labelled.wait(5.0):
-                stalled.append(body["metadata"]["name"])
-            return super().apply(body, manager, dry_run)
+            # An API server slow to write DaemonSets and labels: each DaemonSet's apply waits until a
+            # label write is under way, and each label write until a DaemonSet's apply is (or gives up
+            # on it: one written only after the other, that waited for it). Both answered: both were
+            # in flight at the same time.
+            if not dry_run and body["kind"] == "DaemonSet":
+                applying.set()
+                if not await arrives(labelling):
+                    stalled.append(body["metadata"]["name"])
+            return await super().apply(body, manager, dry_run)
 
-        def apply_node_labels(
+        async def apply_node_labels(
             self, node: str, labels: Mapping[str, str], uid: str, resource_version: str = ""
         ) -> dict[str, Any]:
-            written = super().apply_node_labels(node, labels, uid, resource_version)
-            labelled.set()
-            return written
+            labelling.set()
+            if not await arrives(applying):
+                stalled.append(f"node {node}")
+            return await super().apply_node_labels(node, labels, uid, resource_version)
 
     fake = SlowDaemonSets()
-    reconciler(fake).run_once()
+    run_once(reconciler(fake))
     assert stalled == [], "the DaemonSets waited for a label that waited for them"
     assert fake.labels["gpu-0"]["nvidia.com/gpu.deploy.driver"] == "true"
     assert any(key[1] == "DaemonSet" for key in fake.applied)
@@ -214,15 +241,15 @@ def test_objects_go_in_waves_the_labelled_components_daemonset_after_its_own_obj
     path."""
 
     class TakesTime(FakeKube):
-        def apply(
+        async def apply(
             self, body: Mapping[str, Any], manager: str = "gpu-operator", dry_run: bool = False
         ) -> dict[str, Any]:
             if not dry_run:
-                time.sleep(0.01)  # each write a round trip, as on an API server
-            return super().apply(body, manager, dry_run)
+                await asyncio.sleep(0.01)  # each write a round trip, as on an API server
+            return await super().apply(body, manager, dry_run)
 
     fake = TakesTime()
-    reconciler(fake).run_once()
+    run_once(reconciler(fake))
     order = {key: index for index, key in enumerate(fake.applied)}
     components = {object_key(b): component_of(b["metadata"]) for b in fake.bodies}
     daemonsets = [key for key in order if key[1] == "DaemonSet"]
@@ -242,26 +269,26 @@ def test_the_first_stages_daemonset_does_not_queue_behind_the_node_labels() -> N
     """60 nodes, each label write slow: the driver's DaemonSet goes out while they are written, not
     after the last of them."""
     done: list[str] = []
-    daemonset = threading.Event()
+    daemonset = asyncio.Event()
 
     class Busy(FakeKube):
-        def apply(
+        async def apply(
             self, body: Mapping[str, Any], manager: str = "gpu-operator", dry_run: bool = False
         ) -> dict[str, Any]:
-            written = super().apply(body, manager, dry_run)
+            written = await super().apply(body, manager, dry_run)
             if not dry_run:
                 done.append(body["metadata"]["name"])
                 if body["metadata"]["name"] == "nvidia-driver-daemonset":
                     daemonset.set()
             return written
 
-        def apply_node_labels(
+        async def apply_node_labels(
             self, node: str, labels: Mapping[str, str], uid: str, resource_version: str = ""
         ) -> dict[str, Any]:
             # An API server slow to write labels: each waits until the driver's DaemonSet is written
             # (or gives up on it: a label write the DaemonSet queued behind).
-            daemonset.wait(5.0)
-            written = super().apply_node_labels(node, labels, uid, resource_version)
+            await arrives(daemonset)
+            written = await super().apply_node_labels(node, labels, uid, resource_version)
             done.append(f"node {node}")
             return written
 
@@ -269,7 +296,7 @@ def test_the_first_stages_daemonset_does_not_queue_behind_the_node_labels() -> N
     rec = reconciler(fake)
     for index in range(1, 60):
         rec.store.put("nodes", f"gpu-{index}", watched_node(f"gpu-{index}"))
-    rec.run_once()
+    run_once(rec)
     assert len(fake.labels) == 60
     last_label = max(index for index, name in enumerate(done) if name.startswith("node "))
     assert done.index("nvidia-driver-daemonset") < last_label
@@ -299,7 +326,7 @@ def refusal(field: str, message: str) -> ApiError:
 def test_a_change_is_proven_then_written_and_a_second_pass_asks_nothing() -> None:
     fake = FakeKube()
     rec = reconciler(fake)
-    rec.run_once()
+    run_once(rec)
     assert fake.applied and fake.labels and fake.statuses
     # Every object was dry-run before the first real write, and looked up (not in the caches).
     assert sorted(fake.dry_runs) == sorted(fake.applied)
@@ -309,7 +336,7 @@ def test_a_change_is_proven_then_written_and_a_second_pass_asks_nothing() -> Non
     ) in fake.lookups
     settle(rec, fake)
     before = (len(fake.applied), len(fake.dry_runs), len(fake.lookups), len(fake.statuses), len(fake.events))
-    outcome = rec.run_once()
+    outcome = run_once(rec)
     assert not outcome.errors
     assert (
         len(fake.applied),
@@ -332,13 +359,13 @@ def test_the_passes_of_a_reconciler_share_the_cores_caches(monkeypatch: pytest.M
     monkeypatch.setattr(plan, "render", render)
     fake = FakeKube()
     rec = reconciler(fake)
-    rec.run_once()
+    run_once(rec)
     settle(rec, fake)
-    rec.run_once()
+    run_once(rec)
     assert renders == ["render"]
     again = Reconciler(cast(Kube, fake), rec.store, Settings(stale_wait_seconds=0.05), crd_current=True)
     assert again.memory.caches is not rec.memory.caches
-    again.run_once()
+    run_once(again)
     assert renders == ["render", "render"]
 
 
@@ -347,7 +374,7 @@ def test_a_refused_dry_run_writes_nothing_and_names_the_policy_field() -> None:
     path = "spec.template.spec.containers[0].resources.requests"
     fake = FakeKube(reject={PLUGIN: refusal(path, 'Invalid value: "2": must be less than or equal to 1')})
     spec = {"devicePlugin": {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "3"}}}}
-    outcome = reconciler(fake, spec).run_once()
+    outcome = run_once(reconciler(fake, spec))
     assert fake.applied == [] and fake.deleted == []  # all or nothing
     assert fake.labels == {}  # nothing known to run (a fresh start): no labels either
     error = error_of(fake.statuses[-1])
@@ -360,13 +387,13 @@ def test_a_refused_dry_run_writes_nothing_and_names_the_policy_field() -> None:
 def test_a_refused_generation_keeps_the_last_one_running_and_new_nodes_still_get_labels() -> None:
     fake = FakeKube()
     rec = reconciler(fake)
-    rec.run_once()
+    run_once(rec)
     settle(rec, fake)
     written = len(fake.applied)
     fake.reject[PLUGIN] = refusal("spec.template.spec.priorityClassName", "Invalid value")
     edit(rec, {"devicePlugin": {"env": [{"name": "A", "value": "b"}]}})
     rec.store.put("nodes", "gpu-1", watched_node("gpu-1"))  # joins while the new generation is refused
-    rec.run_once()
+    run_once(rec)
     assert len(fake.applied) == written  # the running generation's objects untouched
     assert "nvidia.com/gpu.present" in fake.labels["gpu-1"]
     assert fake.labels["gpu-1"].get("nvidia.com/gpu.deploy.driver") == "true"
@@ -377,7 +404,7 @@ def test_a_refused_generation_keeps_the_last_one_running_and_new_nodes_still_get
     # The next valid edit converges.
     del fake.reject[PLUGIN]
     edit(rec, {})
-    outcome = rec.run_once()
+    outcome = run_once(rec)
     assert not outcome.errors and len(fake.applied) == written  # generation 3 is generation 1's content
 
 
@@ -389,7 +416,7 @@ def test_a_typed_patch_500_is_a_refusal_and_does_not_stop_the_pass() -> None:
     fake = FakeKube(reject={PLUGIN: ApiError(500, "", message)})
     rec = reconciler(fake, {"daemonsets": {"podSecurityContext": {"runAsUser": 0}}})
     rec.store.put("nodes", "gpu-0", watched_node())
-    rec.run_once()
+    run_once(rec)
     error = error_of(fake.statuses[-1])
     assert error["reason"] == "InvalidSpec", error
     assert "spec.daemonsets.podSecurityContext.runAsUser: expected numeric" in error["message"], error
@@ -397,7 +424,7 @@ def test_a_typed_patch_500_is_a_refusal_and_does_not_stop_the_pass() -> None:
 
 def test_an_api_failure_while_proving_writes_nothing_and_retries() -> None:
     fake = FakeKube(reject={PLUGIN: ApiError(503, "ServiceUnavailable", "etcd leader changed")})
-    outcome = reconciler(fake).run_once()
+    outcome = run_once(reconciler(fake))
     assert fake.applied == []
     error = error_of(fake.statuses[-1])
     assert error["reason"] == "ReconcileFailed" and "etcd leader changed" in error["message"]
@@ -407,13 +434,13 @@ def test_an_api_failure_while_proving_writes_nothing_and_retries() -> None:
 def test_a_failed_write_does_not_stop_the_rest_and_nothing_is_deleted() -> None:
     fake = FakeKube()
     rec = reconciler(fake)
-    rec.run_once()
+    run_once(rec)
     settle(rec, fake)
     # runtimeClass renamed: the new RuntimeClass fails to be written after a good dry run.
     fake.reject_writes["nvidia-two"] = ApiError(503, "ServiceUnavailable", "etcd")
     edit(rec, {"operator": {"runtimeClass": "nvidia-two"}})
     rec.store.put("nodes", "gpu-1", watched_node("gpu-1"))
-    outcome = rec.run_once()
+    outcome = run_once(rec)
     assert "pre-requisites" in outcome.errors
     assert fake.deleted == []  # the RuntimeClass the running pods use stays
     assert any(key[3] == "nvidia-container-toolkit-daemonset" for key in fake.applied[-20:])
@@ -428,17 +455,17 @@ def test_a_replica_that_lost_the_lease_stops_the_pass_at_once() -> None:
     # Every write asks the lease (kube.Kube may_write): the labels written alongside are refused too.
     fake = FakeKube(reject={"gpu-0": NotLeader()}, reject_writes={PLUGIN: NotLeader()})
     with pytest.raises(NotLeader):
-        reconciler(fake).run_once()
+        run_once(reconciler(fake))
     assert fake.statuses == [] and fake.labels == {}
 
 
 def test_old_objects_go_only_once_their_replacements_are_written() -> None:
     fake = FakeKube()
     rec = reconciler(fake)
-    rec.run_once()
+    run_once(rec)
     settle(rec, fake)
     edit(rec, {"operator": {"runtimeClass": "nvidia-two"}})
-    rec.run_once()
+    run_once(rec)
     assert fake.deleted == [RUNTIME_CLASS]
     assert ("node.k8s.io/v1", "RuntimeClass", "", "nvidia-two") in fake.applied
 
@@ -449,7 +476,7 @@ def test_missing_references_refuse_the_change_naming_the_field() -> None:
         "daemonsets": {"priorityClassName": "no-such-priority-class"},
         "devicePlugin": {"imagePullSecrets": ["registry-key"], "config": {"name": "plugin-config"}},
     }
-    outcome = reconciler(fake, spec).run_once()
+    outcome = run_once(reconciler(fake, spec))
     assert fake.applied == [] and fake.dry_runs == []  # refused before any dry run
     error = error_of(fake.statuses[-1])
     assert error["reason"] == "PrerequisiteNotMet", error
@@ -479,7 +506,7 @@ def test_pull_secrets_cost_one_walk_of_the_policy_and_one_lookup_each(
     def run(names: list[str]) -> tuple[int, list[str]]:
         walks.clear()
         fake = FakeKube()
-        reconciler(fake, {section: {"imagePullSecrets": names} for section in sections}).run_once()
+        run_once(reconciler(fake, {section: {"imagePullSecrets": names} for section in sections}))
         assert "spec.driver.imagePullSecrets[0]: Secret" in error_of(fake.statuses[-1])["message"]
         return len(walks), [name for kind, name in fake.lookups if kind == "Secret"]
 
@@ -495,19 +522,19 @@ def test_the_device_plugin_config_needs_its_default_key() -> None:
     fake = FakeKube()
     rec = reconciler(fake, {"devicePlugin": {"config": {"name": "plugin-config", "default": "any"}}})
     rec.store.put("config_maps", "plugin-config", ("a100", "h100"))
-    rec.run_once()
+    run_once(rec)
     assert fake.applied == []
     error = error_of(fake.statuses[-1])
     assert "spec.devicePlugin.config.default: ConfigMap 'plugin-config' has no key 'any'" in error["message"]
     rec.store.put("config_maps", "plugin-config", ("a100", "any"))
-    assert not rec.run_once().errors and fake.applied
+    assert not run_once(rec).errors and fake.applied
 
 
 def test_an_object_of_our_name_that_is_someone_elses_is_a_conflict_the_rest_converges() -> None:
     fake = FakeKube()
     key = ("rbac.authorization.k8s.io/v1", "ClusterRole", "", "nvidia-driver")
     fake.existing[key] = {"name": "nvidia-driver", "managedFields": [{"manager": "kubectl-create"}]}
-    outcome = reconciler(fake).run_once()
+    outcome = run_once(reconciler(fake))
     assert not any(k[3] == "nvidia-driver" or k[3] == "nvidia-driver-daemonset" for k in fake.applied)
     assert any(k[3] == PLUGIN for k in fake.applied)  # other components converge
     status = fake.statuses[-1]
@@ -531,7 +558,7 @@ def test_an_object_handed_over_or_controlled_by_the_policy_is_taken_over() -> No
         ],
         "managedFields": [{"manager": "gpu-operator", "operation": "Update"}],
     }
-    outcome = reconciler(fake).run_once()
+    outcome = run_once(reconciler(fake))
     assert handed in fake.applied and nvidias in fake.applied
     assert not outcome.errors
 
@@ -540,14 +567,14 @@ def test_a_label_write_on_a_node_gone_meanwhile_is_stale_not_an_error() -> None:
     fake = FakeKube(
         reject={"gpu-0": ApiError(409, "Conflict", "uid mismatch: the provided object specified uid x")}
     )
-    outcome = reconciler(fake).run_once()
+    outcome = run_once(reconciler(fake))
     assert outcome.stale == ("node/gpu-0",) and "node/gpu-0" not in outcome.errors
     fake = FakeKube(
         reject={
             "gpu-0": ApiError(422, "Invalid", 'Node "gpu-0" is invalid: metadata.uid: field is immutable')
         }
     )
-    assert reconciler(fake).run_once().stale == ("node/gpu-0",)
+    assert run_once(reconciler(fake)).stale == ("node/gpu-0",)
 
 
 def test_label_writes_carry_the_planned_node_uid_and_version_and_a_conflict_retries() -> None:
@@ -556,10 +583,10 @@ def test_label_writes_carry_the_planned_node_uid_and_version_and_a_conflict_retr
     rec.store.put("nodes", "gpu-0", gpu_node(uid="u0", resource_version="41"))
     # A newer resourceVersion alone replaces the entry (so the next write carries it) but is no change.
     assert not rec.store.put("nodes", "gpu-0", gpu_node(uid="u0", resource_version="42"))
-    rec.run_once()
+    run_once(rec)
     assert fake.versions == {"gpu-0": ("u0", "42")}
     conflict = FakeKube(reject={"gpu-0": ApiError(409, "Conflict", "the object has been modified")})
-    outcome = reconciler(conflict).run_once()
+    outcome = run_once(reconciler(conflict))
     # Not an error of the policy: the loop runs another pass on a fresh view.
     assert outcome.stale == ("node/gpu-0",) and not outcome.errors
 
@@ -574,21 +601,21 @@ def test_a_stale_label_write_reads_the_node_so_the_next_pass_writes_on_its_new_v
     pass would write on it again until its event came."""
 
     class Moved(FakeKube):
-        def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
+        async def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
             self.lookups.append((kind, name))
             return node_at_57(name, {PCI: "true", "feature.node.kubernetes.io/gfd": "yes"})
 
     fake = Moved(reject={"gpu-0": ApiError(409, "Conflict", "the object has been modified")})
     rec = reconciler(fake)
     rec.store.put("nodes", "gpu-0", gpu_node(uid="u0", resource_version="41"))
-    assert rec.run_once().stale == ("node/gpu-0",)
+    assert run_once(rec).stale == ("node/gpu-0",)
     assert fake.lookups.count(("Node", "gpu-0")) == 1
     assert rec.store.get("nodes", "gpu-0").resource_version == "57"
     # The node's late watch event, older than what was read, does not take the Store back.
     late = node_body("gpu-0", {PCI: "true"}, uid="u0", resource_version="49")
     assert not rec.store.record_node(late, False)
     del fake.reject["gpu-0"]
-    rec.run_once()
+    run_once(rec)
     assert fake.versions["gpu-0"] == ("u0", "57")
 
 
@@ -597,7 +624,7 @@ def test_a_label_write_refused_only_because_the_version_moved_goes_again_at_once
     the plan read: the same write goes again on the new version, in the same pass."""
 
     class Touched(FakeKube):
-        def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
+        async def get(self, api_version: str, kind: str, name: str, namespace: str = "") -> dict[str, Any]:
             self.lookups.append((kind, name))
             del self.reject[name]  # the next write finds the node as read
             return node_at_57(name, {PCI: "true"})
@@ -605,7 +632,7 @@ def test_a_label_write_refused_only_because_the_version_moved_goes_again_at_once
     fake = Touched(reject={"gpu-0": ApiError(409, "Conflict", "the object has been modified")})
     rec = reconciler(fake)
     rec.store.put("nodes", "gpu-0", gpu_node(uid="u0", resource_version="41"))
-    outcome = rec.run_once()
+    outcome = run_once(rec)
     assert outcome.stale == () and not outcome.errors
     assert fake.versions["gpu-0"] == ("u0", "57")
     assert fake.labels["gpu-0"]["nvidia.com/gpu.deploy.driver"] == "true"
@@ -616,22 +643,22 @@ def test_a_refused_label_write_takes_the_new_version_from_the_watch_without_read
     the write goes again on it at once, and the node is never read."""
 
     class Watched(FakeKube):
-        def apply_node_labels(
+        async def apply_node_labels(
             self, node: str, labels: Mapping[str, str], uid: str, resource_version: str = ""
         ) -> dict[str, Any]:
             if node in self.reject:
                 del self.reject[node]
                 moved = replace(rec.store.get("nodes", node), resource_version="57")
-                later = threading.Timer(0.02, rec.store.put, ("nodes", node, moved))
-                later.start()
+                # The watch event comes while the refused write waits for it.
+                asyncio.get_running_loop().call_later(0.02, rec.store.put, "nodes", node, moved)
                 raise ApiError(409, "Conflict", "the object has been modified")
-            return super().apply_node_labels(node, labels, uid, resource_version)
+            return await super().apply_node_labels(node, labels, uid, resource_version)
 
     fake = Watched(reject={"gpu-0": ApiError(409, "Conflict", "the object has been modified")})
     rec = reconciler(fake)
     rec.settings = replace(rec.settings, stale_wait_seconds=5.0)
     rec.store.put("nodes", "gpu-0", gpu_node(uid="u0", resource_version="41"))
-    outcome = rec.run_once()
+    outcome = run_once(rec)
     assert outcome.stale == () and not outcome.errors
     assert fake.versions["gpu-0"] == ("u0", "57") and ("Node", "gpu-0") not in fake.lookups
 
@@ -641,12 +668,12 @@ def moved_while_proving(node: NodeInfo) -> tuple[FakeKube, Reconciler]:
     (before any label write goes out)."""
 
     class Watched(FakeKube):
-        def apply(
+        async def apply(
             self, body: Mapping[str, Any], manager: str = "gpu-operator", dry_run: bool = False
         ) -> dict[str, Any]:
             if dry_run:
                 rec.store.put("nodes", "gpu-0", node)
-            return super().apply(body, manager, dry_run)
+            return await super().apply(body, manager, dry_run)
 
     fake = Watched()
     rec = reconciler(fake)
@@ -657,7 +684,7 @@ def moved_while_proving(node: NodeInfo) -> tuple[FakeKube, Reconciler]:
 def test_a_label_write_goes_on_the_newest_version_the_watch_brought_while_it_waited() -> None:
     """Only the resourceVersion moved (another manager's annotation): no refused write, no read."""
     fake, rec = moved_while_proving(gpu_node(uid="u0", resource_version="44"))
-    outcome = rec.run_once()
+    outcome = run_once(rec)
     assert outcome.stale == () and not outcome.errors
     assert fake.versions["gpu-0"] == ("u0", "44")
     assert ("Node", "gpu-0") not in fake.lookups
@@ -667,7 +694,7 @@ def test_a_label_write_whose_node_changed_while_it_waited_is_left_to_the_next_pa
     """Something the plan reads changed (a label another manager set): the write would be refused."""
     changed = gpu_node(labels={"nvidia.com/gpu.deploy.driver": "false"}, uid="u0")
     fake, rec = moved_while_proving(replace(changed, resource_version="44"))
-    outcome = rec.run_once()
+    outcome = run_once(rec)
     assert outcome.stale == ("node/gpu-0",) and not outcome.errors
     assert "gpu-0" not in fake.labels and ("Node", "gpu-0") not in fake.lookups
 
@@ -676,7 +703,7 @@ def test_a_node_that_cannot_be_read_after_a_stale_write_is_left_to_its_watch() -
     fake = FakeKube(reject={"gpu-0": ApiError(409, "Conflict", "the object has been modified")})
     rec = reconciler(fake)  # FakeKube.get answers 404: the node went meanwhile
     rec.store.put("nodes", "gpu-0", gpu_node(uid="u0", resource_version="41"))
-    outcome = rec.run_once()
+    outcome = run_once(rec)
     assert outcome.stale == ("node/gpu-0",) and not outcome.errors
     assert rec.store.get("nodes", "gpu-0").resource_version == "41"
 
@@ -684,23 +711,23 @@ def test_a_node_that_cannot_be_read_after_a_stale_write_is_left_to_its_watch() -
 def test_events_on_transitions_only() -> None:
     fake = FakeKube()
     rec = reconciler(fake, {"ccManager": {"enabled": True}, "sandboxWorkloads": {"enabled": True}})
-    rec.run_once()
+    run_once(rec)
     assert ("Normal", "Progressing") in fake.events  # rolling out, nothing failing
     assert ("Warning", "Unsupported") in fake.events
     count = len(fake.events)
     settle(rec, fake)
-    rec.run_once()
+    run_once(rec)
     assert len(fake.events) == count  # same state, same notes: nothing new to say
 
 
 def test_restarted_operator_does_not_repeat_events() -> None:
     fake = FakeKube()
     rec = reconciler(fake)
-    rec.run_once()
+    run_once(rec)
     settle(rec, fake)
     fresh = FakeKube()
     again = Reconciler(cast(Kube, fresh), rec.store, Settings())
-    again.run_once()
+    run_once(again)
     assert fresh.events == []
     assert fresh.statuses == []  # the status it would write is the one already there
 
@@ -708,7 +735,7 @@ def test_restarted_operator_does_not_repeat_events() -> None:
 def test_objects_are_recorded_from_apply_responses() -> None:
     fake = FakeKube()
     rec = reconciler(fake)
-    rec.run_once()
+    run_once(rec)
     key = next(k for k in fake.applied if k[1] == "DaemonSet")
     info = rec.store.get("objects", key)
     assert info.generation == 1 and info.resource_version and "gpu-operator" in info.managers
@@ -724,7 +751,7 @@ def test_shared_labels_leaving_the_set_are_removed_explicitly() -> None:
         "gpu-0",
         gpu_node(labels={key: "true"}, own_labels=frozenset({key}), shared_labels=frozenset({key}), uid="u0"),
     )
-    rec.run_once()
+    run_once(rec)
     assert key not in fake.labels["gpu-0"]
     assert fake.rewritten == {("Node", "gpu-0"): {key: ("true", None)}}
 
@@ -745,7 +772,7 @@ def test_with_no_policy_the_managers_labels_go_even_where_the_operator_owns_none
         ),
     )
     rec = Reconciler(cast(Kube, fake), store, Settings(stale_wait_seconds=0.05), crd_current=True)
-    outcome = rec.run_once()
+    outcome = run_once(rec)
     assert fake.labels == {}, "an apply with nothing of the operator's to change"
     assert fake.rewritten == {
         ("Node", "gpu-0"): {nvsm: ("", None), plugin: ("paused-for-driver-upgrade", None)}
@@ -762,7 +789,7 @@ def test_psa_namespace_write_restores_then_applies_never_creating_it() -> None:
         "gpu-operator",
         NamespaceInfo("gpu-operator", {enforce: "baseline"}, {}, frozenset(), "5", "uid-ns"),
     )
-    rec.run_once()
+    run_once(rec)
     (namespace,) = [b for b in fake.bodies if b["kind"] == "Namespace"]
     assert namespace["metadata"]["resourceVersion"] == "5" and namespace["metadata"]["uid"] == "uid-ns"
     assert namespace["metadata"]["labels"] == dict.fromkeys(PSA_LABELS, "privileged")
@@ -780,7 +807,7 @@ def test_psa_namespace_write_restores_then_applies_never_creating_it() -> None:
         "uid-ns",
     )
     rec.store.put("namespaces", "gpu-operator", owned)
-    rec.run_once()
+    run_once(rec)
     assert fake.rewritten == {("Namespace", "gpu-operator"): {enforce: ("privileged", "baseline")}}
     (namespace,) = [b for b in fake.bodies if b["kind"] == "Namespace"]
     assert namespace["metadata"] == {"name": "gpu-operator", "uid": "uid-ns", "labels": {}, "annotations": {}}
@@ -792,24 +819,24 @@ def test_progress_waits_for_the_status_interval_and_a_new_state_does_not() -> No
     # An hour: however slow the machine, the passes below run well within it after the write.
     rec.settings = replace(rec.settings, status_interval_seconds=3600.0)
     rec.store.put("nodes", "gpu-1", watched_node("gpu-1"))
-    rec.run_once()
+    run_once(rec)
     settle(rec, fake)
     written = len(fake.statuses)
     # One of the two drivers comes up: counts change, no state does.
     rec.store.put("pods", "d0", operand_pod("d0", "driver", "gpu-0"))
-    outcome = rec.run_once()
+    outcome = run_once(rec)
     assert len(fake.statuses) == written, "progress only, just after a write: it waits"
     assert (
         outcome.wake_at is not None
         and 0 < outcome.wake_at - time.time() <= rec.settings.status_interval_seconds
     )
     rec.memory.status_written["p"] -= rec.settings.status_interval_seconds
-    rec.run_once()
+    run_once(rec)
     assert len(fake.statuses) == written + 1 and component(fake.statuses[-1], "driver")["nodesReady"] == 1
     settle(rec, fake)
     # A new state is never held back: the policy generation changes.
     edit(rec, {"dcgmExporter": {"enabled": False}})
-    rec.run_once()
+    run_once(rec)
     assert len(fake.statuses) == written + 2 and fake.statuses[-1]["observedGeneration"] == 2
 
 
@@ -858,13 +885,13 @@ def test_a_crd_gone_is_created_again_once_and_nothing_more_is_written_to_it() ->
     fake = FakeKube()
     r = reconciler(fake)
     r.store.put("crds", POLICY_CRD, False)
-    r.run_once()
+    run_once(r)
     writes = [
         (key, manager) for key, manager in zip(fake.applied, fake.managers, strict=True) if key == CRD_KEY
     ]
     assert writes == [(CRD_KEY, "gpu-operator")]
     assert r.crd_current
-    r.run_once()
+    run_once(r)
     assert fake.applied.count(CRD_KEY) == 1, "a current CRD is left alone"
 
 
@@ -873,7 +900,7 @@ def test_a_crd_present_at_start_is_not_written() -> None:
     r = reconciler(fake)
     r.crd_current = True
     r.store.put("crds", POLICY_CRD, True)
-    r.run_once()
+    run_once(r)
     assert CRD_KEY not in fake.applied
 
 
@@ -882,8 +909,8 @@ def test_a_crd_that_cannot_be_written_is_tried_again_next_pass() -> None:
     r = reconciler(fake)
     r.store.put("crds", POLICY_CRD, False)
     fake.reject[POLICY_CRD] = ApiError(403, "Forbidden", "patch customresourcedefinitions")
-    r.run_once()
+    run_once(r)
     assert not r.crd_current
     del fake.reject[POLICY_CRD]
-    r.run_once()
+    run_once(r)
     assert r.crd_current and CRD_KEY in fake.applied

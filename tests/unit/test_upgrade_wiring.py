@@ -7,15 +7,17 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import builders
 import pytest
 from builders import PCI, condition, label_owner
-from test_reconciler import FakeKube
+from kubernetes_asyncio import client
+from test_informer import FAST, line
+from test_reconciler import FakeKube, run_once
 
 from gpu_operator.core.ownership import FIELD_MANAGER
 from gpu_operator.core.plan import PolicyRef, build
@@ -29,7 +31,7 @@ from gpu_operator.core.upgrade.states import (
 )
 from gpu_operator.runtime import metrics
 from gpu_operator.runtime.client import ApiError, Kube
-from gpu_operator.runtime.drain_watches import NodePodWatches, _NodeWatch
+from gpu_operator.runtime.drain_watches import NodePodWatches
 from gpu_operator.runtime.reconciler import Reconciler
 from gpu_operator.runtime.settings import Settings
 from gpu_operator.runtime.store import Store
@@ -203,7 +205,7 @@ class UpgradeKube(FakeKube):
         self.calls: list[tuple[str, str]] = []
         self.targets: list[tuple[str, str, str, str]] = []
 
-    def patch_node(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+    async def patch_node(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
         if name in self.reject:
             raise self.reject[name]
         self.calls.append(("patch", name))
@@ -212,11 +214,11 @@ class UpgradeKube(FakeKube):
         node["metadata"]["resourceVersion"] = str(int(node["metadata"]["resourceVersion"]) + 100)
         return copy.deepcopy(node)
 
-    def apply_node_labels(
+    async def apply_node_labels(
         self, node: str, labels: Mapping[str, str], uid: str, resource_version: str = ""
     ) -> dict[str, Any]:
         """As FakeKube records it, on the node as it is here (labels merged, managedFields ours)."""
-        super().apply_node_labels(node, labels, uid, resource_version)
+        await super().apply_node_labels(node, labels, uid, resource_version)
         metadata = self.nodes[node]["metadata"]
         metadata.setdefault("labels", {}).update(labels)
         others = [m for m in metadata.get("managedFields") or [] if m.get("manager") != FIELD_MANAGER]
@@ -224,15 +226,15 @@ class UpgradeKube(FakeKube):
         metadata["resourceVersion"] = str(int(metadata["resourceVersion"]) + 100)
         return copy.deepcopy(self.nodes[node])
 
-    def evict(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
+    async def evict(self, namespace: str, name: str, body: Mapping[str, Any]) -> None:
         self.calls.append(("evict", name))
         if name in self.refuse:
             raise ApiError(429, "TooManyRequests", PDB, (("", BUDGET),))
 
-    def delete_pod(self, namespace: str, name: str, options: Mapping[str, Any]) -> None:
+    async def delete_pod(self, namespace: str, name: str, options: Mapping[str, Any]) -> None:
         self.calls.append(("delete", name))
 
-    def post_event(
+    async def post_event(
         self,
         policy: Mapping[str, str],
         type_: str,
@@ -257,7 +259,7 @@ class Follow:
     def follow(self, nodes: Any) -> None:
         self.nodes.append(frozenset(nodes))
 
-    def wait_listed(self, nodes: Any, timeout: float) -> bool:
+    async def wait_listed(self, nodes: Any, timeout: float) -> bool:
         listed = [node for node in nodes if node in self.listing]
         for node in listed:
             self.store.list_node_pods(node, self.listing[node])
@@ -325,6 +327,43 @@ def test_node_pods_are_known_from_their_listing_until_forgotten() -> None:
     assert store.snapshot("gpu-operator", {}).upgrade.pods == ()
     store.forget_node_pods("gpu-0")
     assert store.snapshot("gpu-operator", {}).upgrade.pods_known == frozenset()
+
+
+def test_a_nodes_pods_are_known_only_once_its_first_listing_is_complete() -> None:
+    """The drain watches' path (record_node_pod while listing, then node_pods_listed): a pass never
+    takes half a listing for all of a node's pods."""
+    store = Store()
+    train, infer = pod_body("train", "gpu-0", gpu=True), pod_body("infer", "gpu-0")
+
+    def names() -> list[str]:
+        return sorted(p.name for p in store.snapshot("gpu-operator", {}).upgrade.pods)
+
+    def known() -> frozenset[str] | None:
+        return store.snapshot("gpu-operator", {}).upgrade.pods_known
+
+    # The first listing under way: its pods are kept aside, and no pass is asked for.
+    assert not store.record_node_pod("gpu-0", train, False)
+    assert not store.record_node_pod("gpu-0", infer, False)
+    assert not store.record_node_pod("gpu-0", pod_body("moved", "gpu-1"), False)  # not on the node
+    assert known() == frozenset() and names() == []
+    # Complete: the node's pods are known, exactly those it named of the pods recorded on the node.
+    assert store.node_pods_listed("gpu-0", {("ml", "train"), ("ml", "moved")})
+    assert known() == frozenset({"gpu-0"}) and names() == ["train"]
+    # Listed: an event counts at once; a relisting (after a 410) forgets the pods it does not name.
+    assert store.record_node_pod("gpu-0", infer, False)
+    assert store.record_node_pod("gpu-0", pod_body("etl", "gpu-0"), False)
+    assert names() == ["etl", "infer", "train"]
+    assert store.node_pods_listed("gpu-0", {("ml", "train"), ("ml", "etl")})
+    assert names() == ["etl", "train"]
+    assert not store.node_pods_listed("gpu-0", {("ml", "train"), ("ml", "etl")}), "nothing changed"
+    # Forgotten: the listed node's pods, and those of a listing under way.
+    assert not store.record_node_pod("gpu-1", pod_body("other", "gpu-1"), False)
+    store.forget_node_pods("gpu-0")
+    store.forget_node_pods("gpu-1")
+    assert known() == frozenset() and names() == []
+    # A listing of gpu-1 completing now holds nothing recorded before it was forgotten.
+    assert store.node_pods_listed("gpu-1", {("ml", "other")})
+    assert known() == frozenset({"gpu-1"}) and names() == []
 
 
 # --- the planner ----------------------------------------------------------------------------------
@@ -396,7 +435,7 @@ def test_a_start_is_written_after_the_node_that_frees_its_slot() -> None:
     nodes, pods = finishing_and_pending()
     kube = UpgradeKube(nodes)
     rec, follow = world(nodes, pods)
-    outcome = with_kube(rec, kube).run_once()
+    outcome = run_once(with_kube(rec, kube))
     assert [c for c in kube.calls if c[0] == "patch"] == [("patch", "gpu-0"), ("patch", "gpu-1")]
     # The Store holds what the patches returned before any watch event: the next pass counts right.
     started = rec.store.get("nodes", "gpu-1")
@@ -414,7 +453,7 @@ def test_a_starting_node_goes_as_far_as_it_can_once_its_pods_are_listed() -> Non
     kube = UpgradeKube(nodes)
     rec, follow = world(nodes, pods)
     follow.listing["gpu-1"] = [pod_body("train", "gpu-1", gpu=True)]
-    with_kube(rec, kube).run_once()
+    run_once(with_kube(rec, kube))
     # One pass: cordoned and at pod-deletion-required in one patch, then its GPU pod evicted.
     assert kube.calls[-2:] == [("patch", "gpu-1"), ("evict", "train")]
     node = kube.nodes["gpu-1"]
@@ -427,7 +466,7 @@ def test_no_start_when_the_finishing_node_could_not_be_written() -> None:
     nodes, pods = finishing_and_pending()
     kube = UpgradeKube(nodes, reject={"gpu-0": ApiError(422, "Invalid", "no")})
     rec, _ = world(nodes, pods)
-    outcome = with_kube(rec, kube).run_once()
+    outcome = run_once(with_kube(rec, kube))
     assert ("patch", "gpu-1") not in kube.calls  # gpu-0 still counts as in progress on the API server
     assert "node/gpu-0" in outcome.errors
 
@@ -444,12 +483,12 @@ def test_a_refused_eviction_is_a_fact_for_the_next_pass(monkeypatch: pytest.Monk
     kube = UpgradeKube(nodes, refuse=frozenset({"train"}))
     rec, _ = world(nodes, pods, {"podDeletion": {"timeoutSeconds": 300}})
     rec.store.list_node_pods("gpu-0", [pod_body("train", "gpu-0", gpu=True)])
-    outcome = with_kube(rec, kube).run_once()
+    outcome = run_once(with_kube(rec, kube))
     assert kube.calls == [("evict", "train")]
     assert rec.memory.evictions["uid-train"].status == 429
     assert outcome.wake_at is not None and outcome.wake_at <= time.time()  # say why at once
     kube.calls.clear()
-    again = rec.run_once()
+    again = run_once(rec)
     assert kube.calls == []  # not asked again before the retry time
     reason = status_body(again.plan.statuses["p"])["driverUpgrade"]["inProgress"][0]["reason"]
     assert f"eviction refused (429: {PDB} ({BUDGET}))" in reason, "the budget named, as the server does"
@@ -467,7 +506,7 @@ def test_a_failure_is_told_on_the_node_and_on_the_policy() -> None:
     ]
     kube = UpgradeKube(nodes)
     rec, _ = world(nodes, pods)
-    with_kube(rec, kube).run_once()
+    run_once(with_kube(rec, kube))
     failure = json.loads(kube.nodes["gpu-0"]["metadata"]["annotations"][FAILURE_ANNOTATION])
     assert failure["step"] == "pod-restart-required" and "crash-looping" in failure["reason"]
     warnings = [(kind, name) for kind, name, _, message in kube.targets if "failed" in message]
@@ -517,112 +556,185 @@ def test_the_queue_asks_for_a_pass_at_the_asked_time() -> None:
     asyncio.run(scenario())
 
 
-class WatchKube:
-    """A node's pods: one listing, then the watch events given, then the server ends the watch."""
+@dataclass
+class NodePods:
+    """One node's pods as the fake API server below serves them: its listing (in pages of the
+    informer's `limit`, at resourceVersion `version`), the pages after the first only once `gate` is
+    set when there is one (a listing under way), and its watch stream: what the test puts in `stream`
+    (b"" ends the watch)."""
 
-    def __init__(self, listing: list[dict[str, Any]], events: list[dict[str, Any]], on_end: Any) -> None:
-        self.listing = listing
-        self.events = events
-        self.on_end = on_end
-        self.queries: list[Mapping[str, str]] = []
-        self.api = self
+    items: list[dict[str, Any]]
+    gate: asyncio.Event | None = None
+    version: str = "100"
+    stream: asyncio.Queue[bytes] = field(default_factory=asyncio.Queue)
 
-    def list_at(
-        self,
-        api_version: str,
-        kind: str,
-        namespace: str = "",
-        label_selector: str = "",
-        field_selector: str = "",
-    ) -> tuple[list[dict[str, Any]], str]:
-        assert field_selector == "spec.nodeName=gpu-0" and not namespace  # every namespace, one node
-        return self.listing, "100"
 
-    def watch(
-        self, api_version: str, kind: str, query: Mapping[str, str], timeout_seconds: int
-    ) -> Iterator[dict[str, Any]]:
-        self.queries.append(query)
-        yield from self.events
-        self.on_end()
+class PodsResponse:
+    """What `call_api(..., _preload_content=False)` hands back, as far as the informer reads an
+    aiohttp.ClientResponse: a listing's status and body, or a watch's stream (`content.readany`)."""
+
+    status = 200
+    connection = None
+
+    def __init__(self, body: bytes = b"", stream: asyncio.Queue[bytes] | None = None) -> None:
+        self.body = body
+        self.stream = stream
+        self.content = self
+
+    async def read(self) -> bytes:
+        return self.body
+
+    async def readany(self) -> bytes:
+        assert self.stream is not None
+        return await self.stream.get()
+
+    def release(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
 
 
+class PodsApi:
+    """A kubernetes_asyncio ApiClient as the drain watches use it: `call_api` answers for the node its
+    field selector names, with that node's `NodePods`; a node it does not know is never answered."""
+
+    def __init__(self, nodes: dict[str, NodePods]) -> None:
+        self.nodes = nodes
+        self.requests: list[tuple[str, dict[str, str]]] = []
+
+    async def call_api(
+        self, path: str, method: str, query_params: list[tuple[str, str]], **_: Any
+    ) -> PodsResponse:
+        query = dict(query_params)
+        self.requests.append((path, query))
+        node = self.nodes.get(query.get("fieldSelector", "").removeprefix("spec.nodeName="))
+        if node is None:
+            await asyncio.Event().wait()
+            raise AssertionError("never answered")
+        if query.get("watch") == "true":
+            return PodsResponse(stream=node.stream)
+        start, limit = int(query.get("continue") or 0), int(query["limit"])
+        if start and node.gate is not None:
+            await node.gate.wait()
+        metadata = {"resourceVersion": node.version}
+        if start + limit < len(node.items):
+            metadata["continue"] = str(start + limit)
+        # As the API server lists a built-in kind: the items without their kind and apiVersion.
+        page = [
+            {key: value for key, value in item.items() if key not in ("kind", "apiVersion")}
+            for item in node.items[start : start + limit]
+        ]
+        body = {"kind": "PodList", "apiVersion": "v1", "metadata": metadata, "items": page}
+        return PodsResponse(json.dumps(body).encode())
+
+
+async def until(holds: Callable[[], bool]) -> None:
+    """Let the event loop run until `holds()` (a bounded number of turns, not a time)."""
+    for _ in range(1000):
+        if holds():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError("never came")
+
+
 def test_a_node_watch_lists_then_follows_its_pods() -> None:
+    """A node's pods reach the Store from their listing, known only once the whole listing is in; the
+    watch, from the listing's version, brings their changes; a stopped watch leaves the Store at once
+    and records nothing afterwards; a listing that does not come in time is a False, not a hang."""
     store = Store()
     wakes: list[bool] = []
     train = pod_body("train", "gpu-0", gpu=True)
     gone = {**train, "metadata": {**train["metadata"], "resourceVersion": "105"}}
-    events = [{"type": "ADDED", "object": pod_body("new", "gpu-0")}, {"type": "DELETED", "object": gone}]
-    seen: list[list[str]] = []
 
-    def end() -> None:
-        seen.append(sorted(p.name for p in store.snapshot("gpu-operator", {}).upgrade.pods))
-        watch.stop()
+    def pods() -> list[str]:
+        return sorted(p.name for p in store.snapshot("gpu-operator", {}).upgrade.pods)
 
-    kube = WatchKube([train], events, end)
-    watch = _NodeWatch("gpu-0", cast(Kube, kube), store, lambda: wakes.append(True))
-    watch._run()
-    assert seen == [["new"]]  # listed train, then new came and train went
-    assert kube.queries[0]["resourceVersion"] == "100"
-    assert len(wakes) == 3  # the listing, and each change
-    assert store.snapshot("gpu-operator", {}).upgrade.pods_known == frozenset()  # stopped: forgotten
+    def known() -> frozenset[str] | None:
+        return store.snapshot("gpu-operator", {}).upgrade.pods_known
+
+    async def scenario() -> None:
+        gate = asyncio.Event()
+        gpu_0 = NodePods([train, pod_body("infer", "gpu-0"), pod_body("etl", "gpu-0")], gate)
+        # gpu-1's second page never comes.
+        gpu_1 = NodePods([pod_body(f"job-{i}", "gpu-1") for i in range(3)], asyncio.Event())
+        api = PodsApi({"gpu-0": gpu_0, "gpu-1": gpu_1})
+        watches = NodePodWatches(
+            cast(client.ApiClient, api), store, lambda: wakes.append(True), lambda: None, FAST
+        )
+        # A pass starting the node's upgrade waits for its pods: listed in pages of two.
+        waiting = asyncio.ensure_future(watches.wait_listed({"gpu-0"}, timeout=30))
+        await until(lambda: len(api.requests) == 2)  # the first page recorded, the second asked for
+        assert len(store.get("listing_pods", "gpu-0")) == 2
+        assert not waiting.done() and known() == frozenset() and pods() == [], "half a listing"
+        gate.set()
+        assert await waiting
+        assert known() == frozenset({"gpu-0"}) and pods() == ["etl", "infer", "train"]
+        gpu_0.stream.put_nowait(line("ADDED", pod_body("new", "gpu-0")) + line("DELETED", gone))
+        await until(lambda: "train" not in pods())
+        assert pods() == ["etl", "infer", "new"]  # new came and train went
+        assert api.requests[2][1]["watch"] == "true" and api.requests[2][1]["resourceVersion"] == "100"
+        # Every namespace, one node.
+        assert {(path, query["fieldSelector"]) for path, query in api.requests} == {
+            ("/api/v1/pods", "spec.nodeName=gpu-0")
+        }
+        assert len(wakes) == 3  # the listing, and each change
+        # Stopped with an event arrived but not read yet: the node leaves the Store, the event never
+        # lands in it.
+        task = watches.watches["gpu-0"].task
+        gpu_0.stream.put_nowait(line("ADDED", pod_body("late", "gpu-0")))
+        watches.follow(())
+        assert known() == frozenset() and pods() == []  # stopped: forgotten at once
+        await until(task.done)
+        assert task.cancelled() and known() == frozenset() and pods() == [] and len(wakes) == 3
+        assert store.get("listing_pods", "gpu-0") is None, "nothing recorded, not even aside"
+        # A node whose listing does not complete in time: not waited for past the timeout.
+        assert not await watches.wait_listed({"gpu-1"}, timeout=0.01)
+        await until(lambda: store.get("listing_pods", "gpu-1") is not None)  # its first page, aside
+        assert known() == frozenset() and pods() == []
+        await watches.stop()
+        assert watches.watches == {} and store.get("listing_pods", "gpu-1") is None
+
+    asyncio.run(scenario())
 
 
 def test_pod_watches_follow_exactly_the_nodes_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
     started: list[str] = []
     monkeypatch.setattr("gpu_operator.runtime.drain_watches._NodeWatch.__init__", _fake_init(started))
-    watches = NodePodWatches(cast(Kube, _Forkable()), Store(), lambda: None)
-    watches.follow({"gpu-0", "gpu-1"})
-    watches.follow({"gpu-1", "gpu-2"})
-    assert sorted(watches.watches) == ["gpu-1", "gpu-2"] and started == ["gpu-0", "gpu-1", "gpu-2"]
-    # Waiting for a listing follows the node too; a node not listed in time is a False, not a hang.
-    assert watches.wait_listed({"gpu-0"}, timeout=5)
-    assert sorted(watches.watches) == ["gpu-0", "gpu-1", "gpu-2"]
-    assert not watches.wait_listed({"gpu-3"}, timeout=0.01)
-    # A watch that is running and not listed yet (failing) is not waited for again.
-    watches.watches["gpu-3"].listed.wait = _never_called  # type: ignore[method-assign]
-    assert not watches.wait_listed({"gpu-3"}, timeout=5)
-    watches.stop()
-    assert watches.watches == {}
 
+    async def scenario() -> None:
+        watches = NodePodWatches(cast(client.ApiClient, None), Store(), lambda: None, lambda: None, FAST)
+        watches.follow({"gpu-0", "gpu-1"})
+        watches.follow({"gpu-1", "gpu-2"})
+        assert sorted(watches.watches) == ["gpu-1", "gpu-2"] and started == ["gpu-0", "gpu-1", "gpu-2"]
+        # Waiting for a listing follows the node too; a node not listed in time is a False, not a hang.
+        assert await watches.wait_listed({"gpu-0"}, timeout=5)
+        assert sorted(watches.watches) == ["gpu-0", "gpu-1", "gpu-2"]
+        assert not await watches.wait_listed({"gpu-3"}, timeout=0.01)
+        # A watch that is running and not listed yet (failing) is not waited for again.
+        watches.watches["gpu-3"].listed.wait = _never_called  # type: ignore[method-assign,assignment]
+        assert not await watches.wait_listed({"gpu-3"}, timeout=5)
+        await watches.stop()
+        assert watches.watches == {}
 
-class _Forkable:
-    def fork(self) -> _Forkable:
-        return self
+    asyncio.run(scenario())
 
 
 def _fake_init(started: list[str]) -> Any:
-    class Thread:
-        def start(self) -> None:
-            pass
-
-    def init(self: Any, node: str, kube: Any, store: Any, wake: Any) -> None:
+    def init(self: Any, node: str, api: Any, store: Any, wake: Any, settle: Any, timing: Any) -> None:
         started.append(node)
         self.node = node
-        self.thread = Thread()
-        self.stop = lambda: None
-        self.listed = threading.Event()
+        self.task = asyncio.ensure_future(asyncio.Event().wait())  # runs until stopped
+        self.stop = self.task.cancel
+        self.listed = asyncio.Event()
         if node != "gpu-3":
             self.listed.set()
 
     return init
 
 
-def _never_called(timeout: float | None = None) -> bool:
+def _never_called() -> bool:
     raise AssertionError("waited for a watch that was already running")
-
-
-def test_a_forked_client_keeps_the_timeouts_and_the_leader_gate() -> None:
-    from kubernetes import client
-
-    def gate() -> bool:
-        return False
-
-    kube = Kube(client.ApiClient(client.Configuration()), timeout=(1.0, 2.0), may_write=gate)
-    forked = kube.fork()
-    assert forked.api is not kube.api and forked.timeout == (1.0, 2.0) and forked.may_write is gate
 
 
 def test_a_relisting_forgets_the_upgrade_facts_that_vanished() -> None:
@@ -655,21 +767,21 @@ def test_the_auto_upgrade_annotation_goes_before_the_driver_daemonset() -> None:
     order: list[str] = []
 
     class Ordered(UpgradeKube):
-        def patch_node(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        async def patch_node(self, name: str, body: Mapping[str, Any]) -> dict[str, Any]:
             order.append(f"node/{name}")
-            return super().patch_node(name, body)
+            return await super().patch_node(name, body)
 
-        def apply(
+        async def apply(
             self, body: Mapping[str, Any], manager: str = "gpu-operator", dry_run: bool = False
         ) -> dict[str, Any]:
             if not dry_run:
                 order.append(f"{body['kind']}/{body['metadata']['name']}")
-            return super().apply(body, manager, dry_run)
+            return await super().apply(body, manager, dry_run)
 
     kube = Ordered(nodes)
     rec, _ = world(nodes, [])
     rec.store.put("objects", ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-driver-daemonset"), None)
-    with_kube(rec, kube).run_once()
+    run_once(with_kube(rec, kube))
     annotated = [i for i, what in enumerate(order) if what.startswith("node/")]
     driver = order.index("DaemonSet/nvidia-driver-daemonset")
     assert len(annotated) == 2 and max(annotated) < driver, order
