@@ -293,9 +293,12 @@ class Reconciler:
             for wave in in_waves(verdict.writes, leading):
                 await _gather([partial(self._apply, body, errors) for body in wave], self.appliers)
         finally:
-            # However the objects went, the labels under way are waited for (and their failure raised).
+            # However the objects went, the labels under way are waited for; their failure is raised
+            # unless the objects' came first.
             await asyncio.wait([labelled])
-        labelled.result()
+            label_failure = labelled.exception()
+        if label_failure is not None:
+            raise label_failure
         deletes = deletes_after(verdict.deletes, errors)
         await _gather([partial(self._delete, key, errors) for key in deletes], self.writers)
         errors.update(label_errors)

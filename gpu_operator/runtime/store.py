@@ -310,6 +310,11 @@ class Store:
         if pod is None or pod.node != node:
             pods.pop(uid, None)
             return listed and before is not None
+        if before is None:
+            # A name is one pod at a time: one deleted and created again under it (its DELETED event
+            # lost to a relisting) is gone.
+            for other in [u for u, p in pods.items() if (p.namespace, p.name) == (pod.namespace, pod.name)]:
+                del pods[other]
         pods[uid] = pod
         return listed and before != pod
 

@@ -474,7 +474,7 @@ def test_the_proxy_comes_from_the_environment_once_and_no_request_reads_it_again
         try:
             session = api.rest_client.pool_manager
             assert not session.trust_env, "no ~/.netrc or proxy lookup per request"
-            assert session.connector.limit == 3
+            assert session.connector is not None and session.connector.limit == 3
             assert api.configuration.proxy is None, "127.0.0.1 goes direct"
         finally:
             await api.close()

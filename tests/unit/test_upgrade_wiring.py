@@ -356,6 +356,14 @@ def test_a_nodes_pods_are_known_only_once_its_first_listing_is_complete() -> Non
     assert store.node_pods_listed("gpu-0", {("ml", "train"), ("ml", "etl")})
     assert names() == ["etl", "train"]
     assert not store.node_pods_listed("gpu-0", {("ml", "train"), ("ml", "etl")}), "nothing changed"
+    # A pod deleted and created again under its name, its DELETED event lost to a relisting: one pod.
+    again = pod_body("etl", "gpu-0")
+    again["metadata"]["uid"] = "uid-etl-again"
+    assert store.record_node_pod("gpu-0", again, False)
+    assert store.node_pods_listed("gpu-0", {("ml", "train"), ("ml", "etl")}) is False
+    assert [p.uid for p in store.snapshot("gpu-operator", {}).upgrade.pods if p.name == "etl"] == [
+        "uid-etl-again"
+    ]
     # Forgotten: the listed node's pods, and those of a listing under way.
     assert not store.record_node_pod("gpu-1", pod_body("other", "gpu-1"), False)
     store.forget_node_pods("gpu-0")
