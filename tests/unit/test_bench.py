@@ -321,38 +321,141 @@ def test_pod_pipeline_backlogs_and_lag() -> None:
 def test_profile_shares_of_wall_time() -> None:
     from bench import profile
 
-    loop = "MainThread;<module> (gpu-operator:6);run (kopf/_core/reactor/running.py:81)"
-    worker = (
-        "asyncio_0;Thread.run (threading.py:982);Reconciler.run_once (gpu_operator/runtime/reconciler.py:147)"
+    def at(*frames: str) -> str:
+        return ";".join(frames)
+
+    loop = at(
+        "thread (0x7F3C4D2E1740): MainThread",
+        "<module> (gpu-operator:8)",
+        "main (gpu_operator/cli.py:41)",
+        "run (gpu_operator/main.py:320)",
+        "run (asyncio/runners.py:190)",
+        "Runner.run (asyncio/runners.py:118)",
+        "BaseEventLoop.run_until_complete (asyncio/base_events.py:640)",
+        "BaseEventLoop.run_forever (asyncio/base_events.py:607)",
+        "BaseEventLoop._run_once (asyncio/base_events.py:1922)",
     )
+    task = at(loop, "Handle._run (asyncio/events.py:80)")
+    queue = at(
+        task,
+        "WorkQueue.run (gpu_operator/runtime/workqueue.py:214)",
+        "WorkQueue._pass (gpu_operator/runtime/workqueue.py:219)",
+        "_timed (gpu_operator/runtime/workqueue.py:260)",
+    )
+    reconciler = "gpu_operator/runtime/reconciler.py"
+    plan = at(queue, f"Reconciler.run_once ({reconciler}:236)", f"Reconciler._plan ({reconciler}:330)")
+    prove = at(plan, f"Reconciler._prove ({reconciler}:338)")
+    client = "gpu_operator/runtime/client.py"
+    write = at(  # a write gathered by the pass: a task of its own, without run_once's frames
+        task,
+        f"_gather.<locals>.run ({reconciler}:623)",
+        f"Reconciler._apply ({reconciler}:400)",
+        f"Kube.apply ({client}:420)",
+    )
+    watch = at(
+        task,
+        "Informer.run (gpu_operator/runtime/informer.py:115)",
+        "Informer.watch_once (gpu_operator/runtime/informer.py:180)",
+        "read (gpu_operator/runtime/watch_stream.py:80)",
+    )
+    asyncio_0 = at("thread (0x7F3C3A7FE6C0): asyncio_0", "Thread._bootstrap (threading.py:995)")
     raw = "\n".join(
         [
-            f"thread (1): {loop};EpollSelector.select (selectors.py:468) 6",
-            f"thread (1): {loop};deepcopy (copy.py:128) 4",
-            f"thread (2): {worker};Kube.apply_node_labels (gpu_operator/runtime/client.py:138)"
-            ";Kube.apply (k.py:1) 5",
-            f"thread (2): {worker};build (gpu_operator/core/plan.py:150) 2",
-            f"thread (2): {worker};Kube.apply (gpu_operator/runtime/client.py:118) 1",
-            f"thread (2): {worker};wait (concurrent/futures/_base.py:305);Condition.wait (t.py:1) 1",
-            "thread (3): asyncio_1;Thread.run (threading.py:982);_worker (thread.py:81) 10",
-            "thread (4): gpu-operator-write_0;_worker (thread.py:83);Kube.apply_node_labels (k.py:1) 7",
-            "thread (5): gpu-operator-write_1;_worker (thread.py:83);Kube.apply_node_labels (k.py:1) 6",
-            "thread (5): gpu-operator-write_1;_worker (thread.py:81) 4",
-            "thread (6): gpu-operator-apply_0;_worker (thread.py:83);Kube.apply (k.py:1) 3",
+            at(loop, "EpollSelector.select (selectors.py:468) 120"),
+            at(
+                queue,
+                f"Reconciler.run_once ({reconciler}:236)",
+                f"Reconciler._plan ({reconciler}:328)",
+                "Store.snapshot (gpu_operator/runtime/store.py:180)",
+                "Store._upgrade_facts (gpu_operator/runtime/store.py:200) 4",
+            ),
+            at(
+                prove,
+                "build (gpu_operator/core/plan.py:150)",
+                "render_all (gpu_operator/core/render.py:88) 30",
+            ),
+            at(prove, f"Reconciler._vet ({reconciler}:361)", "judge (gpu_operator/core/vetting.py:200) 10"),
+            at(
+                queue, f"Reconciler.run_once ({reconciler}:320)", "conclude (gpu_operator/core/plan.py:900) 3"
+            ),
+            at(write, "dumps (json/__init__.py:231) 12"),
+            at(
+                write,
+                f"Kube._call ({client}:280)",
+                f"Kube._read ({client}:300)",
+                "loads (gpu_operator/runtime/safe_json.py:40) 6",
+            ),
+            at(
+                queue,
+                f"Reconciler.run_once ({reconciler}:290)",
+                "in_waves (gpu_operator/core/writes.py:50) 5",
+            ),
+            at(watch, "loads_event (gpu_operator/runtime/safe_json.py:60) 20"),
+            at(
+                watch,
+                "Events.add (gpu_operator/runtime/watch_stream.py:54)",
+                "Store.record_pod (gpu_operator/runtime/store.py:260) 8",
+            ),
+            at(task, "worker (kopf/_core/reactor/queueing.py:263) 4"),
+            at(
+                task,
+                "RequestHandler._handle_request (aiohttp/web_protocol.py:452)",
+                "health (gpu_operator/runtime/probes.py:15) 3",
+            ),
+            at(
+                task,
+                "_SelectorSocketTransport._read_ready (asyncio/selector_events.py:1009)",
+                "ResponseHandler.data_received (aiohttp/client_proto.py:298) 2",
+            ),
+            at(
+                asyncio_0,
+                "_worker (concurrent/futures/thread.py:83)",
+                "warm (gpu_operator/core/render.py:70) 50",
+            ),
+            at(asyncio_0, "_worker (concurrent/futures/thread.py:81)", "SimpleQueue.get (queue.py:1) 177"),
             "garbage",
         ]
     )
-    assert profile.summarise(raw) == {
-        "reconcile: node label PATCH": 0.5,
-        "reconcile: planning (pure)": 0.2,
-        "reconcile: object apply PATCH": 0.1,
-        "reconcile: waiting for its parallel writes": 0.1,
-        "reconcile (total)": 0.9,
-        "in flight: node label PATCH": 1.3,
-        "in flight: object apply PATCH": 0.3,
-        "event loop busy": 0.4,
+    # 227 ticks: 120 idle, 70 the pass's, 28 the watches', 9 the rest's (Kopf, a probe, aiohttp's callback).
+    shares = profile.summarise(raw)
+    assert shares == {
+        "reconcile: planning": 0.132,  # 30 / 227
+        "reconcile: client: requests and answers": 0.079,  # 18: a write's JSON, reading its answer
+        "reconcile: vetting": 0.044,  # 10
+        "reconcile: other": 0.022,  # 5
+        "reconcile: store snapshot": 0.018,  # 4
+        "reconcile: concluding": 0.013,  # 3
+        "reconcile (total)": 0.308,  # 70
+        "watches": 0.123,  # 28
+        "event loop busy": 0.471,  # 107
     }
+    steps = list(shares)[:6]
+    assert steps == sorted(steps, key=lambda key: -shares[key])
     assert profile.summarise("") == {}
+    assert profile.summarise(raw.replace("MainThread", "Thread-1")) == {}
+
+
+def test_profile_step_is_the_outermost_match() -> None:
+    from bench import profile
+
+    def frames(*stack: str) -> list[tuple[str, str]]:
+        return [profile.frame_of(frame) for frame in stack]
+
+    prove = "Reconciler._prove (gpu_operator/runtime/reconciler.py:337)"
+    build, judge = "build (gpu_operator/core/plan.py:150)", "judge (gpu_operator/core/vetting.py:9)"
+    assert profile.reconcile_step(frames(prove, build, judge)) == "planning"
+    # Other functions of the same files are no step: only plan.build is planning, store.snapshot the snapshot.
+    record = "Store.record_node (gpu_operator/runtime/store.py:225)"
+    assert profile.reconcile_step(frames(prove, "rebuild (gpu_operator/core/plan.py:1)", record)) == "other"
+    assert profile.reconcile_step(frames(judge)) is None  # not the pass's
+    assert profile.is_watch(frames(record))
+    assert not profile.is_watch(frames("Store.snapshot (gpu_operator/runtime/store.py:180)"))
+    assert profile.frame_of("_gather.<locals>.run (gpu_operator/runtime/reconciler.py:623)") == (
+        "gpu_operator/runtime/reconciler.py",
+        "run",
+    )
+    assert profile.frame_of("EpollSelector.select (selectors.py)") == ("selectors.py", "select")  # --nolineno
+    assert profile.frame_of("MainThread") == ("", "MainThread")
 
 
 def test_reader_follows_rotated_logs(tmp_path: Path) -> None:
