@@ -1,14 +1,14 @@
 """Carries out a plan: the watch caches in, API writes out, and only the writes that change something.
 
-Only I/O: `Reconciler.run_once` takes a snapshot of the Store (filled by the watch handlers), lets the
-pure core decide (plan.build), asks the API server what the pure side needs to prove the change
-(gpu_operator/core/vetting.py: lookups and dry runs), carries out the writes of a proven change in
-the order and at the pace the core sets (gpu_operator/core/writes.py), hands what they returned back
-to the pure side (plan.conclude: the final status and the Events) and writes that. What a pass leaves
-for the next is the core's Memory (gpu_operator/core/memory.py): the reconciler holds it and records
-in it what the API server answered. Writes, and the questions before them, happen only when the
-desired state differs from what the watches show, so a converged cluster costs the API server
-nothing.
+Only I/O: `Reconciler.run_once` takes a snapshot of the Store (filled by the informers) and lets the
+pure core decide: gpu_operator/core/proof.py plans the pass and asks, step by step, what it needs to
+prove the change (lookups, dry runs), which this module answers; it carries out the writes of a proven
+change in the order and at the pace the core sets (gpu_operator/core/writes.py), hands what they
+returned back to the pure side (plan.conclude: the final status and the Events) and writes that. What
+a pass leaves for the next is the core's Memory (gpu_operator/core/memory.py): the reconciler holds it
+and records in it what the API server answered. Writes, and the questions before them, happen only
+when the desired state differs from what the watches show, so a converged cluster costs the API
+server nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Protocol, TypeVar
@@ -40,13 +40,11 @@ from gpu_operator.core.plan import (
     LabelRewrites,
     Observed,
     Plan,
-    build,
     conclude,
     content_hash,
-    to_write,
     unlisted_pods,
-    vetting_context,
 )
+from gpu_operator.core.proof import Answer, LookUp, Proven, Question, prove
 from gpu_operator.core.psa import PRIVILEGED, NamespaceInfo, NamespaceWrite
 from gpu_operator.core.upgrade import (
     DeletePod,
@@ -58,16 +56,9 @@ from gpu_operator.core.upgrade import (
 )
 from gpu_operator.core.upgrade.facts import format_time
 from gpu_operator.core.vetting import (
-    Answers,
     Failure,
     Lookup,
-    Problems,
-    Requests,
     Verdict,
-    judge,
-    lookup_answers,
-    requests,
-    to_look_up,
 )
 from gpu_operator.core.writes import (
     deletes_after,
@@ -328,56 +319,28 @@ class Reconciler:
         return Outcome(conclusion.plan, left, tuple(sorted(stale)), wake_at)
 
     async def _plan(self, stamp: str, clock: float) -> tuple[Observed, Plan, Verdict]:
-        observed = self.store.snapshot(self.settings.namespace, self.settings.environ)
-        observed = self.memory.with_evictions(observed)
-        return (observed, *await self._prove(observed, stamp, clock))
-
-    async def _prove(self, observed: Observed, stamp: str, clock: float) -> tuple[Plan, Verdict]:
-        """The plan to carry out and its proven change. A generation that cannot be written leaves
-        the cluster on the last one written (the memory's `good`); when that cannot take the cluster's
-        new facts either, or none is known (after a restart), nothing changes."""
-        good, caches = self.memory.good, self.memory.caches
-        plan = build(observed, stamp, good, clock=clock, caches=caches)
-        verdict = await self._vet(plan, observed)
-        if verdict.proven:
-            return plan, verdict
-        if plan.problems is None:  # the current generation itself: fall back to the last one written
-            plan = build(observed, stamp, good, verdict.problems, clock, caches=caches)
-            verdict = await self._vet(plan, observed)
-            if verdict.proven:
-                return plan, verdict
-        problems = (plan.problems or Problems()) + verdict.problems
-        return build(observed, stamp, None, problems, clock, caches=caches), Verdict(
-            conflicts=verdict.conflicts
+        """The plan to carry out and its proven change (core/proof.py decides; this asks the API server
+        what it wants to know)."""
+        observed = self.memory.with_evictions(
+            self.store.snapshot(self.settings.namespace, self.settings.environ)
         )
-
-    async def _vet(self, plan: Plan, observed: Observed) -> Verdict:
-        """Ask the API server what the plan's change needs asked (nothing when nothing is to be
-        written), and judge it."""
-        context = vetting_context(plan, observed)
-        if context is None:
-            return Verdict(deletes=tuple(plan.deletes))
-        writes = to_write(plan, observed.objects, self.memory.applied)
-        if not writes:
-            return judge(context, writes, plan.deletes, Answers(dry_run={}))
-        answers = await self._ask(requests(writes, observed.objects, context.spec))
-        verdict = judge(context, writes, plan.deletes, answers)
-        if not verdict.proven:
-            return verdict
-        dry_runs = await _gather([partial(self._dry_run, body) for body in verdict.dry_run], self.writers)
-        answers = replace(answers, dry_run=dict(dry_runs))
-        return judge(context, writes, plan.deletes, answers)
-
-    async def _ask(self, asks: Requests) -> Answers:
-        """Look up, metadata only, the objects and references the judge asked about; what their
-        answers mean is for vetting.lookup_answers to say."""
-        keys = to_look_up(asks, self.settings.namespace)
-        looked_up = await _gather([partial(self._metadata, key) for key in keys], self.writers)
-        got = dict(zip(keys, looked_up, strict=True))
-        answers, unchecked = lookup_answers(asks, self.settings.namespace, got)
-        for what, failure in unchecked:
+        proof = prove(observed, stamp, clock, self.memory, self.settings.namespace)
+        try:
+            question = next(proof)
+            while True:
+                question = proof.send(await self._answer(question))
+        except StopIteration as done:
+            proven: Proven = done.value
+        for what, failure in proven.unchecked:
             log.warning("cannot check whether %s exists: %s", what, failure)
-        return answers
+        return observed, proven.plan, proven.verdict
+
+    async def _answer(self, question: Question) -> Answer:
+        """What the API server says to the proof's question, by key."""
+        if isinstance(question, LookUp):
+            found = await _gather([partial(self._metadata, key) for key in question.keys], self.writers)
+            return dict(zip(question.keys, found, strict=True))
+        return dict(await _gather([partial(self._dry_run, body) for body in question.bodies], self.writers))
 
     async def _metadata(self, key: ObjectKey) -> Lookup:
         api_version, kind, namespace, name = key
