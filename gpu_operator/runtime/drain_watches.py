@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes_asyncio import client
@@ -32,24 +33,17 @@ log = logging.getLogger("gpu_operator")
 
 
 class _NodeWatch:
-    def __init__(
-        self,
-        node: str,
-        api: client.ApiClient,
-        store: Store,
-        wake: Callable[[], None],
-        settle: watch_stream.Settle,
-        timing: informer.Timing,
-    ) -> None:
+    def __init__(self, node: str, watches: NodePodWatches) -> None:
         self.node = node
-        self.store = store
-        self.wake = wake
+        self.store = watches.store
+        self.wake = watches.wake
         self.listed = asyncio.Event()
         """Set once the node's pods are in the Store."""
-        events = watch_stream.Events(self._record, "pods", wake, settle, decode=safe_json.loads)
+        events = watch_stream.Events(self._record, "pods", self.wake, watches.settle, decode=safe_json.loads)
         kind = informer.Kind("", "v1", "pods", field_selector=f"spec.nodeName={node}")
         self.task = asyncio.create_task(
-            informer.Informer(api, kind, events, self._listed, timing).run(), name=f"pods on {node}"
+            informer.Informer(watches.api, kind, events, self._listed, watches.timing).run(),
+            name=f"pods on {node}",
         )
 
     def _record(self, body: Mapping[str, Any], deleted: bool) -> bool:
@@ -67,23 +61,17 @@ class _NodeWatch:
         self.store.forget_node_pods(self.node)
 
 
+@dataclass
 class NodePodWatches:
     """The set of per-node pod watches; `follow` makes it the given nodes. Runs on the event loop."""
 
-    def __init__(
-        self,
-        api: client.ApiClient,
-        store: Store,
-        wake: Callable[[], None],
-        settle: watch_stream.Settle,
-        timing: informer.Timing,
-    ) -> None:
-        self.api = api
-        self.store = store
-        self.wake = wake
-        self.settle = settle
-        self.timing = timing
-        self.watches: dict[str, _NodeWatch] = {}
+    api: client.ApiClient
+    """Their own connections: each watch holds one, as many as nodes are emptied at once."""
+    store: Store
+    wake: Callable[[], None]
+    settle: watch_stream.Settle
+    timing: informer.Timing
+    watches: dict[str, _NodeWatch] = field(default_factory=dict)
 
     def follow(self, nodes: Iterable[str]) -> None:
         wanted = set(nodes)
@@ -92,7 +80,7 @@ class NodePodWatches:
             self.watches.pop(node).stop()
         for node in sorted(wanted - self.watches.keys()):
             log.info("node %s: watching its pods (driver upgrade)", node)
-            self.watches[node] = _NodeWatch(node, self.api, self.store, self.wake, self.settle, self.timing)
+            self.watches[node] = _NodeWatch(node, self)
 
     async def wait_listed(self, nodes: Iterable[str], timeout: float) -> bool:
         """Follow `nodes` too, and wait (at most `timeout` seconds in all) until the pods of those whose

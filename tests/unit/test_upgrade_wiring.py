@@ -729,7 +729,7 @@ def test_pod_watches_follow_exactly_the_nodes_asked_for(monkeypatch: pytest.Monk
 
 
 def _fake_init(started: list[str]) -> Any:
-    def init(self: Any, node: str, api: Any, store: Any, wake: Any, settle: Any, timing: Any) -> None:
+    def init(self: Any, node: str, watches: Any) -> None:
         started.append(node)
         self.node = node
         self.task = asyncio.ensure_future(asyncio.Event().wait())  # runs until stopped
