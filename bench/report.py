@@ -73,8 +73,8 @@ def details(results: Mapping[str, Mapping[str, Any]]) -> str:
         if result.get("converge_cpu_s") is not None:
             lines.append(
                 f"- operator CPU while converging (median): {fmt(result['converge_cpu_s'], 1)} s, of it "
-                f"planning (the passes) {fmt(result.get('planning_cpu_s'), 1)} s, the event loop (the "
-                f"watches) {fmt(result.get('event_loop_cpu_s'), 1)} s"
+                f"while passes ran {fmt(result.get('planning_cpu_s'), 1)} s, on the event loop's thread "
+                f"(passes and watches) {fmt(result.get('event_loop_cpu_s'), 1)} s"
             )
         converging = result.get("convergence_requests", {})
         lines.extend(_counts("requests during convergence (first run)", converging))

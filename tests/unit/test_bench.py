@@ -287,8 +287,8 @@ def test_markdown_has_header_table_and_details() -> None:
     }
     text = report.markdown(document)
     assert (
-        "- operator CPU while converging (median): 2.0 s, of it planning (the passes) 1.3 s, "
-        "the event loop (the watches) 0.5 s" in text
+        "- operator CPU while converging (median): 2.0 s, of it while passes ran 1.3 s, "
+        "on the event loop's thread (passes and watches) 0.5 s" in text
     )
     assert "`0123456789ab`" in text and "2 CPUs (Test CPU)" in text and "1.0 to 3.5" in text
     assert "| 10 | 3 |" in text
