@@ -17,11 +17,13 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
+from gpu_operator.main import connection_info, login
 from gpu_operator.runtime.client import (
     PARTIAL_METADATA,
     ApiError,
@@ -481,3 +483,20 @@ def test_the_proxy_comes_from_the_environment_once_and_no_request_reads_it_again
 
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
     asyncio.run(scenario())
+
+
+def test_kopf_logs_in_with_what_the_client_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kopf's credentials come from the same configuration as the operator's client (its own
+    login_via_client would read the synchronous `kubernetes` package, which is not installed)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    write_kubeconfig(kubeconfig, 6443)
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    info = asyncio.run(login())
+    assert (info.server, info.scheme, info.token) == ("http://127.0.0.1:6443", "Bearer", "t")
+    assert info.username is None and info.certificate_path is None and info.proxy_url is None
+    configuration = SimpleNamespace(
+        host="h", ssl_ca_cert=None, verify_ssl=True, username="", password="", cert_file=None, key_file=None
+    )
+    bare = connection_info(SimpleNamespace(**vars(configuration), proxy=None), "token-only")
+    assert (bare.scheme, bare.token) == (None, "token-only"), "a header without a scheme (RFC 7235)"
