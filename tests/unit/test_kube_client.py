@@ -496,7 +496,14 @@ def test_kopf_logs_in_with_what_the_client_loads(tmp_path: Path, monkeypatch: py
     assert (info.server, info.scheme, info.token) == ("http://127.0.0.1:6443", "Bearer", "t")
     assert info.username is None and info.certificate_path is None and info.proxy_url is None
     configuration = SimpleNamespace(
-        host="h", ssl_ca_cert=None, verify_ssl=True, username="", password="", cert_file=None, key_file=None
+        host="h",
+        ssl_ca_cert=None,
+        verify_ssl=True,
+        username="",
+        password="",
+        cert_file=None,
+        key_file=None,
+        proxy=None,
     )
-    bare = connection_info(SimpleNamespace(**vars(configuration), proxy=None), "token-only")
+    bare = connection_info(configuration, "token-only")
     assert (bare.scheme, bare.token) == (None, "token-only"), "a header without a scheme (RFC 7235)"
