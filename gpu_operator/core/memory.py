@@ -23,7 +23,8 @@ from gpu_operator.core.upgrade import EvictionResult
 
 @dataclass(eq=False)
 class Memory:
-    """Not thread-safe: its owner guards what its own threads change at once (the evictions)."""
+    """What a pass leaves for the next; one for the operator's life, used by one pass at a time (the
+    reconciler runs on the operator's one event loop)."""
 
     applied: dict[ObjectKey, Applied] = field(default_factory=dict)
     """What our own last apply of each object returned (plan.to_write: a later difference is someone
