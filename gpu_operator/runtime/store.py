@@ -294,10 +294,14 @@ class Store:
     # ------------------------------
 
     def list_node_pods(self, node: str, bodies: Iterable[Body]) -> bool:
-        pods = {p.uid: p for p in map(workload_pod, bodies) if p is not None and p.node == node}
-        before = self.node_pods.get(node)
-        self.node_pods[node] = pods
-        return before != pods
+        """A node's pods listed at once (the tests', the bench's): the same two steps as a drain
+        watch's informer, each pod and then the complete listing."""
+        listed = list(bodies)
+        for body in listed:
+            self.record_node_pod(node, body, False)
+        return self.node_pods_listed(
+            node, {(b["metadata"].get("namespace", ""), b["metadata"]["name"]) for b in listed}
+        )
 
     def record_node_pod(self, node: str, body: Body, deleted: bool) -> bool:
         """A pod of a node being emptied (gpu_operator/runtime/drain_watches.py). Until the node's first
