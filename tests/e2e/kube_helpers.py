@@ -220,7 +220,9 @@ def wait_for(
     interval: float = 0.2,
     what: str = "condition",
 ) -> T:
-    """Call ``check`` until it returns; retry while it raises AssertionError or a 404.
+    """Call ``check`` until it returns; retry while it raises AssertionError or what the API server
+    answers while it catches up: a 404 (a CRD established a moment ago, an object not created yet),
+    a 429 or a 5xx (a new resource's storage still starting), or a dropped connection.
 
     Returns what ``check`` returned. Raises :class:`WaitTimeout` after ``timeout`` seconds with
     the last assertion message (the last observed state).
@@ -232,9 +234,11 @@ def wait_for(
         except AssertionError as exc:
             last = str(exc) or repr(exc)
         except ApiException as exc:
-            if exc.status != 404:
+            if not (exc.status in (404, 429) or (exc.status or 0) >= 500):
                 raise
-            last = f"404 Not Found: {exc.reason}"
+            last = f"{exc.status} {exc.reason}: {str(exc.body)[:200]}"
+        except aiohttp.ClientConnectionError as exc:
+            last = f"connection: {exc!r}"
         if time.monotonic() >= deadline:
             raise WaitTimeout(f"{what}: not met after {timeout:.0f}s; last observed: {last}")
         time.sleep(interval)
