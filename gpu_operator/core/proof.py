@@ -14,12 +14,12 @@ from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from gpu_operator.core.answers import Failure
 from gpu_operator.core.memory import Memory
 from gpu_operator.core.observed import ObjectKey
 from gpu_operator.core.plan import Observed, Plan, build, to_write, vetting_context
 from gpu_operator.core.vetting import (
     Answers,
-    Failure,
     Lookup,
     Problems,
     Verdict,

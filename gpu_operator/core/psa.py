@@ -78,6 +78,10 @@ class NamespaceWrite:
     labels: dict[str, str]
     annotations: dict[str, str]
 
+    def restores(self) -> dict[str, tuple[str, str]]:
+        """`restore` as label rewrites (the value each must still have, the value put back)."""
+        return {key: (PRIVILEGED, value) for key, value in self.restore.items()}
+
 
 def namespace_write(namespace: NamespaceInfo | None, enabled: bool) -> NamespaceWrite | None:
     """The write that brings the namespace to `enabled` (None: nothing to change, or no namespace)."""

@@ -20,13 +20,13 @@ Nothing is asked when nothing is to be written, so a cluster at rest costs the A
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpu_operator.api import FieldError
 from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.core.answers import Failure, is_refusal, refused_fields
 from gpu_operator.core.components import BY_NAME, COMPONENTS
 from gpu_operator.core.observed import (
     ADOPT_ANNOTATION,
@@ -40,50 +40,8 @@ from gpu_operator.core.observed import (
 from gpu_operator.core.policy_fields import fields_named, policy_field, spec_values, string_fields
 from gpu_operator.core.render import PREREQUISITES
 
-TYPED_PATCH = "failed to create typed patch object"
-"""A 500 the API server answers when a value has the wrong type for the field (runAsUser "root"): the
-content is at fault, not the server, and retrying cannot help."""
-_TYPED_PATCH_FIELD = re.compile(TYPED_PATCH + r" \([^)]*\): (\.?[^:\s]+): (.*)", re.DOTALL)
-
 LOOKED_UP_KINDS = {"Secret": ("v1", ""), "PriorityClass": ("scheduling.k8s.io/v1", "")}
 """Kinds of references read from the API server (apiVersion; namespaced ones in the operand namespace)."""
-
-
-@dataclass(frozen=True)
-class Failure:
-    """What the API server answered to a request that did not succeed."""
-
-    status: int
-    """HTTP status; 0: no answer at all."""
-    reason: str
-    message: str
-    causes: tuple[tuple[str, str], ...] = ()
-    """(field path, message) pairs of a refused object (the Status' details.causes)."""
-
-    def __str__(self) -> str:
-        return f"{self.status} {self.reason}: {self.message}".replace("  ", " ")
-
-
-def is_refusal(failure: Failure) -> bool:
-    """The server refused the content (a spec problem) rather than failing to answer: 4xx but not a
-    missing namespace or kind (404), a conflict or timeout (409, 408) or throttling (429), and not
-    the operator's own permissions (403 naming the user); and the typed-patch 500."""
-    if failure.status == 500:
-        return TYPED_PATCH in failure.message
-    if failure.status == 403:
-        return not ('User "' in failure.message and " cannot " in failure.message)
-    return 400 <= failure.status < 500 and failure.status not in (404, 408, 409, 429)
-
-
-def refused_fields(failure: Failure) -> list[tuple[str, str]]:
-    """(field path of the object, message) of everything a refusal names; ('', message) when it names
-    no field."""
-    if failure.causes:
-        return [(path, message) for path, message in failure.causes]
-    typed = _TYPED_PATCH_FIELD.search(failure.message)
-    if typed:
-        return [(typed.group(1).lstrip("."), typed.group(2).strip())]
-    return [("", failure.message)]
 
 
 @dataclass(frozen=True)

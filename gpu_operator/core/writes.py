@@ -14,6 +14,7 @@ from math import inf
 from typing import Any
 
 from gpu_operator.core.components import COMPONENTS
+from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import ObjectKey, component_of
 from gpu_operator.core.plan import Conclusion, Plan
 from gpu_operator.core.render import PREREQUISITES
@@ -63,6 +64,26 @@ def deletes_after(deletes: Sequence[ObjectKey], failed: Mapping[str, str]) -> tu
     operands run on until the new objects are written, so a single failed write keeps every delete
     for a later pass."""
     return () if failed else tuple(deletes)
+
+
+def label_version(planned: NodeInfo, latest: NodeInfo | None) -> str | None:
+    """The resourceVersion to write a node's operator labels on, the plan having read `planned` and the
+    watch showing `latest` now (None: nothing newer known); None: leave them to the next pass.
+
+    A write carries the node's version, so that a label k8s-driver-manager or mig-manager changed since
+    the plan read it (their pause) is never undone: such a change arriving while the write waited its
+    turn leaves it to the next pass, which plans on it. A newer version alone (a status update, another
+    manager's annotation) changes nothing the plan read: the decision stands, on that version."""
+    if latest is None:
+        return planned.resource_version
+    return latest.resource_version if latest == planned else None
+
+
+def version_after_conflict(planned: NodeInfo, fresh: NodeInfo | None) -> str | None:
+    """After a label write was refused as stale (409): the version to write again on at once, when the
+    node as it is now (`fresh`; None: not known) differs from what the plan read only in its version,
+    common while a rollout's pods start on the node; None: the next pass decides again."""
+    return fresh.resource_version if fresh is not None and fresh == planned else None
 
 
 @dataclass(frozen=True)

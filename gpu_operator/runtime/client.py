@@ -30,6 +30,7 @@ from typing import Any
 import aiohttp
 from kubernetes_asyncio import client, config
 
+from gpu_operator.core.answers import Failure
 from gpu_operator.core.observed import ObjectKey
 from gpu_operator.core.ownership import FIELD_MANAGER
 from gpu_operator.core.yaml_text import tojson
@@ -86,6 +87,11 @@ class ApiError(Exception):
         self.message = message
         self.causes = causes
         super().__init__(f"{status} {reason}: {message}")
+
+    @property
+    def failure(self) -> Failure:
+        """The answer as the core reads it (gpu_operator/core/answers.py decides what it means)."""
+        return Failure(self.status, self.reason, self.message, self.causes)
 
 
 def _causes(details: Any) -> tuple[tuple[str, str], ...]:
@@ -152,13 +158,6 @@ def preconditioned(
     if resource_version:
         metadata["resourceVersion"] = resource_version
     return {"apiVersion": api_version, "kind": kind, "metadata": metadata}
-
-
-def gone_or_changed(exc: ApiError) -> bool:
-    """Whether a preconditioned write failed only because its object is not as last seen: changed
-    since (409), deleted (409 "uid mismatch ... no existing object"), or deleted and created anew
-    under the same name (422 on the immutable metadata.uid). The next pass decides again."""
-    return exc.status == 409 or (exc.status == 422 and "metadata.uid" in exc.message)
 
 
 ConfigException = config.ConfigException
@@ -459,8 +458,8 @@ class Kube:
         """Own exactly `labels` on the node: labels the manager owned and leaves out are removed, others
         untouched. The node's `uid` is a precondition: server-side apply creates an object that does
         not exist, whatever `resourceVersion` says, but not one whose uid it is told (409 "uid
-        mismatch"), so a write never brings back a Node deleted meanwhile; see `gone_or_changed`. With
-        `resource_version` the write also fails with 409 if the node changed since."""
+        mismatch"), so a write never brings back a Node deleted meanwhile (core.answers.changed_since_read).
+        With `resource_version` the write also fails with 409 if the node changed since."""
         return await self.apply(
             preconditioned("v1", "Node", node, labels, uid, resource_version), manager, force
         )

@@ -24,6 +24,13 @@ from functools import partial
 from typing import Any, Protocol, TypeVar
 
 from gpu_operator.api.crd import crd
+from gpu_operator.core.answers import (
+    Failure,
+    changed_since_read,
+    eviction_result,
+    gone,
+    nothing_to_delete,
+)
 from gpu_operator.core.memory import Memory
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import (
@@ -45,7 +52,7 @@ from gpu_operator.core.plan import (
     unlisted_pods,
 )
 from gpu_operator.core.proof import Answer, LookUp, Proven, Question, prove
-from gpu_operator.core.psa import PRIVILEGED, NamespaceInfo, NamespaceWrite
+from gpu_operator.core.psa import NamespaceInfo, NamespaceWrite
 from gpu_operator.core.upgrade import (
     DeletePod,
     EvictionResult,
@@ -53,22 +60,22 @@ from gpu_operator.core.upgrade import (
     NodeActions,
     PatchNode,
     announcements,
+    event_subject,
+    rounds,
 )
 from gpu_operator.core.upgrade.facts import format_time
-from gpu_operator.core.vetting import (
-    Failure,
-    Lookup,
-    Verdict,
-)
+from gpu_operator.core.vetting import Lookup, Verdict
 from gpu_operator.core.writes import (
     deletes_after,
     in_waves,
+    label_version,
     labelled_components,
     next_pass_at,
     paced_statuses,
     unsettled,
+    version_after_conflict,
 )
-from gpu_operator.runtime.client import ApiError, Kube, NotLeader, gone_or_changed, preconditioned
+from gpu_operator.runtime.client import ApiError, Kube, NotLeader, preconditioned
 from gpu_operator.runtime.settings import Settings
 from gpu_operator.runtime.store import Store
 
@@ -89,7 +96,7 @@ async def ensure_crd(kube: Kube, create: bool) -> bool:
     try:
         current = await kube.get(*CRD_API, body["metadata"]["name"])
     except ApiError as exc:
-        if exc.status != 404:
+        if not gone(exc.failure):
             log.warning("cannot read the ClusterPolicy CRD (%s); leaving it as it is", exc)
             return False
         if not create:
@@ -140,10 +147,6 @@ class Outcome:
     timeout or eviction retry."""
 
 
-def _failure(exc: ApiError) -> Failure:
-    return Failure(exc.status, exc.reason, exc.message, exc.causes)
-
-
 def _log_rewrites(node: str, rewrites: LabelRewrites) -> None:
     removed = sorted(key for key, (_, new) in rewrites.items() if new is None)
     changed = {key: new for key, (_, new) in sorted(rewrites.items()) if new is not None}
@@ -169,12 +172,12 @@ async def _recorded(errors: dict[str, str], what: str) -> AsyncIterator[None]:
 
 async def _unless_changed(what: str, stale: list[str], write: Callable[[], Awaitable[object]]) -> bool:
     """Run a write that carries the uid and resourceVersion the plan saw. An object changed since (a
-    manager's pause, an admin's label), deleted or replaced (see kube.gone_or_changed) means the write
-    is left to the next pass, which is asked for. True when the write went through."""
+    manager's pause, an admin's label), deleted or replaced (answers.changed_since_read) leaves the
+    write to the next pass, which is asked for. True when the write went through."""
     try:
         await write()
     except ApiError as exc:
-        if not gone_or_changed(exc):
+        if not changed_since_read(exc.failure):
             raise
         _left_to_next_pass(what, stale)
         return False
@@ -296,16 +299,15 @@ class Reconciler:
         if plan.namespace_write is not None and observed.operand_namespace is not None:
             await self._write_namespace(observed.operand_namespace, plan.namespace_write, errors, stale)
         if policy:
-            # Starts last, and only once the others are written (gpu_operator/core/upgrade/writes.py).
-            for starts in (False, True):
+            # A round only once every node of the one before went through (core/upgrade/writes.py).
+            for round_ in rounds(rest):
                 if not failed:
                     await _gather(
                         [
                             partial(
                                 self._upgrade_node, actions, observed.nodes, policy, errors, refused, failed
                             )
-                            for actions in rest
-                            if actions.starts == starts
+                            for actions in round_
                         ],
                         self.writers,
                     )
@@ -347,7 +349,7 @@ class Reconciler:
         try:
             return await self.kube.metadata(api_version, kind, name, namespace)
         except ApiError as exc:
-            return _failure(exc)
+            return exc.failure
 
     async def _dry_run(self, body: dict[str, Any]) -> tuple[ObjectKey, Failure | None]:
         try:
@@ -355,7 +357,7 @@ class Reconciler:
         except NotLeader:
             raise
         except ApiError as exc:
-            return object_key(body), _failure(exc)
+            return object_key(body), exc.failure
         return object_key(body), None
 
     async def _apply(self, body: dict[str, Any], errors: dict[str, str]) -> None:
@@ -397,25 +399,18 @@ class Reconciler:
                 # it, wakes no pass.
                 self.store.record_node(written, False)
 
-            current: NodeInfo | None = self.store.get("nodes", node.name)
-            if current is not None and current != node:
-                # The watch brought a change the plan would read while this write waited its turn (a
-                # stage's label writes queue for seconds on a busy API server): refused as stale anyway.
+            # A stage's label writes queue for seconds on a busy API server: the watch may have brought
+            # a newer node meanwhile (writes.label_version decides whether the write still goes).
+            version = label_version(node, self.store.get("nodes", node.name))
+            if version is None:
                 _left_to_next_pass(what, stale)
                 return
-            # Its resourceVersion alone may have moved meanwhile (another manager's annotation, a status
-            # update): the decision stands, on the newest version known.
-            version = node.resource_version if current is None else current.resource_version
             done = await _unless_changed(what, stale, partial(apply, version))
             if not done:
-                fresh = await self._node_after_conflict(node.name, version)
-                # Only its resourceVersion moved (a status update, another manager's annotation: common
-                # while a rollout's pods start on the node): everything the plan read of the node
-                # is the same, so its decision stands and the write goes again at once, on the new
-                # version, instead of a pass later.
-                if fresh is not None and fresh == node:
+                again = version_after_conflict(node, await self._node_after_conflict(node.name, version))
+                if again is not None:
                     stale.remove(what)
-                    done = await _unless_changed(what, stale, partial(apply, fresh.resource_version))
+                    done = await _unless_changed(what, stale, partial(apply, again))
             if done and rewrites:
                 await self._rewrite_node(node.name, rewrites)
 
@@ -488,11 +483,9 @@ class Reconciler:
                 failed.append(actions.node)
                 return
         stamp = now()
+        uids = {name: node.uid for name, node in nodes.items()}
         for event in actions.events:
-            target, kind = policy, ("nvidia.com/v1", "ClusterPolicy")
-            if event.node is not None:
-                node = nodes.get(event.node)
-                target, kind = {"name": event.node, "uid": node.uid if node else ""}, ("v1", "Node")
+            target, kind = event_subject(event, uids, policy)
             try:
                 await self.kube.post_event(target, event.type, event.reason, event.message, stamp, kind=kind)
             except ApiError as exc:
@@ -501,18 +494,13 @@ class Reconciler:
                 )
 
     async def _evict(self, write: EvictPod) -> EvictionResult:
-        """Whatever the answer (201, 429 from a PodDisruptionBudget, 404, no answer at all), it is a fact
-        for the next pass, never a failure: the state machine retries, waits or times out."""
+        """Whatever the answer, a fact for the next pass (answers.eviction_result)."""
         try:
             await self.kube.evict(write.namespace, write.name, write.body())
-            result = EvictionResult(201, "", time.time())
+            result = eviction_result(None, time.time())
             log.info("evicted pod %s/%s (driver upgrade)", write.namespace, write.name)
         except ApiError as exc:
-            # A PodDisruptionBudget's 429 names the budget only in its causes ("The disruption budget
-            # guarded needs 1 healthy pods and has 1 currently"): the status and `doctor` name it too.
-            said = "; ".join(message for _, message in exc.causes if message)
-            message = f"{exc.message} ({said})" if said else exc.message
-            result = EvictionResult(exc.status, message or exc.reason, time.time())
+            result = eviction_result(exc.failure, time.time())
             log.info("eviction of pod %s/%s refused: %s", write.namespace, write.name, exc)
         self.memory.evictions[write.uid] = result
         return result
@@ -522,8 +510,7 @@ class Reconciler:
         try:
             await self.kube.delete_pod(write.namespace, write.name, write.body())
         except ApiError as exc:
-            # Gone already, or the name is another pod's now (UID precondition): nothing to delete.
-            if exc.status not in (404, 409):
+            if not nothing_to_delete(exc.failure):
                 raise
 
     async def _write_namespace(
@@ -534,8 +521,7 @@ class Reconciler:
         async with _recorded(errors, what):
             version = namespace.resource_version
             if write.restore:
-                restore = {key: (PRIVILEGED, value) for key, value in write.restore.items()}
-                await self.kube.rewrite_labels("Namespace", namespace.name, restore)
+                await self.kube.rewrite_labels("Namespace", namespace.name, write.restores())
                 version = ""  # the restore moved it on; the uid still keeps the write from creating it
             body = preconditioned(
                 "v1", "Namespace", namespace.name, write.labels, namespace.uid, version, write.annotations
@@ -555,9 +541,9 @@ class Reconciler:
                 try:
                     await self.kube.patch_status(name, body)
                 except ApiError as exc:
-                    if exc.status != 404:
+                    if not gone(exc.failure):
                         raise
-                    continue  # deleted meanwhile; its DELETED event is on the way
+                    continue
                 self.memory.status_written[name] = time.monotonic()
             self.memory.reported[name] = conclusion.reported[name]
             stamp = now()

@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiException
 
+from gpu_operator.core.answers import changed_since_read
 from gpu_operator.core.observed import ADOPT_ANNOTATION
-from gpu_operator.runtime.client import ApiError, gone_or_changed
+from gpu_operator.runtime.client import ApiError
 from hack import gen_nodes
 
 from .kube_helpers import Cluster, client, wait_for
@@ -413,14 +414,14 @@ def test_a_label_write_never_creates_a_node_whatever_the_credentials(cluster: Cl
     wait_for(lambda: assert_gone(core, name), timeout=30, what="node deleted")
     with pytest.raises(ApiError) as refused:
         kube.apply_node_labels(name, {PRESENT: "true"}, node.metadata.uid, node.metadata.resource_version)
-    assert gone_or_changed(refused.value), refused.value
+    assert changed_since_read(refused.value.failure), refused.value
     assert_gone(core, name)
     # A node re-created under the same name is not the one the write was meant for either.
     again = core.create_node({"metadata": {"name": name}})
     try:
         with pytest.raises(ApiError) as replaced:
             kube.apply_node_labels(name, {PRESENT: "true"}, node.metadata.uid)
-        assert gone_or_changed(replaced.value), replaced.value
+        assert changed_since_read(replaced.value.failure), replaced.value
         assert PRESENT not in (core.read_node(name).metadata.labels or {})
         assert core.read_node(name).metadata.uid == again.metadata.uid
     finally:

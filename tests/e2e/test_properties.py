@@ -22,10 +22,11 @@ from hypothesis import HealthCheck, Phase, assume, given, reject, settings
 from hypothesis import strategies as st
 
 from gpu_operator.api import PolicyError, parse_spec
+from gpu_operator.core.answers import Failure
 from gpu_operator.core.node_labels import cluster_facts
 from gpu_operator.core.observed import object_key
 from gpu_operator.core.render import render
-from gpu_operator.core.vetting import Answers, Context, Failure, judge
+from gpu_operator.core.vetting import Answers, Context, judge
 from gpu_operator.runtime.client import ApiError, path
 from gpu_operator.runtime.sync_client import SyncKube
 

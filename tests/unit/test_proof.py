@@ -10,12 +10,12 @@ from typing import Any
 
 from builders import gpu_node
 
+from gpu_operator.core.answers import Failure
 from gpu_operator.core.memory import Memory
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import ObjectKey, object_key
 from gpu_operator.core.plan import Observed, PolicyRef
 from gpu_operator.core.proof import Answer, DryRun, LookUp, Proof, Proven, Question, prove
-from gpu_operator.core.vetting import Failure
 
 NOW = "2026-12-05T12:00:00Z"
 CLOCK = 1796472000.0

@@ -23,14 +23,18 @@ from gpu_operator.api.upgrade_policy import UpgradePolicySpec
 from gpu_operator.core.upgrade import (
     DeletePod,
     EvictPod,
+    NodeActions,
     PatchNode,
     State,
+    UpgradeEvent,
     UpgradePlan,
     controller_revision,
     current_revision,
     driver_daemonset,
     driver_pod,
+    event_subject,
     plan_upgrade,
+    rounds,
     upgrade_node,
     validator_pod,
     workload_pod,
@@ -1101,3 +1105,24 @@ def test_status_validates_against_the_model_and_names_every_node() -> None:
     assert model.failed[0].since == "2023-11-14T22:13:20Z"
     assert {n for g in model.pending for n in g.nodes} == {"node-0", "node-1", "node-2", "node-4"}
     assert model.canary is not None and model.canary.required == 1
+
+
+def test_after_the_objects_the_nodes_going_on_come_before_those_starting() -> None:
+    going_on = NodeActions("a", (PatchNode("a", unschedulable=False),))
+    starting = NodeActions("b", (PatchNode("b", unschedulable=True),), starts=True)
+    also_going_on = NodeActions("c", (DeletePod("ns", "p", "u", "driver-restart"),))
+    assert rounds([starting, going_on, also_going_on]) == ([going_on, also_going_on], [starting])
+    assert rounds([]) == ([], [])
+
+
+def test_an_upgrade_event_is_about_its_node_or_else_the_policy() -> None:
+    policy = {"name": "cluster-policy", "uid": "p-1"}
+    on_node = UpgradeEvent("gpu-0", "Warning", "failed")
+    assert event_subject(on_node, {"gpu-0": "n-1"}, policy) == (
+        {"name": "gpu-0", "uid": "n-1"},
+        ("v1", "Node"),
+    )
+    # A node gone from the watch meanwhile: still named, without a uid.
+    assert event_subject(on_node, {}, policy)[0] == {"name": "gpu-0", "uid": ""}
+    on_policy = UpgradeEvent(None, "Normal", "done")
+    assert event_subject(on_policy, {}, policy) == (policy, ("nvidia.com/v1", "ClusterPolicy"))

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from gpu_operator.core.answers import Failure
 from gpu_operator.core.observed import ObjectKey
-from gpu_operator.core.vetting import Failure, Lookup, Reference, Requests, lookup_answers, to_look_up
+from gpu_operator.core.vetting import Lookup, Reference, Requests, lookup_answers, to_look_up
 
 NAMESPACE = "gpu-operator"
 DAEMONSET: ObjectKey = ("apps/v1", "DaemonSet", NAMESPACE, "nvidia-driver-daemonset")

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from builders import watched_node
+
 from gpu_operator.api import FieldError
 from gpu_operator.core.plan import Conclusion, Plan, PolicyRef
 from gpu_operator.core.upgrade import UpgradePlan
@@ -13,10 +15,12 @@ from gpu_operator.core.vetting import Problems
 from gpu_operator.core.writes import (
     deletes_after,
     in_waves,
+    label_version,
     labelled_components,
     next_pass_at,
     paced_statuses,
     unsettled,
+    version_after_conflict,
 )
 
 
@@ -106,3 +110,23 @@ def test_unsettled_are_the_conflicts_the_failed_writes_and_what_keeps_the_genera
     held = replace(NO_POLICY, active=active, problems=problems)
     assert unsettled(held, {}, {}) == {"generation 3": "; ".join(problems.lines())}
     assert unsettled(replace(held, problems=Problems()), {}, {}) == {}, "nothing keeps it back"
+
+
+def test_a_label_write_goes_on_the_newest_version_unless_what_the_plan_read_changed() -> None:
+    planned = watched_node()
+    assert label_version(planned, None) == "1"  # nothing newer known: the plan's own
+    # Only its version moved (a status update, another manager's annotation): the decision stands.
+    assert label_version(planned, replace(planned, resource_version="7")) == "7"
+    # A label the plan reads changed meanwhile (k8s-driver-manager's pause): the next pass decides.
+    paused = replace(
+        planned, labels={**planned.labels, "nvidia.com/gpu.deploy.driver": "paused"}, resource_version="8"
+    )
+    assert label_version(planned, paused) is None
+
+
+def test_after_a_conflict_the_write_goes_again_at_once_only_if_the_version_alone_moved() -> None:
+    planned = watched_node()
+    assert version_after_conflict(planned, replace(planned, resource_version="9")) == "9"
+    assert version_after_conflict(planned, None) is None  # not known: its watch brings it
+    cordoned = replace(planned, unschedulable=True, resource_version="9")
+    assert version_after_conflict(planned, cordoned) is None

@@ -29,6 +29,8 @@ from gpu_operator.core.upgrade.writes import (
     UpgradeEvent,
     Write,
     announcements,
+    event_subject,
+    rounds,
 )
 
 __all__ = [
@@ -53,7 +55,9 @@ __all__ = [
     "current_revision",
     "driver_daemonset",
     "driver_pod",
+    "event_subject",
     "plan_upgrade",
+    "rounds",
     "upgrade_node",
     "validator_pod",
     "workload_pod",

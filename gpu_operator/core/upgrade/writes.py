@@ -132,3 +132,20 @@ def announcements(actions: tuple[NodeActions, ...]) -> tuple[list[NodeActions], 
     for action in actions:
         (first if action.writes and announces(action) else rest).append(action)
     return first, rest
+
+
+def rounds(rest: list[NodeActions]) -> tuple[list[NodeActions], list[NodeActions]]:
+    """The writes after the pass's objects, in two rounds: the nodes that go on with (or end) their
+    upgrade, then the nodes that start it. The caller runs the second only if every node of the first
+    succeeded (see the module docstring: a starting node may take the slot a finishing one gives back)."""
+    return [a for a in rest if not a.starts], [a for a in rest if a.starts]
+
+
+def event_subject(
+    event: UpgradeEvent, node_uids: Mapping[str, str], policy: Mapping[str, str]
+) -> tuple[Mapping[str, str], tuple[str, str]]:
+    """What an upgrade Event is about, as (name and uid, (apiVersion, kind)): its node, or the
+    ClusterPolicy (`policy`: its name and uid) when it names none."""
+    if event.node is None:
+        return policy, ("nvidia.com/v1", "ClusterPolicy")
+    return {"name": event.node, "uid": node_uids.get(event.node, "")}, ("v1", "Node")
