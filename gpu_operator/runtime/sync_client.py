@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
@@ -18,6 +18,7 @@ from gpu_operator.runtime.client import DEFAULT_TIMEOUT, Kube, Timeout, connect
 
 P = ParamSpec("P")
 R = TypeVar("R")
+T = TypeVar("T")
 
 
 def _blocking(
@@ -82,13 +83,17 @@ class SyncKube:
         """Kube.watch's events, one at a time as they come."""
         events = self.kube.watch(api_version, kind, query, timeout_seconds)
         try:
-            while True:
-                try:
-                    yield self.run(_next(events))
-                except StopAsyncIteration:
-                    return
+            yield from self.iterate(events)
         finally:
             self.run(events.aclose())
+
+    def iterate(self, items: AsyncIterator[T]) -> Iterator[T]:
+        """An async iterator's items, each taken on the client's loop; closing it is the caller's."""
+        while True:
+            try:
+                yield self.run(_next(items))
+            except StopAsyncIteration:
+                return
 
     request = _blocking(Kube.request)
     get = _blocking(Kube.get)
@@ -108,5 +113,5 @@ class SyncKube:
     post_event = _blocking(Kube.post_event)
 
 
-async def _next(events: AsyncGenerator[dict[str, Any], None]) -> dict[str, Any]:
-    return await anext(events)
+async def _next(items: AsyncIterator[T]) -> T:
+    return await anext(items)

@@ -130,17 +130,12 @@ class Watch:
         async def start() -> Any:
             return async_watch.Watch().stream(lister.method, *args, **kwargs)
 
-        async def following(events: Any) -> Any:
-            return await events.__anext__()
-
         events = kube.run(start())
         try:
-            while not self._stop:
-                try:
-                    event = kube.run(following(events))
-                except StopAsyncIteration:
-                    return
+            for event in kube.iterate(events):
                 yield event
+                if self._stop:
+                    return
         finally:
             kube.run(events.close())
 
