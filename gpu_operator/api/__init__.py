@@ -1,12 +1,13 @@
-"""The ClusterPolicy API: pydantic models, parsing with field-path errors, and the CRD schema."""
+"""The ClusterPolicy API: pydantic models, parsing with field-path errors, and the CRD schema. The
+NVIDIADriver API (gpu_operator/api/nvidiadriver.py) parses with the same helpers."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from gpu_operator.api.quoting import quoted
 from gpu_operator.api.spec import ClusterPolicySpec
@@ -17,6 +18,8 @@ VERSION = "v1"
 KIND = "ClusterPolicy"
 PLURAL = "clusterpolicies"
 
+_M = TypeVar("_M", bound=BaseModel)
+
 __all__ = [
     "GROUP",
     "KIND",
@@ -26,7 +29,9 @@ __all__ = [
     "ClusterPolicyStatus",
     "FieldError",
     "PolicyError",
+    "identity_errors",
     "parse_document",
+    "parse_model",
     "parse_spec",
 ]
 
@@ -43,7 +48,8 @@ class FieldError:
 
 
 class PolicyError(ValueError):
-    """A ClusterPolicy that cannot be used; every problem is listed with its field path."""
+    """A ClusterPolicy (or NVIDIADriver) that cannot be used; every problem is listed with its field
+    path."""
 
     def __init__(self, errors: list[FieldError]) -> None:
         self.errors = errors
@@ -106,19 +112,38 @@ def too_deep(value: Any, prefix: str = "spec", limit: int = MAX_DEPTH) -> str | 
     return None
 
 
-def parse_spec(spec: Any) -> ClusterPolicySpec:
-    """Validate a ClusterPolicy `spec`; raise PolicyError naming every bad field."""
+def parse_model(model: type[_M], spec: Any, prefix: str = "spec") -> _M:
+    """Validate `spec` as `model` (a CR's spec); raise PolicyError naming every bad field. An absent
+    spec is an empty one: every CR here has a default for each of its fields."""
     if spec is None:
         spec = {}
     if not isinstance(spec, Mapping):
-        raise PolicyError([FieldError("spec", f"must be a mapping, not {type(spec).__name__}")])
-    deep = too_deep(spec)
+        raise PolicyError([FieldError(prefix, f"must be a mapping, not {type(spec).__name__}")])
+    deep = too_deep(spec, prefix)
     if deep is not None:
         raise PolicyError([FieldError(deep, f"nested more than {MAX_DEPTH} levels deep")])
     try:
-        return ClusterPolicySpec.model_validate(dict(spec))
+        return model.model_validate(dict(spec))
     except ValidationError as exc:
-        raise PolicyError(errors_from(exc, "spec")) from None
+        raise PolicyError(errors_from(exc, prefix)) from None
+
+
+def parse_spec(spec: Any) -> ClusterPolicySpec:
+    """Validate a ClusterPolicy `spec`; raise PolicyError naming every bad field."""
+    return parse_model(ClusterPolicySpec, spec)
+
+
+def identity_errors(doc: Mapping[str, Any], api_version: str, kind: str) -> list[FieldError]:
+    """What is wrong with a document's apiVersion, kind and metadata.name for this kind of object."""
+    errors = []
+    if doc.get("apiVersion") != api_version:
+        errors.append(FieldError("apiVersion", f"must be {api_version}, not {quoted(doc.get('apiVersion'))}"))
+    if doc.get("kind") != kind:
+        errors.append(FieldError("kind", f"must be {kind}, not {quoted(doc.get('kind'))}"))
+    metadata = doc.get("metadata")
+    if not isinstance(metadata, Mapping) or not metadata.get("name"):
+        errors.append(FieldError("metadata.name", "required field is missing"))
+    return errors
 
 
 def parse_document(doc: Any) -> ClusterPolicySpec:
@@ -126,16 +151,7 @@ def parse_document(doc: Any) -> ClusterPolicySpec:
     if not isinstance(doc, Mapping):
         what = "empty" if doc is None else f"a {type(doc).__name__}"
         raise PolicyError([FieldError("(document)", f"must be a ClusterPolicy mapping, not {what}")])
-    errors = []
-    if doc.get("apiVersion") != f"{GROUP}/{VERSION}":
-        errors.append(
-            FieldError("apiVersion", f"must be {GROUP}/{VERSION}, not {quoted(doc.get('apiVersion'))}")
-        )
-    if doc.get("kind") != KIND:
-        errors.append(FieldError("kind", f"must be {KIND}, not {quoted(doc.get('kind'))}"))
-    metadata = doc.get("metadata")
-    if not isinstance(metadata, Mapping) or not metadata.get("name"):
-        errors.append(FieldError("metadata.name", "required field is missing"))
+    errors = identity_errors(doc, f"{GROUP}/{VERSION}", KIND)
     try:
         spec = parse_spec(doc.get("spec"))
     except PolicyError as exc:
