@@ -665,19 +665,11 @@ class ClusterPolicySpec(Model):
                 sections.append((name, section))
         if self.driver.is_enabled() and self.driver.manager is not None:
             sections.append(("driver.manager", self.driver.manager))
-        found = []
-        for path, spec in sections:
-            reference = _reference(spec.repository, spec.image, spec.version)
-            if reference is None or image_reference.registry_of(image_reference.name_of(reference)):
-                continue
-            field = f"spec.{path}.{'repository' if spec.repository else 'image'}"
-            found.append(
-                f"{field}: {quoted(reference, image_reference.REAL_REFERENCE_MAX)} names no registry host, "
-                "so a container runtime pulls "
-                f"{image_reference.on_docker_hub(reference)}; NVIDIA's images are on nvcr.io (e.g. "
-                "repository: nvcr.io/nvidia): name the registry (docker.io/... if Docker Hub is meant)"
-            )
-        return found
+        found = (
+            without_registry(f"spec.{path}", spec.repository, spec.image, spec.version)
+            for path, spec in sections
+        )
+        return [problem for problem in found if problem is not None]
 
     @cached_property
     def enabled_sections(self) -> frozenset[str]:
@@ -709,6 +701,24 @@ class ClusterPolicySpec(Model):
             ):
                 found.append(name)
         return found
+
+
+def without_registry(
+    section: str, repository: str | None, image: str | None, version: str | None
+) -> str | None:
+    """The problem with an image that names no registry host (see images_without_registry), on the
+    field of `section` (a dotted path) that says it; None when the image names one, or no image is
+    given."""
+    reference = _reference(repository, image, version)
+    if reference is None or image_reference.registry_of(image_reference.name_of(reference)):
+        return None
+    field = f"{section}.{'repository' if repository else 'image'}"
+    return (
+        f"{field}: {quoted(reference, image_reference.REAL_REFERENCE_MAX)} names no registry host, "
+        "so a container runtime pulls "
+        f"{image_reference.on_docker_hub(reference)}; NVIDIA's images are on nvcr.io (e.g. "
+        "repository: nvcr.io/nvidia): name the registry (docker.io/... if Docker Hub is meant)"
+    )
 
 
 def _reference(repository: str | None, image: str | None, version: str | None) -> str | None:
