@@ -33,9 +33,13 @@ lint: venv ## ruff and mypy
 test-unit: venv ## unit tests (no cluster)
 	$(BIN)/pytest -q tests/unit
 
-crd: venv ## regenerate crds/clusterpolicy.yaml, the chart's copy, values schema and operand RBAC from the code
-	$(BIN)/gpu-operator crd > crds/clusterpolicy.yaml
-	cp crds/clusterpolicy.yaml charts/gpu-operator/crds/clusterpolicy.yaml
+CRDS := clusterpolicy nvidiadriver
+
+crd: venv ## regenerate crds/*.yaml (ClusterPolicy, NVIDIADriver), the chart's copies, values schema and operand RBAC from the code
+	for name in $(CRDS); do \
+	  $(BIN)/gpu-operator crd $$name > crds/$$name.yaml && \
+	  cp crds/$$name.yaml charts/gpu-operator/crds/$$name.yaml || exit 1; \
+	done
 	$(PY) hack/values_schema.py --write
 	$(PY) hack/operand_rbac.py --write
 

@@ -387,10 +387,15 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-def cmd_crd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from gpu_operator.api.crd import crd_yaml
+CRD_NAMES = ("clusterpolicy", "nvidiadriver")
+"""What `gpu-operator crd NAME` prints: the keys of gpu_operator.api.crd.RESOURCES (kept here so that the
+parser does not import the models)."""
 
-    out.write(crd_yaml())
+
+def cmd_crd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    from gpu_operator.api.crd import RESOURCES, definition_yaml
+
+    out.write(definition_yaml(RESOURCES[args.name]))
     return EXIT_OK
 
 
@@ -639,7 +644,14 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     validate.add_argument("-f", "--file", required=True, help="ClusterPolicy YAML file, or - for stdin")
     validate.set_defaults(handler=cmd_validate)
 
-    crd = commands.add_parser("crd", help="print the ClusterPolicy CustomResourceDefinition")
+    crd = commands.add_parser("crd", help="print a CustomResourceDefinition (ClusterPolicy by default)")
+    crd.add_argument(
+        "name",
+        nargs="?",
+        choices=CRD_NAMES,
+        default="clusterpolicy",
+        help="which CRD: %(choices)s (default %(default)s); `make crd` writes each to crds/NAME.yaml",
+    )
     crd.set_defaults(handler=cmd_crd)
 
     discover = commands.add_parser(

@@ -18,7 +18,7 @@ chart-schema: venv ## regenerate the chart's values.schema.json from the models
 chart-lint: venv tools ## helm lint, schema freshness, and a server-side dry run when a cluster is up
 	$(PY) hack/values_schema.py --check
 	$(PY) hack/operand_rbac.py --check
-	cmp crds/clusterpolicy.yaml $(CHART)/crds/clusterpolicy.yaml
+	for crd in crds/*.yaml; do cmp $$crd $(CHART)/$$crd || exit 1; done
 	$(HELM) lint --strict --kube-version $(CHART_KUBE_VERSION) $(CHART)
 	$(HELM) template gpu-operator $(CHART) --namespace gpu-operator --kube-version $(CHART_KUBE_VERSION) >/dev/null
 	@if [ -f "$(CHART_KUBECONFIG)" ] && $(KUBECTL) --kubeconfig "$(CHART_KUBECONFIG)" version >/dev/null 2>&1; then \

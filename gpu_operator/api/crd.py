@@ -1,9 +1,10 @@
-"""The ClusterPolicy CustomResourceDefinition, generated from the pydantic models.
+"""The CustomResourceDefinitions (ClusterPolicy, NVIDIADriver), generated from the pydantic models.
 
 `structural()` turns pydantic's JSON Schema (draft 2020-12) into the OpenAPI v3 *structural* schema that
-apiextensions.k8s.io/v1 demands; `crd()` wraps the spec and status schemas into the CRD; `crd_yaml()`
-is what `gpu-operator crd` prints and `crds/clusterpolicy.yaml` holds. The models stay the one source
-of truth: descriptions come from their attribute docstrings, admission rules (`x-kubernetes-validations`,
+apiextensions.k8s.io/v1 demands; `definition()` wraps a resource's spec and status schemas into its CRD;
+`definition_yaml()` is what `gpu-operator crd NAME` prints and `crds/NAME.yaml` holds (`RESOURCES` by
+NAME; `crd()` and `crd_yaml()` are the ClusterPolicy's). The models stay the one source of truth:
+descriptions come from their attribute docstrings, admission rules (`x-kubernetes-validations`,
 patterns) from their `json_schema_extra`.
 
 The converter is deliberately strict: any schema construct it does not know how to express structurally
@@ -13,17 +14,18 @@ server refuses (or, worse, accepts with different meaning).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import yaml
+from pydantic import BaseModel
 
-from gpu_operator.api import GROUP, KIND, PLURAL, VERSION
+from gpu_operator.api import GROUP, KIND, PLURAL, VERSION, nvidiadriver
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.api.status import ClusterPolicyStatus
 
 Schema = dict[str, Any]
 
-NAME = f"{PLURAL}.{GROUP}"
 GENERATED_BY = "gpu-operator crd (gpu_operator/api/crd.py) from gpu_operator/api/spec.py and status.py"
 
 # JSONSchemaProps keys that may appear in the output as they are (after conversion of their content).
@@ -181,78 +183,141 @@ def _describe(field: Schema, model: Schema) -> str:
     return f"{own} {other}"
 
 
-def spec_schema() -> Schema:
-    schema = structural(ClusterPolicySpec.model_json_schema(mode="validation", by_alias=True))
-    # NVIDIA's CRD requires nine spec sections (operator, daemonsets, driver, ...). We require none:
-    # every section has NVIDIA's defaults, so `spec: {}` is a complete policy, and a required list here
-    # would reject the short policies NVIDIA's own docs and the seed article show.
+@dataclass(frozen=True)
+class Resource:
+    """One custom resource: its names, its models, and what `kubectl get` shows of it."""
+
+    kind: str
+    plural: str
+    version: str
+    spec: type[BaseModel]
+    status: type[BaseModel]
+    description: str
+    """The object's description (`kubectl explain <kind>`)."""
+    columns: tuple[Schema, ...]
+    """additionalPrinterColumns: what `kubectl get` shows."""
+    generated_by: str
+    short_names: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return f"{self.plural}.{GROUP}"
+
+
+_ERROR_CONDITION = '.status.conditions[?(@.type=="Error")]'
+_REASON = {"name": "Reason", "type": "string", "jsonPath": f"{_ERROR_CONDITION}.reason"}
+_MESSAGE = {"name": "Message", "type": "string", "priority": 1, "jsonPath": f"{_ERROR_CONDITION}.message"}
+_AGE = {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+
+CLUSTER_POLICY = Resource(
+    kind=KIND,
+    plural=PLURAL,
+    version=VERSION,
+    spec=ClusterPolicySpec,
+    status=ClusterPolicyStatus,
+    description=(
+        "ClusterPolicy is the desired state of the NVIDIA GPU software stack (driver, container "
+        "toolkit, device plugin, DCGM, DCGM exporter, GPU Feature Discovery, MIG manager, "
+        "validator) on every GPU node of the cluster. One ClusterPolicy is active; any further one "
+        "is ignored (status.state: ignored)."
+    ),
+    columns=(
+        {"name": "Status", "type": "string", "jsonPath": ".status.state"},
+        {"name": "GPU Nodes", "type": "integer", "jsonPath": ".status.gpuNodes"},
+        {"name": "Components", "type": "string", "jsonPath": ".status.componentsReady"},
+        {"name": "Driver Upgrade", "type": "string", "jsonPath": ".status.driverUpgrade.summary"},
+        _REASON,
+        _MESSAGE,
+        _AGE,
+    ),
+    generated_by=GENERATED_BY,
+)
+
+NVIDIA_DRIVER = Resource(
+    kind=nvidiadriver.KIND,
+    plural=nvidiadriver.PLURAL,
+    version=nvidiadriver.VERSION,
+    spec=nvidiadriver.NVIDIADriverSpec,
+    status=nvidiadriver.NVIDIADriverStatus,
+    description=(
+        "NVIDIADriver is one NVIDIA driver (type, image, settings) for a pool of GPU nodes: the nodes its "
+        "nodeSelector selects or, for the default driver, every GPU node no other NVIDIADriver selects. "
+        "NVIDIA's operator deploys NVIDIADrivers instead of the ClusterPolicy's driver when the "
+        "ClusterPolicy sets driver.useNvidiaDriverCRD."
+    ),
+    columns=(
+        # NVIDIA's status has no node counts: its state, which driver, and why it is not ready.
+        {"name": "Status", "type": "string", "jsonPath": ".status.state"},
+        {"name": "Default", "type": "boolean", "jsonPath": ".spec.default"},
+        {"name": "Type", "type": "string", "jsonPath": ".spec.driverType"},
+        {"name": "Version", "type": "string", "jsonPath": ".spec.version"},
+        _REASON,
+        _MESSAGE,
+        _AGE,
+    ),
+    generated_by=(
+        "gpu-operator crd nvidiadriver (gpu_operator/api/crd.py) from gpu_operator/api/nvidiadriver.py"
+    ),
+    short_names=nvidiadriver.SHORT_NAMES,
+)
+
+RESOURCES = {"clusterpolicy": CLUSTER_POLICY, "nvidiadriver": NVIDIA_DRIVER}
+"""Every CRD this operator defines, by the name of its file in crds/ (and of `gpu-operator crd NAME`)."""
+
+
+def spec_schema(resource: Resource = CLUSTER_POLICY) -> Schema:
+    schema = structural(resource.spec.model_json_schema(mode="validation", by_alias=True))
+    # NVIDIA's ClusterPolicy CRD requires nine spec sections (operator, daemonsets, driver, ...). We
+    # require none: every field has NVIDIA's default, so `spec: {}` is complete, and a required list
+    # here would reject the short policies NVIDIA's own docs and the seed article show. (Its NVIDIADriver
+    # CRD requires `default`, `driverType` and `image`, each with a default: the same as none.)
     schema.pop("required", None)
     return schema
 
 
-def status_schema() -> Schema:
-    return structural(ClusterPolicyStatus.model_json_schema(mode="validation", by_alias=True))
+def status_schema(resource: Resource = CLUSTER_POLICY) -> Schema:
+    return structural(resource.status.model_json_schema(mode="validation", by_alias=True))
 
 
-def crd() -> Schema:
-    """The CustomResourceDefinition object."""
-    error_condition = '.status.conditions[?(@.type=="Error")]'
+def definition(resource: Resource) -> Schema:
+    """The CustomResourceDefinition object of `resource`."""
+    names: Schema = {
+        "kind": resource.kind,
+        "listKind": f"{resource.kind}List",
+        "plural": resource.plural,
+        "singular": resource.kind.lower(),
+    }
+    if resource.short_names:
+        names["shortNames"] = list(resource.short_names)
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
         "metadata": {
-            "name": NAME,
-            "annotations": {"gpu-operator.nvidia.com/generated-by": GENERATED_BY},
+            "name": resource.name,
+            "annotations": {"gpu-operator.nvidia.com/generated-by": resource.generated_by},
             "labels": {"app.kubernetes.io/name": "gpu-operator"},
         },
         "spec": {
             "group": GROUP,
-            "names": {
-                "kind": KIND,
-                "listKind": f"{KIND}List",
-                "plural": PLURAL,
-                "singular": KIND.lower(),
-            },
+            "names": names,
             "scope": "Cluster",
             "versions": [
                 {
-                    "name": VERSION,
+                    "name": resource.version,
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
-                    "additionalPrinterColumns": [
-                        {"name": "Status", "type": "string", "jsonPath": ".status.state"},
-                        {"name": "GPU Nodes", "type": "integer", "jsonPath": ".status.gpuNodes"},
-                        {"name": "Components", "type": "string", "jsonPath": ".status.componentsReady"},
-                        {
-                            "name": "Driver Upgrade",
-                            "type": "string",
-                            "jsonPath": ".status.driverUpgrade.summary",
-                        },
-                        {"name": "Reason", "type": "string", "jsonPath": f"{error_condition}.reason"},
-                        {
-                            "name": "Message",
-                            "type": "string",
-                            "priority": 1,
-                            "jsonPath": f"{error_condition}.message",
-                        },
-                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
-                    ],
-                    "schema": {"openAPIV3Schema": _root()},
+                    "additionalPrinterColumns": [dict(column) for column in resource.columns],
+                    "schema": {"openAPIV3Schema": _root(resource)},
                 }
             ],
         },
     }
 
 
-def _root() -> Schema:
+def _root(resource: Resource) -> Schema:
     return {
-        "description": (
-            "ClusterPolicy is the desired state of the NVIDIA GPU software stack (driver, container "
-            "toolkit, device plugin, DCGM, DCGM exporter, GPU Feature Discovery, MIG manager, "
-            "validator) on every GPU node of the cluster. One ClusterPolicy is active; any further one "
-            "is ignored (status.state: ignored)."
-        ),
+        "description": resource.description,
         "type": "object",
         "properties": {
             "apiVersion": {
@@ -263,14 +328,35 @@ def _root() -> Schema:
             "metadata": {"type": "object"},
             # Nullable: server-side apply of `spec: {}` over a non-empty spec stores null, and an
             # empty spec means "all defaults" (the operator reads null as {}).
-            "spec": {**spec_schema(), "nullable": True},
-            "status": status_schema(),
+            "spec": {**spec_schema(resource), "nullable": True},
+            "status": status_schema(resource),
         },
     }
 
 
-def crd_yaml() -> str:
+class _PlainDumper(yaml.SafeDumper):
+    """Writes a value that the schema shares between fields (an inlined model's `required`, an enum)
+    again in each place, not as a YAML anchor and alias: a CRD is read by people and by tools that
+    handle aliases poorly."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def definition_yaml(resource: Resource) -> str:
     """The CRD as YAML, keys sorted so that the output is stable, with a generated-by header."""
-    header = f"# Generated by {GENERATED_BY}.\n# Do not edit: change the models and run `make crd`.\n"
-    body = yaml.safe_dump(crd(), sort_keys=True, allow_unicode=True, width=100)
+    header = (
+        f"# Generated by {resource.generated_by}.\n# Do not edit: change the models and run `make crd`.\n"
+    )
+    body = yaml.dump(definition(resource), Dumper=_PlainDumper, sort_keys=True, allow_unicode=True, width=100)
     return header + body
+
+
+def crd() -> Schema:
+    """The ClusterPolicy CustomResourceDefinition."""
+    return definition(CLUSTER_POLICY)
+
+
+def crd_yaml() -> str:
+    """The ClusterPolicy CRD as YAML (`crds/clusterpolicy.yaml`)."""
+    return definition_yaml(CLUSTER_POLICY)

@@ -209,10 +209,14 @@ def test_default_render_has_the_chart_objects(default_objects: list[Obj]) -> Non
             assert obj["metadata"]["namespace"] == expected
 
 
-def test_crd_is_the_repository_crd() -> None:
-    assert (CHART / "crds" / "clusterpolicy.yaml").read_bytes() == (
-        ROOT / "crds" / "clusterpolicy.yaml"
-    ).read_bytes()
+@pytest.mark.parametrize("name", ["clusterpolicy", "nvidiadriver"])
+def test_crd_is_the_repository_crd(name: str) -> None:
+    assert (CHART / "crds" / f"{name}.yaml").read_bytes() == (ROOT / "crds" / f"{name}.yaml").read_bytes()
+
+
+def test_the_chart_has_every_crd() -> None:
+    ours = sorted(p.name for p in (ROOT / "crds").glob("*.yaml"))
+    assert sorted(p.name for p in (CHART / "crds").glob("*.yaml")) == ours
 
 
 def test_chart_metadata() -> None:
