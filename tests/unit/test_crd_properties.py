@@ -14,10 +14,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_operator.api import PolicyError, parse_spec
-from gpu_operator.api.crd import crd
+from gpu_operator.api.crd import NVIDIA_DRIVER, crd, definition
+from gpu_operator.api.nvidiadriver import parse_driver_spec
 
 Schema = dict[str, Any]
 SPEC: Schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+DRIVER_SPEC: Schema = definition(NVIDIA_DRIVER)["spec"]["versions"][0]["schema"]["openAPIV3Schema"][
+    "properties"
+]["spec"]
 
 TEXT = st.text(st.characters(exclude_categories=["Cs"]), max_size=12)
 SCALARS = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | TEXT
@@ -81,10 +85,10 @@ def from_schema(node: Schema) -> st.SearchStrategy[Any]:
 
 
 @st.composite
-def specs(draw: st.DrawFn) -> dict[str, Any]:
+def specs(draw: st.DrawFn, spec: Schema = SPEC) -> dict[str, Any]:
     """A few sections of the spec at a time (drawing all of them at once is slow and says no more)."""
-    names = draw(st.sets(st.sampled_from(sorted(SPEC["properties"])), min_size=1, max_size=4))
-    return {name: draw(from_schema(SPEC["properties"][name])) for name in sorted(names)}
+    names = draw(st.sets(st.sampled_from(sorted(spec["properties"])), min_size=1, max_size=4))
+    return {name: draw(from_schema(spec["properties"][name])) for name in sorted(names)}
 
 
 @settings(
@@ -94,6 +98,20 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
 def test_what_the_crd_admits_parses_or_is_invalid_spec_with_a_path(spec: dict[str, Any]) -> None:
     try:
         parse_spec(spec)
+    except PolicyError as exc:
+        assert exc.errors
+        for error in exc.errors:
+            assert error.path == "spec" or error.path.startswith("spec."), error
+            assert error.message, error
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]
+)
+@given(specs(DRIVER_SPEC))
+def test_what_the_nvidiadriver_crd_admits_parses_or_is_invalid_spec_with_a_path(spec: dict[str, Any]) -> None:
+    try:
+        parse_driver_spec(spec)
     except PolicyError as exc:
         assert exc.errors
         for error in exc.errors:
