@@ -29,6 +29,8 @@ from pydantic import BaseModel
 
 from gpu_operator import __version__
 from gpu_operator.api import KIND, FieldError, PolicyError, parse_document
+from gpu_operator.api.nvidiadriver import KIND as DRIVER_KIND
+from gpu_operator.api.nvidiadriver import NVIDIADriverSpec, parse_driver_document
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.core.components import COMPONENTS
 
@@ -59,6 +61,17 @@ class Policy:
 
     name: str
     spec: ClusterPolicySpec
+
+
+@dataclass(frozen=True)
+class Driver:
+    """One valid NVIDIADriver from a file."""
+
+    name: str
+    spec: NVIDIADriverSpec
+
+    def __str__(self) -> str:
+        return f"nvidiadriver/{self.name}"
 
 
 # --- reading files -------------------------------------------------------------------------------
@@ -191,27 +204,29 @@ def load_documents(text: str) -> list[Any]:
     return documents
 
 
-def load_policies(path: str, stdin: TextIO | None = None) -> list[Policy]:
-    """Every ClusterPolicy in the file, validated; InputError lists every problem of every document."""
+def load_resources(path: str, stdin: TextIO | None = None) -> list[Policy | Driver]:
+    """Every ClusterPolicy and NVIDIADriver in the file, validated; InputError lists every problem of
+    every document. A document is an NVIDIADriver when its kind says so, else a ClusterPolicy."""
     documents = load_documents(read_text(path, stdin))
     several = len(documents) > 1
-    policies: list[Policy] = []
+    found: list[Policy | Driver] = []
     problems: list[str] = []
     for index, doc in enumerate(documents, start=1):
         prefix = f"document {index}: " if several else ""
-        if several and isinstance(doc, Mapping) and doc.get("kind") != KIND:
-            problems.append(f"{prefix}a {doc.get('kind') or 'document without kind'}, not a {KIND}")
+        kind = doc.get("kind") if isinstance(doc, Mapping) else None
+        if several and isinstance(doc, Mapping) and kind not in (KIND, DRIVER_KIND):
+            problems.append(f"{prefix}a {kind or 'document without kind'}, not a {KIND} or {DRIVER_KIND}")
             continue
         try:
-            spec = parse_document(doc)
+            spec = parse_driver_document(doc) if kind == DRIVER_KIND else parse_document(doc)
         except PolicyError as exc:
             problems.extend(f"{prefix}{error}" for error in exc.errors)
             continue
-        metadata = doc["metadata"]
-        policies.append(Policy(name=str(metadata["name"]), spec=spec))
+        name = str(doc["metadata"]["name"])
+        found.append(Driver(name, spec) if isinstance(spec, NVIDIADriverSpec) else Policy(name, spec))
     if problems:
         raise InputError(problems)
-    return policies
+    return found
 
 
 # --- what validate reports beyond errors ----------------------------------------------------------
@@ -257,14 +272,50 @@ def summary(policy: Policy) -> str:
     return f"{policy.name}: valid ({'; '.join(parts)})"
 
 
-def warnings_for(policy: Policy) -> list[str]:
-    lines = [f"warning: {d.path} is deprecated: {d.message}" for d in deprecated_fields(policy.spec)]
+def warnings_for(policy: Policy | Driver) -> list[str]:
+    # An NVIDIADriver's lines name it: a file often holds several, and a ClusterPolicy too.
+    who = f"{policy}: " if isinstance(policy, Driver) else ""
+    lines = [f"warning: {who}{d.path} is deprecated: {d.message}" for d in deprecated_fields(policy.spec)]
+    if isinstance(policy, Driver):
+        lines.extend(f"warning: {who}accepted but not acted on: {f}" for f in policy.spec.ignored_fields())
+        return lines
     lines.extend(
         f"warning: spec.{name} is enabled, but this operator does not deploy it; it is ignored"
         for name in policy.spec.unsupported_enabled()
     )
     lines.extend(f"warning: accepted but not acted on: {field}" for field in policy.spec.ignored_fields())
     return lines
+
+
+def driver_summary(driver: Driver) -> str:
+    """What a valid NVIDIADriver deploys where, in one line."""
+    spec = driver.spec
+    image = spec.version or spec.image
+    parts = [f"{spec.driverType} driver {image}{', precompiled' if spec.usePrecompiled else ''}"]
+    if spec.default:
+        parts.append("default: every GPU node no other NVIDIADriver selects")
+    elif spec.nodeSelector:
+        parts.append("GPU nodes with " + ", ".join(f"{k}={v}" for k, v in spec.nodeSelector.items()))
+    else:
+        parts.append("every GPU node")
+    deprecated = deprecated_fields(spec)
+    if deprecated:
+        parts.append(
+            f"{_plural(len(deprecated), 'deprecated field')}: {', '.join(d.path for d in deprecated)}"
+        )
+    return f"{driver}: valid ({'; '.join(parts)})"
+
+
+def several_defaults(drivers: Sequence[Driver]) -> list[str]:
+    """NVIDIA's operator reconciles no NVIDIADriver while more than one is the default
+    (ErrMultipleDefaultNVIDIADrivers, internal/validator/validator.go): a file that has two says so."""
+    defaults = [str(driver) for driver in drivers if driver.spec.default]
+    if len(defaults) < 2:
+        return []
+    return [
+        f"{', '.join(defaults)}: more than one NVIDIADriver is the default (spec.default: true); NVIDIA's "
+        "operator then deploys none of them"
+    ]
 
 
 # --- commands -------------------------------------------------------------------------------------
@@ -277,20 +328,26 @@ def _report(path: str, lines: Sequence[str], err: TextIO) -> None:
 
 def cmd_validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     try:
-        policies = load_policies(args.file)
+        resources = load_resources(args.file)
     except InputError as exc:
         _report(args.file, exc.lines, err)
         return EXIT_INVALID
     code = EXIT_OK
-    for policy in policies:
-        _report(args.file, warnings_for(policy), err)
-        unpullable = policy.spec.images_without_registry()
+    for resource in resources:
+        _report(args.file, warnings_for(resource), err)
+        unpullable = resource.spec.images_without_registry()
         if unpullable:
             # Valid to the API server (NVIDIA's operator accepts them), but the pods would never start.
-            _report(args.file, [f"{policy.name}: {found}" for found in unpullable], err)
+            name = resource if isinstance(resource, Driver) else resource.name
+            _report(args.file, [f"{name}: {found}" for found in unpullable], err)
             code = EXIT_INVALID
         else:
-            print(summary(policy), file=out)
+            line = driver_summary(resource) if isinstance(resource, Driver) else summary(resource)
+            print(line, file=out)
+    conflicts = several_defaults([r for r in resources if isinstance(r, Driver)])
+    if conflicts:
+        _report(args.file, conflicts, err)
+        code = EXIT_INVALID
     return code
 
 
@@ -341,13 +398,29 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from gpu_operator.core.yaml_text import to_yaml
 
     try:
-        policies = load_policies(args.file)
+        resources = load_resources(args.file)
     except InputError as exc:
         _report(args.file, exc.lines, err)
+        return EXIT_INVALID
+    policies = [r for r in resources if isinstance(r, Policy)]
+    drivers = [r for r in resources if isinstance(r, Driver)]
+    if drivers and not policies:
+        # The driver DaemonSet of an NVIDIADriver takes its namespace settings, host paths, validator and
+        # runtime from the ClusterPolicy that delegates to it: there is nothing to render without one.
+        _report(args.file, [f"render needs the {KIND} too: an {DRIVER_KIND} is rendered with it"], err)
         return EXIT_INVALID
     if len(policies) != 1:
         _report(args.file, [f"render takes one {KIND}, this file has {len(policies)}"], err)
         return EXIT_INVALID
+    _report(
+        args.file,
+        [
+            f"warning: {driver} is valid but not rendered: this operator does not deploy {DRIVER_KIND}s "
+            f"yet; the output is the {KIND}'s"
+            for driver in drivers
+        ],
+        err,
+    )
     current = ""
     try:
         current = args.nodes or ""
@@ -616,7 +689,9 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     run.set_defaults(handler=cmd_run)
 
     render = commands.add_parser("render", help="print the objects the operator would apply for a policy")
-    render.add_argument("-f", "--file", required=True, help="ClusterPolicy YAML file, or - for stdin")
+    render.add_argument(
+        "-f", "--file", required=True, help="ClusterPolicy YAML file (NVIDIADrivers too), or - for stdin"
+    )
     render.add_argument(
         "--namespace",
         default=environ.get("OPERATOR_NAMESPACE") or DEFAULT_NAMESPACE,
@@ -640,8 +715,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     render.set_defaults(handler=cmd_render)
 
-    validate = commands.add_parser("validate", help="check ClusterPolicy files; exit 2 if one is invalid")
-    validate.add_argument("-f", "--file", required=True, help="ClusterPolicy YAML file, or - for stdin")
+    validate = commands.add_parser(
+        "validate", help="check ClusterPolicy and NVIDIADriver files; exit 2 if one is invalid"
+    )
+    validate.add_argument(
+        "-f", "--file", required=True, help="ClusterPolicy and/or NVIDIADriver YAML file, or - for stdin"
+    )
     validate.set_defaults(handler=cmd_validate)
 
     crd = commands.add_parser("crd", help="print a CustomResourceDefinition (ClusterPolicy by default)")

@@ -21,6 +21,7 @@ DATA = REPO / "tests" / "data"
 INVALID = sorted((DATA / "invalid").glob("*.yaml"))
 SEED = DATA / "policies" / "seed-sample.yaml"
 TEMPLATES = Path(__file__).resolve().parents[2] / "manifests" / "templates"
+DRIVER_SAMPLES = sorted((DATA / "nvidia").glob("nvidiadriver-*.yaml"))
 
 HEADER = "apiVersion: nvidia.com/v1\nkind: ClusterPolicy\nmetadata:\n  name: cluster-policy\n"
 NODE_OS = {
@@ -538,3 +539,147 @@ def test_render_without_the_service_monitor_crd(capsys: pytest.CaptureFixture[st
     assert any(o["kind"] == "ServiceMonitor" for o in documents(out))
     _, out, _ = run(capsys, "render", "-f", str(policy), "--no-servicemonitor-crd")
     assert not any(o["kind"] == "ServiceMonitor" for o in documents(out))
+
+
+# --- NVIDIADriver documents ------------------------------------------------------------------------
+
+DRIVER = (
+    "apiVersion: nvidia.com/v1alpha1\nkind: NVIDIADriver\nmetadata:\n  name: {name}\nspec:\n"
+    "  repository: nvcr.io/nvidia\n  image: driver\n  version: '595.91.07'\n"
+)
+
+
+def driver_doc(name: str = "a100", extra: str = "") -> str:
+    return DRIVER.format(name=name) + extra
+
+
+@pytest.mark.parametrize("path", DRIVER_SAMPLES, ids=[p.stem for p in DRIVER_SAMPLES])
+def test_nvidias_driver_samples_validate(capsys: pytest.CaptureFixture[str], path: Path) -> None:
+    code, out, err = run(capsys, "validate", "-f", str(path))
+    assert (code, err) == (0, "")
+    assert out.startswith("nvidiadriver/") and ": valid (gpu driver " in out
+
+
+def test_a_file_may_mix_policies_and_drivers(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "both.yaml"
+    selector = "  nodeSelector:\n    nvidia.com/gpu.product: A100-SXM4-80GB\n"
+    path.write_text(
+        f"{HEADER}spec: {{}}\n---\n{driver_doc('a100', selector)}---\n"
+        + driver_doc("fallback", "  default: true\n  usePrecompiled: true\n"),
+        encoding="utf-8",
+    )
+    code, out, err = run(capsys, "validate", "-f", str(path))
+    assert (code, err) == (0, "")
+    assert out.splitlines()[1:] == [
+        "nvidiadriver/a100: valid (gpu driver 595.91.07; GPU nodes with "
+        "nvidia.com/gpu.product=A100-SXM4-80GB)",
+        "nvidiadriver/fallback: valid (gpu driver 595.91.07, precompiled; default: every GPU node no other "
+        "NVIDIADriver selects)",
+    ]
+    assert out.startswith("cluster-policy: valid (")
+
+
+def test_driver_errors_name_the_field_and_document(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "drivers.yaml"
+    path.write_text(
+        driver_doc("ok")
+        + "---\n"
+        + driver_doc("bad", "  default: true\n  driverType: cuda\n  nodeSelector: {pool: a}\n")
+        + "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n",
+        encoding="utf-8",
+    )
+    code, out, err = run(capsys, "validate", "-f", str(path))
+    assert (code, out) == (2, "")
+    assert err.splitlines() == [
+        f"{path}: document 2: spec.driverType: Input should be 'gpu', 'vgpu' or 'vgpu-host-manager'",
+        f"{path}: document 2: spec.nodeSelector: default NVIDIADriver must not use nodeSelector: the default "
+        "driver serves every GPU node no other NVIDIADriver selects",
+        f"{path}: document 3: a ConfigMap, not a ClusterPolicy or NVIDIADriver",
+    ]
+
+
+def test_a_driver_document_is_checked_as_one(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "driver.yaml"
+    path.write_text(
+        driver_doc().replace("v1alpha1", "v1").replace("name: a100", "labels: {}"), encoding="utf-8"
+    )
+    code, _, err = run(capsys, "validate", "-f", str(path))
+    assert code == 2
+    assert err.splitlines() == [
+        f"{path}: apiVersion: must be nvidia.com/v1alpha1, not 'nvidia.com/v1'",
+        f"{path}: metadata.name: required field is missing",
+    ]
+
+
+def test_two_default_drivers_are_refused(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "defaults.yaml"
+    default = "  default: true\n"
+    path.write_text(f"{driver_doc('one', default)}---\n{driver_doc('two', default)}", encoding="utf-8")
+    code, out, err = run(capsys, "validate", "-f", str(path))
+    assert code == 2
+    assert out.count(": valid (") == 2
+    assert err == (
+        f"{path}: nvidiadriver/one, nvidiadriver/two: more than one NVIDIADriver is the default "
+        "(spec.default: true); NVIDIA's operator then deploys none of them\n"
+    )
+
+
+def test_driver_warnings_name_the_driver(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "driver.yaml"
+    extra = "  useOpenKernelModules: true\n  licensingConfig: {name: gridd}\n"
+    path.write_text(driver_doc("vgpu", extra), encoding="utf-8")
+    code, out, err = run(capsys, "validate", "-f", str(path))
+    assert code == 0
+    assert "2 deprecated fields: spec.useOpenKernelModules, spec.licensingConfig.name" in out
+    lines = err.splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith(f"{path}: warning: nvidiadriver/vgpu: spec.useOpenKernelModules is deprecated")
+    assert lines[1].startswith(f"{path}: warning: nvidiadriver/vgpu: spec.licensingConfig.name is deprecated")
+    assert lines[2] == (
+        f"{path}: warning: nvidiadriver/vgpu: accepted but not acted on: spec.useOpenKernelModules: "
+        "deprecated and ignored, as by NVIDIA's operator; use kernelModuleType: open"
+    )
+
+
+def test_driver_images_without_a_registry_are_refused(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    path = tmp_path / "driver.yaml"
+    path.write_text(driver_doc().replace("nvcr.io/nvidia", "nvidia"), encoding="utf-8")
+    code, out, err = run(capsys, "validate", "-f", str(path))
+    assert (code, out) == (2, "")
+    assert err.startswith(f"{path}: nvidiadriver/a100: spec.repository: 'nvidia/driver:595.91.07' names no")
+
+
+def test_render_of_drivers_alone_needs_the_policy(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "driver.yaml"
+    path.write_text(driver_doc(), encoding="utf-8")
+    code, out, err = run(capsys, "render", "-f", str(path))
+    assert (code, out) == (2, "")
+    assert err == f"{path}: render needs the ClusterPolicy too: an NVIDIADriver is rendered with it\n"
+
+
+def test_render_checks_drivers_too(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "both.yaml"
+    bad = driver_doc("a100", "  driverType: cuda\n")
+    path.write_text(f"{HEADER}spec: {{}}\n---\n{bad}", encoding="utf-8")
+    code, out, err = run(capsys, "render", "-f", str(path))
+    assert (code, out) == (2, "")
+    assert "document 2: spec.driverType: Input should be" in err
+
+
+@needs_templates
+def test_render_with_drivers_renders_the_policy(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    alone = policy_file(tmp_path, "spec: {}\n")
+    both = tmp_path / "both.yaml"
+    both.write_text(alone.read_text(encoding="utf-8") + "---\n" + driver_doc(), encoding="utf-8")
+    code, expected, _ = run(capsys, "render", "-f", str(alone))
+    assert code == 0
+    code, out, err = run(capsys, "render", "-f", str(both))
+    assert (code, out) == (0, expected)
+    assert err == (
+        f"{both}: warning: nvidiadriver/a100 is valid but not rendered: this operator does not deploy "
+        "NVIDIADrivers yet; the output is the ClusterPolicy's\n"
+    )
