@@ -105,6 +105,9 @@ DEFAULT_WITHOUT_SELECTOR_MESSAGE = "default NVIDIADriver must not use nodeSelect
 class DriverManagerWithSecrets(DriverManagerSpec):
     """The k8s-driver-manager init container that prepares a node for a driver (re)install."""
 
+    # The ClusterPolicy's driver manager has no pull secrets of its own (NVIDIA's v1 type has the field
+    # but no transform reads it); NVIDIA's NVIDIADriver controller adds these to the driver pod's
+    # (internal/state/testdata/golden/driver-full-spec.yaml).
     imagePullSecrets: PullSecrets | None = None
     """Names of Secrets used to pull the driver manager image (added to the driver pod's)."""
 
