@@ -507,10 +507,15 @@ def _notes(spec: ClusterPolicySpec, nvidia_driver_crd: bool) -> list[Note]:
     ]
     notes += [Note(f"accepted but not acted on: {field}", "Ignored") for field in spec.ignored_fields()]
     notes += [Note(found, "ImageWithoutRegistry") for found in spec.images_without_registry()]
-    if spec.driver.useNvidiaDriverCRD and not nvidia_driver_crd:
+    if spec.driver.useNvidiaDriverCRD:
+        why = (
+            "NVIDIADriver objects are not deployed by this operator yet"
+            if nvidia_driver_crd
+            else "no NVIDIADriver CRD is installed"
+        )
         notes.append(
             Note(
-                "spec.driver.useNvidiaDriverCRD is set, but no NVIDIADriver CRD is installed; "
+                f"spec.driver.useNvidiaDriverCRD is set, but {why}; "
                 "the driver is managed from this ClusterPolicy"
             )
         )

@@ -589,3 +589,18 @@ def test_a_pass_waits_for_the_pods_of_the_nodes_its_upgrade_empties_that_no_watc
     everyone = replace(observed(), upgrade=Facts(nodes=()))
     assert unlisted_pods(everyone, emptying) == frozenset(), "every node's pods are known"
     assert unlisted_pods(listed, replace(emptying, upgrade=None)) == frozenset(), "no upgrade planned"
+
+
+def test_use_nvidia_driver_crd_is_reported_whether_or_not_its_crd_is_installed() -> None:
+    """The driver stays managed from the ClusterPolicy either way (NVIDIADriver objects are not
+    deployed yet): the Ready condition says so, and why."""
+    seed = policy(driver={"useNvidiaDriverCRD": True})
+    for installed, why in (
+        (False, "no NVIDIADriver CRD is installed"),
+        (True, "are not deployed by this operator"),
+    ):
+        plan = build(replace(observed(seed), nvidia_driver_crd=installed), NOW)
+        message = condition(status_of(plan, seed.name), "Ready")["message"]
+        assert "spec.driver.useNvidiaDriverCRD is set" in message and why in message, message
+        assert "the driver is managed from this ClusterPolicy" in message
+    assert "useNvidiaDriverCRD" not in str(status_of(build(observed(policy()), NOW), "cluster-policy"))
