@@ -114,6 +114,12 @@ class Variant:
     os_tag: str | None = None
     kernel: str | None = None
     node_selector: Mapping[str, str] = field(default_factory=dict)
+    app: str | None = None
+    """The pods' `app` label and the DaemonSet's selector; None: the component's DaemonSet name. An
+    NVIDIADriver's pool selects on its own (NVIDIA's AppName, the DaemonSet's name)."""
+    account: str | None = None
+    """The ServiceAccount and RBAC objects' name, where it is not the component's own (an NVIDIADriver's
+    pool has its own, NVIDIA's getDriverName)."""
 
 
 def _sanitized_kernel(kernel: str) -> str:
@@ -460,6 +466,14 @@ def render_component(
     shared objects are still rendered, the DaemonSet is not; nor while an input it needs is missing
     (missing_inputs)."""
     found = [] if missing_inputs(component, policy, facts) else variants(component, policy, facts)
+    return render_variants(component, policy, facts, found)
+
+
+def render_variants(
+    component: Component, policy: ClusterPolicySpec, facts: ClusterFacts, found: list[Variant]
+) -> list[dict[str, Any]]:
+    """The objects of one component for the DaemonSets `found` (render_component's, or an NVIDIADriver's
+    pools): see render_component."""
     objects: dict[tuple[str, str], dict[str, Any]] = {}
     for variant in found or [Variant(component.daemonset, "containerd")]:
         context = _context(component, policy, facts, variant)

@@ -1,0 +1,112 @@
+"""An NVIDIADriver's objects per OS pool: NVIDIA's names and node selectors (core/driver_pool_render.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from builders import gpu_node
+
+from gpu_operator.api.nvidiadriver import OWNER_LABEL, NVIDIADriverSpec
+from gpu_operator.core.driver_pool_render import (
+    OS_VERSION_MAJOR_LABEL,
+    app_name,
+    driver_name,
+    os_tag,
+    pools,
+    render_driver,
+)
+from gpu_operator.core.driver_pools import DriverObject
+from gpu_operator.core.images import KERNEL_LABEL, OS_ID_LABEL, OS_VERSION_LABEL
+from gpu_operator.core.node_labels import GPU_PRESENT, NodeInfo
+from gpu_operator.core.render import ClusterFacts
+
+UID = "bfac7359-6033-45ce-88d6-53db0078526e"
+UBUNTU = {OS_ID_LABEL: "ubuntu", OS_VERSION_LABEL: "22.04"}
+RHEL = {OS_ID_LABEL: "rhel", OS_VERSION_LABEL: "9.4", OS_VERSION_MAJOR_LABEL: "9"}
+
+
+def driver(name: str = "h100", **spec: Any) -> DriverObject:
+    return DriverObject(name, UID, NVIDIADriverSpec.model_validate({"version": "595.91.07", **spec}))
+
+
+def test_names_are_nvidias() -> None:
+    # NVIDIA's TestGetDriverAppName (internal/state/driver_test.go:794-857, v26.7.0).
+    assert app_name(UID, "gpu", "ubuntu20.04") == "nvidia-gpu-driver-ubuntu20.04-67cc6dbb79"
+    assert (
+        app_name(UID, "gpu", "ubuntu20.04", "5.15.0-70-generic") == "nvidia-gpu-driver-ubuntu20.04-59b779bcc5"
+    )
+    long = app_name(UID, "gpu", os_tag("redhatCoreOS", "4.14-414.92.202309282257"), "5.15.0-70-generic")
+    assert long == "nvidia-gpu-driver-redhatCoreOS4.14-414.92.2023092822-59b779bcc5" and len(long) == 63
+    assert [os_tag("rocky", "9.6"), os_tag("ol", "9.7"), os_tag("rhel", "10.1")] == [
+        "rocky9",
+        "ol9",
+        "rhel10",
+    ]
+    assert driver_name("h100", "gpu", "ubuntu22.04") == "nvidia-gpu-driver-h100-ubuntu22.04"
+    assert driver_name("host", "vgpu-host-manager", "ubuntu22.04") == "nvidia-vgpu-manager-host-ubuntu22.04"
+
+
+def test_one_pool_per_os_with_nvidias_node_selector() -> None:
+    nodes = [gpu_node("a", UBUNTU), gpu_node("b", RHEL), gpu_node("c", UBUNTU), gpu_node("no-nfd")]
+    found = pools(driver(nodeSelector={"pool": "h100"}), nodes)
+    assert [(v.name, v.account, v.os_tag) for v in found] == [
+        (app_name(UID, "gpu", "rhel9"), "nvidia-gpu-driver-h100-rhel9", "rhel9"),
+        (app_name(UID, "gpu", "ubuntu22.04"), "nvidia-gpu-driver-h100-ubuntu22.04", "ubuntu22.04"),
+    ]
+    base = {"pool": "h100", GPU_PRESENT: "true", OWNER_LABEL: "h100"}
+    assert found[0].node_selector == {**base, OS_ID_LABEL: "rhel", OS_VERSION_MAJOR_LABEL: "9"}
+    assert found[1].node_selector == {**base, **UBUNTU}
+    assert all(v.app == v.name for v in found)
+
+
+def test_precompiled_drivers_get_one_pool_per_kernel() -> None:
+    nodes = [
+        gpu_node("a", {**UBUNTU, KERNEL_LABEL: "5.15.0-105-generic"}),
+        gpu_node("b", {**UBUNTU, KERNEL_LABEL: "6.8.0-40-generic"}),
+        gpu_node("no-kernel", UBUNTU),
+    ]
+    found = pools(driver(usePrecompiled=True, version="595"), nodes)
+    assert [(v.kernel, v.node_selector[KERNEL_LABEL]) for v in found] == [
+        ("5.15.0-105-generic", "5.15.0-105-generic"),
+        ("6.8.0-40-generic", "6.8.0-40-generic"),
+    ]
+    assert found[0].name != found[1].name
+
+
+def test_render_driver_gives_each_pool_its_daemonset_and_account() -> None:
+    nodes = [
+        gpu_node("a", UBUNTU),
+        NodeInfo("b", {**RHEL, "feature.node.kubernetes.io/pci-10de.present": "true"}),
+    ]
+    objects = render_driver(driver(), nodes, ClusterFacts(namespace="gpu-operator"))
+    daemonsets = {o["metadata"]["name"]: o for o in objects if o["kind"] == "DaemonSet"}
+    assert set(daemonsets) == {app_name(UID, "gpu", "rhel9"), app_name(UID, "gpu", "ubuntu22.04")}
+    ubuntu = daemonsets[app_name(UID, "gpu", "ubuntu22.04")]
+    assert ubuntu["spec"]["selector"]["matchLabels"] == {"app": app_name(UID, "gpu", "ubuntu22.04")}
+    pod = ubuntu["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "nvidia-gpu-driver-h100-ubuntu22.04"
+    assert pod["nodeSelector"][OWNER_LABEL] == "h100"
+    assert pod["nodeSelector"]["nvidia.com/gpu.deploy.driver"] == "true"
+    driver_ctr = next(c for c in pod["containers"] if c["name"] == "nvidia-driver-ctr")
+    assert driver_ctr["image"] == "nvcr.io/nvidia/driver:595.91.07-ubuntu22.04"
+    accounts = sorted(o["metadata"]["name"] for o in objects if o["kind"] == "ServiceAccount")
+    assert accounts == ["nvidia-gpu-driver-h100-rhel9", "nvidia-gpu-driver-h100-ubuntu22.04"]
+
+
+def test_nothing_without_a_pool() -> None:
+    assert render_driver(driver(), [gpu_node("no-nfd")], ClusterFacts()) == []
+    assert render_driver(DriverObject("broken", UID, None), [gpu_node("a", UBUNTU)], ClusterFacts()) == []
+
+
+def test_tolerations_add_to_the_default_and_args_follow_init() -> None:
+    toleration = {"key": "foo", "operator": "Exists", "effect": "NoSchedule"}
+    objects = render_driver(
+        driver(tolerations=[toleration], args=["--foo"]), [gpu_node("a", UBUNTU)], ClusterFacts()
+    )
+    pod = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["tolerations"] == [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        toleration,
+    ]
+    ctr = next(c for c in pod["containers"] if c["name"] == "nvidia-driver-ctr")
+    assert ctr["args"] == ["init", "--foo"]
