@@ -37,8 +37,11 @@ import yaml
 from gpu_operator import cli
 from gpu_operator.api import parse_document
 from gpu_operator.api.crd import crd
+from gpu_operator.api.nvidiadriver import parse_driver_spec
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.core.components import COMPONENTS
+from gpu_operator.core.driver_pool_render import render_pools
+from gpu_operator.core.render import ClusterFacts, Variant
 
 Obj = dict[str, Any]
 Fields = dict[tuple[str, str], Any]
@@ -541,11 +544,14 @@ def test_render_matches_nvidia(case: Case) -> None:
 
 def test_every_deliberate_difference_is_still_needed() -> None:
     every = list({c.name: c for c in cases_in(REPO_DIR) + CASES}.values())
+    # A rule for any case is needed when it explains a difference of NVIDIA's golden driver renders too.
+    drivers = [d for case in DRIVER_CASES for d in driver_case_differences(case)]
     stale = [
         str(rule)
         for rule in rules()
         if (applying := [c for c in every if rule.applies(c)])
         and not any(rule.matches(d) for c in applying for d in case_differences(c))
+        and not (rule.when is None and any(rule.matches(d) for d in drivers))
     ]
     assert not stale, "rules that match no difference in any case (remove them):\n  " + "\n  ".join(stale)
 
@@ -628,3 +634,96 @@ def test_empty_lists_and_maps_render_as_if_unset(name: str, tmp_path: Path) -> N
     assert {"spec.gds.args", "spec.validator.resources", "spec.driver.manager.env"} <= set(added)
     ours = case_with_policy(case, policy, tmp_path)
     assert differences(documents(case.expected.read_text()), render(ours)) == list(case_differences(case))
+
+
+# --- NVIDIADriver: NVIDIA's golden driver renders -------------------------------------------------
+
+DRIVER_DIR = REPO_DIR / "nvidiadriver"
+"""NVIDIA's golden files of internal/state/driver_test.go (golden/) and the spec of each (cases.yaml)."""
+
+
+@dataclass(frozen=True, eq=False)
+class DriverCase:
+    name: str
+    spec: Mapping[str, Any]
+    variant: Variant
+    injected: bool
+    """NVIDIA's test adds volumes no spec field produces (explained by cases.yaml's `harness` rules)."""
+
+    @property
+    def expected(self) -> Path:
+        return DRIVER_DIR / "golden" / f"{self.name}.yaml"
+
+
+def _driver_cases() -> list[DriverCase]:
+    data = yaml.safe_load((DRIVER_DIR / "cases.yaml").read_text())
+    found = []
+    for name, case in data["cases"].items():
+        spec = case.get("spec") or {}
+        if not case.get("replace"):
+            spec = {**data["minimal"], **spec}
+        pool = case.get("pool") or data["pool"]
+        variant = Variant(
+            pool["app"],
+            "containerd",
+            pool["os_tag"],
+            pool.get("kernel"),
+            node_selector=pool.get("node_selector") or {},
+            app=pool["app"],
+            account=pool["account"],
+        )
+        found.append(DriverCase(name, spec, variant, bool(case.get("injected"))))
+    return found
+
+
+DRIVER_CASES = _driver_cases()
+DRIVER_NAMESPACE = "test-operator"
+
+
+def render_driver_case(case: DriverCase) -> list[Obj]:
+    spec = parse_driver_spec(case.spec)
+    facts = ClusterFacts(namespace=DRIVER_NAMESPACE)
+    # Through JSON, as the CLI prints it: the same values the API server would be sent.
+    rendered: list[Obj] = json.loads(json.dumps(render_pools(spec, [case.variant], facts)))
+    return rendered
+
+
+def driver_case_differences(case: DriverCase) -> tuple[Difference, ...]:
+    return _driver_differences(case.name)
+
+
+@cache
+def _driver_differences(name: str) -> tuple[Difference, ...]:
+    case = next(c for c in DRIVER_CASES if c.name == name)
+    return tuple(differences(documents(case.expected.read_text()), render_driver_case(case)))
+
+
+@pytest.mark.parametrize("case", DRIVER_CASES, ids=[c.name for c in DRIVER_CASES])
+def test_nvidiadriver_render_matches_nvidia(case: DriverCase) -> None:
+    unexplained = [d for d in driver_case_differences(case) if not any(r.matches(d) for r in driver_rules())]
+    assert not unexplained, (
+        f"{case.name}: {len(unexplained)} differences from NVIDIA's golden render that no rule explains "
+        "(fix the templates, or add a rule with its reason):\n  " + "\n  ".join(map(str, unexplained))
+    )
+
+
+@cache
+def harness_rules() -> tuple[Rule, ...]:
+    """cases.yaml's `harness`: what NVIDIA's Go tests put in the render data that no NVIDIADriver spec
+    gives, so ours cannot render it; not differences of ours, kept apart from deliberate-differences.yaml."""
+    entries = yaml.safe_load((DRIVER_DIR / "cases.yaml").read_text()).get("harness") or []
+    for index, entry in enumerate(entries):
+        assert str(entry.get("reason", "")).strip(), f"cases.yaml harness entry {index}: no reason"
+    return tuple(Rule(**entry) for entry in entries)
+
+
+def driver_rules() -> tuple[Rule, ...]:
+    """The deliberate differences that hold for any case (`when` names ClusterPolicy fields), and the
+    harness rules."""
+    return tuple(r for r in rules() if r.when is None) + harness_rules()
+
+
+def test_every_harness_rule_is_still_needed() -> None:
+    every = [d for case in DRIVER_CASES for d in driver_case_differences(case)]
+    stale = [str(rule) for rule in harness_rules() if not any(rule.matches(d) for d in every)]
+    assert not stale, "harness rules that match no difference (remove them):\n  " + "\n  ".join(stale)
