@@ -184,7 +184,7 @@ def registry(
 
             def on_change(leading: bool) -> None:
                 if leading:
-                    reconciler.crd_current = False  # another leader may have run meanwhile
+                    reconciler.crds_current.clear()  # another leader may have run meanwhile
                     queue.add()
 
             # Its own connections and timeout: a lease call never waits behind a pass's requests.

@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-from gpu_operator.api.crd import crd
+from gpu_operator.api.crd import CLUSTER_POLICY, RESOURCES, Resource, definition
 from gpu_operator.core.answers import (
     Failure,
     changed_since_read,
@@ -41,7 +41,6 @@ from gpu_operator.core.observed import (
     object_key,
 )
 from gpu_operator.core.plan import (
-    POLICY_CRD,
     Applied,
     Conclusion,
     LabelRewrites,
@@ -87,20 +86,22 @@ CRD_API = ("apiextensions.k8s.io/v1", "CustomResourceDefinition")
 CRD_HASH_ANNOTATION = "nvidia.com/gpu-operator.crd-hash"
 
 
-async def ensure_crd(kube: Kube, create: bool) -> bool:
-    """Server-side apply our own CRD when the cluster's differs, so a `helm upgrade` (Helm never
+async def ensure_crd(kube: Kube, create: bool, resource: Resource = CLUSTER_POLICY) -> bool:
+    """Server-side apply one of our CRDs when the cluster's differs, so a `helm upgrade` (Helm never
     upgrades CRDs) or a new image never runs against a stale schema that prunes new fields; create it
     when it is absent only with `create` (the chart's operator.createCRD). True when it is current."""
-    body = crd()
+    body = definition(resource)
     body["metadata"].setdefault("annotations", {})[CRD_HASH_ANNOTATION] = content_hash(body)
     try:
-        current = await kube.get(*CRD_API, body["metadata"]["name"])
+        current = await kube.get(*CRD_API, resource.name)
     except ApiError as exc:
         if not gone(exc.failure):
-            log.warning("cannot read the ClusterPolicy CRD (%s); leaving it as it is", exc)
+            log.warning("cannot read the %s CRD (%s); leaving it as it is", resource.kind, exc)
             return False
         if not create:
-            log.warning("the ClusterPolicy CRD is not installed; waiting for it (operator.createCRD is off)")
+            # Without the ClusterPolicy's nothing runs; without NVIDIADriver's, only that API is missing.
+            level = logging.WARNING if resource is CLUSTER_POLICY else logging.DEBUG
+            log.log(level, "the %s CRD is not installed (operator.createCRD is off)", resource.kind)
             return False
         current = {}
     annotations = (current.get("metadata") or {}).get("annotations") or {}
@@ -109,9 +110,9 @@ async def ensure_crd(kube: Kube, create: bool) -> bool:
     try:
         await kube.apply(body)
     except ApiError as exc:
-        log.warning("cannot apply the ClusterPolicy CRD (%s); it may be stale", exc)
+        log.warning("cannot apply the %s CRD (%s); it may be stale", resource.kind, exc)
         return False
-    log.info("%s the ClusterPolicy CRD", "updated" if current else "created")
+    log.info("%s the %s CRD", "updated" if current else "created", resource.kind)
     return True
 
 
@@ -194,9 +195,8 @@ class Reconciler:
     kube: Kube
     store: Store
     settings: Settings
-    crd_current: bool = False
-    """Whether the ClusterPolicy CRD was found at our schema (checked again when its watch says it
-    went)."""
+    crds_current: set[str] = field(default_factory=set)
+    """Our CRDs found at our schema (each checked again when its watch says it went)."""
     memory: Memory = field(default_factory=Memory)
     """What each pass leaves for the next (core/memory.py): one for the operator's life."""
     pod_watches: PodWatches | None = None
@@ -217,14 +217,7 @@ class Reconciler:
         # A pass's own limits (passes run one at a time), on the event loop that runs it.
         self.writers = asyncio.Semaphore(self.settings.writers)
         self.appliers = asyncio.Semaphore(self.settings.appliers)
-        if self.store.get("crds", POLICY_CRD) is False:
-            # The watch saw it go (or not established yet): create it again (operator.createCRD). Its
-            # informer tries to list ClusterPolicies again as soon as the CRD's events arrive.
-            self.crd_current = False
-        if not self.crd_current:
-            self.crd_current = await ensure_crd(self.kube, self.settings.create_crd)
-            if self.crd_current:
-                self.store.put("crds", POLICY_CRD, True)
+        await self._ensure_crds()
         clock = time.time()
         stamp = format_time(clock)
         observed, plan, verdict = await self._plan(stamp, clock)
@@ -319,6 +312,18 @@ class Reconciler:
         wake_at = next_pass_at(upgrade, status_due, bool(refused), clock)
         left = unsettled(plan, verdict.conflicts, errors)
         return Outcome(conclusion.plan, left, tuple(sorted(stale)), wake_at)
+
+    async def _ensure_crds(self) -> None:
+        for resource in RESOURCES.values():
+            if self.store.get("crds", resource.name) is False:
+                # The watch saw it go (or not established yet): create it again (operator.createCRD).
+                # The informer of its objects lists them again as soon as the CRD's events arrive.
+                self.crds_current.discard(resource.name)
+            if resource.name not in self.crds_current and await ensure_crd(
+                self.kube, self.settings.create_crd, resource
+            ):
+                self.crds_current.add(resource.name)
+                self.store.put("crds", resource.name, True)
 
     async def _plan(self, stamp: str, clock: float) -> tuple[Observed, Plan, Verdict]:
         """The plan to carry out and its proven change (core/proof.py decides; this asks the API server

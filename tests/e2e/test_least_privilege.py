@@ -267,9 +267,9 @@ def test_a_node_is_changed_only_where_the_operator_writes(
     assert "evil" not in json.dumps({"metadata": after["metadata"], "spec": after["spec"]}), what
 
 
-def test_its_crd_cannot_get_a_conversion_webhook(converged: tuple[SyncKube, SyncKube]) -> None:
+@pytest.mark.parametrize("name", ["clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com"])
+def test_its_crds_cannot_get_a_conversion_webhook(converged: tuple[SyncKube, SyncKube], name: str) -> None:
     token, admin = converged
-    name = "clusterpolicies.nvidia.com"
     crd = admin.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", name)
     webhook = {
         "strategy": "Webhook",

@@ -765,6 +765,7 @@ REQUIRED_EXTRA: Grants = {
     ("default", "", "events", ""): {"create"},
     # reconciler.py ensure_crd: get, server-side apply, create when absent (operator.createCRD).
     ("", *CRDS, "clusterpolicies.nvidia.com"): {"get", "patch"},
+    ("", *CRDS, "nvidiadrivers.nvidia.com"): {"get", "patch"},
     ("", *CRDS, ""): {"list", "watch", "create"},
     # leader.py: the release's Lease (read, renewed; created when absent, which needs no name).
     (NAMESPACE, "coordination.k8s.io", "leases", RELEASE): {"get", "update"},

@@ -17,11 +17,12 @@ import pytest
 from builders import PCI, gpu_node, label_owner, node_body, operand_pod, watched_node
 
 from gpu_operator.api.common import PULL_SECRETS_MAX
+from gpu_operator.api.crd import RESOURCES
 from gpu_operator.api.status import ClusterPolicyStatus, ComponentState, ComponentStatus
 from gpu_operator.core import plan, policy_fields
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import ADOPT_ANNOTATION, ObjectKey, component_of, object_key
-from gpu_operator.core.plan import POLICY_CRD, PolicyRef
+from gpu_operator.core.plan import NVIDIA_DRIVER_CRD, POLICY_CRD, PolicyRef
 from gpu_operator.core.psa import PREVIOUS_ANNOTATION, PSA_LABELS, NamespaceInfo
 from gpu_operator.core.render import render as core_render
 from gpu_operator.core.status import progress_only, status_body
@@ -139,6 +140,9 @@ class FakeKube:
         self.events.append((type_, reason))
 
 
+OUR_CRDS = frozenset(resource.name for resource in RESOURCES.values())
+
+
 def run_once(rec: Reconciler) -> Outcome:
     """One pass, on an event loop of its own (the operator runs its passes on Kopf's)."""
     return asyncio.run(rec.run_once())
@@ -148,9 +152,9 @@ def reconciler(fake: FakeKube, spec: dict[str, Any] | None = None) -> Reconciler
     store = Store()
     store.put("policies", "p", PolicyRef("p", "uid-p", 1, "2026-01-01T00:00:00Z", spec or {}, {}))
     store.put("nodes", "gpu-0", watched_node())
-    # The ClusterPolicy CRD is current (reconciler.ensure_crd has its own tests).
+    # Our CRDs are current (reconciler.ensure_crd has its own tests).
     # A refused label write waits this long for the node's watch event before reading the node.
-    return Reconciler(cast(Kube, fake), store, Settings(stale_wait_seconds=0.05), crd_current=True)
+    return Reconciler(cast(Kube, fake), store, Settings(stale_wait_seconds=0.05), crds_current=set(OUR_CRDS))
 
 
 def settle(rec: Reconciler, fake: FakeKube) -> None:
@@ -363,7 +367,9 @@ def test_the_passes_of_a_reconciler_share_the_cores_caches(monkeypatch: pytest.M
     settle(rec, fake)
     run_once(rec)
     assert renders == ["render"]
-    again = Reconciler(cast(Kube, fake), rec.store, Settings(stale_wait_seconds=0.05), crd_current=True)
+    again = Reconciler(
+        cast(Kube, fake), rec.store, Settings(stale_wait_seconds=0.05), crds_current=set(OUR_CRDS)
+    )
     assert again.memory.caches is not rec.memory.caches
     run_once(again)
     assert renders == ["render", "render"]
@@ -771,7 +777,7 @@ def test_with_no_policy_the_managers_labels_go_even_where_the_operator_owns_none
             uid="u0",
         ),
     )
-    rec = Reconciler(cast(Kube, fake), store, Settings(stale_wait_seconds=0.05), crd_current=True)
+    rec = Reconciler(cast(Kube, fake), store, Settings(stale_wait_seconds=0.05), crds_current=set(OUR_CRDS))
     outcome = run_once(rec)
     assert fake.labels == {}, "an apply with nothing of the operator's to change"
     assert fake.rewritten == {
@@ -877,6 +883,7 @@ def test_a_component_becoming_ready_mid_rollout_is_progress_and_any_other_change
 
 
 CRD_KEY = ("apiextensions.k8s.io/v1", "CustomResourceDefinition", "", POLICY_CRD)
+DRIVER_CRD_KEY = ("apiextensions.k8s.io/v1", "CustomResourceDefinition", "", NVIDIA_DRIVER_CRD)
 
 
 def test_a_crd_gone_is_created_again_once_and_nothing_more_is_written_to_it() -> None:
@@ -890,15 +897,31 @@ def test_a_crd_gone_is_created_again_once_and_nothing_more_is_written_to_it() ->
         (key, manager) for key, manager in zip(fake.applied, fake.managers, strict=True) if key == CRD_KEY
     ]
     assert writes == [(CRD_KEY, "gpu-operator")]
-    assert r.crd_current
+    assert r.crds_current == set(OUR_CRDS) and r.store.get("crds", POLICY_CRD)
     run_once(r)
     assert fake.applied.count(CRD_KEY) == 1, "a current CRD is left alone"
+    assert DRIVER_CRD_KEY not in fake.applied, "only the one that went"
+
+
+def test_every_crd_of_ours_is_created_at_start_and_only_with_create_crd() -> None:
+    fake = FakeKube()
+    r = reconciler(fake)
+    r.crds_current.clear()
+    run_once(r)
+    assert {CRD_KEY, DRIVER_CRD_KEY} <= set(fake.applied)
+    assert r.store.get("crds", NVIDIA_DRIVER_CRD) is True
+    fake = FakeKube()
+    r = reconciler(fake)
+    r.crds_current.clear()
+    r.settings = Settings(create_crd=False)
+    run_once(r)
+    assert not {CRD_KEY, DRIVER_CRD_KEY} & set(fake.applied)
+    assert not r.crds_current
 
 
 def test_a_crd_present_at_start_is_not_written() -> None:
     fake = FakeKube()
     r = reconciler(fake)
-    r.crd_current = True
     r.store.put("crds", POLICY_CRD, True)
     run_once(r)
     assert CRD_KEY not in fake.applied
@@ -910,7 +933,7 @@ def test_a_crd_that_cannot_be_written_is_tried_again_next_pass() -> None:
     r.store.put("crds", POLICY_CRD, False)
     fake.reject[POLICY_CRD] = ApiError(403, "Forbidden", "patch customresourcedefinitions")
     run_once(r)
-    assert not r.crd_current
+    assert POLICY_CRD not in r.crds_current
     del fake.reject[POLICY_CRD]
     run_once(r)
-    assert r.crd_current and CRD_KEY in fake.applied
+    assert POLICY_CRD in r.crds_current and CRD_KEY in fake.applied
