@@ -37,14 +37,14 @@ class Settings:
     resync_seconds: float = 600.0
     """A pass without any watch event after this long: a safety net only, since a pass with nothing
     changed reads caches and writes nothing."""
-    pass_rate_nodes_per_second: float = 150.0
+    pass_rate_nodes_per_second: float = 300.0
     """Passes are rate limited by a token bucket (as client-go limits requests) in which a pass costs
-    one token per node: refilled at this rate, a 1000-node cluster plans at most every 6.7 s once its
+    one token per node: refilled at this rate, a 1000-node cluster plans at most every 3.3 s once its
     burst is spent, while the DaemonSet controller, which creates 10 to 20 pods a second, sets the
-    pace of its rollout anyway (a pass takes every node as far as it can go)."""
-    pass_burst_nodes: float = 50_000.0
+    pace of its rollout anyway."""
+    pass_burst_nodes: float = 100_000.0
     """What the bucket holds: every pass of a small or medium cluster's rollout (a 100-node rollout
-    takes a few hundred passes), 50 back to back at 1000 nodes; at rest it fills again within
+    takes a few hundred passes), 100 back to back at 1000 nodes; at rest it fills again within
     minutes, so that a node joining a large cluster is not held back."""
     retry_seconds: float = 1.0
     """The first wait before retrying a failed pass, doubled with each failure in a row."""
