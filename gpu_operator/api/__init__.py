@@ -3,7 +3,7 @@ NVIDIADriver API (gpu_operator/api/nvidiadriver.py) parses with the same helpers
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -19,6 +19,7 @@ KIND = "ClusterPolicy"
 PLURAL = "clusterpolicies"
 
 _M = TypeVar("_M", bound=BaseModel)
+T = TypeVar("T")
 
 __all__ = [
     "GROUP",
@@ -146,16 +147,22 @@ def identity_errors(doc: Mapping[str, Any], api_version: str, kind: str) -> list
     return errors
 
 
-def parse_document(doc: Any) -> ClusterPolicySpec:
-    """Validate a whole ClusterPolicy document (apiVersion, kind, metadata.name, spec)."""
+def parse_whole(doc: Any, api_version: str, kind: str, parse: Callable[[Any], T], article: str = "a") -> T:
+    """Validate a whole document of `kind` (apiVersion, kind, metadata.name, and its spec with
+    `parse`): every problem at once, as one PolicyError."""
     if not isinstance(doc, Mapping):
         what = "empty" if doc is None else f"a {type(doc).__name__}"
-        raise PolicyError([FieldError("(document)", f"must be a ClusterPolicy mapping, not {what}")])
-    errors = identity_errors(doc, f"{GROUP}/{VERSION}", KIND)
+        raise PolicyError([FieldError("(document)", f"must be {article} {kind} mapping, not {what}")])
+    errors = identity_errors(doc, api_version, kind)
     try:
-        spec = parse_spec(doc.get("spec"))
+        spec = parse(doc.get("spec"))
     except PolicyError as exc:
         errors.extend(exc.errors)
     if errors:
         raise PolicyError(errors)
     return spec
+
+
+def parse_document(doc: Any) -> ClusterPolicySpec:
+    """Validate a whole ClusterPolicy document (apiVersion, kind, metadata.name, spec)."""
+    return parse_whole(doc, f"{GROUP}/{VERSION}", KIND, parse_spec)

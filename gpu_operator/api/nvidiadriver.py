@@ -21,12 +21,11 @@ model, so the two APIs accept and refuse the same values.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from gpu_operator.api import GROUP, FieldError, PolicyError, identity_errors, image_reference, parse_model
+from gpu_operator.api import GROUP, image_reference, parse_model, parse_whole
 from gpu_operator.api.affinity import NodeAffinity
 from gpu_operator.api.common import (
     IMAGE_RULES,
@@ -361,14 +360,4 @@ def parse_driver_spec(spec: Any) -> NVIDIADriverSpec:
 
 def parse_driver_document(doc: Any) -> NVIDIADriverSpec:
     """Validate a whole NVIDIADriver document (apiVersion, kind, metadata.name, spec)."""
-    if not isinstance(doc, Mapping):
-        what = "empty" if doc is None else f"a {type(doc).__name__}"
-        raise PolicyError([FieldError("(document)", f"must be an {KIND} mapping, not {what}")])
-    errors = identity_errors(doc, API_VERSION, KIND)
-    try:
-        spec = parse_driver_spec(doc.get("spec"))
-    except PolicyError as exc:
-        errors.extend(exc.errors)
-    if errors:
-        raise PolicyError(errors)
-    return spec
+    return parse_whole(doc, API_VERSION, KIND, parse_driver_spec, article="an")
