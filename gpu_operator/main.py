@@ -124,6 +124,8 @@ def watches(store: Store) -> list[Watch]:
 
     found = [
         Watch("nvidia.com", "v1", "clusterpolicies", store.record_policy, names("policies")),
+        # Absent CRD: listed as empty, and listed again as soon as it appears (runtime/informer.py).
+        Watch("nvidia.com", "v1alpha1", "nvidiadrivers", store.record_driver, names("drivers")),
         Watch("", "v1", "nodes", store.record_node, names("nodes")),
         Watch("", "v1", "pods", store.record_pod, pods, _OURS),
         Watch(*REVISIONS, store.record_revision, names("revisions"), _OURS),

@@ -36,6 +36,9 @@ class Caches:
     rendered: Memo[list[dict[str, Any]]] = field(default_factory=Memo)
     """The last rendered, owned and hashed objects, and the policy and cluster facts they came from
     (plan._rendered): most passes are caused by pod and node events and change neither."""
+    pools: Memo[list[dict[str, Any]]] = field(default_factory=Memo)
+    """NVIDIADriver name → its pool DaemonSets, while the driver, its pools and the cluster facts stay the
+    same (driver_pool_plan._daemonsets)."""
     labels: Memo[dict[str, str] | None] = field(default_factory=Memo)
     """Node name → the labels to write there (None: those it has), while the node, the spec and the
     node's operand pods stay the same (plan._label_changes)."""

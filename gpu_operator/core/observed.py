@@ -7,10 +7,12 @@ with nine operands (9000 pods) stays small, and decisions never depend on fields
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from operator import attrgetter
 from typing import Any, NamedTuple
 
+from gpu_operator.api import FieldError
+from gpu_operator.api.nvidiadriver import NVIDIADriverSpec
 from gpu_operator.core.components import BY_LABEL
 from gpu_operator.core.ownership import COMPONENT_LABEL, FIELD_MANAGER
 
@@ -39,6 +41,23 @@ class PolicyRef:
     created: str
     spec: Mapping[str, Any]
     status: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class DriverRef:
+    """One NVIDIADriver as the watch last saw it, its spec parsed (runtime/store.py driver_ref)."""
+
+    name: str
+    uid: str
+    generation: int
+    spec: NVIDIADriverSpec | None
+    """None when the spec does not parse (`errors` says why): its nodes are held (core/driver_pools.py)."""
+    errors: tuple[FieldError, ...] = ()
+    deleting: bool = False
+    """metadata.deletionTimestamp is set."""
+    status: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    """The status as last written, only to tell whether the plan's differs: our own status writes come
+    back as watch events, which must wake no pass (outside comparison for that)."""
 
 
 @dataclass(frozen=True)
@@ -223,7 +242,7 @@ class ObjectInfo:
     generation: int
     resource_version: str
     owner_uid: str
-    """The uid of its controller, when that is a ClusterPolicy ('' otherwise)."""
+    """The uid of its controller, when that is a ClusterPolicy or an NVIDIADriver ('' otherwise)."""
     managers: tuple[str, ...] = ()
     """The field managers that wrote it (metadata.managedFields), sorted."""
     adopt: bool = False
@@ -242,7 +261,7 @@ def object_info(body: Mapping[str, Any], key: ObjectKey | None = None) -> Object
     owners = [
         o
         for o in metadata.get("ownerReferences") or []
-        if o.get("controller") and o.get("kind") == "ClusterPolicy" and _is_policy_group(o.get("apiVersion"))
+        if o.get("controller") and o.get("kind") in OWNER_KINDS and _is_policy_group(o.get("apiVersion"))
     ]
     annotations = metadata.get("annotations") or {}
     return ObjectInfo(
@@ -257,6 +276,11 @@ def object_info(body: Mapping[str, Any], key: ObjectKey | None = None) -> Object
     )
 
 
+OWNER_KINDS = frozenset({"ClusterPolicy", "NVIDIADriver"})
+"""The kinds whose objects own what the operator creates: a ClusterPolicy its operands, an NVIDIADriver
+its pool's driver DaemonSets (core/driver_pool_plan.py)."""
+
+
 def _is_policy_group(api_version: Any) -> bool:
     return str(api_version or "").startswith("nvidia.com/")
 
@@ -264,7 +288,8 @@ def _is_policy_group(api_version: Any) -> bool:
 def created_by_us(info: ObjectInfo, active_uid: str | None, policy_uids: Collection[str]) -> bool:
     """Whether the operator created this object and may delete it: it is controlled by the active
     ClusterPolicy (or by one that no longer exists: left over from a deleted policy, which the garbage
-    collector removes as well) and written by the operator's field manager. Our labels alone prove
+    collector removes as well), or by an NVIDIADriver (a pool's driver DaemonSet), and written by the
+    operator's field manager. Our labels alone prove
     nothing: anyone can set them."""
     if not info.owner_uid or FIELD_MANAGER not in info.managers:
         return False

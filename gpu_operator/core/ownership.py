@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
 FIELD_MANAGER = "gpu-operator"
 """Server-side apply field manager of every write; also the `managed-by` and `part-of` value."""
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 COMPONENT_LABEL = "app.kubernetes.io/component"
 PART_OF_LABEL = "app.kubernetes.io/part-of"
+
+
+def content_hash(body: Mapping[str, Any]) -> str:
+    """The hash an object's applied-hash annotation carries (plan.in_sync)."""
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:20]

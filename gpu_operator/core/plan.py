@@ -6,7 +6,6 @@ the watch caches and carries out the result.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -14,10 +13,13 @@ from functools import partial
 from typing import Any
 
 from gpu_operator.api import GROUP, KIND, VERSION, FieldError, PolicyError, parse_spec
+from gpu_operator.api.nvidiadriver import OWNER_LABEL
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.api.status import REASON_CONFLICT, REASON_RECONCILE_FAILED, ClusterPolicyStatus
 from gpu_operator.core.caches import Caches
 from gpu_operator.core.components import COMPONENTS
+from gpu_operator.core.driver_pool_plan import PolicyDriver, Pools, is_on, plan_pools, pod_owners
+from gpu_operator.core.driver_pool_status import driver_status_body, driver_status_differs, driver_statuses
 from gpu_operator.core.driver_upgrade import driver_rolling, plan_driver_upgrade, with_upgrade_status
 from gpu_operator.core.node_labels import (
     DRIVER_PAUSE,
@@ -32,6 +34,7 @@ from gpu_operator.core.node_labels import (
 from gpu_operator.core.observed import (
     HASH_ANNOTATION,
     DaemonSetInfo,
+    DriverRef,
     ObjectInfo,
     ObjectKey,
     PodInfo,
@@ -41,6 +44,7 @@ from gpu_operator.core.observed import (
     created_by_us,
     object_key,
 )
+from gpu_operator.core.ownership import content_hash
 from gpu_operator.core.psa import NamespaceInfo, NamespaceWrite, namespace_write
 from gpu_operator.core.render import ClusterFacts, missing_inputs, render
 from gpu_operator.core.status import (
@@ -67,7 +71,16 @@ from gpu_operator.core.upgrade import Facts, UpgradePlan
 from gpu_operator.core.upgrade.facts import parse_time
 from gpu_operator.core.vetting import Context, Problems
 
-__all__ = ["Observed", "Plan", "PolicyRef", "build", "conclude", "pods_by_node", "status_differs"]
+__all__ = [
+    "Observed",
+    "Plan",
+    "PolicyRef",
+    "build",
+    "conclude",
+    "content_hash",
+    "pods_by_node",
+    "status_differs",
+]
 
 POLICY_CRD = f"clusterpolicies.{GROUP}"
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
@@ -101,6 +114,10 @@ class Observed:
     """pods_by_node(pods), when the Store kept it (None: computed from `pods`)."""
     operands: Mapping[str, Operands] | None = None
     """operands_by_node(speaking), when the Store kept it (None: computed)."""
+    drivers: tuple[DriverRef, ...] = ()
+    """The NVIDIADriver objects (none while their CRD is absent)."""
+    driver_daemonsets: Mapping[str, str] = field(default_factory=dict)
+    """Driver DaemonSet UID → name (whose pod is a driver pod: core/driver_pool_plan.py)."""
     upgrade: Facts = field(default_factory=lambda: Facts(nodes=()))
     """The driver upgrade's facts but nodes and time: driver and validator pods, driver DaemonSets at
     their revision, the pods of the nodes being emptied, and the answers to our evictions."""
@@ -143,6 +160,9 @@ class Plan:
     when the current cannot be, None when neither is known (then the plan writes nothing)."""
     missing_inputs: tuple[FieldError, ...] = ()
     """Inputs a component lacks (its DaemonSet is withheld): they refuse any change."""
+    driver_status_writes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """NVIDIADriver name → the status body to write, for those that differ from the cluster's
+    (core/driver_pool_status.py)."""
 
 
 @dataclass(frozen=True)
@@ -212,10 +232,6 @@ def in_sync(desired_hash: str, observed: ObjectInfo | None, applied: Applied | N
     return observed.resource_version == applied.resource_version
 
 
-def content_hash(body: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:20]
-
-
 def _owned(obj: dict[str, Any], policy: PolicyRef) -> dict[str, Any]:
     metadata = obj.setdefault("metadata", {})
     metadata["ownerReferences"] = [
@@ -277,7 +293,21 @@ def build(
         psa = namespace_write(observed.operand_namespace, enabled=False)
         uids = {p.uid for p in policies}
         deletes = sorted(k for k, info in observed.objects.items() if created_by_us(info, None, uids))
-        return Plan(None, None, [], [], deletes, labels, statuses, [], releases, psa, count)
+        writes = _driver_status_writes(observed, None, None, now)
+        return Plan(
+            None,
+            None,
+            [],
+            [],
+            deletes,
+            labels,
+            statuses,
+            [],
+            releases,
+            psa,
+            count,
+            driver_status_writes=writes,
+        )
     try:
         current: ClusterPolicySpec | None = _parsed(caches, active.spec)
     except PolicyError as exc:
@@ -315,10 +345,36 @@ def build(
         service_monitor_crd=observed.service_monitor_crd,
     )
     objects = _rendered(caches, replace(active, spec=source), shown, facts)
+    policy_uids = frozenset(p.uid for p in policies)
+    owners = pod_owners(
+        observed.upgrade.driver_pods,
+        observed.driver_daemonsets,
+        observed.objects,
+        observed.drivers,
+        policy_uids,
+    )
+    on = is_on(shown, observed.nvidia_driver_crd)
+    pools = plan_pools(
+        on,
+        observed.drivers,
+        observed.nodes,
+        owners,
+        observed.objects,
+        policy_uids,
+        facts,
+        shown.hostPaths.rootFS,
+        caches,
+    )
+    if pools.policy_driver is not PolicyDriver.DEPLOY:
+        objects = [
+            o for o in objects if not (o["kind"] == "DaemonSet" and component_of(o["metadata"]) == "driver")
+        ]
+    if pools.objects:
+        objects = [*objects, *pools.objects]
     missing = {
         c.name: found for c in COMPONENTS if c.enabled(shown) and (found := missing_inputs(c, shown, facts))
     }
-    notes = _notes(shown, observed.nvidia_driver_crd)
+    notes = _notes(shown, observed.nvidia_driver_crd, pools)
     if (
         not observed.service_monitor_crd
         and shown.dcgmExporter.is_enabled()
@@ -333,15 +389,14 @@ def build(
     # driver's would unload the driver under running GPU workloads.
     kept = {
         key for key, info in observed.objects.items() if key[1] == "DaemonSet" and info.component in missing
-    }
+    } | pools.kept
     # Only what the operator created goes, never an object because it carries our labels.
-    uids = {p.uid for p in policies}
     deletes = sorted(
         key
         for key, info in observed.objects.items()
-        if key not in wanted and key not in kept and created_by_us(info, active.uid, uids)
+        if key not in wanted and key not in kept and created_by_us(info, active.uid, policy_uids)
     )
-    labels = _label_changes(caches, nodes, shown, pods, operands)
+    labels = _label_changes(caches, nodes, shown, pods, operands, pools.owner_labels)
     # Status reflects the labels as they will be once this plan is carried out.
     planned = {n.name: _with_labels(n, labels[n.name]) if n.name in labels else n for n in nodes}
     daemonsets: dict[str, list[DaemonSetInfo | None]] = {}
@@ -362,6 +417,7 @@ def build(
         status = with_problems(active, status, problems, running, now)
     statuses[active.name] = status
     inputs = tuple(e for found in missing.values() for e in found)
+    writes = _driver_status_writes(observed, pools, active.name, now)
     if spec is None:
         # Nothing known to run but the cluster as it is: leave objects, labels and namespace alone.
         return Plan(
@@ -376,6 +432,7 @@ def build(
             gpu_nodes=count,
             problems=problems,
             missing_inputs=inputs,
+            driver_status_writes=writes,
         )
     return Plan(
         active,
@@ -386,14 +443,28 @@ def build(
         labels,
         statuses,
         notes,
-        _rewrites(observed.nodes, labels, pods),
+        _rewrites(observed.nodes, labels, pods, pools),
         namespace_write(observed.operand_namespace, spec.psa.enabled),
         count,
         upgrade=upgrade,
         problems=problems,
         running=running,
         missing_inputs=inputs,
+        driver_status_writes=writes,
     )
+
+
+def _driver_status_writes(
+    observed: Observed, pools: Pools | None, policy: str | None, now: str
+) -> dict[str, dict[str, Any]]:
+    """The NVIDIADriver statuses that differ from the cluster's (none while the CRD is absent)."""
+    current = {d.name: d.status for d in observed.drivers}
+    found = driver_statuses(observed.drivers, pools, policy, observed.daemonsets, observed.namespace, now)
+    return {
+        name: driver_status_body(status)
+        for name, status in found.items()
+        if driver_status_differs(current[name], status)
+    }
 
 
 def _parsed(caches: Caches, spec: Mapping[str, Any]) -> ClusterPolicySpec:
@@ -441,20 +512,30 @@ def _label_changes(
     spec: ClusterPolicySpec | None,
     pods: Mapping[tuple[str, str], PodInfo],
     operands: Mapping[str, Operands],
+    owners: Mapping[str, str | None] | None = None,
 ) -> dict[str, dict[str, str]]:
     """Node → its desired labels, for the nodes where they differ from the labels the operator owns.
-    Memoized on the node, the spec and the node's operand pods: all that they depend on."""
+    `owners`: the NVIDIADriver owner label each node must carry (driver_pool_plan.Pools.owner_labels;
+    a node left out keeps the one it has). Memoized on the node, the spec, the node's operand pods
+    and its owner label: all that they depend on."""
     is_ready, is_started = readiness(pods), started(pods)
+    owners = owners or {}
 
     def change(node: NodeInfo) -> dict[str, str] | None:
         want = desired_labels(node, spec, is_ready, is_started, _driver_initializing(pods, node.name))
+        owner = owners.get(
+            node.name, node.labels.get(OWNER_LABEL) if OWNER_LABEL in node.own_labels else None
+        )
+        if owner is not None and spec is not None:
+            want[OWNER_LABEL] = owner
         have = {key: node.labels[key] for key in node.own_labels if key in node.labels}
         return want if want != have else None
 
     changes: dict[str, dict[str, str]] = {}
     for node in nodes:
         mine = operands.get(node.name, NO_OPERANDS)
-        found = caches.labels.get(node.name, (node, spec, mine), partial(change, node))
+        inputs = (node, spec, mine, owners.get(node.name, ""))
+        found = caches.labels.get(node.name, inputs, partial(change, node))
         if found is not None:
             changes[node.name] = found
     caches.labels.keep({node.name for node in nodes})
@@ -465,14 +546,25 @@ def _rewrites(
     nodes: Mapping[str, NodeInfo],
     labels: Mapping[str, Mapping[str, str]],
     pods: Mapping[tuple[str, str], PodInfo],
+    pools: Pools,
 ) -> Rewrites:
     """The shared labels the nodes' applies leave behind, to remove; on every node, the pauses to write
-    again for k8s-driver-manager (never removed: the pause wins)."""
+    again for k8s-driver-manager (never removed: the pause wins). While the pools run the driver, an
+    owner label someone else wrote (NVIDIA's operator) that must go: the apply cannot remove it."""
     found: Rewrites = {}
     for name, node in nodes.items():
         rewrite: LabelRewrites = {}
         if name in labels:
             rewrite.update((key, (value, None)) for key, value in released_labels(node, labels[name]).items())
+        current = node.labels.get(OWNER_LABEL)
+        if (
+            pools.on
+            and current is not None
+            and OWNER_LABEL not in node.own_labels
+            and pools.owner_labels.get(name) is None
+            and name in pools.owner_labels
+        ):
+            rewrite[OWNER_LABEL] = (current, None)
         repaused = driver_manager_repauses(node, _driver_initializing(pods, name))
         rewrite.update((key, (value, DRIVER_PAUSE)) for key, value in repaused.items())
         if rewrite:
@@ -500,23 +592,32 @@ SERVICE_MONITOR_SKIPPED = (
 )
 
 
-def _notes(spec: ClusterPolicySpec, nvidia_driver_crd: bool) -> list[Note]:
+def _notes(spec: ClusterPolicySpec, nvidia_driver_crd: bool, pools: Pools) -> list[Note]:
     notes = [
         Note(f"spec.{name} is enabled but not supported by this operator; it is ignored")
         for name in spec.unsupported_enabled()
     ]
     notes += [Note(f"accepted but not acted on: {field}", "Ignored") for field in spec.ignored_fields()]
     notes += [Note(found, "ImageWithoutRegistry") for found in spec.images_without_registry()]
-    if spec.driver.useNvidiaDriverCRD:
-        why = (
-            "NVIDIADriver objects are not deployed by this operator yet"
-            if nvidia_driver_crd
-            else "no NVIDIADriver CRD is installed"
-        )
+    if spec.driver.useNvidiaDriverCRD and not nvidia_driver_crd:
         notes.append(
             Note(
-                f"spec.driver.useNvidiaDriverCRD is set, but {why}; "
+                "spec.driver.useNvidiaDriverCRD is set, but no NVIDIADriver CRD is installed; "
                 "the driver is managed from this ClusterPolicy"
+            )
+        )
+    if pools.policy_driver is PolicyDriver.KEEP:
+        nodes = sorted(pools.waiting) or sorted(pools.assignment.held())
+        what = (
+            "until no NVIDIADriver's driver pod is left"
+            if not pools.on
+            else "while NVIDIADrivers in conflict hold nodes that run it"
+        )
+        shown = ", ".join(nodes[:5]) + (" and more" if len(nodes) > 5 else "")
+        notes.append(
+            Note(
+                f"the driver DaemonSets of this ClusterPolicy are left as they are {what} ({shown})",
+                "DriverSwitchWaiting",
             )
         )
     return notes

@@ -62,6 +62,7 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("scheduling.k8s.io/v1", "PriorityClass"): ("priorityclasses", False),
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ("servicemonitors", True),
     ("nvidia.com/v1", "ClusterPolicy"): ("clusterpolicies", False),
+    ("nvidia.com/v1alpha1", "NVIDIADriver"): ("nvidiadrivers", False),
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): ("customresourcedefinitions", False),
 }
 
@@ -524,6 +525,16 @@ class Kube:
             body={"status": dict(status)},
             content_type="application/merge-patch+json",
             kind="ClusterPolicy",
+        )
+
+    async def patch_driver_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
+        """An NVIDIADriver's status, as patch_status writes a ClusterPolicy's."""
+        return await self.request(
+            "PATCH",
+            path("nvidia.com/v1alpha1", "NVIDIADriver", name=name, subresource="status"),
+            body={"status": dict(status)},
+            content_type="application/merge-patch+json",
+            kind="NVIDIADriver",
         )
 
     async def post_event(

@@ -309,6 +309,7 @@ class Reconciler:
         conclusion = conclude(plan, observed.policies, errors, self.memory.reported, stamp, verdict.conflicts)
         self.memory.written(plan, errors)
         status_due = await self._write_statuses(conclusion)
+        await self._write_driver_statuses(plan.driver_status_writes)
         wake_at = next_pass_at(upgrade, status_due, bool(refused), clock)
         left = unsettled(plan, verdict.conflicts, errors)
         return Outcome(conclusion.plan, left, tuple(sorted(stale)), wake_at)
@@ -566,6 +567,21 @@ class Reconciler:
                 except ApiError as exc:
                     log.warning("could not post Event %s on ClusterPolicy %s: %s", event.reason, name, exc)
         return due
+
+    async def _write_driver_statuses(self, writes: Mapping[str, Mapping[str, Any]]) -> None:
+        """The NVIDIADriver statuses that differ (the plan compared them with the cluster's, so nothing is
+        written at rest). None only tells a rollout's progress, so none waits for the status interval.
+        What the write returned goes into the Store: a pass before its watch event must not write the
+        same status again."""
+        for name, body in writes.items():
+            log.info("NVIDIADriver %s: status %s", name, body.get("state"))
+            try:
+                written = await self.kube.patch_driver_status(name, body)
+            except ApiError as exc:
+                if not gone(exc.failure):
+                    raise
+                continue
+            self.store.record_driver_status(name, written.get("status") or body)
 
 
 async def _gather(jobs: Sequence[Callable[[], Awaitable[T]]], limit: asyncio.Semaphore) -> list[T]:

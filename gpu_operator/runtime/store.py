@@ -12,10 +12,12 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpu_operator.api import MAX_DEPTH, too_deep
+from gpu_operator.api import MAX_DEPTH, PolicyError, too_deep
+from gpu_operator.api.nvidiadriver import NVIDIADriverSpec, parse_driver_spec
 from gpu_operator.core.node_labels import NodeInfo, node_info
 from gpu_operator.core.observed import (
     DaemonSetInfo,
+    DriverRef,
     ObjectInfo,
     ObjectKey,
     PodInfo,
@@ -67,11 +69,36 @@ def policy_ref(body: Body) -> PolicyRef:
     )
 
 
+def driver_ref(body: Body) -> DriverRef:
+    """An NVIDIADriver's record, its spec parsed here once per event (every pass reads it)."""
+    metadata = body["metadata"]
+    raw = body.get("spec") or {}
+    spec: NVIDIADriverSpec | None = None
+    errors: tuple[Any, ...] = ()
+    if too_deep(raw) is not None:
+        raw = safe_json.truncated(raw, MAX_DEPTH + 1)
+    try:
+        spec = parse_driver_spec(raw)
+    except PolicyError as exc:
+        errors = tuple(exc.errors)
+    return DriverRef(
+        name=metadata["name"],
+        uid=metadata.get("uid") or "",
+        generation=int(metadata.get("generation") or 0),
+        spec=spec,
+        errors=errors,
+        deleting=bool(metadata.get("deletionTimestamp")),
+        status=dict(body.get("status") or {}),
+    )
+
+
 @dataclass
 class Store:
     """The tables; read them only through `get`, `size` and `snapshot`."""
 
     policies: dict[str, PolicyRef] = field(default_factory=dict)
+    drivers: dict[str, DriverRef] = field(default_factory=dict)
+    """NVIDIADriver name → its record (empty while its CRD is absent: the informer lists nothing)."""
     nodes: dict[str, NodeInfo] = field(default_factory=dict)
     pods: dict[str, PodInfo] = field(default_factory=dict)
     daemonsets: dict[str, DaemonSetInfo] = field(default_factory=dict)
@@ -177,6 +204,8 @@ class Store:
     def snapshot(self, namespace: str, environ: Mapping[str, str]) -> Observed:
         return Observed(
             policies=tuple(self.policies.values()),
+            drivers=tuple(self.drivers.values()),
+            driver_daemonsets=dict(self.driver_daemonsets),
             nodes=dict(self.nodes),
             pods=tuple(self.pods.values()),
             speaking=dict(self.speaking),
@@ -219,6 +248,19 @@ class Store:
             ref.generation,
             ref.uid,
         )
+
+    def record_driver(self, body: Body, deleted: bool) -> bool:
+        """An NVIDIADriver. As for a ClusterPolicy, our own status writes come back as events: only a
+        change of what DriverRef compares (spec, identity, deletion) needs a pass."""
+        name = body["metadata"]["name"]
+        return self.put("drivers", name, None if deleted else driver_ref(body))
+
+    def record_driver_status(self, name: str, status: Mapping[str, Any]) -> None:
+        """The status our own write left on an NVIDIADriver (a pass before its watch event must not
+        write it again); wakes no pass."""
+        ref = self.drivers.get(name)
+        if ref is not None:
+            self.drivers[name] = replace(ref, status=dict(status))
 
     def record_node(self, body: Body, deleted: bool) -> bool:
         """Also what our own node writes returned (the reconciler puts them in before the watch brings

@@ -27,6 +27,7 @@ import yaml
 from gpu_operator import cli
 from gpu_operator.agent.discovery import NFD_CRD
 from gpu_operator.api import parse_spec
+from gpu_operator.api.nvidiadriver import OWNER_LABEL
 from gpu_operator.api.spec import ClusterPolicySpec, OperatorSpec
 from gpu_operator.core.components import COMPONENTS, MIG_CONFIG_LABEL, RUNTIME_LABEL
 from gpu_operator.core.node_labels import DEPLOY_PREFIX, GPU_PRESENT, PCI_LABELS
@@ -743,12 +744,16 @@ def test_service_monitor_and_port(tmp_path: Path) -> None:
 # release (operand) namespace.
 CRDS = ("apiextensions.k8s.io", "customresourcedefinitions")
 REQUIRED_EXTRA: Grants = {
-    # main.py: the informer of clusterpolicies, cluster-wide.
+    # main.py: the informers of clusterpolicies and nvidiadrivers, cluster-wide.
     ("", "nvidia.com", "clusterpolicies", ""): {"list", "watch"},
-    # runtime/client.py patch_status.
+    ("", "nvidia.com", "nvidiadrivers", ""): {"list", "watch"},
+    # runtime/client.py patch_status and patch_driver_status.
     ("", "nvidia.com", "clusterpolicies/status", ""): {"patch"},
-    # plan.py: controller ownerReference with blockOwnerDeletion (OwnerReferencesPermissionEnforcement).
+    ("", "nvidia.com", "nvidiadrivers/status", ""): {"patch"},
+    # plan.py and driver_pool_plan.py: controller ownerReference with blockOwnerDeletion
+    # (OwnerReferencesPermissionEnforcement), to the ClusterPolicy and to a pool's NVIDIADriver.
     ("", "nvidia.com", "clusterpolicies/finalizers", ""): {"update"},
+    ("", "nvidia.com", "nvidiadrivers/finalizers", ""): {"update"},
     # main.py node_event (watch), runtime/client.py apply_node_labels (server-side apply on existing nodes)
     # and patch_node (the driver upgrade's merge patch); reconciler.py _refresh_node (after a 409).
     ("", "", "nodes", ""): {"get", "list", "watch", "patch"},
@@ -1061,7 +1066,7 @@ def test_admission_policy_limits_the_operators_node_writes_to_what_it_sets(
         == f'request.userInfo.username == "system:serviceaccount:{NAMESPACE}:{RELEASE}"'
     )
     variables = {v["name"]: v["expression"] for v in policy["variables"]}
-    own = {GPU_PRESENT, RUNTIME_LABEL, MIG_CONFIG_LABEL, STATE_LABEL}
+    own = {GPU_PRESENT, RUNTIME_LABEL, MIG_CONFIG_LABEL, STATE_LABEL, OWNER_LABEL}
     assert set(re.findall(r"'([^']+)'", variables["ownLabels"])) == own
     labels, annotations, spec = (v["expression"] for v in policy["validations"])
     assert f"startsWith('{DEPLOY_PREFIX}')" in labels

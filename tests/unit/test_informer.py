@@ -402,6 +402,7 @@ def test_every_kind_has_an_informer_scoped_as_the_operator_needs() -> None:
     assert kinds["namespaces"].path == "/api/v1/namespaces"
     assert kinds["namespaces"].field_selector == "metadata.name=gpu-operator"
     assert kinds["clusterpolicies"].path == "/apis/nvidia.com/v1/clusterpolicies"
+    assert kinds["nvidiadrivers"].path == "/apis/nvidia.com/v1alpha1/nvidiadrivers"
     assert kinds["daemonsets"].path == "/apis/apps/v1/namespaces/gpu-operator/daemonsets"
 
 

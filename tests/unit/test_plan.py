@@ -591,16 +591,17 @@ def test_a_pass_waits_for_the_pods_of_the_nodes_its_upgrade_empties_that_no_watc
     assert unlisted_pods(listed, replace(emptying, upgrade=None)) == frozenset(), "no upgrade planned"
 
 
-def test_use_nvidia_driver_crd_is_reported_whether_or_not_its_crd_is_installed() -> None:
-    """The driver stays managed from the ClusterPolicy either way (NVIDIADriver objects are not
-    deployed yet): the Ready condition says so, and why."""
+def test_use_nvidia_driver_crd_without_its_crd_is_reported() -> None:
+    """Without the NVIDIADriver CRD the driver stays managed from the ClusterPolicy: the Ready condition
+    says so, and why. With it, the NVIDIADrivers run the driver (tests/unit/test_driver_pool_plan.py)."""
     seed = policy(driver={"useNvidiaDriverCRD": True})
-    for installed, why in (
-        (False, "no NVIDIADriver CRD is installed"),
-        (True, "are not deployed by this operator"),
-    ):
-        plan = build(replace(observed(seed), nvidia_driver_crd=installed), NOW)
-        message = condition(status_of(plan, seed.name), "Ready")["message"]
-        assert "spec.driver.useNvidiaDriverCRD is set" in message and why in message, message
-        assert "the driver is managed from this ClusterPolicy" in message
+    plan = build(replace(observed(seed), nvidia_driver_crd=False), NOW)
+    message = condition(status_of(plan, seed.name), "Ready")["message"]
+    assert (
+        "spec.driver.useNvidiaDriverCRD is set" in message and "no NVIDIADriver CRD is installed" in message
+    )
+    assert "the driver is managed from this ClusterPolicy" in message
+    delegated = build(replace(observed(seed), nvidia_driver_crd=True), NOW)
+    assert "useNvidiaDriverCRD" not in str(status_of(delegated, seed.name))
+    assert not [o for o in delegated.objects if o["metadata"]["name"] == "nvidia-driver-daemonset"]
     assert "useNvidiaDriverCRD" not in str(status_of(build(observed(policy()), NOW), "cluster-policy"))

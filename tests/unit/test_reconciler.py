@@ -59,6 +59,8 @@ class FakeKube:
         self.written: dict[str, dict[str, Any]] = {}
         """Node name → the node as the last label write left it (what the API server answered)."""
         self.statuses: list[dict[str, Any]] = []
+        self.driver_statuses: list[tuple[str, dict[str, Any]]] = []
+        """(NVIDIADriver name, status body) of each status write."""
         self.events: list[tuple[str, str]] = []
         self.deleted: list[ObjectKey] = []
         self.versions: dict[str, tuple[str, str]] = {}
@@ -133,6 +135,12 @@ class FakeKube:
     async def patch_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         self.statuses.append(dict(status))
         return {}
+
+    async def patch_driver_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
+        """As the API server answers: the object with the status written (its spec left out here: the
+        reconciler takes only the status)."""
+        self.driver_statuses.append((name, dict(status)))
+        return {"metadata": {"name": name, "uid": f"uid-{name}", "generation": 1}, "status": dict(status)}
 
     async def post_event(
         self, policy: Mapping[str, str], type_: str, reason: str, message: str, now: str
@@ -937,3 +945,40 @@ def test_a_crd_that_cannot_be_written_is_tried_again_next_pass() -> None:
     del fake.reject[POLICY_CRD]
     run_once(r)
     assert POLICY_CRD in r.crds_current and CRD_KEY in fake.applied
+
+
+def test_nvidiadriver_statuses_are_written_once_and_not_again_at_rest() -> None:
+    fake = FakeKube()
+    rec = reconciler(fake, {"driver": {"useNvidiaDriverCRD": True}})
+    rec.store.put("crds", "nvidiadrivers.nvidia.com", True)
+    body = {
+        "metadata": {"name": "h100", "uid": "uid-h100", "generation": 1},
+        "spec": {"version": "595.91.07", "nodeSelector": {"pool": "h100"}},
+    }
+    rec.store.record_driver(body, False)
+    run_once(rec)
+    ((name, status),) = fake.driver_statuses
+    assert name == "h100" and status["state"] == "ready", "it owns no node: nothing to wait for"
+    assert {c["type"]: c["status"] for c in status["conditions"]} == {"Ready": "True", "Error": "False"}
+    # What the write returned is in the Store: the next pass, before the watch event, writes nothing.
+    assert rec.store.get("drivers", "h100").status == status
+    run_once(rec)
+    assert len(fake.driver_statuses) == 1
+    # The ClusterPolicy stops delegating: the driver is disabled, said once.
+    edit(rec, {"driver": {"useNvidiaDriverCRD": False}})
+    run_once(rec)
+    run_once(rec)
+    assert [s["state"] for _, s in fake.driver_statuses] == ["ready", "disabled"]
+
+
+def test_a_driver_status_write_on_a_driver_gone_meanwhile_is_no_error() -> None:
+    fake = FakeKube()
+    rec = reconciler(fake)
+    rec.store.put("crds", "nvidiadrivers.nvidia.com", True)
+    rec.store.record_driver({"metadata": {"name": "gone", "uid": "u"}, "spec": {"version": "1.2.3"}}, False)
+
+    async def refuse(name: str, status: Mapping[str, Any]) -> dict[str, Any]:
+        raise ApiError(404, "NotFound", name)
+
+    fake.patch_driver_status = refuse  # type: ignore[method-assign]
+    assert run_once(rec).errors == {}

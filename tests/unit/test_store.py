@@ -137,3 +137,35 @@ def test_a_writer_waits_for_the_watch_to_bring_a_nodes_new_version() -> None:
         assert await store.wait_node("gpu-0", "57", 60.0) == (True, None)
 
     asyncio.run(script())
+
+
+def driver_body(spec: dict[str, Any], **metadata: Any) -> dict[str, Any]:
+    return {"metadata": {"name": "h100", "uid": "u1", "generation": 1, **metadata}, "spec": spec}
+
+
+def test_an_nvidiadriver_wakes_a_pass_for_its_spec_identity_and_deletion_not_its_status() -> None:
+    store = Store()
+    spec = {"version": "595.91.07", "nodeSelector": {"pool": "h100"}}
+    assert store.record_driver(driver_body(spec), False)
+    # Our own status write coming back: kept (the next status is compared with it), no pass.
+    assert not store.record_driver({**driver_body(spec), "status": {"state": "ready"}}, False)
+    assert store.get("drivers", "h100").status == {"state": "ready"}
+    assert store.record_driver(driver_body({**spec, "version": "600.1.2"}, generation=2), False)
+    assert store.record_driver(driver_body({**spec, "version": "600.1.2"}, generation=2, uid="u2"), False)
+    deleting = driver_body({**spec, "version": "600.1.2"}, generation=2, uid="u2", deletionTimestamp="t")
+    assert store.record_driver(deleting, False)
+    assert store.get("drivers", "h100").deleting
+    assert store.record_driver(deleting, True) and store.snapshot("ns", {}).drivers == ()
+
+
+def test_an_nvidiadriver_spec_that_does_not_parse_is_kept_with_its_errors() -> None:
+    store = Store()
+    store.record_driver(driver_body({"default": True, "nodeSelector": {"a": "b"}, "version": "1.2.3"}), False)
+    ref = store.snapshot("ns", {}).drivers[0]
+    assert ref.spec is None and [e.path for e in ref.errors] == ["spec.nodeSelector"]
+
+
+def test_the_snapshot_names_the_driver_daemonsets_by_uid() -> None:
+    store = Store()
+    store.put("driver_daemonsets", "ds-uid", "nvidia-gpu-driver-ubuntu22.04-x")
+    assert store.snapshot("ns", {}).driver_daemonsets == {"ds-uid": "nvidia-gpu-driver-ubuntu22.04-x"}

@@ -1,0 +1,229 @@
+"""NVIDIADriver pools in a pass (pure): which driver runs on each GPU node when the active ClusterPolicy
+delegates its driver (`driver.useNvidiaDriverCRD: true`, the NVIDIADriver CRD installed), the pool
+DaemonSets to apply, the owner label each node must carry, and what becomes of the ClusterPolicy's
+own driver DaemonSets.
+
+Who owns a node is core/driver_pools.py's (NVIDIA's AssignOwners rules); each pool's objects are
+core/driver_pool_render.py's. This module decides the order of a switch, because a node's driver is
+changed by two writes that do not happen together: a DaemonSet's node selector (and its deletion)
+and the node's owner label. The rule, per node: **the owner label names a driver only once no driver
+pod of another DaemonSet is on the node** (a terminating one included). Until then the label is
+absent, so no pool pod starts beside the pod that is still going. Then:
+
+- Switching on (useNvidiaDriverCRD false → true): the pool DaemonSets are written, the ClusterPolicy's
+  driver DaemonSets deleted after them (the existing "deletes after their replacements" rule: no
+  delete in a pass with a failed write), and each node gets its owner label once the ClusterPolicy's
+  driver pod there is gone; its pool's pod starts then. A node goes from one driver pod to none to the
+  new one, never two; "none" only for that exchange.
+- Switching off (true → false): the owner labels go (the pool pods with them: their DaemonSets no
+  longer select the node) and the pool DaemonSets are deleted. The ClusterPolicy's driver DaemonSets
+  select every GPU node at once (nvidia.com/gpu.deploy.driver), so they are written only once no pool
+  driver pod is left on any node; an existing one is kept as it is meanwhile.
+- Moving a node between pools (relabelling, a changed nodeSelector, an NVIDIADriver deleted): the old
+  owner's label goes first, the new one once the old pod is gone.
+- A conflict (two NVIDIADrivers select a node, two defaults) or an NVIDIADriver whose spec does not
+  parse holds its nodes as they are (core/driver_pools.py), and so does this module: a held node's
+  label stays, and so do its driver's DaemonSets. Where a held node still runs the ClusterPolicy's
+  driver (a conflict present when switching on), the ClusterPolicy's driver DaemonSets are kept, and
+  with their pods still on every node, no node switches until the conflict is resolved: switching
+  would take that node's driver away, and there is no way to keep one node on a DaemonSet that
+  selects them all.
+
+Nodes whose driver stays the same are not touched: their label and their pool's DaemonSet stay as
+they are when another pool, another node or a third, conflicting, NVIDIADriver changes.
+
+Where this differs from NVIDIA's operator: NVIDIA flips the owner label at once, so the old and the
+new driver pod may run side by side for a while; and its ClusterPolicy controller drops its driver
+DaemonSet as soon as useNvidiaDriverCRD is set, whatever the NVIDIADrivers are. The pool DaemonSets
+run under the ClusterPolicy driver's ServiceAccount and RBAC (`nvidia-driver`), not under a
+ServiceAccount per NVIDIADriver and OS (NVIDIA's getDriverName): the chart grants the operator its
+operands' Roles and bindings by name only, and names that depend on what users call their
+NVIDIADrivers cannot be granted in advance. The driver's RBAC is the same for every pool, so nothing
+is lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from enum import Enum
+from typing import Any
+
+from gpu_operator.api.nvidiadriver import API_VERSION, KIND, OWNER_LABEL
+from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.core.caches import Caches
+from gpu_operator.core.components import BY_NAME
+from gpu_operator.core.driver_pool_render import policy_view, pools, render_pools
+from gpu_operator.core.driver_pools import Assignment, DriverObject, assign
+from gpu_operator.core.node_labels import NodeInfo
+from gpu_operator.core.observed import HASH_ANNOTATION, DriverRef, ObjectInfo, ObjectKey
+from gpu_operator.core.ownership import content_hash
+from gpu_operator.core.render import ClusterFacts
+from gpu_operator.core.upgrade import DriverPod
+
+DRIVER = BY_NAME["driver"]
+POLICY = ""
+"""The owner of a driver pod of the ClusterPolicy's driver DaemonSets."""
+ORPHAN = "?"
+"""The owner of a driver pod whose DaemonSet is gone, not watched, or owned by no live object."""
+
+
+class PolicyDriver(Enum):
+    """What becomes of the ClusterPolicy's own driver DaemonSets."""
+
+    DEPLOY = "deploy"
+    """Rendered and applied, as without NVIDIADrivers."""
+    KEEP = "keep"
+    """Left as they are: existing ones kept, missing ones not created (a switch waits)."""
+    DELETE = "delete"
+    """Not rendered; existing ones deleted after the pass's writes (the pools run the driver)."""
+
+
+@dataclass(frozen=True)
+class Pools:
+    """The pools' share of a pass."""
+
+    on: bool
+    """The ClusterPolicy delegates its driver to the NVIDIADrivers."""
+    policy_driver: PolicyDriver = PolicyDriver.DEPLOY
+    owner_labels: Mapping[str, str | None] = field(default_factory=dict)
+    """Node → the owner label it must carry (None: none), for the GPU nodes and the nodes that carry
+    one."""
+    objects: tuple[dict[str, Any], ...] = ()
+    """The pools' driver DaemonSets, owned by their NVIDIADriver and hashed."""
+    kept: frozenset[ObjectKey] = frozenset()
+    """DaemonSets left as they are: those of an NVIDIADriver whose spec does not parse, and the
+    ClusterPolicy's driver DaemonSets while `policy_driver` is KEEP."""
+    assignment: Assignment = field(default_factory=Assignment)
+    waiting: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Node → the owners of the driver pods its owner label waits for (POLICY, ORPHAN or a name)."""
+
+
+def is_on(spec: ClusterPolicySpec, crd: bool) -> bool:
+    """Whether the ClusterPolicy delegates its driver: useNvidiaDriverCRD, the CRD established, and the
+    driver enabled (without it no node gets the driver's deploy label, which the pools select too)."""
+    return bool(spec.driver.useNvidiaDriverCRD) and crd and spec.driver.is_enabled()
+
+
+def pod_owners(
+    pods: Iterable[DriverPod],
+    daemonsets: Mapping[str, str],
+    objects: Mapping[ObjectKey, ObjectInfo],
+    drivers: Iterable[DriverRef],
+    policy_uids: Iterable[str],
+) -> dict[str, set[str]]:
+    """Node → the owners of its driver pods: POLICY, an NVIDIADriver's name, or ORPHAN."""
+    names = {d.uid: d.name for d in drivers}
+    policies = set(policy_uids)
+    found: dict[str, set[str]] = {}
+    for pod in pods:
+        name = daemonsets.get(pod.daemonset_uid)
+        info = objects.get(("apps/v1", "DaemonSet", pod.namespace, name)) if name is not None else None
+        uid = info.owner_uid if info is not None else ""
+        owner = names.get(uid) or (POLICY if uid and uid in policies else ORPHAN)
+        found.setdefault(pod.node, set()).add(owner)
+    return found
+
+
+def plan_pools(
+    on: bool,
+    drivers: tuple[DriverRef, ...],
+    nodes: Mapping[str, NodeInfo],
+    owners: Mapping[str, set[str]],
+    objects: Mapping[ObjectKey, ObjectInfo],
+    policy_uids: frozenset[str],
+    facts: ClusterFacts,
+    host_root: str,
+    caches: Caches,
+) -> Pools:
+    """The pools' share of the pass (see the module docstring for the order of a switch). `owners`:
+    pod_owners."""
+    policy_daemonsets = frozenset(
+        key
+        for key, info in objects.items()
+        if key[1] == "DaemonSet" and info.component == DRIVER.name and info.owner_uid in policy_uids
+    )
+    if not on:
+        labelled = {name: None for name, node in nodes.items() if OWNER_LABEL in node.labels}
+        pooled = {node: sorted(o) for node, o in owners.items() if o - {POLICY}}
+        if pooled:
+            return Pools(False, PolicyDriver.KEEP, labelled, kept=policy_daemonsets, waiting=_tuples(pooled))
+        return Pools(False, PolicyDriver.DEPLOY, labelled)
+    assignment = assign((_object(d) for d in drivers), nodes.values())
+    labels: dict[str, str | None] = {name: None for name, node in nodes.items() if OWNER_LABEL in node.labels}
+    waiting: dict[str, tuple[str, ...]] = {}
+    for name, owner in assignment.nodes.items():
+        target = owner.label
+        running = owners.get(name, set())
+        if target is not None and running - {target}:
+            waiting[name] = tuple(sorted(running - {target}))
+            target = None
+        labels[name] = target
+    held_on_policy = any(
+        owner.held and POLICY in owners.get(name, ()) for name, owner in assignment.nodes.items()
+    )
+    kept = set(policy_daemonsets) if held_on_policy else set()
+    rendered: list[dict[str, Any]] = []
+    caches.pools.keep({d.name for d in drivers})
+    for driver in drivers:
+        if driver.deleting:
+            continue
+        if driver.spec is None:
+            kept.update(k for k, i in objects.items() if k[1] == "DaemonSet" and i.owner_uid == driver.uid)
+            continue
+        mine = [nodes[n] for n, owner in assignment.nodes.items() if owner.label == driver.name]
+        rendered.extend(_daemonsets(caches, driver, mine, facts, host_root))
+    return Pools(
+        True,
+        PolicyDriver.KEEP if held_on_policy else PolicyDriver.DELETE,
+        labels,
+        tuple(rendered),
+        frozenset(kept),
+        assignment,
+        waiting,
+    )
+
+
+def _tuples(found: Mapping[str, list[str]]) -> dict[str, tuple[str, ...]]:
+    return {key: tuple(value) for key, value in found.items()}
+
+
+def _object(driver: DriverRef) -> DriverObject:
+    return DriverObject(driver.name, driver.uid, driver.spec, driver.deleting)
+
+
+def _daemonsets(
+    caches: Caches, driver: DriverRef, nodes: list[NodeInfo], facts: ClusterFacts, host_root: str
+) -> list[dict[str, Any]]:
+    """The driver's pool DaemonSets, owned and hashed; rendered again only when the driver, its pools or
+    the facts change. They run under the ClusterPolicy driver's ServiceAccount (module docstring)."""
+    spec = driver.spec
+    assert spec is not None
+    found = [replace(variant, account=None) for variant in pools(_object(driver), nodes)]
+    view = policy_view(spec, host_root)
+    named = {name for _, name in DRIVER.config_maps(view)}
+    facts = replace(facts, config_maps={n: k for n, k in facts.config_maps.items() if n in named})
+
+    def render() -> list[dict[str, Any]]:
+        objects = render_pools(spec, found, facts, host_root)
+        return [_owned(obj, driver) for obj in objects if obj["kind"] == "DaemonSet"]
+
+    inputs = (driver.uid, spec, tuple(found), facts, host_root)
+    return caches.pools.get(driver.name, inputs, render)
+
+
+def _owned(obj: dict[str, Any], driver: DriverRef) -> dict[str, Any]:
+    """NVIDIA's SetControllerReference to the NVIDIADriver: deleting it deletes its DaemonSets."""
+    metadata = obj.setdefault("metadata", {})
+    metadata["ownerReferences"] = [
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": driver.name,
+            "uid": driver.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+    ]
+    metadata.setdefault("annotations", {})[HASH_ANNOTATION] = content_hash(obj)
+    return obj
