@@ -264,7 +264,7 @@ def test_nfd_only_when_enabled() -> None:
 # --- the ClusterPolicy ----------------------------------------------------------------------------
 
 
-def validate_policy(policy: Obj) -> None:
+def validate_document(policy: Obj) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "gpu_operator.cli", "validate", "-f", "-"],
         input=yaml.safe_dump(policy),
@@ -286,7 +286,98 @@ def test_default_cluster_policy_has_every_section_and_is_valid(default_objects: 
     assert policy["spec"]["dcgm"]["enabled"] is False
     assert policy["spec"]["nodeStatusExporter"]["enabled"] is False
     assert policy["spec"]["driver"]["upgradePolicy"]["autoUpgrade"] is True
-    validate_policy(policy)
+    validate_document(policy)
+
+
+# --- the default NVIDIADriver ---------------------------------------------------------------------
+
+CRD_ON = ("--set", "driver.nvidiaDriverCRD.enabled=true")
+
+
+@needs_helm
+@pytest.mark.parametrize(
+    ("args", "rendered"),
+    [
+        # NVIDIA's tests/scripts/end-to-end-nvidia-driver.sh (test_nvidiadriver_helm_render_options), flag
+        # for flag, and the chart's defaults.
+        ([*CRD_ON, "--set", "driver.nvidiaDriverCRD.deployDefaultCR=true"], True),
+        ([*CRD_ON, "--set", "driver.nvidiaDriverCRD.deployDefaultCR=false"], False),
+        (
+            [
+                "--set",
+                "driver.nvidiaDriverCRD.enabled=false",
+                "--set",
+                "driver.nvidiaDriverCRD.deployDefaultCR=true",
+            ],
+            False,
+        ),
+        ([*CRD_ON], True),
+        ([], False),
+        ([*CRD_ON, "--set", "driver.enabled=false"], False),
+    ],
+)
+def test_default_nvidiadriver_only_when_asked_for(args: list[str], rendered: bool) -> None:
+    drivers = [o for o in render_chart(*args) if o["kind"] == "NVIDIADriver"]
+    assert len(drivers) == int(rendered)
+    if rendered:
+        assert drivers[0]["metadata"]["name"] == "default"
+        assert drivers[0]["spec"]["default"] is True
+        validate_document(drivers[0])
+
+
+@needs_helm
+def test_default_nvidiadriver_takes_the_driver_values(tmp_path: Path) -> None:
+    """What NVIDIA's chart copies into its default NVIDIADriver: the driver section under NVIDIADriver's
+    names (repoConfig.configMapName → repoConfig.name, virtualTopology.config →
+    virtualTopologyConfig.name, gpuPodDeletion → podDeletion), the daemonsets' labels, annotations and
+    tolerations, gds and gdrcopy; and the ClusterPolicy then carries no driver settings but the switch."""
+    values = {
+        "driver": {
+            "nvidiaDriverCRD": {"enabled": True, "driverType": "vgpu"},
+            "version": "580.95.05",
+            "usePrecompiled": False,
+            "kernelModuleType": "open",
+            "repoConfig": {"configMapName": "repo"},
+            "certConfig": {"name": "certs"},
+            "licensingConfig": {"configMapName": "licence", "nlsEnabled": False},
+            "virtualTopology": {"config": "topology"},
+            "kernelModuleConfig": {"name": "modules"},
+            "secretEnv": "driver-env",
+            "env": [{"name": "A", "value": "b"}],
+            "upgradePolicy": {
+                "maxParallelUpgrades": 2,
+                "gpuPodDeletion": {"force": True, "timeoutSeconds": 60},
+            },
+            "rdma": {"enabled": True},
+        },
+        "daemonsets": {"labels": {"team": "ml"}, "annotations": {"a": "b"}},
+        "gds": {"enabled": True},
+        "gdrcopy": {"enabled": True},
+    }
+    objects = render_chart("-f", values_file(tmp_path, values))
+    spec = find(objects, "NVIDIADriver", "default")["spec"]
+    assert spec["driverType"] == "vgpu"
+    assert spec["version"] == "580.95.05"
+    assert spec["kernelModuleType"] == "open"
+    assert spec["repoConfig"] == {"name": "repo"}
+    assert spec["certConfig"] == {"name": "certs"}
+    assert spec["licensingConfig"] == {"name": "licence", "nlsEnabled": False}
+    assert spec["virtualTopologyConfig"] == {"name": "topology"}
+    assert spec["kernelModuleConfig"] == {"name": "modules"}
+    assert spec["secretEnv"] == "driver-env"
+    assert spec["env"] == [{"name": "A", "value": "b"}]
+    assert spec["upgradePolicy"]["maxParallelUpgrades"] == 2
+    assert spec["upgradePolicy"]["podDeletion"]["force"] is True
+    assert spec["rdma"] == {"enabled": True, "useHostMofed": False}
+    assert spec["labels"] == {"team": "ml"}
+    assert spec["annotations"] == {"a": "b"}
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    assert spec["gds"]["enabled"] is True
+    assert spec["gdrcopy"]["enabled"] is True
+    validate_document(find(objects, "NVIDIADriver", "default"))
+    driver = find(objects, "ClusterPolicy")["spec"]["driver"]
+    assert driver["useNvidiaDriverCRD"] is True
+    assert "version" not in driver
 
 
 def leaf_values(value: Any, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
@@ -317,7 +408,7 @@ def test_every_field_of_the_model_reaches_the_policy(tmp_path: Path) -> None:
             section["repository"] = ""
             section.setdefault("version", "")
     policy = find(render_chart("-f", values_file(tmp_path, values)), "ClusterPolicy")
-    validate_policy(policy)
+    validate_document(policy)
     expected = parse_spec(spec).model_dump(mode="json")
     written = parse_spec(policy["spec"]).model_dump(mode="json")
     # NVIDIA's chart never writes devicePlugin.mps; this one only when it is not the default.
@@ -347,7 +438,7 @@ def test_values_without_the_operand_defaults_mean_the_operators_defaults(tmp_pat
     (copy / "values.yaml").write_text(yaml.safe_dump(values))
     proc = helm("template", RELEASE, str(copy), "--namespace", NAMESPACE, "--kube-version", KUBE_VERSION)
     policy = find([d for d in yaml.safe_load_all(proc.stdout) if d], "ClusterPolicy")
-    validate_policy(policy)
+    validate_document(policy)
     spec = policy["spec"]
     # Only the switches NVIDIA's chart always writes, at the operator's defaults; no image, no upgrade policy.
     enabled = {name: s["enabled"] for name, s in spec.items() if "enabled" in s}
@@ -383,7 +474,7 @@ def test_a_version_alone_keeps_the_image(component: str) -> None:
     section = policy["spec"][component]
     assert section["version"] == "1.2.3"
     assert section["repository"] and section["image"]
-    validate_policy(policy)
+    validate_document(policy)
 
 
 @needs_helm

@@ -126,6 +126,73 @@ fields when set, then .keys when set. Prints YAML (use fromYaml). */}}
 {{- toYaml $out }}
 {{- end }}
 
+{{/* The driver's upgradePolicy as NVIDIA's chart writes it, in the ClusterPolicy and in the default
+NVIDIADriver: the chart's `gpuPodDeletion` becomes `podDeletion`. Prints YAML (use fromYaml). */}}
+{{- define "gpu-operator.upgradePolicy" -}}
+{{- $u := . }}
+{{- $policy := dict "autoUpgrade" ($u.autoUpgrade | default false) "maxParallelUpgrades" ($u.maxParallelUpgrades | default 0) "maxUnavailable" ($u.maxUnavailable | default "25%") }}
+{{- $wait := dict "timeoutSeconds" (dig "waitForCompletion" "timeoutSeconds" nil $u) }}
+{{- include "gpu-operator.copySet" (dict "from" $u.waitForCompletion "to" $wait "keys" (list "podSelector")) }}
+{{- $_ := set $policy "waitForCompletion" $wait }}
+{{- $deletion := mergeOverwrite (deepCopy ($u.gpuPodDeletion | default dict)) ($u.podDeletion | default dict) }}
+{{- $_ := set $policy "podDeletion" (dict "force" ($deletion.force | default false) "timeoutSeconds" $deletion.timeoutSeconds "deleteEmptyDir" ($deletion.deleteEmptyDir | default false)) }}
+{{- $drainValues := $u.drain | default dict }}
+{{- $drain := dict "enable" ($drainValues.enable | default false) "force" ($drainValues.force | default false) "timeoutSeconds" $drainValues.timeoutSeconds "deleteEmptyDir" ($drainValues.deleteEmptyDir | default false) }}
+{{- include "gpu-operator.copySet" (dict "from" $drainValues "to" $drain "keys" (list "podSelector")) }}
+{{- $_ := set $policy "drain" $drain }}
+{{- include "gpu-operator.copySet" (dict "from" $u "to" $policy "keys" (list "canary" "validation")) }}
+{{- toYaml $policy }}
+{{- end }}
+
+{{/* The spec of the default NVIDIADriver the chart creates (driver.nvidiaDriverCRD.enabled and
+deployDefaultCR), from the same values NVIDIA's chart reads: the driver section, the daemonsets' labels,
+annotations and tolerations, and the gds and gdrcopy sections. Prints YAML (use fromYaml). */}}
+{{- define "gpu-operator.defaultDriverSpec" -}}
+{{- $v := .Values }}
+{{- $d := $v.driver | default dict }}
+{{- $spec := include "gpu-operator.component" (dict "from" (omit $d "enabled") "keys" (list "kernelModuleType" "usePrecompiled" "startupProbe" "livenessProbe" "readinessProbe" "secretEnv")) | fromYaml }}
+{{- $_ := set $spec "default" true }}
+{{- $_ := set $spec "driverType" (dig "nvidiaDriverCRD" "driverType" "" $d | default "gpu") }}
+{{- $_ := set $spec "usePrecompiled" (dig "usePrecompiled" false $d) }}
+{{- $ds := $v.daemonsets | default dict }}
+{{- include "gpu-operator.copySet" (dict "from" $ds "to" $spec "keys" (list "labels" "annotations" "tolerations")) }}
+{{- with $d.manager }}
+{{- $_ := set $spec "manager" (include "gpu-operator.driverManager" . | fromYaml) }}
+{{- end }}
+{{- with $d.upgradePolicy }}
+{{- $_ := set $spec "upgradePolicy" (include "gpu-operator.upgradePolicy" . | fromYaml) }}
+{{- end }}
+{{- $_ := set $spec "rdma" (dict "enabled" (dig "rdma" "enabled" false $d) "useHostMofed" (dig "rdma" "useHostMofed" false $d)) }}
+{{- with dig "repoConfig" "configMapName" "" $d }}
+{{- $_ := set $spec "repoConfig" (dict "name" .) }}
+{{- end }}
+{{- with dig "certConfig" "name" "" $d }}
+{{- $_ := set $spec "certConfig" (dict "name" .) }}
+{{- end }}
+{{- $licensing := $d.licensingConfig | default dict }}
+{{- $nls := ternary true $licensing.nlsEnabled (kindIs "invalid" $licensing.nlsEnabled) }}
+{{- if $licensing.secretName }}
+{{- $_ := set $spec "licensingConfig" (dict "secretName" $licensing.secretName "nlsEnabled" $nls) }}
+{{- else if $licensing.configMapName }}
+{{- $_ := set $spec "licensingConfig" (dict "name" $licensing.configMapName "nlsEnabled" $nls) }}
+{{- end }}
+{{- with dig "virtualTopology" "config" "" $d }}
+{{- $_ := set $spec "virtualTopologyConfig" (dict "name" .) }}
+{{- end }}
+{{- with dig "kernelModuleConfig" "name" "" $d }}
+{{- $_ := set $spec "kernelModuleConfig" (dict "name" .) }}
+{{- end }}
+{{- if dig "enabled" false ($v.gds | default dict) }}
+{{- $_ := set $spec "gds" (include "gpu-operator.component" (dict "from" $v.gds) | fromYaml) }}
+{{- end }}
+{{- with $v.gdrcopy }}
+{{- $gdrcopy := include "gpu-operator.component" (dict "from" .) | fromYaml }}
+{{- $_ := set $gdrcopy "enabled" (dig "enabled" false .) }}
+{{- $_ := set $spec "gdrcopy" $gdrcopy }}
+{{- end }}
+{{- toYaml $spec }}
+{{- end }}
+
 {{/* Whether this release creates the ClusterPolicy: clusterPolicy.create and NVIDIA's clusterPolicy.deployCR. */}}
 {{- define "gpu-operator.createsPolicy" -}}
 {{- if and .Values.clusterPolicy.create (dig "deployCR" true .Values.clusterPolicy) }}true{{ end }}
@@ -203,19 +270,7 @@ of an older chart): a missing field then falls back to the operator's default. *
 {{- $_ := set $driver "manager" (include "gpu-operator.driverManager" ($d.manager | default dict) | fromYaml) }}
 {{- end }}
 {{- with $d.upgradePolicy }}
-{{- $u := . }}
-{{- $policy := dict "autoUpgrade" ($u.autoUpgrade | default false) "maxParallelUpgrades" ($u.maxParallelUpgrades | default 0) "maxUnavailable" ($u.maxUnavailable | default "25%") }}
-{{- $wait := dict "timeoutSeconds" (dig "waitForCompletion" "timeoutSeconds" nil $u) }}
-{{- include "gpu-operator.copySet" (dict "from" $u.waitForCompletion "to" $wait "keys" (list "podSelector")) }}
-{{- $_ := set $policy "waitForCompletion" $wait }}
-{{- $deletion := mergeOverwrite (deepCopy ($u.gpuPodDeletion | default dict)) ($u.podDeletion | default dict) }}
-{{- $_ := set $policy "podDeletion" (dict "force" ($deletion.force | default false) "timeoutSeconds" $deletion.timeoutSeconds "deleteEmptyDir" ($deletion.deleteEmptyDir | default false)) }}
-{{- $drainValues := $u.drain | default dict }}
-{{- $drain := dict "enable" ($drainValues.enable | default false) "force" ($drainValues.force | default false) "timeoutSeconds" $drainValues.timeoutSeconds "deleteEmptyDir" ($drainValues.deleteEmptyDir | default false) }}
-{{- include "gpu-operator.copySet" (dict "from" $drainValues "to" $drain "keys" (list "podSelector")) }}
-{{- $_ := set $policy "drain" $drain }}
-{{- include "gpu-operator.copySet" (dict "from" $u "to" $policy "keys" (list "canary" "validation")) }}
-{{- $_ := set $driver "upgradePolicy" $policy }}
+{{- $_ := set $driver "upgradePolicy" (include "gpu-operator.upgradePolicy" . | fromYaml) }}
 {{- end }}
 {{- if $d.hostNetwork }}
 {{- $_ := set $driver "hostNetwork" true }}
