@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kubernetes_asyncio.client import ApiException
 
 from .kube_helpers import Cluster, client, wait_for, wait_timeout
 from .operator_process import ROOT, OperatorProcess, helm, run_cleanup_hook, sa_kubeconfig
@@ -393,6 +394,261 @@ def test_disable_and_enable_operands(cluster: Cluster, release: Release) -> None
     finally:
         # The person's label, not the operator's: the later tests start without it.
         cluster.kubectl("label", "nodes", "--all", "nvidia.com/gpu.deploy.operands-")
+
+
+# --- migrate-clusterpolicy-to-nvidiadriver.sh and update-nvidiadriver.sh ----------------------------
+
+OWNER = "nvidia.com/gpu-operator.driver.owner"
+DRIVER_PODS = "app.kubernetes.io/component=nvidia-driver"
+NVIDIADRIVERS = ("nvidia.com", "v1alpha1", "nvidiadrivers")
+E2E_DRIVER, E2E_DEFAULT, E2E_DUPLICATE = "e2e-driver", "e2e-default-driver", "e2e-duplicate-default-driver"
+"""update-nvidiadriver.sh's NVIDIA_DRIVER_NAME, DEFAULT_NVIDIA_DRIVER_NAME and
+DUPLICATE_DEFAULT_NVIDIA_DRIVER_NAME."""
+
+
+def nvidiadrivers(cluster: Cluster) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = client.CustomObjectsApi(cluster.api).list_cluster_custom_object(
+        *NVIDIADRIVERS
+    )["items"]
+    return found
+
+
+def defaults(cluster: Cluster) -> list[str]:
+    return [d["metadata"]["name"] for d in nvidiadrivers(cluster) if d["spec"].get("default") is True]
+
+
+def wait_for_owner(cluster: Cluster, name: str) -> None:
+    """wait_for_nvidiadriver_owner(_labels): every GPU node labelled as `name`'s."""
+
+    def check() -> None:
+        owners = {n.metadata.name: (n.metadata.labels or {}).get(OWNER) for n in gpu_nodes(cluster)}
+        assert owners and all(o == name for o in owners.values()), owners
+
+    wait_for(check, timeout=UPGRADE, what=f"every GPU node owned by NVIDIADriver {name}")
+
+
+def driver_daemonsets(cluster: Cluster, name: str) -> list[Any]:
+    """get_nvidiadriver_daemonsets: the driver DaemonSets whose pods select `name`'s nodes."""
+    apps: Any = client.AppsV1Api(cluster.api)
+    items = apps.list_namespaced_daemon_set(NS, label_selector=DRIVER_PODS).items
+    return [d for d in items if (d.spec.template.spec.node_selector or {}).get(OWNER) == name]
+
+
+def wait_for_driver_daemonsets(cluster: Cluster, name: str) -> None:
+    wait_for(
+        lambda: assert_true(driver_daemonsets(cluster, name)), timeout=CONVERGE, what=f"{name}'s DaemonSets"
+    )
+
+
+def assert_true(value: Any) -> None:
+    assert value, value
+
+
+def check_driver_pods_ready(cluster: Cluster) -> None:
+    """check_nvidia_driver_pods_ready, for every GPU node: one Ready driver pod each, none terminating."""
+
+    def check() -> None:
+        core: Any = client.CoreV1Api(cluster.api)
+        found = core.list_namespaced_pod(NS, label_selector=DRIVER_PODS).items
+        want = len(gpu_nodes(cluster))
+        assert len(found) == want, f"{len(found)} driver pods for {want} GPU nodes"
+        for pod in found:
+            assert pod.metadata.deletion_grace_period_seconds is None, f"{pod.metadata.name} terminating"
+            ready = {c.type: c.status for c in pod.status.conditions or []}.get("Ready")
+            assert ready == "True", f"{pod.metadata.name} not ready"
+
+    wait_for(check, timeout=UPGRADE, what="driver pods ready")
+
+
+def driver_message(cluster: Cluster, name: str, text: str) -> None:
+    """wait_for_nvidiadriver_condition_message: notReady, a condition's message containing `text`."""
+
+    def check() -> None:
+        found = client.CustomObjectsApi(cluster.api).get_cluster_custom_object(*NVIDIADRIVERS, name)
+        status = found.get("status") or {}
+        said = [c.get("message", "") for c in status.get("conditions", [])]
+        assert status.get("state") == "notReady" and any(text in m for m in said), status
+
+    wait_for(check, timeout=CONVERGE, what=f"NVIDIADriver {name}: {text}")
+
+
+def driver_ready(cluster: Cluster, name: str) -> None:
+    """wait_for_nvidiadriver_ready: ready, Ready=True and no Error=True."""
+
+    def check() -> None:
+        found = client.CustomObjectsApi(cluster.api).get_cluster_custom_object(*NVIDIADRIVERS, name)
+        status = found.get("status") or {}
+        conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
+        assert status.get("state") == "ready" and conditions.get("Ready") == "True", status
+        assert conditions.get("Error") != "True", status
+
+    wait_for(check, timeout=CONVERGE, what=f"NVIDIADriver {name} ready")
+
+
+def copy_driver(cluster: Cluster, source: str, target: str, default: bool) -> None:
+    """create_nvidiadriver_from: `source`'s spec with `default` set, applied as `target`."""
+    found = client.CustomObjectsApi(cluster.api).get_cluster_custom_object(*NVIDIADRIVERS, source)
+    body = {
+        "apiVersion": found["apiVersion"],
+        "kind": found["kind"],
+        "metadata": {"name": target},
+        "spec": {**found["spec"], "default": default},
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+
+def set_default(cluster: Cluster, name: str, default: bool) -> None:
+    body = json.dumps({"spec": {"default": default}})
+    cluster.kubectl("patch", f"nvidiadriver/{name}", "--type=merge", "-p", body)
+
+
+def test_migrate_clusterpolicy_to_nvidiadriver(cluster: Cluster, release: Release) -> None:
+    """migrate-clusterpolicy-to-nvidiadriver.sh: `helm upgrade --reuse-values` with the NVIDIADriver CRD
+    enabled and the default NVIDIADriver deployed; the ClusterPolicy's driver DaemonSet goes, the
+    legacy driver pod is orphaned or gone and then deleted, every GPU node is owned by `default`, its
+    DaemonSet selects them, the upgrade is done on every node and the driver pods are ready."""
+    legacy = pods(cluster, "nvidia-driver-daemonset")
+    assert legacy, "legacy ClusterPolicy driver pod not found"
+    legacy_pod = legacy[0].metadata.name
+    assert release.name in helm(cluster, "list", "-n", NS, "--short")
+    helm(
+        cluster,
+        "upgrade",
+        release.name,
+        str(CHART),
+        *("-n", NS),
+        "--reuse-values",
+        *INSTALL_FLAGS,
+        *("--set", "operator.defaultRuntime=docker"),
+        *("--set", "driver.nvidiaDriverCRD.enabled=true"),
+        *("--set", "driver.nvidiaDriverCRD.deployDefaultCR=true"),
+        "--wait",
+    )
+    apps: Any = client.AppsV1Api(cluster.api)
+    core: Any = client.CoreV1Api(cluster.api)
+
+    def legacy_daemonset_deleted() -> None:
+        left = apps.list_namespaced_daemon_set(NS, label_selector="app=nvidia-driver-daemonset").items
+        assert not left, [d.metadata.name for d in left]
+
+    wait_for(legacy_daemonset_deleted, timeout=UPGRADE, what="the ClusterPolicy's driver DaemonSet deleted")
+
+    def legacy_pod_orphaned() -> None:
+        # The script reads `.metadata.ownerReferences | length` of `kubectl get pod`: 0 also when the pod
+        # is gone (jq reads nothing).
+        try:
+            pod = core.read_namespaced_pod(legacy_pod, NS)
+        except ApiException as exc:
+            assert exc.status == 404, exc
+            return
+        assert not pod.metadata.owner_references, pod.metadata.owner_references
+
+    wait_for(legacy_pod_orphaned, timeout=UPGRADE, what=f"legacy driver pod {legacy_pod} orphaned")
+    wait_for(
+        lambda: assert_true(defaults(cluster) == ["default"]),
+        timeout=CONVERGE,
+        what="the default NVIDIADriver",
+    )
+    wait_for_owner(cluster, "default")
+    wait_for_driver_daemonsets(cluster, "default")
+
+    def legacy_pod_deleted() -> None:
+        names = [p.metadata.name for p in core.list_namespaced_pod(NS, label_selector=DRIVER_PODS).items]
+        assert legacy_pod not in names, names
+
+    wait_for(legacy_pod_deleted, timeout=UPGRADE, what=f"legacy driver pod {legacy_pod} deleted")
+    wait_for_driver_upgrade_done(cluster)
+    check_driver_pods_ready(cluster)
+
+
+def test_arbitrary_name_default_nvidiadriver(cluster: Cluster, release: Release) -> None:
+    """update-nvidiadriver.sh test_arbitrary_name_default_nvidiadriver: the default moves from the
+    chart's `default` to a copy under another name, and `default` is deleted."""
+    current = defaults(cluster)[0]
+    set_default(cluster, current, False)
+    copy_driver(cluster, current, E2E_DEFAULT, True)
+    cluster.kubectl("delete", f"nvidiadriver/{current}")
+    wait_for(lambda: assert_true(defaults(cluster) == [E2E_DEFAULT]), timeout=CONVERGE, what="one default")
+    wait_for_owner(cluster, E2E_DEFAULT)
+    wait_for_driver_daemonsets(cluster, E2E_DEFAULT)
+
+
+def test_user_nvidiadriver_takes_the_nodes(cluster: Cluster, release: Release) -> None:
+    """update-nvidiadriver.sh create_nvidiadriver: a copy of the default that is not the default (no
+    nodeSelector: every GPU node) takes every node from it."""
+    copy_driver(cluster, defaults(cluster)[0], E2E_DRIVER, False)
+    wait_for_owner(cluster, E2E_DRIVER)
+    wait_for_driver_daemonsets(cluster, E2E_DRIVER)
+    check_driver_pods_ready(cluster)
+
+
+def test_nvidiadriver_image_updates(cluster: Cluster, release: Release) -> None:
+    """update-nvidiadriver.sh test_driver_image_updates: a JSON patch of the version reaches its
+    DaemonSets, the driver pods are deleted by hand (OnDelete), the upgrade is done."""
+    ops = [{"op": "replace", "path": "/spec/version", "value": TARGET_DRIVER_VERSION}]
+    cluster.kubectl("patch", f"nvidiadriver/{E2E_DRIVER}", "--type=json", "-p", json.dumps(ops))
+
+    def updated() -> None:
+        found = driver_daemonsets(cluster, E2E_DRIVER)
+        images = [d.spec.template.spec.containers[0].image for d in found]
+        assert images and all(TARGET_DRIVER_VERSION in i for i in images), images
+
+    wait_for(updated, timeout=CONVERGE, what="the driver DaemonSets at the target version")
+    cluster.kubectl("delete", "pod", "-l", DRIVER_PODS, "-n", NS)
+    wait_for_driver_upgrade_done(cluster)
+    check_driver_pods_ready(cluster)
+
+
+def test_nvidiadriver_custom_labels_override(cluster: Cluster, release: Release) -> None:
+    """update-nvidiadriver.sh test_custom_labels_override: labels on the NVIDIADriver reach its pods
+    once they are deleted by hand."""
+    labels = {"cloudprovider": "aws", "platform": "kubernetes"}
+    ops = [{"op": "add", "path": "/spec/labels", "value": labels}]
+    cluster.kubectl("patch", f"nvidiadriver/{E2E_DRIVER}", "--type=json", "-p", json.dumps(ops))
+
+    def templated() -> None:
+        found = driver_daemonsets(cluster, E2E_DRIVER)
+        have = [d.spec.template.metadata.labels or {} for d in found]
+        assert have and all({k: h.get(k) for k in labels} == labels for h in have), have
+
+    wait_for(templated, timeout=CONVERGE, what="the labels in the driver pod template")
+    cluster.kubectl("delete", "pod", "-l", DRIVER_PODS, "-n", NS)
+    wait_for_driver_upgrade_done(cluster)
+    check_driver_pods_ready(cluster)
+    core: Any = client.CoreV1Api(cluster.api)
+    selector = f"{DRIVER_PODS},cloudprovider=aws,platform=kubernetes"
+    assert len(core.list_namespaced_pod(NS, label_selector=selector).items) == len(gpu_nodes(cluster))
+
+
+def owner_count(cluster: Cluster, name: str) -> None:
+    """assert_nvidiadriver_owner_count: every GPU node still owned by `name`."""
+    owners = {n.metadata.name: (n.metadata.labels or {}).get(OWNER) for n in gpu_nodes(cluster)}
+    assert all(o == name for o in owners.values()), owners
+
+
+def test_removed_default_field_conflict_preserves_owners(cluster: Cluster, release: Release) -> None:
+    """update-nvidiadriver.sh: the default's `default` cleared makes two NVIDIADrivers that select every
+    node; both report it, and no node changes owner."""
+    set_default(cluster, E2E_DEFAULT, False)
+    for name in (E2E_DRIVER, E2E_DEFAULT):
+        driver_message(cluster, name, "multiple NVIDIADrivers match the same node")
+    owner_count(cluster, E2E_DRIVER)
+    set_default(cluster, E2E_DEFAULT, True)
+    wait_for(lambda: assert_true(defaults(cluster) == [E2E_DEFAULT]), timeout=CONVERGE, what="one default")
+    wait_for_owner(cluster, E2E_DRIVER)
+
+
+def test_multiple_default_drivers_are_not_ready(cluster: Cluster, release: Release) -> None:
+    """update-nvidiadriver.sh: a second default; both report it, no node changes owner; once it is
+    deleted the default is ready again."""
+    copy_driver(cluster, E2E_DEFAULT, E2E_DUPLICATE, True)
+    for name in (E2E_DEFAULT, E2E_DUPLICATE):
+        driver_message(cluster, name, "multiple default NVIDIADrivers found")
+    owner_count(cluster, E2E_DRIVER)
+    cluster.kubectl("delete", f"nvidiadriver/{E2E_DUPLICATE}")
+    wait_for(lambda: assert_true(defaults(cluster) == [E2E_DEFAULT]), timeout=CONVERGE, what="one default")
+    driver_ready(cluster, E2E_DEFAULT)
+    wait_for_owner(cluster, E2E_DRIVER)
 
 
 def test_uninstall(cluster: Cluster, release: Release) -> None:
