@@ -122,6 +122,8 @@ def release(cluster: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Itera
             print(started.operator.log()[-6000:])
         if name and name in helm(cluster, "list", "-n", NS, "--short"):
             helm(cluster, "uninstall", name, "-n", NS, "--wait")
+        # The flows' own NVIDIADrivers (cluster-scoped: neither the release nor the namespace has them).
+        cluster.kubectl("delete", "nvidiadrivers", "--all", "--ignore-not-found")
         cluster.kubectl("delete", "namespace", NS, "--ignore-not-found", "--wait=false")
 
 
@@ -663,7 +665,9 @@ def test_uninstall(cluster: Cluster, release: Release) -> None:
     for app in OPERANDS:
         assert not pods(cluster, app)
     left = {
-        n.metadata.name: sorted(k for k in n.metadata.labels or {} if k.startswith("nvidia.com/gpu.deploy."))
+        n.metadata.name: sorted(
+            k for k in n.metadata.labels or {} if k.startswith("nvidia.com/gpu.deploy.") or k == OWNER
+        )
         for n in gpu_nodes(cluster)
     }
-    assert not any(left.values()), f"deploy labels left behind: {left}"
+    assert not any(left.values()), f"deploy and owner labels left behind: {left}"
