@@ -8,13 +8,14 @@ nodes and the time are added here. The state machine itself is gpu_operator/core
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.api.status import ClusterPolicyStatus, DriverUpgradeStatus
+from gpu_operator.api.upgrade_policy import UpgradePolicySpec
 from gpu_operator.core.caches import Caches
 from gpu_operator.core.components import BY_NAME
 from gpu_operator.core.node_labels import NodeInfo, gpu_nodes, runs_on
@@ -84,32 +85,59 @@ def plan_driver_upgrade(
     """This pass's step of the driver upgrade. With the driver disabled nothing is upgraded (as with
     autoUpgrade off, only NVIDIA's auto-upgrade annotation goes)."""
     policy = spec.driver.upgradePolicy if spec.driver.is_enabled() else None
-    found = replace(facts, nodes=upgrade_nodes(caches, nodes, spec), now=now)
-    target, validate = target_version(objects), VALIDATOR.enabled(spec)
+    seen = upgrade_nodes(caches, nodes, spec)
+    return plan_step(policy, seen, facts, objects, now, VALIDATOR.enabled(spec), caches, POLICY_PLAN)
+
+
+POLICY_PLAN = "plan"
+"""The ClusterPolicy's plan in `caches.manual_upgrade` (an NVIDIADriver pool's is ("pool", its name))."""
+
+
+def plan_step(
+    policy: UpgradePolicySpec | None,
+    nodes: list[UpgradeNode],
+    facts: Facts,
+    objects: Iterable[Mapping[str, Any]],
+    now: float,
+    validate: bool,
+    caches: Caches,
+    key: Hashable,
+) -> UpgradePlan:
+    """The step of the upgrade of `nodes` under `policy`, towards the driver DaemonSets `objects`
+    renders (`facts.driver_daemonsets` being theirs); `key` names the plan in the caches. The
+    ClusterPolicy's upgrade is one (every GPU node, its DaemonSets), each NVIDIADriver pool's another
+    (core/driver_pool_upgrade.py)."""
+    found = replace(facts, nodes=nodes, now=now)
+    target = target_version(objects)
     step = partial(plan_upgrade, policy, found, target_version=target, validate=validate)
     if policy is not None and policy.autoUpgrade:
         return step()
     # With autoUpgrade off the plan reads little of the facts (upgrade/rollout.py manual_inputs): while
     # that stays the same so does the plan, and a pass of a large rollout, where validator pods,
     # driver readiness and deploy labels change at every pass, need not build a view of every node.
-    return caches.manual_upgrade.get("plan", (policy, manual_inputs(found), target), step)
+    return caches.manual_upgrade.get(key, (policy, manual_inputs(found), target), step)
 
 
-def with_upgrade_status(
-    status: ClusterPolicyStatus, spec: ClusterPolicySpec, upgrade: UpgradePlan, rolling: bool
-) -> ClusterPolicyStatus:
-    """`status.driverUpgrade` while the operator runs the driver; null (removed by the merge patch)
-    once it does not. While the driver DaemonSet is `rolling` to a new template, no node can be up to
-    date with it yet, whatever the previous revision says."""
-    if not spec.driver.is_enabled():
-        return status.model_copy(update={"driverUpgrade": None})
+def upgrade_status(upgrade: UpgradePlan, rolling: bool) -> DriverUpgradeStatus:
+    """What a plan's status says. While a driver DaemonSet is `rolling` to a new template, no node can
+    be up to date with it yet, whatever the previous revision says."""
     found = DriverUpgradeStatus.model_validate(upgrade.status)
     if rolling:
         summary = (
             f"{WAITING_FOR_REVISION} ({found.targetVersion})" if found.targetVersion else WAITING_FOR_REVISION
         )
         found = found.model_copy(update={"summary": summary})
-    return status.model_copy(update={"driverUpgrade": found})
+    return found
+
+
+def with_upgrade_status(
+    status: ClusterPolicyStatus, spec: ClusterPolicySpec, upgrade: UpgradePlan, rolling: bool
+) -> ClusterPolicyStatus:
+    """`status.driverUpgrade` while the operator runs the driver; null (removed by the merge patch)
+    once it does not."""
+    if not spec.driver.is_enabled():
+        return status.model_copy(update={"driverUpgrade": None})
+    return status.model_copy(update={"driverUpgrade": upgrade_status(upgrade, rolling)})
 
 
 WAITING_FOR_REVISION = "waiting for the driver DaemonSet's new revision"

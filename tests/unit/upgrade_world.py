@@ -69,9 +69,11 @@ class World:
         skip: Iterable[str] = (),
         labels: dict[str, dict[str, str]] | None = None,
         gpu_pods: int = 1,
+        prefix: str = "node",
     ) -> World:
-        """`count` upgraded, validated nodes at revision r1, each with `gpu_pods` GPU pods of a Deployment."""
-        names = [f"node-{i}" for i in range(count)]
+        """`count` upgraded, validated nodes at revision r1, each with `gpu_pods` GPU pods of a Deployment,
+        named `prefix`-0, `prefix`-1, ..."""
+        names = [f"{prefix}-{i}" for i in range(count)]
         nodes = {
             n: UpgradeNode(
                 n,

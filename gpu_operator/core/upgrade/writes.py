@@ -22,8 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Literal
 
+from gpu_operator.api import nvidiadriver
 from gpu_operator.core.upgrade.states import AUTO_UPGRADE_ANNOTATION, EVENT_REASON
 
 
@@ -87,12 +89,16 @@ Write = PatchNode | EvictPod | DeletePod
 
 @dataclass(frozen=True)
 class UpgradeEvent:
-    """An Event on the node (`node` set) or on the ClusterPolicy (`node` None)."""
+    """An Event on the node (`node` set); about the upgrade itself (`node` None), on the NVIDIADriver
+    whose pool upgrades (`pool` set) or else on the ClusterPolicy."""
 
     node: str | None
     type: Literal["Normal", "Warning"]
     message: str
     reason: str = EVENT_REASON
+    pool: str | None = None
+    """The NVIDIADriver whose pool's plan made it (core/driver_pool_upgrade.py addressed); None for the
+    ClusterPolicy's plan."""
 
 
 @dataclass(frozen=True)
@@ -142,10 +148,17 @@ def rounds(rest: list[NodeActions]) -> tuple[list[NodeActions], list[NodeActions
 
 
 def event_subject(
-    event: UpgradeEvent, node_uids: Mapping[str, str], policy: Mapping[str, str]
+    event: UpgradeEvent,
+    node_uids: Mapping[str, str],
+    policy: Mapping[str, str],
+    driver_uids: Mapping[str, str] = MappingProxyType({}),
 ) -> tuple[Mapping[str, str], tuple[str, str]]:
-    """What an upgrade Event is about, as (name and uid, (apiVersion, kind)): its node, or the
-    ClusterPolicy (`policy`: its name and uid) when it names none."""
-    if event.node is None:
-        return policy, ("nvidia.com/v1", "ClusterPolicy")
-    return {"name": event.node, "uid": node_uids.get(event.node, "")}, ("v1", "Node")
+    """What an upgrade Event is about, as (name and uid, (apiVersion, kind)): its node; when it names
+    none, the NVIDIADriver of its pool (`driver_uids`: name → uid) or else the ClusterPolicy (`policy`:
+    its name and uid)."""
+    if event.node is not None:
+        return {"name": event.node, "uid": node_uids.get(event.node, "")}, ("v1", "Node")
+    if event.pool is not None:
+        driver = {"name": event.pool, "uid": driver_uids.get(event.pool, "")}
+        return driver, (nvidiadriver.API_VERSION, nvidiadriver.KIND)
+    return policy, ("nvidia.com/v1", "ClusterPolicy")
