@@ -246,11 +246,14 @@ NVIDIA_DRIVER = Resource(
         "ClusterPolicy sets driver.useNvidiaDriverCRD."
     ),
     columns=(
-        # NVIDIA's status has no node counts: its state, which driver, and why it is not ready.
+        # Its state, which driver, its upgrade and why it is not ready (NVIDIA's status has no node
+        # counts to show).
         {"name": "Status", "type": "string", "jsonPath": ".status.state"},
         {"name": "Default", "type": "boolean", "jsonPath": ".spec.default"},
         {"name": "Type", "type": "string", "jsonPath": ".spec.driverType"},
         {"name": "Version", "type": "string", "jsonPath": ".spec.version"},
+        # Ours, as the ClusterPolicy's: status.driverUpgrade is not in NVIDIA's status.
+        {"name": "Driver Upgrade", "type": "string", "jsonPath": ".status.driverUpgrade.summary"},
         _REASON,
         _MESSAGE,
         _AGE,

@@ -57,7 +57,7 @@ from gpu_operator.api.spec import (
     RDMASpec,
     without_registry,
 )
-from gpu_operator.api.status import Condition
+from gpu_operator.api.status import Condition, DriverUpgradeStatus
 from gpu_operator.api.upgrade_policy import UpgradePolicySpec
 
 VERSION = "v1alpha1"
@@ -338,8 +338,12 @@ def _semver_at_least(version: str, minimum: tuple[int, int, int]) -> bool:
     return found.group(4) is None
 
 
+# `driverUpgrade` is an addition: NVIDIA's NVIDIADriverStatus has no such field. Each NVIDIADriver's
+# upgradePolicy upgrades its own nodes (core/driver_pool_upgrade.py), so its status says where that
+# upgrade stands, as the ClusterPolicy's status.driverUpgrade does for its driver.
 class NVIDIADriverStatus(Model):
-    """Observed state of the driver, as NVIDIA's operator writes it."""
+    """Observed state of the driver, as NVIDIA's operator writes it, and the upgrade of its nodes
+    (driverUpgrade, an addition of this operator)."""
 
     state: State | None = None
     """ready, notReady, disabled (the ClusterPolicy does not delegate its driver to NVIDIADrivers) or
@@ -351,6 +355,9 @@ class NVIDIADriverStatus(Model):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     """Ready and Error, as NVIDIA's operator writes them."""
+    driverUpgrade: DriverUpgradeStatus | None = None
+    """Driver upgrades of this driver's nodes (spec.upgradePolicy): per node step, since when and why;
+    absent while the ClusterPolicy does not delegate its driver. Not in NVIDIA's operator's status."""
 
 
 def parse_driver_spec(spec: Any) -> NVIDIADriverSpec:

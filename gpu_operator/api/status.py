@@ -168,4 +168,6 @@ class ClusterPolicyStatus(Model):
     )
     """Per-component readiness, in dependency order."""
     driverUpgrade: DriverUpgradeStatus | None = None
-    """Driver upgrades (driver.upgradePolicy): per node step, since when and why."""
+    """Driver upgrades (driver.upgradePolicy): per node step, since when and why. While NVIDIADrivers
+    run the driver (driver.useNvidiaDriverCRD), their upgrades added up: each upgrades its own nodes,
+    and its status says how."""

@@ -15,16 +15,27 @@ NVIDIA's NVIDIADriver controller (controllers/nvidiadriver_controller.go at v26.
 - otherwise `ready`, Ready=True reason `Reconciled` ("All resources have been successfully reconciled").
 
 A driver being deleted gets no status write (NVIDIA returns at once).
+
+Added to NVIDIA's: `status.driverUpgrade`, the upgrade of the driver's pool (core/driver_pool_upgrade.py),
+and a Warning Event when the driver enters a conflict over nodes (`conflict_events`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
+
+from pydantic import ValidationError
 
 from gpu_operator.api.nvidiadriver import REASON_DRIVER_NOT_READY, NVIDIADriverStatus
 from gpu_operator.api.quoting import bounded
-from gpu_operator.api.status import REASON_RECONCILE_FAILED, REASON_RECONCILED, Condition
+from gpu_operator.api.status import (
+    REASON_RECONCILE_FAILED,
+    REASON_RECONCILED,
+    Condition,
+    DriverUpgradeStatus,
+)
 from gpu_operator.core.driver_pool_plan import Pools
 from gpu_operator.core.driver_pools import NODES_NAMED
 from gpu_operator.core.observed import DaemonSetInfo, DriverRef, rollout
@@ -55,10 +66,13 @@ def driver_statuses(
     daemonsets: Mapping[str, DaemonSetInfo],
     namespace: str,
     now: str,
+    upgrades: Mapping[str, DriverUpgradeStatus] | None,
 ) -> dict[str, NVIDIADriverStatus]:
     """NVIDIADriver name → the status it should have. `pools`: the pass's pools (None: the active
     ClusterPolicy's spec is not known, so nothing is said); `policy`: the active ClusterPolicy's name
-    (None: there is none); `daemonsets`: the observed DaemonSets by name."""
+    (None: there is none); `daemonsets`: the observed DaemonSets by name; `upgrades`: each pool's
+    upgrade (a driver without one shows none), None when this pass plans no upgrade (the
+    ClusterPolicy's generation cannot run): each status then keeps what it says of its upgrade."""
     found: dict[str, NVIDIADriverStatus] = {}
     for driver in drivers:
         if driver.deleting:
@@ -72,9 +86,21 @@ def driver_statuses(
         else:
             state, pairs = _delegated(driver, pools, daemonsets)
         found[driver.name] = NVIDIADriverStatus(
-            state=state, namespace=namespace, conditions=_conditions(driver, pairs, now)
+            state=state,
+            namespace=namespace,
+            conditions=_conditions(driver, pairs, now),
+            driverUpgrade=_said(driver) if upgrades is None else upgrades.get(driver.name),
         )
     return found
+
+
+def _said(driver: DriverRef) -> DriverUpgradeStatus | None:
+    """What the driver's status says of its upgrade (None: nothing, or nothing that reads)."""
+    said = driver.status.get("driverUpgrade")
+    try:
+        return DriverUpgradeStatus.model_validate(said) if said else None
+    except ValidationError:
+        return None
 
 
 def _delegated(
@@ -128,13 +154,73 @@ def _conditions(driver: DriverRef, pairs: Iterable[Pair], now: str) -> list[Cond
     return conditions
 
 
+WRITTEN = ("state", "namespace", "conditions", "driverUpgrade")
+"""The status fields the operator writes (NVIDIA's three and the upgrade)."""
+
+
 def driver_status_body(status: NVIDIADriverStatus) -> dict[str, Any]:
-    """The JSON written (merge patch): the fields the operator sets."""
-    return status.model_dump(mode="json", exclude_none=True)
+    """The JSON written (merge patch): the fields the operator sets. The upgrade is written with its
+    nulls, and null when there is none, so that the merge patch removes what an earlier write said
+    (a canary stage, the whole upgrade)."""
+    body = status.model_dump(mode="json", exclude_none=True)
+    upgrade = status.driverUpgrade
+    body["driverUpgrade"] = upgrade.model_dump(mode="json") if upgrade is not None else None
+    return body
 
 
 def driver_status_differs(current: Mapping[str, Any], desired: NVIDIADriverStatus) -> bool:
-    """Whether the status as last written differs from `desired`: nothing is written at rest."""
-    return {k: current.get(k) for k in ("state", "namespace", "conditions")} != {
-        k: driver_status_body(desired).get(k) for k in ("state", "namespace", "conditions")
-    }
+    """Whether the status as last written differs from `desired`: nothing is written at rest. A null
+    and an absent field are the same (the API server keeps no nulls a merge patch sends)."""
+    body = driver_status_body(desired)
+    return any(_pruned(current.get(key)) != _pruned(body.get(key)) for key in WRITTEN)
+
+
+def _pruned(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _pruned(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_pruned(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class DriverEvent:
+    """An Event to post on an NVIDIADriver once its status is written."""
+
+    name: str
+    uid: str
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+def conflict_events(
+    drivers: Iterable[DriverRef], pools: Pools | None, statuses: Mapping[str, NVIDIADriverStatus]
+) -> dict[str, tuple[DriverEvent, ...]]:
+    """NVIDIADriver name → a Warning per conflict it is in (ConflictingNodeSelector, or
+    ReconcileFailed for several defaults), naming the other NVIDIADrivers and the nodes, when it
+    enters the conflict or the conflict changes: when its Error condition (`statuses`, as it should
+    be) says something its current status does not. That status is written with the Event, so the
+    next pass, or an operator restarted, finds it said and posts nothing again."""
+    if pools is None:
+        return {}
+    found: dict[str, tuple[DriverEvent, ...]] = {}
+    for driver in drivers:
+        pool = pools.assignment.drivers.get(driver.name)
+        status = statuses.get(driver.name)
+        if pool is None or not pool.conflicts or status is None:
+            continue
+        says = next(((c.reason, c.message) for c in status.conditions if c.type == "Error"), None)
+        if says == _error_said(driver.status):
+            continue
+        found[driver.name] = tuple(
+            DriverEvent(driver.name, driver.uid, "Warning", c.reason, c.told_to(driver.name))
+            for c in pool.conflicts
+        )
+    return found
+
+
+def _error_said(status: Mapping[str, Any]) -> tuple[Any, Any] | None:
+    """(reason, message) of the Error condition of a status as written."""
+    conditions = [c for c in status.get("conditions") or [] if isinstance(c, Mapping)]
+    return next(((c.get("reason"), c.get("message")) for c in conditions if c.get("type") == "Error"), None)

@@ -85,16 +85,28 @@ class Conflict:
     """ConflictingNodeSelector (selectors overlap) or ReconcileFailed (several default drivers)."""
 
     def message(self) -> str:
+        """The conflict as the Error condition of each driver involved says it."""
         names = " ".join(self.drivers)
         if self.reason == REASON_RECONCILE_FAILED:
-            what = f"multiple default NVIDIADrivers found: [{names}]"
-            where = f"the GPU nodes no other NVIDIADriver selects ({_nodes(self.nodes)})"
-        else:
-            what = f"multiple NVIDIADrivers match the same nodes: [{names}]"
-            where = _nodes(self.nodes)
+            return self._held(f"multiple default NVIDIADrivers found: [{names}]", "; ")
+        return self._held(f"multiple NVIDIADrivers match the same nodes: [{names}]", "; ")
+
+    def told_to(self, name: str) -> str:
+        """The conflict as the Event on NVIDIADriver `name` tells it: the others, and the nodes."""
+        others = [d for d in self.drivers if d != name]
+        them = f"NVIDIADriver{'' if len(others) == 1 else 's'} {', '.join(others)}"
+        if self.reason == REASON_RECONCILE_FAILED:
+            are = "is a default driver" if len(others) == 1 else "are default drivers"
+            return self._held(f"{them} {are} too", ": ")
+        return self._held(f"its nodeSelector selects the same GPU nodes as {them}", ": ")
+
+    def _held(self, what: str, separator: str) -> str:
         if not self.nodes:
             return f"{what}; no GPU node is concerned yet"
-        return f"{what}; the driver on {where} is left as it is until only one selects them"
+        where = _nodes(self.nodes)
+        if self.reason == REASON_RECONCILE_FAILED:
+            where = f"the GPU nodes no other NVIDIADriver selects ({where})"
+        return f"{what}{separator}the driver on {where} is left as it is until only one selects them"
 
 
 def _nodes(nodes: tuple[str, ...]) -> str:

@@ -15,11 +15,23 @@ from typing import Any
 from gpu_operator.api import GROUP, KIND, VERSION, FieldError, PolicyError, parse_spec
 from gpu_operator.api.nvidiadriver import OWNER_LABEL
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.api.status import REASON_CONFLICT, REASON_RECONCILE_FAILED, ClusterPolicyStatus
+from gpu_operator.api.status import (
+    REASON_CONFLICT,
+    REASON_RECONCILE_FAILED,
+    ClusterPolicyStatus,
+    DriverUpgradeStatus,
+)
 from gpu_operator.core.caches import Caches
 from gpu_operator.core.components import COMPONENTS
 from gpu_operator.core.driver_pool_plan import PolicyDriver, Pools, is_on, plan_pools, pod_owners
-from gpu_operator.core.driver_pool_status import driver_status_body, driver_status_differs, driver_statuses
+from gpu_operator.core.driver_pool_status import (
+    DriverEvent,
+    conflict_events,
+    driver_status_body,
+    driver_status_differs,
+    driver_statuses,
+)
+from gpu_operator.core.driver_pool_upgrade import combined, merged, plan_pool_upgrades
 from gpu_operator.core.driver_upgrade import driver_rolling, plan_driver_upgrade, with_upgrade_status
 from gpu_operator.core.node_labels import (
     DRIVER_PAUSE,
@@ -163,6 +175,9 @@ class Plan:
     driver_status_writes: dict[str, dict[str, Any]] = field(default_factory=dict)
     """NVIDIADriver name → the status body to write, for those that differ from the cluster's
     (core/driver_pool_status.py)."""
+    driver_events: dict[str, tuple[DriverEvent, ...]] = field(default_factory=dict)
+    """NVIDIADriver name → the Events to post once its status write went through (a conflict it
+    entered: driver_pool_status.conflict_events)."""
 
 
 @dataclass(frozen=True)
@@ -293,7 +308,7 @@ def build(
         psa = namespace_write(observed.operand_namespace, enabled=False)
         uids = {p.uid for p in policies}
         deletes = sorted(k for k, info in observed.objects.items() if created_by_us(info, None, uids))
-        writes = _driver_status_writes(observed, None, None, now)
+        writes, told = _driver_status_writes(observed, None, None, now, {})
         return Plan(
             None,
             None,
@@ -307,6 +322,7 @@ def build(
             psa,
             count,
             driver_status_writes=writes,
+            driver_events=told,
         )
     try:
         current: ClusterPolicySpec | None = _parsed(caches, active.spec)
@@ -408,16 +424,26 @@ def build(
         active, shown, planned, pods, operands, observed.namespace, daemonsets, missing, notes, now, caches
     )
     upgrade = None
+    upgrades: dict[str, DriverUpgradeStatus] | None = None
     if spec is not None:
         # The upgrade follows the generation that runs (the last one written when the current cannot be).
         seconds = clock if clock is not None else parse_time(now) or 0.0
-        upgrade = plan_driver_upgrade(spec, nodes, observed.upgrade, objects, seconds, caches)
-        status = with_upgrade_status(status, spec, upgrade, driver_rolling(objects, observed.upgrade))
+        if pools.on:
+            # Each NVIDIADriver's upgradePolicy upgrades its own pool (core/driver_pool_upgrade.py).
+            pooled = plan_pool_upgrades(
+                spec, pools, observed.drivers, nodes, observed.upgrade, seconds, caches
+            )
+            upgrade, upgrades = merged(pooled), {name: pool.status for name, pool in pooled.items()}
+            status = status.model_copy(update={"driverUpgrade": combined(upgrades)})
+        else:
+            upgrades = {}
+            upgrade = plan_driver_upgrade(spec, nodes, observed.upgrade, objects, seconds, caches)
+            status = with_upgrade_status(status, spec, upgrade, driver_rolling(objects, observed.upgrade))
     if problems:
         status = with_problems(active, status, problems, running, now)
     statuses[active.name] = status
     inputs = tuple(e for found in missing.values() for e in found)
-    writes = _driver_status_writes(observed, pools, active.name, now)
+    writes, told = _driver_status_writes(observed, pools, active.name, now, upgrades)
     if spec is None:
         # Nothing known to run but the cluster as it is: leave objects, labels and namespace alone.
         return Plan(
@@ -433,6 +459,7 @@ def build(
             problems=problems,
             missing_inputs=inputs,
             driver_status_writes=writes,
+            driver_events=told,
         )
     return Plan(
         active,
@@ -451,20 +478,29 @@ def build(
         running=running,
         missing_inputs=inputs,
         driver_status_writes=writes,
+        driver_events=told,
     )
 
 
 def _driver_status_writes(
-    observed: Observed, pools: Pools | None, policy: str | None, now: str
-) -> dict[str, dict[str, Any]]:
-    """The NVIDIADriver statuses that differ from the cluster's (none while the CRD is absent)."""
+    observed: Observed,
+    pools: Pools | None,
+    policy: str | None,
+    now: str,
+    upgrades: Mapping[str, DriverUpgradeStatus] | None,
+) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[DriverEvent, ...]]]:
+    """The NVIDIADriver statuses that differ from the cluster's (none while the CRD is absent), and
+    the Events to post with them."""
     current = {d.name: d.status for d in observed.drivers}
-    found = driver_statuses(observed.drivers, pools, policy, observed.daemonsets, observed.namespace, now)
-    return {
+    found = driver_statuses(
+        observed.drivers, pools, policy, observed.daemonsets, observed.namespace, now, upgrades
+    )
+    writes = {
         name: driver_status_body(status)
         for name, status in found.items()
         if driver_status_differs(current[name], status)
     }
+    return writes, conflict_events(observed.drivers, pools, found)
 
 
 def _parsed(caches: Caches, spec: Mapping[str, Any]) -> ClusterPolicySpec:

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
+from gpu_operator.api import nvidiadriver
 from gpu_operator.api.crd import CLUSTER_POLICY, RESOURCES, Resource, definition
 from gpu_operator.core.answers import (
     Failure,
@@ -31,6 +32,7 @@ from gpu_operator.core.answers import (
     gone,
     nothing_to_delete,
 )
+from gpu_operator.core.driver_pool_status import DriverEvent
 from gpu_operator.core.memory import Memory
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import (
@@ -58,6 +60,7 @@ from gpu_operator.core.upgrade import (
     EvictPod,
     NodeActions,
     PatchNode,
+    UpgradeEvent,
     announcements,
     event_subject,
     rounds,
@@ -263,6 +266,12 @@ class Reconciler:
         upgrade = plan.upgrade
         first, rest = announcements(upgrade.actions) if upgrade is not None else ([], [])
         policy = {"name": plan.active.name, "uid": plan.active.uid} if plan.active is not None else {}
+        subject = partial(
+            event_subject,
+            node_uids={name: node.uid for name, node in observed.nodes.items()},
+            policy=policy,
+            driver_uids={driver.name: driver.uid for driver in observed.drivers},
+        )
         refused: list[str] = []
         failed: list[str] = []
         try:
@@ -270,10 +279,7 @@ class Reconciler:
                 # Before any object: a driver pod started by this pass's DaemonSet finds the annotation.
                 # One that fails holds back no other node's upgrade writes (its error is reported).
                 await _gather(
-                    [
-                        partial(self._upgrade_node, actions, observed.nodes, policy, errors, refused, [])
-                        for actions in first
-                    ],
+                    [partial(self._upgrade_node, actions, subject, errors, refused, []) for actions in first],
                     self.writers,
                 )
             leading = labelled_components(plan.node_labels) if verdict.writes else set()
@@ -297,9 +303,7 @@ class Reconciler:
                 if not failed:
                     await _gather(
                         [
-                            partial(
-                                self._upgrade_node, actions, observed.nodes, policy, errors, refused, failed
-                            )
+                            partial(self._upgrade_node, actions, subject, errors, refused, failed)
                             for actions in round_
                         ],
                         self.writers,
@@ -309,7 +313,7 @@ class Reconciler:
         conclusion = conclude(plan, observed.policies, errors, self.memory.reported, stamp, verdict.conflicts)
         self.memory.written(plan, errors)
         status_due = await self._write_statuses(conclusion)
-        await self._write_driver_statuses(plan.driver_status_writes)
+        await self._write_driver_statuses(plan.driver_status_writes, plan.driver_events)
         wake_at = next_pass_at(upgrade, status_due, bool(refused), clock)
         left = unsettled(plan, verdict.conflicts, errors)
         return Outcome(conclusion.plan, left, tuple(sorted(stale)), wake_at)
@@ -461,8 +465,7 @@ class Reconciler:
     async def _upgrade_node(
         self,
         actions: NodeActions,
-        nodes: Mapping[str, NodeInfo],
-        policy: Mapping[str, str],
+        subject: Callable[[UpgradeEvent], tuple[Mapping[str, str], tuple[str, str]]],
         errors: dict[str, str],
         refused: list[str],
         failed: list[str],
@@ -489,14 +492,13 @@ class Reconciler:
                 failed.append(actions.node)
                 return
         stamp = now()
-        uids = {name: node.uid for name, node in nodes.items()}
         for event in actions.events:
-            target, kind = event_subject(event, uids, policy)
+            target, kind = subject(event)
             try:
                 await self.kube.post_event(target, event.type, event.reason, event.message, stamp, kind=kind)
             except ApiError as exc:
                 log.warning(
-                    "could not post Event %s on %s: %s", event.reason, event.node or "the policy", exc
+                    "could not post Event %s on %s %s: %s", event.reason, kind[1], target["name"], exc
                 )
 
     async def _evict(self, write: EvictPod) -> EvictionResult:
@@ -568,9 +570,12 @@ class Reconciler:
                     log.warning("could not post Event %s on ClusterPolicy %s: %s", event.reason, name, exc)
         return due
 
-    async def _write_driver_statuses(self, writes: Mapping[str, Mapping[str, Any]]) -> None:
+    async def _write_driver_statuses(
+        self, writes: Mapping[str, Mapping[str, Any]], events: Mapping[str, Sequence[DriverEvent]]
+    ) -> None:
         """The NVIDIADriver statuses that differ (the plan compared them with the cluster's, so nothing is
-        written at rest). None only tells a rollout's progress, so none waits for the status interval.
+        written at rest), each followed by its Events. None waits for the status interval: a pool's
+        upgrade status changes with its nodes' upgrade writes, not at every pass of a rollout.
         What the write returned goes into the Store: a pass before its watch event must not write the
         same status again."""
         for name, body in writes.items():
@@ -582,6 +587,18 @@ class Reconciler:
                     raise
                 continue
             self.store.record_driver_status(name, written.get("status") or body)
+            for event in events.get(name, ()):
+                try:
+                    await self.kube.post_event(
+                        {"name": event.name, "uid": event.uid},
+                        event.type,
+                        event.reason,
+                        event.message,
+                        now(),
+                        kind=(nvidiadriver.API_VERSION, nvidiadriver.KIND),
+                    )
+                except ApiError as exc:
+                    log.warning("could not post Event %s on NVIDIADriver %s: %s", event.reason, name, exc)
 
 
 async def _gather(jobs: Sequence[Callable[[], Awaitable[T]]], limit: asyncio.Semaphore) -> list[T]:

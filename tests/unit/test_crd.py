@@ -142,18 +142,34 @@ def test_nvidiadriver_crd_identity() -> None:
     assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Status", "Default", "Type", "Version", "Reason", "Message", "Age"]
-    # NVIDIA's three columns (Age as a date, as ours), then which driver and why it is not ready.
+    assert list(columns) == [
+        "Status",
+        "Default",
+        "Type",
+        "Version",
+        "Driver Upgrade",
+        "Reason",
+        "Message",
+        "Age",
+    ]
+    # NVIDIA's three columns (Age as a date, as ours), then which driver, its upgrade (ours, as the
+    # ClusterPolicy's) and why it is not ready.
     assert columns["Status"] == {"name": "Status", "type": "string", "jsonPath": ".status.state"}
     assert columns["Default"] == {"name": "Default", "type": "boolean", "jsonPath": ".spec.default"}
     assert columns["Type"]["jsonPath"] == ".spec.driverType"
     assert columns["Version"]["jsonPath"] == ".spec.version"
+    assert columns["Driver Upgrade"]["jsonPath"] == ".status.driverUpgrade.summary"
     assert columns["Reason"]["jsonPath"] == '.status.conditions[?(@.type=="Error")].reason'
     assert columns["Message"]["priority"] == 1
     assert columns["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     assert status["state"]["enum"] == ["ignored", "ready", "notReady", "disabled"]
-    assert set(status) == {"state", "namespace", "conditions"}
+    assert set(status) == {"state", "namespace", "conditions", "driverUpgrade"}
+    # The ClusterPolicy's model: the two statuses say an upgrade the same way.
+    assert (
+        status["driverUpgrade"]["properties"]
+        == root_of("clusterpolicy")["properties"]["status"]["properties"]["driverUpgrade"]["properties"]
+    )
 
 
 def test_nvidiadriver_spec_is_explained() -> None:

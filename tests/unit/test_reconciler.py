@@ -62,6 +62,8 @@ class FakeKube:
         self.driver_statuses: list[tuple[str, dict[str, Any]]] = []
         """(NVIDIADriver name, status body) of each status write."""
         self.events: list[tuple[str, str]] = []
+        self.subjects: list[tuple[str, str, str, str]] = []
+        """(kind, name, uid, message) of what each Event is about."""
         self.deleted: list[ObjectKey] = []
         self.versions: dict[str, tuple[str, str]] = {}
         self.bodies: list[dict[str, Any]] = []
@@ -143,9 +145,16 @@ class FakeKube:
         return {"metadata": {"name": name, "uid": f"uid-{name}", "generation": 1}, "status": dict(status)}
 
     async def post_event(
-        self, policy: Mapping[str, str], type_: str, reason: str, message: str, now: str
+        self,
+        policy: Mapping[str, str],
+        type_: str,
+        reason: str,
+        message: str,
+        now: str,
+        kind: tuple[str, str] = ("nvidia.com/v1", "ClusterPolicy"),
     ) -> None:
         self.events.append((type_, reason))
+        self.subjects.append((kind[1], policy["name"], policy["uid"], message))
 
 
 OUR_CRDS = frozenset(resource.name for resource in RESOURCES.values())
@@ -969,6 +978,26 @@ def test_nvidiadriver_statuses_are_written_once_and_not_again_at_rest() -> None:
     run_once(rec)
     run_once(rec)
     assert [s["state"] for _, s in fake.driver_statuses] == ["ready", "disabled"]
+
+
+def test_a_conflict_is_told_on_each_nvidiadriver_after_its_status_and_once() -> None:
+    fake = FakeKube()
+    rec = reconciler(fake, {"driver": {"useNvidiaDriverCRD": True}})
+    rec.store.put("crds", "nvidiadrivers.nvidia.com", True)
+    for name in ("a100", "h100"):  # no nodeSelector: both select gpu-0
+        rec.store.record_driver(
+            {"metadata": {"name": name, "uid": f"uid-{name}"}, "spec": {"version": "1.2"}}, False
+        )
+    run_once(rec)
+    told = [s for s in fake.subjects if s[0] == "NVIDIADriver"]
+    assert [(kind, name, uid) for kind, name, uid, _ in told] == [
+        ("NVIDIADriver", "a100", "uid-a100"),
+        ("NVIDIADriver", "h100", "uid-h100"),
+    ]
+    assert "NVIDIADriver h100" in told[0][3] and "gpu-0" in told[0][3]
+    assert [name for name, _ in fake.driver_statuses] == ["a100", "h100"]
+    run_once(rec)
+    assert [s for s in fake.subjects if s[0] == "NVIDIADriver"] == told, "not again at rest"
 
 
 def test_a_driver_status_write_on_a_driver_gone_meanwhile_is_no_error() -> None:

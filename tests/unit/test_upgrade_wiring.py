@@ -19,6 +19,7 @@ from kubernetes_asyncio import client
 from test_informer import FAST, line
 from test_reconciler import FakeKube, run_once
 
+from gpu_operator.core.driver_pool_render import app_name
 from gpu_operator.core.ownership import FIELD_MANAGER
 from gpu_operator.core.plan import PolicyRef, build
 from gpu_operator.core.status import status_body
@@ -521,6 +522,71 @@ def test_a_failure_is_told_on_the_node_and_on_the_policy() -> None:
     assert ("Node", "gpu-0") in warnings and ("ClusterPolicy", "p") in warnings
     assert ("patch", "gpu-1") in kube.calls  # marked upgrade-required, but not started: paused
     assert not kube.nodes["gpu-1"]["spec"].get("unschedulable")
+
+
+def test_a_pools_failure_is_told_on_the_node_and_on_its_nvidiadriver() -> None:
+    """With the ClusterPolicy delegating its driver, the NVIDIADriver's own policy (autoUpgrade on by
+    default, where the ClusterPolicy's is off) upgrades its pool, and the pause is its Event."""
+    nodes = {
+        "gpu-0": pooled(node_body("gpu-0", 10, "pod-restart-required", unschedulable=True)),
+        "gpu-1": pooled(node_body("gpu-1", 11)),
+    }
+    pods = [
+        pod_body("drv-0", "gpu-0", "nvidia-driver", revision_hash="h2", ready=False, restarts=11),
+        pod_body("drv-1", "gpu-1", "nvidia-driver", revision_hash="h1"),
+    ]
+    kube = UpgradeKube(nodes)
+    rec, _ = world(nodes, pods)
+    rec.store.put("policies", "p", PolicyRef("p", "uid-p", 1, "2026-01-01T00:00:00Z", POOLS_ON, {}))
+    rec.store.put("crds", "nvidiadrivers.nvidia.com", True)
+    rec.store.record_driver(
+        {"metadata": {"name": "h100", "uid": "uid-h100"}, "spec": {"version": "1.0"}}, False
+    )
+    rec.store.record_managed(driver_daemonset(), True)
+    rec.store.record_managed(pool_daemonset(), False)
+    run_once(with_kube(rec, kube))
+    failure = json.loads(kube.nodes["gpu-0"]["metadata"]["annotations"][FAILURE_ANNOTATION])
+    assert failure["step"] == "pod-restart-required" and "crash-looping" in failure["reason"]
+    warnings = [(kind, name, uid) for kind, name, uid, message in kube.targets if "failed" in message]
+    assert ("Node", "gpu-0", "uid-gpu-0") in warnings and ("NVIDIADriver", "h100", "uid-h100") in warnings
+    assert not any(kind == "ClusterPolicy" for kind, _, _ in warnings)
+    assert not kube.nodes["gpu-1"]["spec"].get("unschedulable"), "paused"
+    ((name, status),) = kube.driver_statuses
+    assert (
+        name == "h100" and status["driverUpgrade"]["paused"] and status["driverUpgrade"]["nodesFailed"] == 1
+    )
+
+
+POOLS_ON = {"driver": {"useNvidiaDriverCRD": True}}
+
+
+def pooled(body: dict[str, Any]) -> dict[str, Any]:
+    """A node of NVIDIADriver h100's pool (NFD's OS labels, the owner label)."""
+    body["metadata"]["labels"].update(
+        {
+            "feature.node.kubernetes.io/system-os_release.ID": "ubuntu",
+            "feature.node.kubernetes.io/system-os_release.VERSION_ID": "22.04",
+            "nvidia.com/gpu-operator.driver.owner": "h100",
+        }
+    )
+    return body
+
+
+def pool_daemonset() -> dict[str, Any]:
+    """The driver DaemonSet of NVIDIADriver h100's Ubuntu 22.04 pool, where driver_daemonset() was:
+    the same uid (its pods' and revisions' owner), its pool name, owned by the NVIDIADriver."""
+    body = driver_daemonset()
+    body["metadata"]["name"] = app_name("uid-h100", "gpu", "ubuntu22.04")
+    body["metadata"]["ownerReferences"] = [
+        {
+            "apiVersion": "nvidia.com/v1alpha1",
+            "kind": "NVIDIADriver",
+            "name": "h100",
+            "uid": "uid-h100",
+            "controller": True,
+        }
+    ]
+    return body
 
 
 # --- metrics, the loop's wake-up, the pod watches ---------------------------------------------------
