@@ -547,8 +547,8 @@ class Kube:
         kind: tuple[str, str] = ("nvidia.com/v1", "ClusterPolicy"),
     ) -> None:
         """An Event on the (cluster-scoped) ClusterPolicy, or on another cluster-scoped object of `kind`
-        (a Node), where `kubectl describe` finds it. The API server requires Events about cluster-scoped
-        objects to live in `default`."""
+        (a Node, an NVIDIADriver), where `kubectl describe` finds it. The API server requires Events
+        about cluster-scoped objects to live in `default`."""
         namespace = EVENTS_NAMESPACE
         body = {
             "apiVersion": "v1",

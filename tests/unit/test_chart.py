@@ -857,7 +857,8 @@ REQUIRED_EXTRA: Grants = {
     ("", "", "pods", ""): {"list", "watch", "delete"},
     # runtime/client.py evict.
     ("", "", "pods/eviction", ""): {"create"},
-    # runtime/client.py post_event: Events about the cluster-scoped ClusterPolicy live in `default`.
+    # runtime/client.py post_event: Events about the cluster-scoped ClusterPolicy, NVIDIADrivers and
+    # Nodes live in `default`.
     ("default", "", "events", ""): {"create"},
     # reconciler.py ensure_crd: get, server-side apply, create when absent (operator.createCRD).
     ("", *CRDS, "clusterpolicies.nvidia.com"): {"get", "patch"},
