@@ -18,6 +18,7 @@ from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.api.status import REASON_CONFLICT, REASON_RECONCILE_FAILED, ClusterPolicyStatus
 from gpu_operator.core.caches import Caches
 from gpu_operator.core.components import COMPONENTS
+from gpu_operator.core.driver_pool_counts import PoolCounts, pool_counts
 from gpu_operator.core.driver_pool_plan import PolicyDriver, Pools, is_on, plan_pools, pod_owners
 from gpu_operator.core.driver_pool_status import driver_status_body, driver_status_differs, driver_statuses
 from gpu_operator.core.driver_upgrade import driver_rolling, plan_driver_upgrade, with_upgrade_status
@@ -163,6 +164,8 @@ class Plan:
     driver_status_writes: dict[str, dict[str, Any]] = field(default_factory=dict)
     """NVIDIADriver name → the status body to write, for those that differ from the cluster's
     (core/driver_pool_status.py)."""
+    driver_pools: dict[str, PoolCounts] = field(default_factory=dict)
+    """NVIDIADriver name → its state and nodes, for the metrics (core/driver_pool_counts.py)."""
 
 
 @dataclass(frozen=True)
@@ -293,7 +296,7 @@ def build(
         psa = namespace_write(observed.operand_namespace, enabled=False)
         uids = {p.uid for p in policies}
         deletes = sorted(k for k, info in observed.objects.items() if created_by_us(info, None, uids))
-        writes = _driver_status_writes(observed, None, None, now)
+        writes, driver_pools = _driver_status_writes(observed, None, None, now)
         return Plan(
             None,
             None,
@@ -307,6 +310,7 @@ def build(
             psa,
             count,
             driver_status_writes=writes,
+            driver_pools=driver_pools,
         )
     try:
         current: ClusterPolicySpec | None = _parsed(caches, active.spec)
@@ -417,7 +421,7 @@ def build(
         status = with_problems(active, status, problems, running, now)
     statuses[active.name] = status
     inputs = tuple(e for found in missing.values() for e in found)
-    writes = _driver_status_writes(observed, pools, active.name, now)
+    writes, driver_pools = _driver_status_writes(observed, pools, active.name, now)
     if spec is None:
         # Nothing known to run but the cluster as it is: leave objects, labels and namespace alone.
         return Plan(
@@ -433,6 +437,7 @@ def build(
             problems=problems,
             missing_inputs=inputs,
             driver_status_writes=writes,
+            driver_pools=driver_pools,
         )
     return Plan(
         active,
@@ -451,20 +456,23 @@ def build(
         running=running,
         missing_inputs=inputs,
         driver_status_writes=writes,
+        driver_pools=driver_pools,
     )
 
 
 def _driver_status_writes(
     observed: Observed, pools: Pools | None, policy: str | None, now: str
-) -> dict[str, dict[str, Any]]:
-    """The NVIDIADriver statuses that differ from the cluster's (none while the CRD is absent)."""
+) -> tuple[dict[str, dict[str, Any]], dict[str, PoolCounts]]:
+    """The NVIDIADriver statuses that differ from the cluster's (none while the CRD is absent), and
+    each NVIDIADriver's numbers for the metrics."""
     current = {d.name: d.status for d in observed.drivers}
     found = driver_statuses(observed.drivers, pools, policy, observed.daemonsets, observed.namespace, now)
-    return {
+    writes = {
         name: driver_status_body(status)
         for name, status in found.items()
         if driver_status_differs(current[name], status)
     }
+    return writes, pool_counts(found, pools, observed.daemonsets)
 
 
 def _parsed(caches: Caches, spec: Mapping[str, Any]) -> ClusterPolicySpec:
