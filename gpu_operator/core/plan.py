@@ -23,6 +23,7 @@ from gpu_operator.api.status import (
 )
 from gpu_operator.core.caches import Caches
 from gpu_operator.core.components import COMPONENTS
+from gpu_operator.core.driver_pool_counts import PoolCounts, pool_counts
 from gpu_operator.core.driver_pool_plan import PolicyDriver, Pools, is_on, plan_pools, pod_owners
 from gpu_operator.core.driver_pool_status import (
     DriverEvent,
@@ -178,6 +179,8 @@ class Plan:
     driver_events: dict[str, tuple[DriverEvent, ...]] = field(default_factory=dict)
     """NVIDIADriver name → the Events to post once its status write went through (a conflict it
     entered: driver_pool_status.conflict_events)."""
+    driver_pools: dict[str, PoolCounts] = field(default_factory=dict)
+    """NVIDIADriver name → its state and nodes, for the metrics (core/driver_pool_counts.py)."""
 
 
 @dataclass(frozen=True)
@@ -308,7 +311,7 @@ def build(
         psa = namespace_write(observed.operand_namespace, enabled=False)
         uids = {p.uid for p in policies}
         deletes = sorted(k for k, info in observed.objects.items() if created_by_us(info, None, uids))
-        writes, told = _driver_status_writes(observed, None, None, now, {})
+        writes, told, driver_pools = _driver_status_writes(observed, None, None, now, {})
         return Plan(
             None,
             None,
@@ -323,6 +326,7 @@ def build(
             count,
             driver_status_writes=writes,
             driver_events=told,
+            driver_pools=driver_pools,
         )
     try:
         current: ClusterPolicySpec | None = _parsed(caches, active.spec)
@@ -443,7 +447,7 @@ def build(
         status = with_problems(active, status, problems, running, now)
     statuses[active.name] = status
     inputs = tuple(e for found in missing.values() for e in found)
-    writes, told = _driver_status_writes(observed, pools, active.name, now, upgrades)
+    writes, told, driver_pools = _driver_status_writes(observed, pools, active.name, now, upgrades)
     if spec is None:
         # Nothing known to run but the cluster as it is: leave objects, labels and namespace alone.
         return Plan(
@@ -460,6 +464,7 @@ def build(
             missing_inputs=inputs,
             driver_status_writes=writes,
             driver_events=told,
+            driver_pools=driver_pools,
         )
     return Plan(
         active,
@@ -479,6 +484,7 @@ def build(
         missing_inputs=inputs,
         driver_status_writes=writes,
         driver_events=told,
+        driver_pools=driver_pools,
     )
 
 
@@ -488,9 +494,9 @@ def _driver_status_writes(
     policy: str | None,
     now: str,
     upgrades: Mapping[str, DriverUpgradeStatus] | None,
-) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[DriverEvent, ...]]]:
+) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[DriverEvent, ...]], dict[str, PoolCounts]]:
     """The NVIDIADriver statuses that differ from the cluster's (none while the CRD is absent), and
-    the Events to post with them."""
+    the Events to post with them, and each NVIDIADriver's numbers for the metrics."""
     current = {d.name: d.status for d in observed.drivers}
     found = driver_statuses(
         observed.drivers, pools, policy, observed.daemonsets, observed.namespace, now, upgrades
@@ -500,7 +506,11 @@ def _driver_status_writes(
         for name, status in found.items()
         if driver_status_differs(current[name], status)
     }
-    return writes, conflict_events(observed.drivers, pools, found)
+    return (
+        writes,
+        conflict_events(observed.drivers, pools, found),
+        pool_counts(found, pools, observed.daemonsets),
+    )
 
 
 def _parsed(caches: Caches, spec: Mapping[str, Any]) -> ClusterPolicySpec:

@@ -25,6 +25,7 @@ from gpu_operator.core.observed import PodInfo, component_of, pod_info
 from gpu_operator.core.plan import pods_by_node
 from gpu_operator.doctor import checklist
 from gpu_operator.doctor.checklist import Command
+from gpu_operator.doctor.driver_pools import DriverPools
 from gpu_operator.doctor.scheduling import GPU, quantity
 from gpu_operator.doctor.state import LOG_LINES, ClusterState, Obj, is_operand
 
@@ -124,6 +125,7 @@ class Cluster:
             except PolicyError:
                 self.spec = None
         self.daemonsets = {component_of(d.get("metadata") or {}): d for d in state.daemonsets}
+        self.pools = DriverPools(self.spec, state.nvidia_drivers, self.infos.values())
 
     def driver_upgrade(self) -> Obj:
         """The active policy's `status.driverUpgrade` ({} when the operator wrote none)."""
@@ -187,6 +189,8 @@ class Cluster:
             found = self._waits_for(component, waited, node)
             if found is not None:
                 return found
+        if operand is None and component == "driver" and (verdict := self.pools.why_no_driver(info)):
+            return Link(False, verdict.cause, component=component)
         if operand is not None:
             message = f": {operand.info.message}" if operand.info.message else ""
             return Link(

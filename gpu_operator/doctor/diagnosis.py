@@ -1,13 +1,14 @@
 """What is wrong with the GPU stack of a cluster, from a recorded state of it (pure, no I/O).
 
 `gpu-operator doctor` records the objects that matter (`ClusterState`: nodes, GPU pods and operand
-pods, their Events, GPU ResourceQuotas, RuntimeClasses, the operand DaemonSets, ClusterPolicies and
-the last log lines of failing operand pods) and `diagnose` walks the seed article's §5.3 checklist
-over them: a GPU pod that stays Pending (the scheduler's reason, node by node, down to the operand
-that is missing on the node), a GPU pod that is scheduled but does not start (driver, toolkit,
-RuntimeClass on its node), GPU counts that differ from what GFD found, GPUs shared by pods that
-override NVIDIA_VISIBLE_DEVICES, operand pods that fail, quotas, workloads the API server rejects,
-the ClusterPolicy's status and stuck driver upgrades. Each `Finding` names the object and node,
+pods, their Events, GPU ResourceQuotas, RuntimeClasses, the operand DaemonSets, ClusterPolicies,
+NVIDIADrivers and the last log lines of failing operand pods) and `diagnose` walks the seed article's
+§5.3 checklist over them: a GPU node the NVIDIADriver pools give no driver, a GPU pod that stays
+Pending (the scheduler's reason, node by node, down to the operand that is missing on the node), a
+GPU pod that is scheduled but does not start (driver, toolkit, RuntimeClass on its node), GPU counts
+that differ from what GFD found, GPUs shared by pods that override NVIDIA_VISIBLE_DEVICES, operand
+pods that fail, quotas, workloads the API server rejects, the ClusterPolicy's status and stuck driver
+upgrades. Each `Finding` names the object and node,
 says the cause in one line and carries the §5.3 commands to run next (checklist.py).
 """
 

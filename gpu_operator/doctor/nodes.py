@@ -1,4 +1,5 @@
-"""Findings about GPU nodes: no allocatable GPUs, fewer than GFD counted, driver upgrades, MIG."""
+"""Findings about GPU nodes: no driver from the NVIDIADriver pools, no allocatable GPUs, fewer than GFD
+counted, driver upgrades, MIG."""
 
 from __future__ import annotations
 
@@ -51,6 +52,11 @@ def node_findings(cluster: Cluster, name: str) -> list[Finding]:
             )
         )
         return findings
+    if cluster.operands.get(("driver", name)) is None and takes_operands(info):
+        verdict = cluster.pools.why_no_driver(info)
+        if verdict is not None:
+            # The cause, not its symptoms (no GPUs advertised, operands waiting for the driver).
+            return [Finding("error", verdict.code, what, verdict.cause, name, commands=verdict.commands)]
     allocatable = allocatable_gpus(node)
     plugin = cluster.explain("device-plugin", name)
     # Without a ClusterPolicy every node lacks GPUs for the same reason, already its own finding.

@@ -2,8 +2,9 @@
 runtime/sync_client.py; and saving and loading recorded states (--save-state, --from-state).
 
 It reads nodes, pods (and the logs of failing operand containers), Events, ResourceQuotas,
-RuntimeClasses, the operand DaemonSets and ClusterPolicies (`READS`; the chart's `<release>-doctor`
-ClusterRole grants exactly these) and never writes.
+RuntimeClasses, the operand DaemonSets, ClusterPolicies and, where a ClusterPolicy delegates its driver
+to them, NVIDIADrivers (`READS`; the chart's `<release>-doctor` ClusterRole grants exactly these) and
+never writes.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from typing import Any
 
 import yaml
 
+from gpu_operator.api.nvidiadriver import API_VERSION as DRIVER_API_VERSION
+from gpu_operator.api.nvidiadriver import KIND as DRIVER_KIND
 from gpu_operator.core.observed import pod_info
 from gpu_operator.core.ownership import FIELD_MANAGER, MANAGED_BY_LABEL
 from gpu_operator.doctor.scheduling import requested_by_node
@@ -45,6 +48,7 @@ READS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("apps", "daemonsets", ("list",)),
     ("node.k8s.io", "runtimeclasses", ("list",)),
     ("nvidia.com", "clusterpolicies", ("list",)),
+    ("nvidia.com", "nvidiadrivers", ("list",)),
 )
 """(apiGroup, resource, verbs) doctor reads; the chart's doctor ClusterRole is held to it by a test."""
 
@@ -179,6 +183,21 @@ def _logs(kube: SyncKube, pods: list[dict[str, Any]], lines: int) -> dict[str, s
     return logs
 
 
+def _nvidia_drivers(kube: SyncKube, policies: list[dict[str, Any]]) -> list[dict[str, Any]] | None:
+    """The NVIDIADrivers, read only where a ClusterPolicy delegates its driver to them (so that doctor
+    needs no access to them otherwise); None when not read or their CRD is not installed."""
+    if not any(
+        ((p.get("spec") or {}).get("driver") or {}).get("useNvidiaDriverCRD") is True for p in policies
+    ):
+        return None
+    try:
+        return [_slim(d) for d in kube.list(DRIVER_API_VERSION, DRIVER_KIND)]
+    except ApiError as exc:
+        if exc.status != 404:
+            raise _failure("NVIDIADrivers", exc) from None
+        return None
+
+
 def record(kube: SyncKube, namespace: str = "", log_lines: int = LOG_LINES, pod: str = "") -> ClusterState:
     """Read what the diagnosis needs. `namespace` of the operands: default the active ClusterPolicy's
     status.namespace, else gpu-operator; `pod` (NAMESPACE/NAME) is recorded whatever it is."""
@@ -199,6 +218,7 @@ def record(kube: SyncKube, namespace: str = "", log_lines: int = LOG_LINES, pod:
             (oldest[0].get("status") or {}).get("namespace") if oldest else None
         ) or DEFAULT_NAMESPACE
     nodes = _read("nodes", lambda: kube.list("v1", "Node"))
+    drivers = _nvidia_drivers(kube, policies or [])
     every_pod = _read("pods", lambda: kube.list("v1", "Pod"))
     pods = [
         _slim(p, "OperandPod" if is_operand(p, namespace) else "Pod")
@@ -228,6 +248,7 @@ def record(kube: SyncKube, namespace: str = "", log_lines: int = LOG_LINES, pod:
             )
         ],
         policies=policies,
+        nvidia_drivers=drivers,
         logs=_logs(kube, operands, log_lines) if log_lines > 0 else {},
     )
 
@@ -258,7 +279,7 @@ def load_state(path: str) -> ClusterState:
         raise DoctorError(f"{path}: unknown keys {', '.join(unknown)}")
     for name, value in data.items():
         kind = dict if name in ("requested", "logs") else str if name in ("namespace", "now") else list
-        if not isinstance(value, kind) and not (name == "policies" and value is None):
+        if not isinstance(value, kind) and not (name in ("policies", "nvidia_drivers") and value is None):
             raise DoctorError(f"{path}: {name} must be a {kind.__name__}")
     return ClusterState(**data)
 

@@ -56,6 +56,9 @@ class ClusterState:
     daemonsets: list[dict[str, Any]] = field(default_factory=list)
     policies: list[dict[str, Any]] | None = field(default_factory=list)
     """ClusterPolicies; None when the CRD is not installed."""
+    nvidia_drivers: list[dict[str, Any]] | None = None
+    """NVIDIADrivers; None when not read: no ClusterPolicy delegates its driver to them
+    (driver.useNvidiaDriverCRD), or their CRD is not installed."""
     logs: dict[str, str] = field(default_factory=dict)
     """"namespace/pod/container" → its last log lines (or why they could not be read)."""
 

@@ -7,6 +7,9 @@ calls `observe_pass` / `observe_aborted_pass` once per pass, kube.py calls `obse
 write and `observe_dry_run` per dry run, the watch handlers call `observe_watch_event`; the HTTP
 server serves `REGISTRY`.
 
+Per NVIDIADriver (`gpu_operator_nvidiadriver_*{nvidiadriver="..."}`, ours): the nodes its pool should
+cover, those where its driver is ready, and its status.state; a deleted NVIDIADriver's series go.
+
 NVIDIA's driver-upgrade gauges (`gpu_operator_driver_auto_upgrade_enabled`,
 `gpu_operator_nodes_upgrades_*`) are created once a pass knows their value and removed when it no
 longer does (no valid ClusterPolicy; the node counts also while autoUpgrade is off, when no upgrade
@@ -33,6 +36,7 @@ from prometheus_client import (
 from gpu_operator.api.status import ComponentStatus
 
 if TYPE_CHECKING:
+    from gpu_operator.core.driver_pool_counts import PoolCounts
     from gpu_operator.core.plan import Plan
     from gpu_operator.core.upgrade import UpgradePlan
 
@@ -117,6 +121,30 @@ COMPONENT_READY = Gauge(
     registry=REGISTRY,
 )
 
+# Per NVIDIADriver, from the statuses the pass computed (core/driver_pool_counts.py); a deleted
+# NVIDIADriver's series go with it.
+POOL_NODES_DESIRED = Gauge(
+    "gpu_operator_nvidiadriver_nodes_desired",
+    "GPU nodes the NVIDIADriver's pool should run its driver on (0 while the ClusterPolicy does not "
+    "delegate its driver)",
+    ["nvidiadriver"],
+    registry=REGISTRY,
+)
+POOL_NODES_READY = Gauge(
+    "gpu_operator_nvidiadriver_nodes_ready",
+    "Nodes where a driver pod of the NVIDIADriver is ready",
+    ["nvidiadriver"],
+    registry=REGISTRY,
+)
+POOL_STATES = ("ready", "notReady", "disabled")
+POOL_STATE = Gauge(
+    "gpu_operator_nvidiadriver_state",
+    "1 for the NVIDIADriver's status.state (ready, notReady, disabled), 0 for the others",
+    ["nvidiadriver", "state"],
+    registry=REGISTRY,
+)
+_pools_seen: set[str] = set()
+
 LEADER = Gauge(
     "gpu_operator_leader",
     "1 while this replica holds the leader lease (it reconciles and writes), else 0 (standby)",
@@ -191,6 +219,7 @@ def observe_pass(plan: Plan, errors: Mapping[str, str], gpu_nodes: int, seconds:
     """A pass that ran to its end (some writes may have been rejected: `errors`)."""
     PASS_SECONDS.observe(seconds)
     GPU_NODES.set(gpu_nodes)
+    _set_pools(plan.driver_pools)
     status = plan.statuses.get(plan.active.name) if plan.active else None
     if status is None or plan.spec is None:
         # NVIDIA: no ClusterPolicy, or one it cannot initialise from; not counted as a reconciliation.
@@ -228,6 +257,21 @@ def _set_components(components: list[ComponentStatus]) -> None:
         COMPONENT_READY.labels(name).set(1 if entry.state == "ready" else 0)
     _components_seen.clear()
     _components_seen.update(enabled)
+
+
+def _set_pools(pools: Mapping[str, PoolCounts]) -> None:
+    for name in _pools_seen - pools.keys():
+        for gauge in (POOL_NODES_DESIRED, POOL_NODES_READY):
+            gauge.remove(name)
+        for state in POOL_STATES:
+            POOL_STATE.remove(name, state)
+    for name, counts in pools.items():
+        POOL_NODES_DESIRED.labels(name).set(counts.nodes_desired)
+        POOL_NODES_READY.labels(name).set(counts.nodes_ready)
+        for state in POOL_STATES:
+            POOL_STATE.labels(name, state).set(1 if counts.state == state else 0)
+    _pools_seen.clear()
+    _pools_seen.update(pools)
 
 
 def observe_write(verb: str, kind: str, status: int) -> None:

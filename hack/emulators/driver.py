@@ -1,4 +1,5 @@
-"""The driver DaemonSet's two images: k8s-driver-manager v0.12.0 (init container) and the driver.
+"""The driver DaemonSet's init container, k8s-driver-manager v0.12.0 (the driver container itself is
+driver_container.py).
 
 **k8s-driver-manager** (``driver-manager uninstall_driver``, cmd/driver-manager/main.go at v0.12.0):
 
@@ -20,27 +21,15 @@
   modules (fails while GPUs are in use) and restores the labels;
 * every API call with the driver's ServiceAccount; ``UpdateNodeLabels`` retries 7 times with
   exponential back-off (client.go:105-133).
-
-**driver container** (``nvidia-driver init``): installs and loads the driver (the profile's
-``driver`` start-up time), publishes its root filesystem under ``/run/nvidia/driver`` (the
-validator's and toolkit's ``driver-root``), records ``DRIVER_CONFIG_DIGEST`` in
-``/run/nvidia/nvidia-driver.state``, and becomes Ready through its startup probe, whose script writes
-``/run/nvidia/validations/.driver-ctr-ready`` (ours: driver/0300_configmap_startup_probe.yaml.j2;
-NVIDIA: assets/state-driver/0400_configmap.yaml). On SIGTERM it unloads the modules unless GPUs are
-still in use; the preStop hook removes ``.driver-ctr-ready``.
 """
 
 from __future__ import annotations
 
-import asyncio
-
 from .. import operand_managers
-from . import gpus
 from .api import Api, ApiError
 from .common import (
     JSON,
     NVIDIA_SMI,
-    NVML_LIBRARY,
     controller_of,
     duration,
     flag,
@@ -386,7 +375,7 @@ async def gpus_in_use(proc: Proc, exclude_driver: bool) -> bool:
     The kubelet knows its pods, so this reads them as the node does (admin), not with the image's token.
     """
     for runner in proc.emu.pods_on(proc.node.name):
-        if runner is proc.runner or (exclude_driver and runner.pod.component == "driver"):
+        if runner is proc.runner or (exclude_driver and runner.pod.component == "nvidia-driver"):
             continue
         if runner.pod.runtime_class and runner.sandbox and runner.procs:
             return True
@@ -413,62 +402,3 @@ async def driver_manager(proc: Proc, argv: tuple[str, ...]) -> None:
     if command != "uninstall_driver":
         proc.fail(f"No help topic for '{command}'", code=3)
     await DriverManager(proc, await proc.api()).run()
-
-
-@program("nvidia-driver")
-async def nvidia_driver(proc: Proc, argv: tuple[str, ...]) -> None:
-    version = gpus.driver_version(proc.spec.image)
-    node = proc.node
-    probe = proc.spec.startup_probe
-    proc.set_ready(probe is None)
-    if not proc.resumed:
-        if node.driver not in (None, version):
-            proc.fail(
-                f"Kernel module nvidia version {node.driver} is loaded, but this container installs {version}"
-            )
-        if node.driver is None:
-            proc.out(f"Installing NVIDIA driver kernel modules {version}")
-            await proc.work("driver")
-            node.set_driver(version)
-        else:
-            proc.out("NVIDIA driver is already loaded, installing the user-space components only")
-        for path in (NVML_LIBRARY, NVIDIA_SMI):
-            proc.fs.write(f"{DRIVER_ROOT}/{path}", version)
-        proc.fs.write(PID_FILE, "1\n")
-        digest = proc.env.get("DRIVER_CONFIG_DIGEST")
-        if digest:
-            proc.fs.write(STATE_FILE, digest + "\n")
-    if probe is not None:
-        await _startup_probe(proc)
-    try:
-        await proc.forever()
-    finally:
-        # SIGTERM: the container's exit handler unloads the modules unless they are in use.
-        if proc.sigterm and not await gpus_in_use(proc, exclude_driver=True):
-            node.set_driver(None)
-            host = proc.fs.host_path(DRIVER_ROOT)
-            if host:
-                node.remove_tree(host)
-
-
-async def _startup_probe(proc: Proc) -> None:
-    """The startup probe runs until nvidia-smi works; its script writes .driver-ctr-ready."""
-    probe = proc.spec.startup_probe
-    assert probe is not None
-    delay = proc.profile.probe_delay(probe.initial_delay)
-    while True:
-        wait = proc.started + delay - asyncio.get_running_loop().time()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        if proc.node.driver is not None:
-            break
-        await proc.wait_next(probe.period)
-    script_path = next((a for a in probe.command if a.endswith(".sh")), "")
-    script = proc.fs.read(script_path) if script_path else None
-    if script and ".driver-ctr-ready" in script:
-        flags = "".join(
-            f"{k}: {proc.env.get(k, 'false')}\n"
-            for k in ("GDRCOPY_ENABLED", "GDS_ENABLED", "GPU_DIRECT_RDMA_ENABLED")
-        )
-        proc.fs.write(READY_FILE, flags)
-    proc.set_ready(True)

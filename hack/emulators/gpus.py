@@ -108,16 +108,31 @@ CUDA_BY_BRANCH: dict[int, tuple[int, int]] = {
     595: (13, 2),
 }
 # A driver image tagged by branch only (precompiled style: `535-5.15.0-105-generic-ubuntu22.04`)
-# installs that branch's newest driver.
-NEWEST_IN_BRANCH: dict[int, str] = {535: "535.274.02", 550: "550.163.01", 570: "570.195.03", 580: "580.95.05"}
+# installs that branch's newest driver (595 and 610: gpu-driver-container versions.mk:16).
+NEWEST_IN_BRANCH: dict[int, str] = {
+    535: "535.274.02",
+    550: "550.163.01",
+    570: "570.195.03",
+    580: "580.95.05",
+    595: "595.91.07",
+    610: "610.57.04",
+}
+DEFAULT_DRIVER = "595.91.07"
+"""What an image whose tag names no version installs (a digest, `latest`): the version the operator's
+defaults deploy. A real image knows its own (its DRIVER_VERSION, ubuntu22.04/Dockerfile:50-51)."""
+
+
+def driver_tag(image: str) -> str:
+    """The image's tag ("" if it has none, e.g. only a digest)."""
+    last = image.split("@", 1)[0].rsplit("/", 1)[-1]
+    return last.rsplit(":", 1)[1] if ":" in last else ""
 
 
 def driver_version(image: str) -> str:
     """The driver version a driver image installs: its tag's leading version (`595.91.07-ubuntu22.04`)."""
-    tag = image.rsplit(":", 1)[-1] if ":" in image.rsplit("/", 1)[-1] else ""
-    found = re.match(r"(\d+(?:\.\d+)*)", tag)
+    found = re.match(r"(\d+(?:\.\d+)*)", driver_tag(image))
     if not found:
-        return "595.91.07"
+        return DEFAULT_DRIVER
     version = found.group(1)
     if "." not in version:
         branch = int(version)

@@ -44,11 +44,39 @@ class Family:
 
 
 _CUDA_ENV = (("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))
+_DRIVER_INIT = ("nvidia-driver", "init")
+_DRIVER_ENV = (
+    ("VGPU_LICENSE_SERVER_TYPE", "NLS"),
+    ("DISABLE_VGPU_VERSION_CHECK", "true"),
+    ("NVIDIA_VISIBLE_DEVICES", "void"),
+)
 
 FAMILIES: dict[str, Family] = {
     f.name: f
     for f in (
-        Family("driver", ("nvidia-driver",), ("nvidia-driver", "init")),
+        # NVIDIA/gpu-driver-container (06a208c, which builds 595.91.07: versions.mk:16): one Dockerfile
+        # per OS (ubuntu22.04/Dockerfile:55-65,78,120; precompiled/Dockerfile:20,58,83) gives `driver`;
+        # built with DRIVER_TYPE=vgpu it is the vGPU guest driver, which NVIDIA's scripts name
+        # `vgpu-guest-driver` (NVAIE: `vgpu-guest-driver-<version>`, gpu-operator
+        # scripts/gpu-operator-nvaie.sh:35,47-49); vgpu-manager/ubuntu22.04/Dockerfile:1,48,69 gives
+        # the vGPU host driver, `vgpu-manager` in NVIDIA's chart (values.yaml:467).
+        Family(
+            "driver", ("nvidia-driver",), _DRIVER_INIT, None, (*_DRIVER_ENV, ("DRIVER_TYPE", "passthrough"))
+        ),
+        Family(
+            "vgpu-guest-driver",
+            ("nvidia-driver", "vgpu-util"),
+            _DRIVER_INIT,
+            None,
+            (*_DRIVER_ENV, ("DRIVER_TYPE", "vgpu")),
+        ),
+        Family(
+            "vgpu-manager",
+            ("nvidia-driver", "nvidia-vgpud", "nvidia-vgpu-mgr"),
+            _DRIVER_INIT,
+            None,
+            _CUDA_ENV,
+        ),
         Family("k8s-driver-manager", ("driver-manager", "vfio-manage"), ("driver-manager",), (0, 12, 0)),
         Family(
             "container-toolkit",
@@ -90,12 +118,18 @@ FAMILIES: dict[str, Family] = {
 }
 # The seed article's sample names its validator image `k8s-logical-edge-validator`.
 ALIASES = {"k8s-logical-edge-validator": "gpu-operator-validator"}
+_NVAIE_GUEST_DRIVER = re.compile(r"vgpu-guest-driver(-\d+)+")
+
+
+def name_of(image: str) -> str:
+    """The image's name: the last part of its repository, without tag or digest."""
+    return image.split("@", 1)[0].rsplit("/", 1)[-1].split(":", 1)[0]
 
 
 def family(image: str) -> Family | None:
-    repository = image.split("@", 1)[0]
-    last = repository.rsplit("/", 1)[-1]
-    name = last.split(":", 1)[0]
+    name = name_of(image)
+    if _NVAIE_GUEST_DRIVER.fullmatch(name):
+        name = "vgpu-guest-driver"
     return FAMILIES.get(ALIASES.get(name, name))
 
 

@@ -43,6 +43,8 @@ FLUSH_DELAY = 0.2
 VALIDATIONS = "/run/nvidia/validations"
 DRIVER_ROOT = "/run/nvidia/driver"
 MODULE_REFCNT = "/sys/module/nvidia/refcnt"
+MODULE_VERSION = "/proc/driver/nvidia/version"
+"""Written by the driver container when it loads the modules (open or proprietary); gone with them."""
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
 CONTAINERD_SOCKET = "/run/containerd/containerd.sock"
 CRIO_SOCKET = "/var/run/crio/crio.sock"
@@ -257,6 +259,7 @@ class NodeState:
                 self.files[MODULE_REFCNT] = "0\n"
             else:
                 self.files.pop(MODULE_REFCNT, None)
+                self.files.pop(MODULE_VERSION, None)
             self.changed()
 
     def set_handlers(self, handlers: set[str]) -> None:

@@ -114,6 +114,19 @@ def test_the_example_names_its_registries(capsys: pytest.CaptureFixture[str]) ->
     assert "registry" not in err
 
 
+def test_the_example_nvidiadrivers_are_valid(capsys: pytest.CaptureFixture[str]) -> None:
+    # The pools of docs/nvidiadriver.md: one default, two selected by a label.
+    code, out, err = run(capsys, "validate", "-f", str(REPO / "examples" / "nvidiadrivers.yaml"))
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "nvidiadriver/default: valid (gpu driver 595.91.07; default: every GPU node no other NVIDIADriver "
+        "selects)",
+        "nvidiadriver/lts: valid (gpu driver 580.95.05; GPU nodes with driver-pool=lts)",
+        "nvidiadriver/precompiled: valid (gpu driver 595, precompiled; GPU nodes with "
+        "driver-pool=precompiled)",
+    ]
+
+
 def test_render_warns_of_images_without_a_registry(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

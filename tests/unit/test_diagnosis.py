@@ -257,6 +257,80 @@ def test_a_toolkit_waiting_in_init_points_at_its_driver() -> None:
     assert "device-plugin waits for container-toolkit waits for driver pod" in gpus.cause, gpus.cause
 
 
+def test_nodes_the_driver_pools_give_no_driver() -> None:
+    """With useNvidiaDriverCRD, a GPU node without a driver pod is explained by the pools' rules
+    (core/driver_pools.py): the cause alone, not the symptoms it leads to."""
+    findings = diagnose(state("driver-pools.yaml"))
+    assert codes(findings) == [
+        ("NoNVIDIADriverForNode", "node gpu-b"),
+        ("NVIDIADriverConflict", "node gpu-c"),
+        ("NVIDIADriverInvalid", "node gpu-d"),
+        ("NoDriverPoolForNode", "node gpu-e"),
+        ("DriverPoolNotLabelled", "node gpu-f"),
+        ("GPUPodUnschedulable", "pod team/train"),
+    ]
+    assert by(findings, "NoNVIDIADriverForNode").cause == (
+        "no NVIDIADriver selects the node and none is default, so no driver is installed: label the node "
+        "for one of h100 (pool=h100), l4 (pool=l4), l4-by-product (nvidia.com/gpu.product=NVIDIA-L4), "
+        "or make one default (what broken selects is not known: the spec does not parse)"
+    )
+    conflict = by(findings, "NVIDIADriverConflict")
+    assert conflict.cause.startswith(
+        "NVIDIADrivers l4 and l4-by-product both select the node (ConflictingNodeSelector)"
+    )
+    assert commands(conflict, "kubernetes")[:2] == [
+        "kubectl describe nvidiadriver l4",
+        "kubectl describe nvidiadriver l4-by-product",
+    ]
+    assert "spec.driverType: Input should be 'gpu', 'vgpu' or 'vgpu-host-manager'" in (
+        by(findings, "NVIDIADriverInvalid").cause
+    )
+    assert "lacks NFD's labels feature.node.kubernetes.io/system-os_release.ID" in (
+        by(findings, "NoDriverPoolForNode").cause
+    )
+    assert (
+        "carries no nvidia.com/gpu-operator.driver.owner label" in by(findings, "DriverPoolNotLabelled").cause
+    )
+    # Chains through the driver end at the same cause.
+    assert "container-toolkit waits for NVIDIADrivers l4 and l4-by-product both select the node" in (
+        by(findings, "GPUPodUnschedulable").cause
+    )
+    assert codes(diagnose(state("driver-pools.yaml"), Scope(node="gpu-c"))) == [
+        ("NVIDIADriverConflict", "node gpu-c")
+    ]
+
+
+def test_two_default_nvidia_drivers_and_none_at_all() -> None:
+    recorded = state("driver-pools.yaml")
+    assert recorded.nvidia_drivers is not None
+    recorded.nvidia_drivers[:] = [
+        {"metadata": {"name": name, "uid": name}, "spec": {"default": True, "version": "595.91.07"}}
+        for name in ("a", "b")
+    ]
+    conflict = by(diagnose(recorded), "NVIDIADriverConflict", "node gpu-b")
+    assert conflict.cause.startswith(
+        "no NVIDIADriver selects the node and several are default: a and b (ReconcileFailed)"
+    )
+    recorded.nvidia_drivers[:] = [{"metadata": {"name": "a", "uid": "a"}, "spec": {"default": True}}]
+    unknown = by(diagnose(recorded), "NoNVIDIADriverForNode", "node gpu-b")
+    assert unknown.cause == (
+        "no NVIDIADriver selects the node and none is default, so no driver is installed (what a selects "
+        "is not known: the spec does not parse)"
+    )
+    recorded.nvidia_drivers[:] = []
+    none = by(diagnose(recorded), "NoNVIDIADriverForNode", "node gpu-b")
+    assert none.cause.startswith("no NVIDIADriver exists, so no driver is installed")
+
+
+def test_nvidia_drivers_mean_nothing_while_the_policy_runs_the_driver() -> None:
+    recorded = state("driver-pools.yaml")
+    assert recorded.policies is not None
+    recorded.policies[0]["spec"]["driver"] = {"useNvidiaDriverCRD": False}
+    findings = diagnose(recorded)
+    assert not [f for f in findings if "NVIDIADriver" in f.code or "Pool" in f.code]
+    assert by(findings, "NoAllocatableGPU", "node gpu-b")
+
+
 def test_policy_stale_and_refused_creates() -> None:
     findings = diagnose(state("policy-stale.yaml"))
     assert by(findings, "ClusterPolicyStale", "clusterpolicy first").severity == "warning"

@@ -196,6 +196,21 @@ def test_record_without_the_crd() -> None:
     assert state.policies is None and state.namespace == "gpu-operator"
 
 
+def test_record_reads_nvidia_drivers_only_where_a_policy_delegates_its_driver() -> None:
+    objects = cluster_objects()
+    drivers = [{"metadata": {"name": "h100", "uid": "u-h100"}, "spec": {"nodeSelector": {"pool": "h100"}}}]
+    objects["NVIDIADriver"] = drivers
+    fake = FakeKube(objects)
+    assert record(fake).nvidia_drivers is None
+    assert "NVIDIADriver" not in [kind for kind, _, _ in fake.listed], "no access needed without pools"
+    objects["ClusterPolicy"][0]["spec"]["driver"] = {"useNvidiaDriverCRD": True}
+    assert record(FakeKube(objects)).nvidia_drivers == drivers
+    missing = {"NVIDIADriver": ApiError(404, "NotFound", "the server could not find")}
+    assert record(FakeKube(objects, missing)).nvidia_drivers is None, "the CRD is not installed"
+    with pytest.raises(doctor.DoctorError, match="not allowed to read NVIDIADrivers"):
+        record(FakeKube(objects, {"NVIDIADriver": ApiError(403, "Forbidden", "x")}))
+
+
 @pytest.mark.parametrize(
     ("kind", "error", "message"),
     [

@@ -13,6 +13,7 @@ from builders import gpu_node, operand_daemonset, operand_pod
 from gpu_operator.api import FieldError
 from gpu_operator.api.nvidiadriver import OWNER_LABEL, NVIDIADriverSpec
 from gpu_operator.core.caches import Caches
+from gpu_operator.core.driver_pool_counts import PoolCounts
 from gpu_operator.core.driver_pool_plan import ORPHAN, POLICY, PolicyDriver
 from gpu_operator.core.images import OS_ID_LABEL, OS_VERSION_LABEL
 from gpu_operator.core.node_labels import GPU_PRESENT, NodeInfo
@@ -219,6 +220,24 @@ def test_two_pools_with_two_versions_get_their_own_daemonsets_and_owner_labels()
     assert owner_writes(after, again) == {} and again.deletes == []
     assert state(again, "h100") == ("ready", "Ready") and state(again, "l4") == ("ready", "Ready")
     assert written(after, again).plan().driver_status_writes == {}, "nothing is written at rest"
+
+
+def test_each_pool_counts_its_nodes_and_ready_driver_pods_for_the_metrics() -> None:
+    world = World([node("a", "h100"), node("b", "h100"), node("c", "l4")], [h100(), l4()])
+    plan = world.plan()
+    assert plan.driver_pools == {"h100": PoolCounts("notReady", 2, 0), "l4": PoolCounts("notReady", 1, 0)}
+    after = running(plan, world)
+    (h100_ds,) = pool_daemonsets(plan, "h100")
+    observed = after.observed()
+    one_of_two = {**observed.daemonsets, h100_ds: operand_daemonset(h100_ds, "driver", 2, 1)}
+    counts = build(replace(observed, daemonsets=one_of_two), NOW).driver_pools
+    assert counts == {"h100": PoolCounts("notReady", 2, 1), "l4": PoolCounts("ready", 1, 1)}
+    assert replace(after, delegate=False).plan().driver_pools == {
+        "h100": PoolCounts("disabled", 0, 0),
+        "l4": PoolCounts("disabled", 0, 0),
+    }
+    gone = replace(after, drivers=[replace(after.drivers[0], deleting=True), after.drivers[1]])
+    assert set(gone.plan().driver_pools) == {"l4"}, "a driver being deleted has no numbers"
 
 
 def test_the_default_driver_takes_the_gpu_nodes_no_other_selects() -> None:

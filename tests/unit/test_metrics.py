@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -19,6 +20,7 @@ from builders import PCI, operand_daemonset, operand_pod
 
 from gpu_operator.api import parse_spec
 from gpu_operator.core.components import BY_NAME, COMPONENTS
+from gpu_operator.core.driver_pool_counts import PoolCounts
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.plan import Observed, Plan, PolicyRef, build
 from gpu_operator.runtime import metrics, server
@@ -57,6 +59,25 @@ def test_no_policy_is_unavailable_and_not_counted() -> None:
     assert value("gpu_operator_gpu_nodes_total") == 3
     assert counter("gpu_operator_reconciliation_total") == before
     assert value("gpu_operator_component_ready", component="driver") is None
+
+
+def test_nvidiadriver_series_follow_the_drivers_and_go_with_them() -> None:
+    plan = plan_for({})
+    pools = {"h100": PoolCounts("notReady", 3, 2), "l4": PoolCounts("disabled", 0, 0)}
+    metrics.observe_pass(replace(plan, driver_pools=pools), {}, 3, 0.01)
+    assert value("gpu_operator_nvidiadriver_nodes_desired", nvidiadriver="h100") == 3
+    assert value("gpu_operator_nvidiadriver_nodes_ready", nvidiadriver="h100") == 2
+    assert value("gpu_operator_nvidiadriver_state", nvidiadriver="h100", state="notReady") == 1
+    assert value("gpu_operator_nvidiadriver_state", nvidiadriver="h100", state="ready") == 0
+    assert value("gpu_operator_nvidiadriver_state", nvidiadriver="l4", state="disabled") == 1
+    # Without a valid ClusterPolicy the NVIDIADrivers still have a state (notReady: none is active).
+    no_policy = replace(plan_for(None), driver_pools={"h100": PoolCounts("notReady", 0, 0)})
+    metrics.observe_pass(no_policy, {}, 3, 0.01)
+    assert value("gpu_operator_nvidiadriver_nodes_desired", nvidiadriver="h100") == 0
+    assert value("gpu_operator_nvidiadriver_nodes_desired", nvidiadriver="l4") is None, "deleted: gone"
+    assert value("gpu_operator_nvidiadriver_state", nvidiadriver="l4", state="disabled") is None
+    metrics.observe_pass(plan, {}, 3, 0.01)
+    assert value("gpu_operator_nvidiadriver_state", nvidiadriver="h100", state="notReady") is None
 
 
 def test_invalid_policy_is_unavailable() -> None:

@@ -25,7 +25,9 @@ SETTINGS = Settings(
 
 
 def outcome() -> Outcome:
-    plan: Any = type("P", (), {"statuses": {}, "active": None, "spec": None, "gpu_nodes": 0})()
+    plan: Any = type(
+        "P", (), {"statuses": {}, "active": None, "spec": None, "gpu_nodes": 0, "driver_pools": {}}
+    )()
     return Outcome(plan, {})
 
 
