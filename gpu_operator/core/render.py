@@ -511,6 +511,10 @@ def _set_host_root(pod: dict[str, Any], root: str) -> None:
 
 DRIVER_CONFIG_DIGEST = "DRIVER_CONFIG_DIGEST"
 _DIGEST_CONTAINERS = ("k8s-driver-manager", "nvidia-driver-ctr")
+_NOT_INSTALL = ("NVIDIA_VISIBLE_DEVICES",)
+"""Driver container env that changes no installed driver: the container runtime's device hint, which
+NVIDIADriver pods set ("void") and the ClusterPolicy's do not, so the same driver from either keeps
+the same digest and a switch between them restarts the pod without reinstalling the driver."""
 
 
 def stamp_driver_config_digest(pod: dict[str, Any]) -> None:
@@ -527,11 +531,11 @@ def stamp_driver_config_digest(pod: dict[str, Any]) -> None:
     if not all(name in containers for name in _DIGEST_CONTAINERS):
         return
 
-    def plain_env(ctr: Mapping[str, Any]) -> list[tuple[str, str]]:
+    def plain_env(ctr: Mapping[str, Any], *ignored: str) -> list[tuple[str, str]]:
         return sorted(
             (e["name"], e.get("value", ""))
             for e in ctr.get("env", [])
-            if "valueFrom" not in e and e["name"] != DRIVER_CONFIG_DIGEST
+            if "valueFrom" not in e and e["name"] not in (DRIVER_CONFIG_DIGEST, *ignored)
         )
 
     manager, driver = (containers[name] for name in _DIGEST_CONTAINERS)
@@ -541,7 +545,7 @@ def stamp_driver_config_digest(pod: dict[str, Any]) -> None:
             driver.get("image"),
             driver.get("command"),
             driver.get("args"),
-            plain_env(driver),
+            plain_env(driver, *_NOT_INSTALL),
             driver.get("envFrom"),
             sorted(
                 (m["name"], m["mountPath"], m.get("subPath", ""), bool(m.get("readOnly")))

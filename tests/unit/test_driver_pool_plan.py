@@ -449,3 +449,22 @@ def test_an_nvidiadrivers_status_wakes_no_pass_and_changes_no_decision() -> None
         replace(world, drivers=[replace(d, status={"state": "ready"}) for d in world.drivers]),
     )
     assert _decisions(bare)[:-1] == _decisions(said.plan())[:-1]
+
+
+def test_the_same_driver_from_the_clusterpolicy_or_a_pool_has_the_same_digest() -> None:
+    """So a switch between them restarts the driver pod without reinstalling the driver (render.py
+    _NOT_INSTALL: the pool's NVIDIA_VISIBLE_DEVICES=void is not part of it); another version is not."""
+
+    def digest(daemonset: dict[str, Any]) -> str:
+        containers = daemonset["spec"]["template"]["spec"]["containers"]
+        (driver_ctr,) = [c for c in containers if c["name"] == "nvidia-driver-ctr"]
+        return next(str(e["value"]) for e in driver_ctr["env"] if e["name"] == "DRIVER_CONFIG_DIGEST")
+
+    legacy = World([node("a")], delegate=False).plan()
+    (policy_ds,) = [
+        o for o in legacy.objects if o["kind"] == "DaemonSet" and o["metadata"]["name"] == POLICY_DS
+    ]
+    for version, same in (("595.91.07", True), ("580.105.08", False)):
+        pooled = World([node("a")], [driver("default", version, default=True)]).plan()
+        (pool_ds,) = pool_daemonsets(pooled).values()
+        assert (digest(pool_ds) == digest(policy_ds)) is same, version
