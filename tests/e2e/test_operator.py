@@ -40,6 +40,8 @@ COMPONENT = "app.kubernetes.io/component"
 DRIVER = BY_NAME["driver"].component_label
 """The driver's pods carry NVIDIA's component label (the validator selects on it)."""
 POLICIES = ROOT / "tests" / "data" / "policies"
+SEED_DRIVERS = ROOT / "examples" / "nvidiadrivers.yaml"
+NVIDIADRIVERS = ("nvidia.com", "v1alpha1", "nvidiadrivers")
 SEED_CONFIG_MAPS = (ROOT / "examples" / "device-plugin-config.yaml", ROOT / "examples" / "mig-config.yaml")
 """The ConfigMaps the seed sample (seed-sample.yaml, examples/clusterpolicy.yaml) names."""
 CONVERGE = wait_timeout(120.0)
@@ -79,10 +81,27 @@ def policy_from(name: str, policy_name: str | None = None) -> dict[str, Any]:
 
 
 def delete_policies(cluster: Cluster) -> None:
-    """Delete every ClusterPolicy (the operator then removes what they made)."""
+    """Delete every ClusterPolicy and NVIDIADriver (the operator then removes what they made)."""
     custom = client.CustomObjectsApi(cluster.api)
-    for item in custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]:
-        custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, item["metadata"]["name"])
+    for group, version, plural in ((GROUP, VERSION, PLURAL), NVIDIADRIVERS):
+        for item in custom.list_cluster_custom_object(group, version, plural)["items"]:
+            custom.delete_cluster_custom_object(group, version, plural, item["metadata"]["name"])
+
+
+def seed_drivers() -> list[dict[str, Any]]:
+    """The seed sample delegates its driver (`useNvidiaDriverCRD: true`): the default NVIDIADriver of
+    examples/nvidiadrivers.yaml runs it, as `make demo` applies it."""
+    found = [d for d in yaml.safe_load_all(SEED_DRIVERS.read_text()) if d and d["spec"].get("default")]
+    return found
+
+
+def apply_seed(cluster: Cluster, name: str | None = None) -> dict[str, Any]:
+    """The seed sample (named `name`), its default NVIDIADriver first; the policy applied."""
+    for driver in seed_drivers():
+        apply_policy(cluster, driver)
+    body = policy_from("seed-sample", name)
+    apply_policy(cluster, body)
+    return body
 
 
 def get_policy(cluster: Cluster, name: str) -> dict[str, Any]:
@@ -225,17 +244,24 @@ def writes_by(
 def test_policy_converges_on_exactly_the_gpu_nodes(
     cluster: Cluster, clean: OperatorProcess, namespace: str, sample: str
 ) -> None:
-    body = policy_from(sample)
     if sample == "seed-sample":
         apply_seed_config_maps(cluster)
-    apply_policy(cluster, body)
+        body = apply_seed(cluster)
+    else:
+        body = policy_from(sample)
+        apply_policy(cluster, body)
     name = body["metadata"]["name"]
     policy = wait_state(cluster, name, "ready")
     status = policy["status"]
     assert status["gpuNodes"] == 4
     assert condition(policy, "Ready")["reason"] == "Reconciled"
     if sample == "seed-sample":
-        assert "useNvidiaDriverCRD" in condition(policy, "Ready")["message"]
+        # The driver is the default NVIDIADriver's, on every GPU node.
+        owned = {
+            n: node_labels(cluster, n).get("nvidia.com/gpu-operator.driver.owner")
+            for n in gpu_nodes(cluster.api)
+        }
+        assert set(owned.values()) == {"default"}, owned
     assert_pods_exactly_on_gpu_nodes(cluster, policy)
     expected = {c["name"] for c in status["components"] if c["enabled"] and c["state"] == "ready"}
     assert set(daemonsets(cluster)) == expected
@@ -250,8 +276,6 @@ def test_policy_converges_on_exactly_the_gpu_nodes(
     assert wait_for(scheduled, timeout=60, what="GPU pod scheduled").startswith("gpu-node-")
     events = cluster.kubectl("describe", "clusterpolicy", name).split("Events:")[-1]
     assert "Ready" in events, events
-    if sample == "seed-sample":
-        assert "Unsupported" in events and "useNvidiaDriverCRD" in events, events
 
 
 def test_failing_driver_blocks_only_its_node(
@@ -567,7 +591,7 @@ def test_no_writes_at_rest(cluster: Cluster, clean: OperatorProcess) -> None:
     if cluster.audit_log is None:
         pytest.skip("needs the local cluster's audit log")
     apply_seed_config_maps(cluster)
-    apply_policy(cluster, policy_from("seed-sample"))
+    apply_seed(cluster)
     wait_state(cluster, "gpu-cluster-policy", "ready")
     start = time.time() + 1
     user = f"system:serviceaccount:{NS}:{RELEASE}"
