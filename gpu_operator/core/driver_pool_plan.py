@@ -10,41 +10,52 @@ and the node's owner label. The rule, per node: **the owner label names a driver
 pod of another DaemonSet is on the node** (a terminating one included). Until then the label is
 absent, so no pool pod starts beside the pod that is still going. Then:
 
-- Switching on (useNvidiaDriverCRD false → true): the pool DaemonSets are written, the ClusterPolicy's
-  driver DaemonSets deleted after them (the existing "deletes after their replacements" rule: no
-  delete in a pass with a failed write), and each node gets its owner label once the ClusterPolicy's
-  driver pod there is gone; its pool's pod starts then. A node goes from one driver pod to none to the
-  new one, never two; "none" only for that exchange.
+- Switching on (useNvidiaDriverCRD false → true), as NVIDIA's operator does: the pool DaemonSets are
+  written, and the ClusterPolicy's driver DaemonSets deleted after them (the existing "deletes after
+  their replacements" rule: no delete in a pass with a failed write) with propagationPolicy Orphan
+  (`Pools.orphaning`), so every node keeps its running driver pod, orphaned. Once its DaemonSet is
+  going (pod_owners: ORPHAN, or POLICY_ORPHAN once the garbage collector removed its owner), a node
+  that a pool takes, not held, is in that pool's upgrade (`Pools.orphaned`, core/driver_pool_upgrade.py),
+  where its orphaned pod needs an upgrade (NVIDIA's labelNodesWithOrphanedDriverPods): within the
+  pool's limits (maxParallelUpgrades, maxUnavailable) the node is cordoned, its GPU pods evicted, it is
+  drained as the pool's upgradePolicy says, and the orphan is deleted at pod-restart-required. The
+  owner label follows once the orphan is gone, the pool's pod starts, is validated, and the node is
+  uncordoned: upgrade-done. A node goes from one driver pod to none to the new one, never two;
+  "none" only for that exchange, on a node emptied of its GPU pods. With the pool's autoUpgrade off,
+  the orphan stays until someone deletes it; the label and the pool's pod follow then.
 - Switching off (true → false): the owner labels go (the pool pods with them: their DaemonSets no
   longer select the node) and the pool DaemonSets are deleted. The ClusterPolicy's driver DaemonSets
   select every GPU node at once (nvidia.com/gpu.deploy.driver), so they are written only once no pool
-  driver pod is left on any node; an existing one is kept as it is meanwhile.
+  driver pod is left on any node; an existing one is kept as it is meanwhile. The orphaned pods of a
+  switch on that did not finish hold nothing back (POLICY_ORPHAN): the ClusterPolicy's DaemonSet,
+  written again, adopts them, as its selector matches them (not a terminating one: it would start a
+  pod beside it, so that one is waited for).
 - Moving a node between pools (relabelling, a changed nodeSelector, an NVIDIADriver deleted): the old
-  owner's label goes first, the new one once the old pod is gone.
+  owner's label goes first, the new one once the old pod is gone. While that pod's DaemonSet is there
+  the node is in no pool's upgrade; once the DaemonSet is gone (its NVIDIADriver deleted), the pod,
+  which the garbage collector deletes, is an orphan to the new pool's upgrade, as above.
 - A conflict (two NVIDIADrivers select a node, two defaults) or an NVIDIADriver whose spec does not
   parse holds its nodes as they are (core/driver_pools.py), and so does this module: a held node's
-  label stays, and so do its driver's DaemonSets. Where a held node still runs the ClusterPolicy's
-  driver (a conflict present when switching on), the ClusterPolicy's driver DaemonSets are kept, and
-  with their pods still on every node, no node switches until the conflict is resolved: switching
-  would take that node's driver away, and there is no way to keep one node on a DaemonSet that
-  selects them all.
+  label stays, and so do its driver's DaemonSets. A conflict present when switching on holds back
+  nothing but its own nodes: they keep their orphaned ClusterPolicy driver pod, untouched and in no
+  upgrade, until the conflict is resolved and their pool's upgrade replaces it; the other nodes switch.
 
 Nodes whose driver stays the same are not touched: their label and their pool's DaemonSet stay as
 they are when another pool, another node or a third, conflicting, NVIDIADriver changes.
 
 Where this differs from NVIDIA's operator: NVIDIA flips the owner label at once, so the old and the
-new driver pod may run side by side for a while; and its ClusterPolicy controller drops its driver
-DaemonSet as soon as useNvidiaDriverCRD is set, whatever the NVIDIADrivers are. The pool DaemonSets
-run under the ClusterPolicy driver's ServiceAccount and RBAC (`nvidia-driver`), not under a
-ServiceAccount per NVIDIADriver and OS (NVIDIA's getDriverName): the chart grants the operator its
-operands' Roles and bindings by name only, and names that depend on what users call their
-NVIDIADrivers cannot be granted in advance. The driver's RBAC is the same for every pool, so nothing
-is lost.
+new driver pod may run side by side for a while (on a switch, the orphan and the pool's pod until
+the upgrade deletes the orphan); here the label, and with it the pool's pod, waits until the old pod
+is gone. The pool DaemonSets run under the ClusterPolicy driver's ServiceAccount and RBAC
+(`nvidia-driver`), not under a ServiceAccount per NVIDIADriver and OS (NVIDIA's getDriverName): the
+chart grants the operator its operands' Roles and bindings by name only, and names that depend on
+what users call their NVIDIADrivers cannot be granted in advance. The driver's RBAC is the same for
+every pool, so nothing is lost.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
@@ -65,7 +76,13 @@ DRIVER = BY_NAME["driver"]
 POLICY = ""
 """The owner of a driver pod of the ClusterPolicy's driver DaemonSets."""
 ORPHAN = "?"
-"""The owner of a driver pod whose DaemonSet is gone, not watched, or owned by no live object."""
+"""The owner of a driver pod whose DaemonSet is gone, being deleted, not watched, or owned by no live
+object."""
+POLICY_ORPHAN = "-"
+"""The owner of an orphaned driver pod (no owner at all, not terminating) that one of the ClusterPolicy's
+driver DaemonSets selects: deleted with its pods orphaned when the pools took over, that DaemonSet,
+written again, adopts it (the DaemonSet controller claims the orphans its selector matches)."""
+ORPHANS = frozenset({ORPHAN, POLICY_ORPHAN})
 
 
 class PolicyDriver(Enum):
@@ -74,9 +91,11 @@ class PolicyDriver(Enum):
     DEPLOY = "deploy"
     """Rendered and applied, as without NVIDIADrivers."""
     KEEP = "keep"
-    """Left as they are: existing ones kept, missing ones not created (a switch waits)."""
+    """Left as they are: existing ones kept, missing ones not created (switching off waits for the
+    pools' driver pods to go)."""
     DELETE = "delete"
-    """Not rendered; existing ones deleted after the pass's writes (the pools run the driver)."""
+    """Not rendered; existing ones deleted after the pass's writes, their pods orphaned (`orphaning`):
+    the pools run the driver, and each pool's upgrade replaces the orphaned pods on its nodes."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +115,14 @@ class Pools:
     ClusterPolicy's driver DaemonSets while `policy_driver` is KEEP."""
     assignment: Assignment = field(default_factory=Assignment)
     waiting: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    """Node → the owners of the driver pods its owner label waits for (POLICY, ORPHAN or a name)."""
+    """Node → the owners of the driver pods its owner label waits for (POLICY, ORPHAN, POLICY_ORPHAN or
+    a name)."""
+    orphaned: Mapping[str, str] = field(default_factory=dict)
+    """Node → the NVIDIADriver whose upgrade replaces its orphaned driver pod: the node is assigned to
+    it, not held, and its owner label waits for orphaned pods only (core/driver_pool_upgrade.py)."""
+    orphaning: frozenset[ObjectKey] = frozenset()
+    """The ClusterPolicy's driver DaemonSets to delete with their pods orphaned (propagationPolicy
+    Orphan), while `policy_driver` is DELETE."""
 
 
 def is_on(spec: ClusterPolicySpec, crd: bool) -> bool:
@@ -111,16 +137,21 @@ def pod_owners(
     objects: Mapping[ObjectKey, ObjectInfo],
     drivers: Iterable[DriverRef],
     policy_uids: Iterable[str],
+    policy_apps: Collection[str] = (),
 ) -> dict[str, set[str]]:
-    """Node → the owners of its driver pods: POLICY, an NVIDIADriver's name, or ORPHAN."""
+    """Node → the owners of its driver pods: POLICY, an NVIDIADriver's name, ORPHAN, or POLICY_ORPHAN
+    for an orphan whose `app` label is in `policy_apps` (the selectors of the ClusterPolicy's driver
+    DaemonSets as rendered)."""
     names = {d.uid: d.name for d in drivers}
     policies = set(policy_uids)
     found: dict[str, set[str]] = {}
     for pod in pods:
         name = daemonsets.get(pod.daemonset_uid)
         info = objects.get(("apps/v1", "DaemonSet", pod.namespace, name)) if name is not None else None
-        uid = info.owner_uid if info is not None else ""
+        uid = info.owner_uid if info is not None and not info.deleting else ""
         owner = names.get(uid) or (POLICY if uid and uid in policies else ORPHAN)
+        if not pod.daemonset_uid and not pod.terminating and pod.app in policy_apps:
+            owner = POLICY_ORPHAN
         found.setdefault(pod.node, set()).add(owner)
     return found
 
@@ -145,24 +176,24 @@ def plan_pools(
     )
     if not on:
         labelled = {name: None for name, node in nodes.items() if OWNER_LABEL in node.labels}
-        pooled = {node: sorted(o) for node, o in owners.items() if o - {POLICY}}
+        pooled = {node: sorted(o) for node, o in owners.items() if o - {POLICY, POLICY_ORPHAN}}
         if pooled:
             return Pools(False, PolicyDriver.KEEP, labelled, kept=policy_daemonsets, waiting=_tuples(pooled))
         return Pools(False, PolicyDriver.DEPLOY, labelled)
     assignment = assign((_object(d) for d in drivers), nodes.values())
     labels: dict[str, str | None] = {name: None for name, node in nodes.items() if OWNER_LABEL in node.labels}
     waiting: dict[str, tuple[str, ...]] = {}
+    orphaned: dict[str, str] = {}
     for name, owner in assignment.nodes.items():
         target = owner.label
-        running = owners.get(name, set())
-        if target is not None and running - {target}:
-            waiting[name] = tuple(sorted(running - {target}))
+        others = owners.get(name, set()) - {target}
+        if target is not None and others:
+            waiting[name] = tuple(sorted(others))
+            if not owner.held and others <= ORPHANS:
+                orphaned[name] = target
             target = None
         labels[name] = target
-    held_on_policy = any(
-        owner.held and POLICY in owners.get(name, ()) for name, owner in assignment.nodes.items()
-    )
-    kept = set(policy_daemonsets) if held_on_policy else set()
+    kept: set[ObjectKey] = set()
     rendered: list[dict[str, Any]] = []
     caches.pools.keep({d.name for d in drivers})
     for driver in drivers:
@@ -175,12 +206,14 @@ def plan_pools(
         rendered.extend(_daemonsets(caches, driver, mine, facts, host_root))
     return Pools(
         True,
-        PolicyDriver.KEEP if held_on_policy else PolicyDriver.DELETE,
+        PolicyDriver.DELETE,
         labels,
         tuple(rendered),
         frozenset(kept),
         assignment,
         waiting,
+        orphaned,
+        policy_daemonsets,
     )
 
 

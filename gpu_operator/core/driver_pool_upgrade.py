@@ -13,10 +13,15 @@ on, and maxUnavailable's percentage is of the pool's nodes.
 A node's pool is the owner label it carries once the pass is written (driver_pool_plan.Pools
 .owner_labels): a node that joins a pool gets the pool's auto-upgrade annotation in the pass that labels
 it, before the pool's driver pod starts there (the annotation goes before the objects:
-upgrade/writes.py announcements). A node between two pools (no label until the old driver pod is gone),
-a node no NVIDIADriver owns, and a node held as it is (a conflict over it, or its NVIDIADriver's spec
-does not parse: core/driver_pools.py) are in no plan: nothing of their upgrade moves until they are in
-a pool again, where the pool's plan takes them on from the state they are in.
+upgrade/writes.py announcements). A node whose label waits only for an orphaned driver pod (its
+DaemonSet gone: the ClusterPolicy's, deleted with Orphan when the pools took over) is in the pool that
+takes it (Pools.orphaned), and its orphan needs an upgrade there (Facts.orphans, NVIDIA's
+labelNodesWithOrphanedDriverPods): the pool's upgrade empties the node and deletes the orphan at
+pod-restart-required, within the pool's limits; the label, and the pool's pod, follow once the orphan
+is gone (core/driver_pool_plan.py). A node between two pools (no label until the old pool's driver pod
+is gone), a node no NVIDIADriver owns, and a node held as it is (a conflict over it, or its
+NVIDIADriver's spec does not parse: core/driver_pools.py) are in no plan: nothing of their upgrade
+moves until they are in a pool again, where the pool's plan takes them on from the state they are in.
 
 The runtime carries out one plan (`merged`), as without pools: the pools' nodes never overlap. Events
 about an upgrade rather than a node go to the pool's NVIDIADriver (`addressed`). The ClusterPolicy's
@@ -69,7 +74,7 @@ def plan_pool_upgrades(
     held = set(pools.assignment.held())
     members: dict[str, list[UpgradeNode]] = {}
     for node in upgrade_nodes(caches, nodes, spec):
-        owner = pools.owner_labels.get(node.name)
+        owner = pools.owner_labels.get(node.name) or pools.orphaned.get(node.name)
         if owner is not None and node.name not in held:
             members.setdefault(owner, []).append(node)
     validate = VALIDATOR.enabled(spec)
@@ -79,7 +84,11 @@ def plan_pool_upgrades(
             continue
         objects = [o for o in pools.objects if o["metadata"]["ownerReferences"][0]["uid"] == driver.uid]
         names = {o["metadata"]["name"] for o in objects}
-        own = replace(facts, driver_daemonsets=tuple(d for d in facts.driver_daemonsets if d.name in names))
+        own = replace(
+            facts,
+            driver_daemonsets=tuple(d for d in facts.driver_daemonsets if d.name in names),
+            orphans=frozenset(node for node, pool in pools.orphaned.items() if pool == driver.name),
+        )
         policy = driver.spec.upgrade_policy()
         key = ("pool", driver.name)
         plan = plan_step(policy, members.get(driver.name, []), own, objects, now, validate, caches, key)

@@ -247,6 +247,9 @@ class ObjectInfo:
     """The field managers that wrote it (metadata.managedFields), sorted."""
     adopt: bool = False
     """Its owner handed it over to the operator (ADOPT_ANNOTATION)."""
+    deleting: bool = False
+    """metadata.deletionTimestamp is set: it is going (its finalizers, such as the garbage collector's
+    `orphan`, hold it for a while)."""
 
 
 ADOPT_ANNOTATION = "nvidia.com/gpu-operator.adopt"
@@ -273,6 +276,7 @@ def object_info(body: Mapping[str, Any], key: ObjectKey | None = None) -> Object
         owner_uid=owners[0].get("uid", "") if owners else "",
         managers=tuple(sorted({str(m.get("manager") or "") for m in metadata.get("managedFields") or []})),
         adopt=annotations.get(ADOPT_ANNOTATION) == "true",
+        deleting=bool(metadata.get("deletionTimestamp")),
     )
 
 

@@ -181,6 +181,15 @@ class Plan:
     entered: driver_pool_status.conflict_events)."""
     driver_pools: dict[str, PoolCounts] = field(default_factory=dict)
     """NVIDIADriver name → its state and nodes, for the metrics (core/driver_pool_counts.py)."""
+    orphans: frozenset[ObjectKey] = frozenset()
+    """The `deletes` that leave their pods running: the ClusterPolicy's driver DaemonSets when the
+    NVIDIADriver pools take over, whose orphaned pods each pool's upgrade replaces
+    (core/driver_pool_plan.py)."""
+
+    def propagation(self, key: ObjectKey) -> str:
+        """The propagationPolicy of a delete: Orphan for `orphans`, Background for every other (the
+        garbage collector deletes its dependents)."""
+        return "Orphan" if key in self.orphans else "Background"
 
 
 @dataclass(frozen=True)
@@ -372,6 +381,7 @@ def build(
         observed.objects,
         observed.drivers,
         policy_uids,
+        {o["spec"]["selector"]["matchLabels"]["app"] for o in objects if _policy_driver(o)},
     )
     on = is_on(shown, observed.nvidia_driver_crd)
     pools = plan_pools(
@@ -386,9 +396,7 @@ def build(
         caches,
     )
     if pools.policy_driver is not PolicyDriver.DEPLOY:
-        objects = [
-            o for o in objects if not (o["kind"] == "DaemonSet" and component_of(o["metadata"]) == "driver")
-        ]
+        objects = [o for o in objects if not _policy_driver(o)]
     if pools.objects:
         objects = [*objects, *pools.objects]
     missing = {
@@ -410,11 +418,15 @@ def build(
     kept = {
         key for key, info in observed.objects.items() if key[1] == "DaemonSet" and info.component in missing
     } | pools.kept
-    # Only what the operator created goes, never an object because it carries our labels.
+    # Only what the operator created goes, never an object because it carries our labels; one already
+    # going is not deleted again (another propagationPolicy would change what becomes of its pods).
     deletes = sorted(
         key
         for key, info in observed.objects.items()
-        if key not in wanted and key not in kept and created_by_us(info, active.uid, policy_uids)
+        if key not in wanted
+        and key not in kept
+        and not info.deleting
+        and created_by_us(info, active.uid, policy_uids)
     )
     labels = _label_changes(caches, nodes, shown, pods, operands, pools.owner_labels)
     # Status reflects the labels as they will be once this plan is carried out.
@@ -485,6 +497,7 @@ def build(
         driver_status_writes=writes,
         driver_events=told,
         driver_pools=driver_pools,
+        orphans=pools.orphaning & set(deletes),
     )
 
 
@@ -511,6 +524,11 @@ def _driver_status_writes(
         conflict_events(observed.drivers, pools, found),
         pool_counts(found, pools, observed.daemonsets),
     )
+
+
+def _policy_driver(obj: Mapping[str, Any]) -> bool:
+    """One of the ClusterPolicy's rendered driver DaemonSets."""
+    return obj["kind"] == "DaemonSet" and component_of(obj["metadata"]) == "driver"
 
 
 def _parsed(caches: Caches, spec: Mapping[str, Any]) -> ClusterPolicySpec:
@@ -653,16 +671,12 @@ def _notes(spec: ClusterPolicySpec, nvidia_driver_crd: bool, pools: Pools) -> li
             )
         )
     if pools.policy_driver is PolicyDriver.KEEP:
-        nodes = sorted(pools.waiting) or sorted(pools.assignment.held())
-        what = (
-            "until no NVIDIADriver's driver pod is left"
-            if not pools.on
-            else "while NVIDIADrivers in conflict hold nodes that run it"
-        )
+        nodes = sorted(pools.waiting)
         shown = ", ".join(nodes[:5]) + (" and more" if len(nodes) > 5 else "")
         notes.append(
             Note(
-                f"the driver DaemonSets of this ClusterPolicy are left as they are {what} ({shown})",
+                "the driver DaemonSets of this ClusterPolicy are left as they are until no NVIDIADriver's "
+                f"driver pod is left ({shown})",
                 "DriverSwitchWaiting",
             )
         )

@@ -434,13 +434,16 @@ class Kube:
             kind=body["kind"],
         )
 
-    async def delete(self, key: ObjectKey) -> None:
+    async def delete(self, key: ObjectKey, propagation: str = "Background") -> None:
+        """DELETE an object (gone already is no error); `propagation`: what the garbage collector does
+        with its dependents (Background: deletes them; Orphan: leaves them, their ownerReference
+        removed)."""
         api_version, kind, namespace, name = key
         try:
             await self.request(
                 "DELETE",
                 path(api_version, kind, namespace, name),
-                body={"propagationPolicy": "Background"},
+                body={"propagationPolicy": propagation},
                 kind=kind,
             )
         except ApiError as exc:

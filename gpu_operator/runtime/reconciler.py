@@ -293,7 +293,9 @@ class Reconciler:
         if label_failure is not None:
             raise label_failure
         deletes = deletes_after(verdict.deletes, errors)
-        await _gather([partial(self._delete, key, errors) for key in deletes], self.writers)
+        await _gather(
+            [partial(self._delete, key, plan.propagation(key), errors) for key in deletes], self.writers
+        )
         errors.update(label_errors)
         if plan.namespace_write is not None and observed.operand_namespace is not None:
             await self._write_namespace(observed.operand_namespace, plan.namespace_write, errors, stale)
@@ -381,10 +383,10 @@ class Reconciler:
             self.store.put("objects", key, info)
             self.memory.applied[key] = Applied(desired_hash, info.generation, info.resource_version)
 
-    async def _delete(self, key: ObjectKey, errors: dict[str, str]) -> None:
-        log.info("deleting %s %s/%s (no longer wanted)", key[1], key[2], key[3])
+    async def _delete(self, key: ObjectKey, propagation: str, errors: dict[str, str]) -> None:
+        log.info("deleting %s %s/%s (no longer wanted; propagation %s)", key[1], key[2], key[3], propagation)
         async with _recorded(errors, key[1] + "/" + key[3]):
-            await self.kube.delete(key)
+            await self.kube.delete(key, propagation)
             self.store.put("objects", key, None)
             self.memory.applied.pop(key, None)
 

@@ -121,7 +121,12 @@ def driver_pods(cluster: Cluster) -> dict[str, list[Any]]:
     return found
 
 
-def wait_drivers(cluster: Cluster, versions: dict[str, str], owners: dict[str, str | None]) -> dict[str, str]:
+def wait_drivers(
+    cluster: Cluster,
+    versions: dict[str, str],
+    owners: dict[str, str | None],
+    timeout: float = CONVERGE,
+) -> dict[str, str]:
     """Wait until each node runs exactly one Ready driver pod at its version and carries its owner label
     (None: none); node → the pod's UID."""
 
@@ -145,7 +150,7 @@ def wait_drivers(cluster: Cluster, versions: dict[str, str], owners: dict[str, s
             uids[node] = pod.metadata.uid
         return uids
 
-    return wait_for(check, timeout=CONVERGE, what="driver pods at their pools' versions")
+    return wait_for(check, timeout=timeout, what="driver pods at their pools' versions")
 
 
 @dataclass
@@ -283,7 +288,8 @@ def test_clusterpolicy_driver_to_pools_and_back(
     cluster: Cluster, pools: OperatorProcess, watched: DriverPods, kill: bool
 ) -> None:
     """The switch both ways, node by node: no node ever runs two driver pods; with `kill`, the operator
-    is killed as soon as the first node has switched, and started again."""
+    is killed as soon as the first node has switched, and started again. Switching on goes through the
+    pool's upgrade (each orphaned ClusterPolicy driver pod replaced in turn, maxParallelUpgrades 1)."""
     nodes = gpu_nodes(cluster.api)
     apply(cluster, policy(pools=False))
     legacy = wait_drivers(cluster, dict.fromkeys(nodes, V1), dict.fromkeys(nodes, None))
@@ -294,7 +300,8 @@ def test_clusterpolicy_driver_to_pools_and_back(
         wait_for(lambda: bool(watched.gone & set(legacy.values())), timeout=CONVERGE, what="a node switching")
         pools.kill()
         pools.start()
-    switched = wait_drivers(cluster, dict.fromkeys(nodes, V1), dict.fromkeys(nodes, "default"))
+    in_turn = wait_timeout(120.0, node_starts=len(nodes) + 1)
+    switched = wait_drivers(cluster, dict.fromkeys(nodes, V1), dict.fromkeys(nodes, "default"), in_turn)
     assert not set(switched.values()) & set(legacy.values())
     driver_state(cluster, "default", "ready")
     assert get_policy(cluster, NAME)["status"]["state"] == "ready"

@@ -14,13 +14,14 @@ from gpu_operator.api import FieldError
 from gpu_operator.api.nvidiadriver import OWNER_LABEL, NVIDIADriverSpec
 from gpu_operator.core.caches import Caches
 from gpu_operator.core.driver_pool_counts import PoolCounts
-from gpu_operator.core.driver_pool_plan import ORPHAN, POLICY, PolicyDriver
+from gpu_operator.core.driver_pool_plan import ORPHAN, POLICY, POLICY_ORPHAN, PolicyDriver
 from gpu_operator.core.images import OS_ID_LABEL, OS_VERSION_LABEL
 from gpu_operator.core.node_labels import GPU_PRESENT, NodeInfo
 from gpu_operator.core.observed import DriverRef, ObjectInfo, ObjectKey
 from gpu_operator.core.ownership import FIELD_MANAGER
 from gpu_operator.core.plan import Observed, Plan, PolicyRef, build
-from gpu_operator.core.upgrade import DriverPod, Facts
+from gpu_operator.core.upgrade import DeletePod, DriverPod, Facts, PatchNode
+from gpu_operator.core.upgrade.states import STATE_LABEL
 
 NS = "gpu-operator"
 NOW = "2026-12-01T00:00:00Z"
@@ -62,7 +63,8 @@ def l4() -> DriverRef:
 @dataclass
 class World:
     """The cluster a pass sees: nodes, NVIDIADrivers, the driver DaemonSets (name → owner uid) and the
-    driver pods on each node (node → DaemonSet names)."""
+    driver pods on each node (node → DaemonSet names: the one that created it; a pod of a DaemonSet
+    that is not there is orphaned, no owner left)."""
 
     nodes: list[NodeInfo]
     drivers: list[DriverRef] = field(default_factory=list)
@@ -71,16 +73,31 @@ class World:
     rolled_out: set[str] = field(default_factory=set)
     delegate: bool = True
     crd: bool = True
+    deleting: set[str] = field(default_factory=set)
+    """DaemonSets being deleted (a deletionTimestamp, the garbage collector's finalizer still on)."""
+    terminating: set[str] = field(default_factory=set)
+    """Nodes whose driver pods are terminating."""
 
     def observed(self) -> Observed:
-        objects = {_key(name): _info(name, owner) for name, owner in self.daemonsets.items()}
+        objects = {
+            _key(name): _info(name, owner, name in self.deleting) for name, owner in self.daemonsets.items()
+        }
         uids = {f"ds-{name}": name for name in self.daemonsets}
         driver_pods = tuple(
-            DriverPod(f"{ds}-{n}", NS, f"pod-{ds}-{n}", n, f"ds-{ds}", "rev")
+            DriverPod(
+                f"{ds}-{n}",
+                NS,
+                f"pod-{ds}-{n}",
+                n,
+                f"ds-{ds}" if ds in self.daemonsets else "",
+                "rev",
+                terminating=n in self.terminating,
+                app=ds,
+            )
             for n, names in self.pods.items()
             for ds in names
         )
-        pods = tuple(operand_pod(p.name, "driver", p.node) for p in driver_pods)
+        pods = tuple(operand_pod(p.name, "driver", p.node, terminating=p.terminating) for p in driver_pods)
         return Observed(
             policies=(policy(self.delegate),),
             nodes={n.name: n for n in self.nodes},
@@ -102,8 +119,8 @@ def _key(name: str) -> ObjectKey:
     return ("apps/v1", "DaemonSet", NS, name)
 
 
-def _info(name: str, owner: str) -> ObjectInfo:
-    return ObjectInfo(_key(name), "driver", "", 1, "1", owner, (FIELD_MANAGER,))
+def _info(name: str, owner: str, deleting: bool = False) -> ObjectInfo:
+    return ObjectInfo(_key(name), "driver", "", 1, "1", owner, (FIELD_MANAGER,), deleting=deleting)
 
 
 def pool_daemonsets(plan: Plan, name: str | None = None) -> dict[str, dict[str, Any]]:
@@ -325,29 +342,69 @@ def switched_on() -> World:
     )
 
 
-def test_switching_on_labels_each_node_only_once_the_policys_pod_there_is_gone() -> None:
+def upgrading(plan: Plan) -> dict[str, str]:
+    """Node → the upgrade state the plan's driver upgrade moves it to."""
+    assert plan.upgrade is not None
+    return {
+        w.node: str(w.labels[STATE_LABEL])
+        for w in plan.upgrade.writes
+        if isinstance(w, PatchNode) and w.labels.get(STATE_LABEL)
+    }
+
+
+def deleted_pods(plan: Plan) -> set[str]:
+    assert plan.upgrade is not None
+    return {w.name for w in plan.upgrade.writes if isinstance(w, DeletePod)}
+
+
+def test_switching_on_orphans_the_policys_driver_pods_for_the_pools_upgrades() -> None:
     world = switched_on()
     plan = world.plan()
     assert len(pool_daemonsets(plan)) == 2, "the pools are written first"
-    assert _key(POLICY_DS) in plan.deletes, "the ClusterPolicy's driver goes after them"
+    assert plan.deletes == [_key(POLICY_DS)], "the ClusterPolicy's driver goes after them"
+    assert plan.propagation(_key(POLICY_DS)) == "Orphan", "its pods stay: no node loses its driver"
     assert policy_daemonsets(plan) == []
     assert owners(world, plan) == {"a": None, "b": None, "c": None}, "no pool pod beside the old one"
+    assert upgrading(plan) == {}, "the pods of a DaemonSet still there are not orphans yet"
     status = plan.driver_status_writes["h100"]
     assert status["state"] == "notReady" and "wait for another driver's pod to go" in str(status)
-    # The DaemonSet deleted, its pods go one by one: a node whose pod went joins its pool.
-    going = replace(world, daemonsets={}, pods={"b": [POLICY_DS], "c": [POLICY_DS]}, rolled_out=set())
-    plan = going.plan()
-    assert owners(going, plan) == {"a": "h100", "b": None, "c": None}
+    # Being deleted (the garbage collector orphans its pods), then gone: each pool's upgrade takes its
+    # nodes, one at a time (maxParallelUpgrades 1), and deletes the orphaned pod at pod-restart.
+    for going in (replace(world, deleting={POLICY_DS}), replace(world, daemonsets={}, rolled_out=set())):
+        plan = going.plan()
+        assert plan.deletes == [], "a DaemonSet being deleted is not deleted again"
+        assert owners(going, plan) == {"a": None, "b": None, "c": None}
+        assert upgrading(plan) == {
+            "a": "pod-restart-required",
+            "b": "upgrade-required",
+            "c": "pod-restart-required",
+        }
+        assert deleted_pods(plan) == {f"{POLICY_DS}-a", f"{POLICY_DS}-c"}
+    # A node whose orphan is gone joins its pool: its pod starts only now.
+    gone = replace(world, daemonsets={}, pods={"b": [POLICY_DS], "c": [POLICY_DS]}, rolled_out=set())
+    plan = gone.plan()
+    assert owners(gone, plan) == {"a": "h100", "b": None, "c": None}
 
 
-def test_switching_on_waits_for_a_conflict_on_a_node_that_runs_the_policys_driver() -> None:
+def test_a_conflict_at_switch_on_holds_its_nodes_on_their_orphaned_pods_and_the_others_switch() -> None:
     world = replace(
         switched_on(), drivers=[h100(), l4(), driver("h100-canary", nodeSelector={"pool": "h100"})]
     )
     plan = world.plan()
-    assert _key(POLICY_DS) not in plan.deletes, "a and b would lose their driver"
-    assert owners(world, plan) == {"a": None, "b": None, "c": None}
-    assert any(note.reason == "DriverSwitchWaiting" for note in plan.notes)
+    assert plan.deletes == [_key(POLICY_DS)] and plan.orphans == {_key(POLICY_DS)}
+    assert not any(note.reason == "DriverSwitchWaiting" for note in plan.notes)
+    gone = replace(world, daemonsets={}, rolled_out=set())
+    plan = gone.plan()
+    assert owners(gone, plan) == {"a": None, "b": None, "c": None}
+    assert upgrading(plan) == {"c": "pod-restart-required"}, "held: a and b keep their orphaned pods"
+    assert deleted_pods(plan) == {f"{POLICY_DS}-c"}
+    # The conflict resolved, h100's upgrade takes a and b.
+    resolved = replace(gone, drivers=[h100(), l4()])
+    assert upgrading(resolved.plan()) == {
+        "a": "pod-restart-required",
+        "b": "upgrade-required",
+        "c": "pod-restart-required",
+    }
 
 
 def test_switching_off_removes_the_pools_before_the_policys_driver_comes() -> None:
@@ -385,6 +442,34 @@ def test_switching_off_keeps_an_existing_policy_driver_daemonset() -> None:
     assert _key("pool") in plan.deletes
 
 
+def test_switching_off_mid_switch_gives_the_orphaned_pods_back_to_the_policys_driver() -> None:
+    """Switched back before every node switched: the ClusterPolicy's driver DaemonSet, written again,
+    adopts the orphaned pods that were its own (its selector matches them), so they hold nothing back;
+    a pool's pod does, and so does an orphan that is terminating (not adopted: a new pod would start
+    beside it)."""
+    world = World(
+        [node("a", "h100", owner="h100"), node("b", "h100"), node("c", "l4")],
+        [h100(), l4()],
+        {"pool": "uid-h100"},
+        {"a": ["pool"], "b": [POLICY_DS], "c": [POLICY_DS]},
+        delegate=False,
+    )
+    plan = world.plan()
+    assert policy_daemonsets(plan) == [] and owners(world, plan)["a"] is None
+    (note,) = [n for n in plan.notes if n.reason == "DriverSwitchWaiting"]
+    assert note.endswith("(a)")
+    gone = replace(
+        world,
+        nodes=[node("a", "h100"), *world.nodes[1:]],
+        daemonsets={},
+        pods={"b": [POLICY_DS], "c": [POLICY_DS]},
+    )
+    plan = gone.plan()
+    assert policy_daemonsets(plan) == [POLICY_DS]
+    assert deleted_pods(plan) == set() and upgrading(plan) == {}, "the orphans are left as they are"
+    assert policy_daemonsets(replace(gone, terminating={"b"}).plan()) == []
+
+
 def test_without_the_crd_the_policy_keeps_its_driver_and_says_so() -> None:
     world = replace(switched_on(), crd=False, drivers=[])
     plan = world.plan()
@@ -406,13 +491,22 @@ def test_the_stack_follows_each_nodes_own_driver() -> None:
 def test_owners_of_driver_pods() -> None:
     from gpu_operator.core.driver_pool_plan import pod_owners
 
-    world = World([node("a")], [h100()], {POLICY_DS: CP_UID, "pool": "uid-h100", "lost": "uid-deleted"})
-    world.pods = {"a": [POLICY_DS, "pool", "lost"], "b": ["unknown"]}
-    observed = world.observed()
-    found = pod_owners(
-        observed.upgrade.driver_pods, observed.driver_daemonsets, observed.objects, observed.drivers, {CP_UID}
+    world = World(
+        [node("a")],
+        [h100()],
+        {POLICY_DS: CP_UID, "pool": "uid-h100", "lost": "uid-deleted", "going": CP_UID},
+        deleting={"going"},
     )
-    assert found == {"a": {POLICY, "h100", ORPHAN}, "b": {ORPHAN}}
+    world.pods = {"a": [POLICY_DS, "pool", "lost"], "b": ["unknown", "going"], "c": [POLICY_DS, "x"]}
+    observed = world.observed()
+    pods = [replace(p, daemonset_uid="") if p.node == "c" else p for p in observed.upgrade.driver_pods]
+    found = pod_owners(
+        pods, observed.driver_daemonsets, observed.objects, observed.drivers, {CP_UID}, {POLICY_DS}
+    )
+    assert found == {"a": {POLICY, "h100", ORPHAN}, "b": {ORPHAN}, "c": {POLICY_ORPHAN, ORPHAN}}
+    # A terminating orphan is nobody's to adopt.
+    dying = [replace(p, terminating=True) for p in pods]
+    assert pod_owners(dying, {}, {}, (), {CP_UID}, {POLICY_DS})["c"] == {ORPHAN}
 
 
 def test_the_plan_is_the_same_warm_and_cold() -> None:

@@ -315,7 +315,7 @@ def test_metadata_asks_for_the_metadata_alone_and_a_missing_object_is_none(
     assert server.requests[0].path == "/api/v1/namespaces/ns/secrets/s"
 
 
-def test_a_delete_of_a_missing_object_is_done_and_a_write_can_be_gated(
+def test_a_delete_of_a_missing_object_is_done_its_propagation_given_and_a_write_can_be_gated(
     serve: Callable[[Route], tuple[Server, Path]],
 ) -> None:
     server, kubeconfig = serve(lambda _: status(404, "NotFound", "gone"))
@@ -327,6 +327,7 @@ def test_a_delete_of_a_missing_object_is_done_and_a_write_can_be_gated(
         kube = await client(kubeconfig)
         try:
             await kube.delete(("apps/v1", "DaemonSet", "ns", "d"))
+            await kube.delete(("apps/v1", "DaemonSet", "ns", "e"), "Orphan")
             kube.may_write = refuse
             try:
                 await kube.patch_node("n", {"metadata": {"labels": {"a": None}}})
@@ -337,9 +338,10 @@ def test_a_delete_of_a_missing_object_is_done_and_a_write_can_be_gated(
             await kube.close()
 
     assert asyncio.run(scenario()).reason == "NotLeader"
-    (deleted,) = server.requests  # the refused write never reached the server
+    deleted, orphaning = server.requests  # the refused write never reached the server
     assert (deleted.method, deleted.path) == ("DELETE", "/apis/apps/v1/namespaces/ns/daemonsets/d")
     assert json.loads(deleted.body) == {"propagationPolicy": "Background"}
+    assert json.loads(orphaning.body) == {"propagationPolicy": "Orphan"}, "its pods stay"
 
 
 def test_a_log_is_text(serve: Callable[[Route], tuple[Server, Path]]) -> None:

@@ -65,6 +65,7 @@ class FakeKube:
         self.subjects: list[tuple[str, str, str, str]] = []
         """(kind, name, uid, message) of what each Event is about."""
         self.deleted: list[ObjectKey] = []
+        self.propagations: dict[ObjectKey, str] = {}
         self.versions: dict[str, tuple[str, str]] = {}
         self.bodies: list[dict[str, Any]] = []
         self.rewritten: dict[tuple[str, str], dict[str, tuple[str, str | None]]] = {}
@@ -131,8 +132,9 @@ class FakeKube:
     ) -> None:
         self.rewritten[kind, name] = dict(changes)
 
-    async def delete(self, key: ObjectKey) -> None:
+    async def delete(self, key: ObjectKey, propagation: str = "Background") -> None:
         self.deleted.append(key)
+        self.propagations[key] = propagation
 
     async def patch_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         self.statuses.append(dict(status))
@@ -491,6 +493,23 @@ def test_old_objects_go_only_once_their_replacements_are_written() -> None:
     run_once(rec)
     assert fake.deleted == [RUNTIME_CLASS]
     assert ("node.k8s.io/v1", "RuntimeClass", "", "nvidia-two") in fake.applied
+
+
+def test_the_policys_driver_daemonset_goes_with_its_pods_orphaned_when_the_pools_take_over() -> None:
+    """Each pool's upgrade replaces the orphaned driver pods node by node (core/driver_pool_plan.py);
+    every other delete takes its dependents with it."""
+    fake = FakeKube()
+    rec = reconciler(fake)
+    run_once(rec)
+    settle(rec, fake)
+    driver = ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-driver-daemonset")
+    assert driver in fake.applied
+    rec.store.put("crds", "nvidiadrivers.nvidia.com", True)
+    spec = {"version": "1.2", "default": True, "upgradePolicy": {"autoUpgrade": False}}
+    rec.store.record_driver({"metadata": {"name": "default", "uid": "uid-default"}, "spec": spec}, False)
+    edit(rec, {"driver": {"useNvidiaDriverCRD": True}, "operator": {"runtimeClass": "nvidia-two"}})
+    run_once(rec)
+    assert fake.propagations == {driver: "Orphan", RUNTIME_CLASS: "Background"}
 
 
 def test_missing_references_refuse_the_change_naming_the_field() -> None:

@@ -69,6 +69,10 @@ def test_a_daemonsets_status_counts_only_when_its_rollout_changes() -> None:
     assert store.record_managed(ds(4, 4, desired=4), False), "rolled out"
     assert store.record_managed(ds(5, 5, desired=5), False), "rolled out on another node count"
     assert store.record_managed(ds(6, 5, desired=5, generation=2), False), "edited"
+    going = ds(7, 5, desired=5, generation=2)
+    going["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert store.record_managed(going, False), "being deleted (its pods orphaned or going with it)"
+    assert store.get("objects", ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-dcgm")).deleting
 
 
 def test_the_pod_that_speaks_for_each_slot_is_kept_as_pods_come_and_go() -> None:

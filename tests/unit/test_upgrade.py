@@ -264,7 +264,11 @@ def test_facts_from_bodies() -> None:
                 "name": "drv",
                 "namespace": "gpu-operator",
                 "uid": "p1",
-                "labels": {"app.kubernetes.io/component": "driver", "controller-revision-hash": "h2"},
+                "labels": {
+                    "app.kubernetes.io/component": "driver",
+                    "controller-revision-hash": "h2",
+                    "app": "nvidia-driver-daemonset",
+                },
                 "ownerReferences": [{"controller": True, "kind": "DaemonSet", "uid": "u1"}],
                 "creationTimestamp": "2024-01-01T00:00:00Z",
             },
@@ -284,7 +288,7 @@ def test_facts_from_bodies() -> None:
         "CrashLoopBackOff",
         False,
     )
-    assert pod.created == 1704067200.0
+    assert pod.created == 1704067200.0 and pod.app == "nvidia-driver-daemonset"
     validator = validator_pod(
         {
             "metadata": {"name": "v", "labels": {"app.kubernetes.io/component": "operator-validator"}},

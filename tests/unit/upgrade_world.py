@@ -55,6 +55,9 @@ class World:
     """Nodes whose driver pod was deleted by hand while it still installed: its replacement's
     k8s-driver-manager finds no driver loaded and evicts nothing, so the validator pod stays."""
     dying: set[str] = field(default_factory=set)
+    selects: set[str] | None = None
+    """The nodes the driver DaemonSet selects (None: every node). Only there does it replace a deleted
+    driver pod and start one where none is; elsewhere a deleted pod is simply gone (an orphan's)."""
     initially_unschedulable: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -202,11 +205,17 @@ class World:
         for node, validator in list(self.validators.items()):
             if validator.terminating:  # its DaemonSet starts a new one
                 self.validators[node] = self._validator(node, ready=False, created=self.now)
-            elif not validator.ready and self.validator_ok and self.drivers[node].ready:
+            elif not validator.ready and self.validator_ok and self._driver_ready(node):
                 self.validators[node] = replace(validator, ready=True)
+        for node in self.nodes:
+            if node not in self.drivers and self._selected(node):
+                self.drivers[node] = self._driver(node, ready=False, created=self.now)
         for node, driver in list(self.drivers.items()):
             if driver.terminating and driver.uid in self.dying:
-                self.drivers[node] = self._driver(node, ready=False, created=self.now)
+                if self._selected(node):
+                    self.drivers[node] = self._driver(node, ready=False, created=self.now)
+                else:
+                    del self.drivers[node]
             elif driver.terminating:
                 self.dying.add(driver.uid)
             elif not driver.ready and driver.created < self.now:
@@ -220,6 +229,13 @@ class World:
                     # unless the driver pod was replaced by hand while it installed (evicts nothing).
                     if node not in self.driver_replaced_by_hand:
                         self.validators[node] = self._validator(node, ready=False, created=self.now)
+
+    def _selected(self, node: str) -> bool:
+        return self.selects is None or node in self.selects
+
+    def _driver_ready(self, node: str) -> bool:
+        driver = self.drivers.get(node)
+        return driver is not None and driver.ready
 
     # --- observations -----------------------------------------------------------------------------
 

@@ -173,6 +173,9 @@ class DriverPod:
     reason: str = ""
     message: str = ""
     created: float = 0.0
+    app: str = ""
+    """Its `app` label: the selector of the DaemonSet that created it, which adopts it again when it is
+    orphaned (core/driver_pool_plan.py pod_owners)."""
 
 
 def driver_pod(body: Mapping[str, Any]) -> DriverPod | None:
@@ -197,6 +200,7 @@ def driver_pod(body: Mapping[str, Any]) -> DriverPod | None:
         reason=info.reason,
         message=info.message,
         created=parse_time(info.created) or 0.0,
+        app=(metadata.get("labels") or {}).get("app", ""),
     )
 
 
@@ -327,3 +331,8 @@ class Facts:
     """Results of our eviction requests, by pod UID."""
     now: float = 0.0
     """Unix seconds."""
+    orphans: frozenset[str] = frozenset()
+    """The nodes whose orphaned driver pod (its DaemonSet gone) this upgrade replaces: an NVIDIADriver
+    pool taking over from the ClusterPolicy's driver (NVIDIA's labelNodesWithOrphanedDriverPods,
+    core/driver_pool_upgrade.py). Elsewhere an orphaned driver pod needs no upgrade (NVIDIA's
+    ProcessDoneOrUnknownNodes)."""

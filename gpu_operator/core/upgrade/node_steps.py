@@ -71,6 +71,8 @@ class NodeView:
     pods: tuple[WorkloadPod, ...] = ()
     pods_known: bool = True
     """`pods` is the node's complete list (the caller lists pods only on nodes being emptied)."""
+    orphaned: bool = False
+    """`driver` is an orphaned pod (its DaemonSet gone) that this upgrade replaces (Facts.orphans)."""
 
     @property
     def name(self) -> str:
@@ -101,9 +103,10 @@ class NodeView:
     @property
     def needs_upgrade(self) -> bool:
         """NVIDIA's ProcessDoneOrUnknownNodes rule: an out-of-date (not orphaned) driver pod, an explicit
-        request, or a new driver pod waiting for a safe load."""
+        request, or a new driver pod waiting for a safe load; and an orphaned driver pod this upgrade
+        replaces (NVIDIA's labelNodesWithOrphanedDriverPods)."""
         outdated = self.driver is not None and self.daemonset is not None and not self.in_sync
-        return outdated or self.requested or self.waits_for_safe_load
+        return outdated or self.orphaned or self.requested or self.waits_for_safe_load
 
     @property
     def skipped(self) -> bool:
@@ -630,8 +633,12 @@ def settle_idle(draft: Draft, ctx: Context) -> Wait | None:
     if view.needs_upgrade:
         if state != State.UPGRADE_REQUIRED:
             revision = f" (revision {view.target_revision})" if view.target_revision else ""
+            why = f"a new driver{revision} is to be installed"
+            if view.orphaned and view.driver is not None:
+                orphan = f"driver pod {view.driver.name} is orphaned (its DaemonSet is gone)"
+                why = f"{orphan}: a new driver replaces it"
             draft.annotate(INITIAL_UNSCHEDULABLE_ANNOTATION, "true" if draft.unschedulable else None)
-            draft.move(State.UPGRADE_REQUIRED, f"a new driver{revision} is to be installed")
+            draft.move(State.UPGRADE_REQUIRED, why)
     elif state == State.UPGRADE_REQUIRED and view.driver is not None and _not_validated(view, ctx):
         draft.move(State.VALIDATION_REQUIRED, "the driver pod was replaced at the target revision")
         return advance(draft, ctx)

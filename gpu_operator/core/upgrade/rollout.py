@@ -51,6 +51,10 @@ MANUAL = (
     "autoUpgrade is off: the driver DaemonSet is OnDelete, so the node keeps its driver until its "
     "driver pod is deleted by hand"
 )
+MANUAL_ORPHAN = (
+    "autoUpgrade is off: the node keeps its orphaned driver pod (its DaemonSet is gone) until the pod is "
+    "deleted by hand; the new driver's pod starts then"
+)
 
 
 _Pod = TypeVar("_Pod", DriverPod, ValidatorPod)
@@ -105,14 +109,16 @@ def build_views(facts: Facts) -> list[NodeView]:
         driver = drivers.get(node.name)
         if driver is None and State.of(node.labels.get(STATE_LABEL)) in (State.UNKNOWN, State.DONE):
             continue
+        daemonset = daemonsets.get(driver.daemonset_uid) if driver is not None else None
         views.append(
             NodeView(
                 node=node,
                 driver=driver,
-                daemonset=daemonsets.get(driver.daemonset_uid) if driver is not None else None,
+                daemonset=daemonset,
                 validator=validators.get(node.name),
                 pods=tuple(pods.get(node.name, ())),
                 pods_known=known is None or node.name in known,
+                orphaned=driver is not None and daemonset is None and node.name in facts.orphans,
             )
         )
     return views
@@ -420,9 +426,9 @@ def _status(
 def manual_inputs(facts: Facts) -> tuple[Any, ...]:
     """All that a plan with autoUpgrade off reads of the facts (`_manual`, through `build_views`): each
     node's upgrade state label and upgrade annotations, and the DaemonSet and revision of the driver
-    pod that speaks for it; then each driver DaemonSet's revision. Not the time, the validator pods,
-    the workload pods, the driver pods' readiness or any other label: in a rollout those change at
-    every pass, and this does not."""
+    pod that speaks for it; then each driver DaemonSet's revision, and the nodes whose orphaned driver
+    pod the upgrade replaces. Not the time, the validator pods, the workload pods, the driver pods'
+    readiness or any other label: in a rollout those change at every pass, and this does not."""
     drivers = _best(facts.driver_pods)
     nodes = tuple(
         (
@@ -433,7 +439,7 @@ def manual_inputs(facts: Facts) -> tuple[Any, ...]:
         )
         for node in facts.nodes
     )
-    return nodes, tuple(sorted((d.uid, d.revision) for d in facts.driver_daemonsets))
+    return nodes, tuple(sorted((d.uid, d.revision) for d in facts.driver_daemonsets)), facts.orphans
 
 
 def _manual(views: list[NodeView], others: list[NodeActions], target_version: str) -> UpgradePlan:
@@ -448,7 +454,7 @@ def _manual(views: list[NodeView], others: list[NodeActions], target_version: st
             actions.append(NodeActions(view.name, (PatchNode(view.name, annotations=note),)))
         state = State.of(view.node.labels.get(STATE_LABEL))
         if view.needs_upgrade:
-            waiting[view.name] = MANUAL
+            waiting[view.name] = MANUAL_ORPHAN if view.orphaned else MANUAL
         elif state not in IDLE:
             draft = Draft(view, 0.0)
             in_progress.append(
