@@ -32,7 +32,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
+from gpu_operator.api.nvidiadriver import OWNER_LABEL
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.api.status import DriverUpgradeStatus, PendingNodes
 from gpu_operator.core.caches import Caches
@@ -48,6 +50,7 @@ from gpu_operator.core.driver_upgrade import (
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import DriverRef
 from gpu_operator.core.upgrade import Facts, UpgradeNode, UpgradePlan
+from gpu_operator.core.upgrade.facts import config_digest
 
 COUNTS = ("nodes", "nodesDone", "nodesInProgress", "nodesFailed", "nodesPending")
 
@@ -72,6 +75,8 @@ def plan_pool_upgrades(
     """NVIDIADriver name → its pool's upgrade, for every NVIDIADriver that runs a pool (not being
     deleted, its spec parsed). The validation gate is the ClusterPolicy's (its operator-validator)."""
     held = set(pools.assignment.held())
+    nodes = list(nodes)
+    by_name = {node.name: node for node in nodes}
     members: dict[str, list[UpgradeNode]] = {}
     for node in upgrade_nodes(caches, nodes, spec):
         owner = pools.owner_labels.get(node.name) or pools.orphaned.get(node.name)
@@ -87,7 +92,11 @@ def plan_pool_upgrades(
         own = replace(
             facts,
             driver_daemonsets=tuple(d for d in facts.driver_daemonsets if d.name in names),
-            orphans=frozenset(node for node, pool in pools.orphaned.items() if pool == driver.name),
+            orphans={
+                node: replacement_digest(objects, by_name[node])
+                for node, pool in pools.orphaned.items()
+                if pool == driver.name and node in by_name
+            },
         )
         policy = driver.spec.upgrade_policy()
         key = ("pool", driver.name)
@@ -97,6 +106,17 @@ def plan_pool_upgrades(
         )
     caches.manual_upgrade.keep({POLICY_PLAN, *(("pool", name) for name in found)})
     return found
+
+
+def replacement_digest(daemonsets: Iterable[Mapping[str, Any]], node: NodeInfo) -> str:
+    """DRIVER_CONFIG_DIGEST of the pool DaemonSet that will run on `node` (its OS and kernel select it;
+    the owner label it lacks until its orphan is gone does not count); "" when none does."""
+    for daemonset in daemonsets:
+        template = daemonset["spec"]["template"]["spec"]
+        selector = {k: v for k, v in (template.get("nodeSelector") or {}).items() if k != OWNER_LABEL}
+        if all(node.labels.get(key) == value for key, value in selector.items()):
+            return config_digest(template)
+    return ""
 
 
 def addressed(plan: UpgradePlan, pool: str) -> UpgradePlan:

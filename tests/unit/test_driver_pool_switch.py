@@ -23,11 +23,19 @@ from gpu_operator.api.nvidiadriver import OWNER_LABEL, DriverUpgradePolicy, NVID
 from gpu_operator.api.upgrade_policy import UpgradePolicySpec
 from gpu_operator.core.caches import Caches
 from gpu_operator.core.driver_pool_plan import Pools, plan_pools, pod_owners
-from gpu_operator.core.driver_pool_upgrade import PoolUpgrade, plan_pool_upgrades
+from gpu_operator.core.driver_pool_upgrade import PoolUpgrade, plan_pool_upgrades, replacement_digest
 from gpu_operator.core.node_labels import GPU_PRESENT, NodeInfo, cluster_facts
 from gpu_operator.core.observed import DriverRef, ObjectInfo
 from gpu_operator.core.ownership import FIELD_MANAGER
-from gpu_operator.core.upgrade import DeletePod, DriverDaemonSet, EvictPod, State, UpgradeEvent, plan_upgrade
+from gpu_operator.core.upgrade import (
+    DeletePod,
+    DriverDaemonSet,
+    EvictPod,
+    PatchNode,
+    State,
+    UpgradeEvent,
+    plan_upgrade,
+)
 from gpu_operator.core.upgrade.facts import config_digest, image_tag
 from gpu_operator.core.upgrade.rollout import MANUAL_ORPHAN
 from gpu_operator.core.upgrade.states import STATE_LABEL, STATE_START_ANNOTATION
@@ -258,6 +266,34 @@ def test_an_orphan_is_upgraded_only_where_the_upgrade_replaces_it() -> None:
     policy = UpgradePolicySpec(autoUpgrade=True)
     alone = plan_upgrade(policy, world.facts())
     assert alone.writes == [] and alone.status["summary"] == "up to date"
-    replaced = plan_upgrade(policy, replace(world.facts(), orphans=frozenset({"node-1"})))
+    replaced = plan_upgrade(policy, replace(world.facts(), orphans={"node-1": ""}))
     assert {a.node for a in replaced.actions} == {"node-1"}
     assert replaced.status["nodesInProgress"] == 1 and replaced.status["nodesDone"] == 1
+
+
+def test_an_orphan_replaced_by_the_same_driver_is_only_restarted() -> None:
+    """The pool installs the driver the orphan runs (same DRIVER_CONFIG_DIGEST: a switch that keeps the
+    driver): cordon and restart the pod, as NVIDIA's restart-only path, without evicting GPU pods or
+    draining; another digest goes the whole way."""
+    for digest, restart_only in (("d1", True), ("d2", False)):
+        world = orphaned(World.make(2))
+        world.drivers["node-1"] = replace(world.drivers["node-1"], config_digest="d1")
+        facts = replace(world.facts(), orphans={"node-1": digest})
+        plan = plan_upgrade(UpgradePolicySpec(autoUpgrade=True), facts)
+        states = [w.labels.get(STATE_LABEL) for w in plan.writes if isinstance(w, PatchNode) and w.labels]
+        assert (State.POD_RESTART_REQUIRED.value in states) is restart_only, (digest, states)
+        deleted = [w.name for w in plan.writes if isinstance(w, DeletePod)]
+        assert (deleted == [world.drivers["node-1"].name]) is restart_only, (digest, deleted)
+
+
+def test_the_replacement_digest_is_that_of_the_daemonset_for_the_nodes_os() -> None:
+    def daemonset(os_id: str, digest: str) -> dict[str, Any]:
+        env = [{"name": "DRIVER_CONFIG_DIGEST", "value": digest}]
+        selector = {OWNER_LABEL: POOL, "feature.node.kubernetes.io/system-os_release.ID": os_id}
+        containers = [{"name": "nvidia-driver-ctr", "env": env}]
+        return {"spec": {"template": {"spec": {"nodeSelector": selector, "containers": containers}}}}
+
+    node = gpu_node("n", {**UBUNTU, GPU_PRESENT: "true"})
+    found = [daemonset("rhel", "r"), daemonset("ubuntu", "u")]
+    assert replacement_digest(found, node) == "u", "the owner label the node lacks yet does not count"
+    assert replacement_digest(found[:1], node) == ""

@@ -331,8 +331,9 @@ class Facts:
     """Results of our eviction requests, by pod UID."""
     now: float = 0.0
     """Unix seconds."""
-    orphans: frozenset[str] = frozenset()
-    """The nodes whose orphaned driver pod (its DaemonSet gone) this upgrade replaces: an NVIDIADriver
-    pool taking over from the ClusterPolicy's driver (NVIDIA's labelNodesWithOrphanedDriverPods,
+    orphans: Mapping[str, str] = field(default_factory=dict)
+    """The nodes whose orphaned driver pod (its DaemonSet gone) this upgrade replaces → the
+    DRIVER_CONFIG_DIGEST of the DaemonSet that replaces it ("" when unknown): an NVIDIADriver pool taking
+    over from the ClusterPolicy's driver (NVIDIA's labelNodesWithOrphanedDriverPods,
     core/driver_pool_upgrade.py). Elsewhere an orphaned driver pod needs no upgrade (NVIDIA's
     ProcessDoneOrUnknownNodes)."""

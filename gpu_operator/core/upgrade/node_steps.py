@@ -73,6 +73,8 @@ class NodeView:
     """`pods` is the node's complete list (the caller lists pods only on nodes being emptied)."""
     orphaned: bool = False
     """`driver` is an orphaned pod (its DaemonSet gone) that this upgrade replaces (Facts.orphans)."""
+    replacement_digest: str = ""
+    """For an orphaned pod, the DRIVER_CONFIG_DIGEST of the DaemonSet that replaces it."""
 
     @property
     def name(self) -> str:
@@ -119,11 +121,15 @@ class NodeView:
     @property
     def restart_only(self) -> bool:
         """NVIDIA's restart-only predicate: the pod template changed but DRIVER_CONFIG_DIGEST did not, so the
-        driver stays as it is and only its pod restarts (no eviction, no drain)."""
+        driver stays as it is and only its pod restarts (no eviction, no drain). Here also for an
+        orphaned pod whose replacement installs the same driver (a switch to a pool that keeps it)."""
         driver, daemonset = self.driver, self.daemonset
-        if driver is None or daemonset is None or self.requested or self.waits_for_safe_load:
+        if driver is None or self.requested or self.waits_for_safe_load:
             return False
-        return bool(driver.config_digest) and driver.config_digest == daemonset.config_digest
+        target = daemonset.config_digest if daemonset is not None else ""
+        if daemonset is None and self.orphaned:
+            target = self.replacement_digest
+        return bool(driver.config_digest) and driver.config_digest == target
 
 
 @dataclass(frozen=True)

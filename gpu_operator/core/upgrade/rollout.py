@@ -119,6 +119,7 @@ def build_views(facts: Facts) -> list[NodeView]:
                 pods=tuple(pods.get(node.name, ())),
                 pods_known=known is None or node.name in known,
                 orphaned=driver is not None and daemonset is None and node.name in facts.orphans,
+                replacement_digest=facts.orphans.get(node.name, ""),
             )
         )
     return views
@@ -439,7 +440,8 @@ def manual_inputs(facts: Facts) -> tuple[Any, ...]:
         )
         for node in facts.nodes
     )
-    return nodes, tuple(sorted((d.uid, d.revision) for d in facts.driver_daemonsets)), facts.orphans
+    daemonsets = tuple(sorted((d.uid, d.revision) for d in facts.driver_daemonsets))
+    return nodes, daemonsets, tuple(sorted(facts.orphans.items()))
 
 
 def _manual(views: list[NodeView], others: list[NodeActions], target_version: str) -> UpgradePlan:
