@@ -19,7 +19,7 @@ import re
 import socket
 import sys
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
@@ -35,6 +35,7 @@ from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.core.components import COMPONENTS
 
 if TYPE_CHECKING:
+    from gpu_operator.core.render import ClusterFacts
     from gpu_operator.runtime.sync_client import SyncKube
 
 EXIT_OK = 0
@@ -69,6 +70,8 @@ class Driver:
 
     name: str
     spec: NVIDIADriverSpec
+    uid: str = ""
+    """metadata.uid when the document has one (`kubectl get -o yaml`): the DaemonSets' names hash it."""
 
     def __str__(self) -> str:
         return f"nvidiadriver/{self.name}"
@@ -223,7 +226,8 @@ def load_resources(path: str, stdin: TextIO | None = None) -> list[Policy | Driv
             problems.extend(f"{prefix}{error}" for error in exc.errors)
             continue
         name = str(doc["metadata"]["name"])
-        found.append(Driver(name, spec) if isinstance(spec, NVIDIADriverSpec) else Policy(name, spec))
+        uid = str(doc["metadata"].get("uid") or "")
+        found.append(Driver(name, spec, uid) if isinstance(spec, NVIDIADriverSpec) else Policy(name, spec))
     if problems:
         raise InputError(problems)
     return found
@@ -391,6 +395,60 @@ def load_config_maps(path: str) -> dict[str, tuple[str, ...]]:
     return found
 
 
+def with_pools(
+    objects: list[dict[str, Any]],
+    policy: Policy,
+    drivers: list[Driver],
+    nodes: list[dict[str, Any]],
+    facts: ClusterFacts,
+    report: Callable[[list[str]], None],
+) -> list[dict[str, Any]]:
+    """`objects` with the NVIDIADrivers' DaemonSets in place of the ClusterPolicy's driver, as the operator
+    deploys them on `nodes` (core/driver_pool_plan.py), when the policy delegates its driver to them."""
+    from gpu_operator.core.caches import Caches
+    from gpu_operator.core.driver_pool_plan import is_on, plan_pools
+    from gpu_operator.core.node_labels import node_info
+    from gpu_operator.core.observed import DriverRef, component_of
+
+    if not is_on(policy.spec, crd=True):
+        if not drivers:
+            return objects
+        report(
+            [
+                f"warning: {d} is valid but not rendered: the {KIND} does not delegate its driver (driver."
+                "useNvidiaDriverCRD is false, or the driver is disabled)"
+                for d in drivers
+            ]
+        )
+        return objects
+    refs = tuple(DriverRef(d.name, d.uid, 1, d.spec) for d in drivers)
+    found = {n.name: n for n in map(node_info, nodes)}
+    pools = plan_pools(True, refs, found, {}, {}, frozenset(), facts, policy.spec.hostPaths.rootFS, Caches())
+    if not drivers:
+        report(
+            [f"warning: the driver is the {DRIVER_KIND}s' (driver.useNvidiaDriverCRD), none is in this file"]
+        )
+    elif not nodes:
+        report(
+            [
+                f"warning: no --nodes: the {DRIVER_KIND}s' DaemonSets (one per OS of their nodes) are "
+                "not rendered"
+            ]
+        )
+    held = {n: o.claimants for n, o in pools.assignment.nodes.items() if o.held}
+    report(
+        [
+            f"warning: node {n} is held by {', '.join(c)} (a conflict): no driver rendered for it"
+            for n, c in held.items()
+        ]
+    )
+    unowned = [n for n, o in pools.assignment.nodes.items() if o.owner is None and not o.held]
+    if unowned:
+        report([f"warning: no {DRIVER_KIND} selects GPU nodes {', '.join(unowned)}: they get no driver"])
+    kept = [o for o in objects if not (o["kind"] == "DaemonSet" and component_of(o["metadata"]) == "driver")]
+    return [*kept, *pools.objects]
+
+
 def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     # Imported here so that `validate` and `crd` work without the renderer's templates.
     from gpu_operator.core.node_labels import cluster_facts
@@ -412,15 +470,6 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if len(policies) != 1:
         _report(args.file, [f"render takes one {KIND}, this file has {len(policies)}"], err)
         return EXIT_INVALID
-    _report(
-        args.file,
-        [
-            f"warning: {driver} is valid but not rendered: this operator does not deploy {DRIVER_KIND}s "
-            f"yet; the output is the {KIND}'s"
-            for driver in drivers
-        ],
-        err,
-    )
     current = ""
     try:
         current = args.nodes or ""
@@ -449,7 +498,12 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
                     ],
                     err,
                 )
-        text = to_yaml(render(policy.spec, facts))
+        objects = render(policy.spec, facts)
+        if drivers or policy.spec.driver.useNvidiaDriverCRD:
+            objects = with_pools(
+                objects, policy, drivers, nodes, facts, lambda lines: _report(args.file, lines, err)
+            )
+        text = to_yaml(objects)
     except PolicyError as exc:
         _report(args.file, [str(e) for e in exc.errors], err)
         return EXIT_INVALID

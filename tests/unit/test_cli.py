@@ -409,7 +409,8 @@ def test_render_seed_sample(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     objects = documents(out)
     spec = parse_spec(yaml.safe_load(SEED.read_text(encoding="utf-8"))["spec"])
-    expected = [c.daemonset for c in COMPONENTS if c.enabled(spec)]
+    # Its driver is delegated to NVIDIADrivers (useNvidiaDriverCRD), none of which is in the file.
+    expected = [c.daemonset for c in COMPONENTS if c.enabled(spec) and c.name != "driver"]
     assert list(daemonsets(objects)) == expected
     assert all(o["metadata"].get("namespace", "gpu-ops") == "gpu-ops" for o in objects)
 
@@ -693,6 +694,38 @@ def test_render_with_drivers_renders_the_policy(capsys: pytest.CaptureFixture[st
     code, out, err = run(capsys, "render", "-f", str(both))
     assert (code, out) == (0, expected)
     assert err == (
-        f"{both}: warning: nvidiadriver/a100 is valid but not rendered: this operator does not deploy "
-        "NVIDIADrivers yet; the output is the ClusterPolicy's\n"
+        f"{both}: warning: nvidiadriver/a100 is valid but not rendered: the ClusterPolicy does not delegate "
+        "its driver (driver.useNvidiaDriverCRD is false, or the driver is disabled)\n"
     )
+
+
+@needs_templates
+def test_render_with_drivers_renders_their_pools(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A policy that delegates its driver: the NVIDIADrivers' DaemonSets on the nodes each owns (their
+    names hash metadata.uid, as the operator's), not the ClusterPolicy's; a GPU node no NVIDIADriver
+    selects is named."""
+    nodes = tmp_path / "nodes.yaml"
+    labelled = node_body("gpu-a", {**NODE_OS, "pool": "a"}, typed=True)
+    nodes.write_text(
+        yaml.safe_dump_all([labelled, node_body("gpu-b", NODE_OS, typed=True)]), encoding="utf-8"
+    )
+    pool = driver_doc("a100", "  nodeSelector:\n    pool: a\n").replace(
+        "name: a100", "name: a100\n  uid: u-1"
+    )
+    both = tmp_path / "both.yaml"
+    both.write_text(f"{HEADER}spec:\n  driver:\n    useNvidiaDriverCRD: true\n---\n{pool}", encoding="utf-8")
+    code, out, err = run(capsys, "render", "-f", str(both), "--nodes", str(nodes))
+    assert code == 0, err
+    names = list(daemonsets(documents(out)))
+    assert "nvidia-driver-daemonset" not in names
+    (pool_ds,) = [
+        d for d in documents(out) if d["kind"] == "DaemonSet" and "gpu-driver" in d["metadata"]["name"]
+    ]
+    assert pool_ds["spec"]["template"]["spec"]["nodeSelector"]["pool"] == "a"
+    assert pool_ds["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert err == f"{both}: warning: no NVIDIADriver selects GPU nodes gpu-b: they get no driver\n"
+
+    alone = policy_file(tmp_path, "spec:\n  driver:\n    useNvidiaDriverCRD: true\n")
+    code, out, err = run(capsys, "render", "-f", str(alone))
+    assert code == 0 and "nvidia-driver-daemonset" not in list(daemonsets(documents(out)))
+    assert "none is in this file" in err
