@@ -118,7 +118,8 @@ def policy_view(spec: NVIDIADriverSpec, host_root: str = "/") -> ClusterPolicySp
     """The NVIDIADriver as the ClusterPolicy's driver section (and the DaemonSet settings and GDS/GDRCopy
     sections it carries), which the driver templates read. What differs in meaning: its tolerations
     add to the default one, where the ClusterPolicy's replace it (NVIDIA's asset and driver.go); the
-    manager's pull secrets go to the pod's (driver-full-spec.yaml)."""
+    manager's pull secrets go to the pod's (driver-full-spec.yaml); an unset licensingConfig.nlsEnabled
+    means NLS."""
     manager = _dump(spec.manager) or {}
     secrets = [*(spec.imagePullSecrets or []), *manager.pop("imagePullSecrets", [])]
     driver: dict[str, Any] = {
@@ -149,7 +150,9 @@ def policy_view(spec: NVIDIADriverSpec, host_root: str = "/") -> ClusterPolicySp
             {
                 "configMapName": spec.licensingConfig.name,
                 "secretName": spec.licensingConfig.secretName,
-                "nlsEnabled": spec.licensingConfig.nlsEnabled,
+                # NLS unless turned off: NVIDIADriver's default, where the ClusterPolicy's is off
+                # (IsNLSEnabled, nvidiadriver_types.go:784-790 and clusterpolicy_types.go:2462-2468).
+                "nlsEnabled": spec.licensingConfig.nlsEnabled is not False,
             }
             if spec.licensingConfig
             else None

@@ -110,3 +110,31 @@ def test_tolerations_add_to_the_default_and_args_follow_init() -> None:
     ]
     ctr = next(c for c in pod["containers"] if c["name"] == "nvidia-driver-ctr")
     assert ctr["args"] == ["init", "--foo"]
+
+
+def _driver_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    pod = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    return next(c for c in pod["containers"] if c["name"] == "nvidia-driver-ctr")
+
+
+TOKEN = "/drivers/ClientConfigToken/client_configuration_token.tok"
+
+
+def test_licensing_uses_nls_unless_turned_off() -> None:
+    # NVIDIADriver's nlsEnabled defaults to true (the ClusterPolicy's to false): the client token is
+    # mounted beside gridd.conf unless nlsEnabled is false.
+    def mounts(**licensing: Any) -> list[str]:
+        objects = render_driver(
+            driver(driverType="vgpu", licensingConfig={"secretName": "licence", **licensing}),
+            [gpu_node("a", UBUNTU)],
+            ClusterFacts(),
+        )
+        return [
+            m["mountPath"]
+            for m in _driver_container(objects)["volumeMounts"]
+            if m["name"] == "licensing-config"
+        ]
+
+    assert mounts() == ["/drivers/gridd.conf", TOKEN]
+    assert mounts(nlsEnabled=True) == ["/drivers/gridd.conf", TOKEN]
+    assert mounts(nlsEnabled=False) == ["/drivers/gridd.conf"]
