@@ -16,12 +16,15 @@ NVIDIA's NVIDIADriver controller at v26.7.0 (internal/state/driver.go, internal/
   driver's deploy label (`nvidia.com/gpu.deploy.driver=true`, NVIDIA's asset).
 
 The pod is the ClusterPolicy driver's: the NVIDIADriver spec is read as the ClusterPolicy's driver
-section (`policy_view`), so both render through the same template and cannot drift apart.
+section (`policy_view`), so both render through the same template and cannot drift apart. The render
+variant carries the `driverType`: a vgpu-host-manager pool's pod is NVIDIA's vGPU manager (its own
+component label and deploy label `nvidia.com/gpu.deploy.vgpu-manager`, no probe; see the template).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from gpu_operator.api.nvidiadriver import OWNER_LABEL, NVIDIADriverSpec
@@ -205,4 +208,5 @@ def render_pools(
     """The objects of an NVIDIADriver for the OS pools `found` (`pools`); none without a pool."""
     if not found:
         return []
-    return render_variants(BY_NAME["driver"], policy_view(spec, host_root), facts, found)
+    typed = [replace(variant, driver_type=spec.driverType) for variant in found]
+    return render_variants(BY_NAME["driver"], policy_view(spec, host_root), facts, typed)
