@@ -153,8 +153,7 @@ def policy_view(spec: NVIDIADriverSpec, host_root: str = "/") -> ClusterPolicySp
             {
                 "configMapName": spec.licensingConfig.name,
                 "secretName": spec.licensingConfig.secretName,
-                # NLS unless turned off: NVIDIADriver's default, where the ClusterPolicy's is off
-                # (IsNLSEnabled, nvidiadriver_types.go:784-790 and clusterpolicy_types.go:2462-2468).
+                # IsNLSEnabled: nvidiadriver_types.go:784-790 (clusterpolicy_types.go:2462-2468: off).
                 "nlsEnabled": spec.licensingConfig.nlsEnabled is not False,
             }
             if spec.licensingConfig

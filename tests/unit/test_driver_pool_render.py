@@ -115,8 +115,12 @@ def test_tolerations_add_to_the_default_and_args_follow_init() -> None:
     assert ctr["args"] == ["init", "--foo"]
 
 
-def _driver_container(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    pod = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+def _daemonset(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == "DaemonSet")
+
+
+def _driver_container(daemonset: dict[str, Any]) -> dict[str, Any]:
+    pod = daemonset["spec"]["template"]["spec"]
     return next(c for c in pod["containers"] if c["name"] == "nvidia-driver-ctr")
 
 
@@ -134,17 +138,13 @@ def test_licensing_uses_nls_unless_turned_off() -> None:
         )
         return [
             m["mountPath"]
-            for m in _driver_container(objects)["volumeMounts"]
+            for m in _driver_container(_daemonset(objects))["volumeMounts"]
             if m["name"] == "licensing-config"
         ]
 
     assert mounts() == ["/drivers/gridd.conf", TOKEN]
     assert mounts(nlsEnabled=True) == ["/drivers/gridd.conf", TOKEN]
     assert mounts(nlsEnabled=False) == ["/drivers/gridd.conf"]
-
-
-def _daemonset(objects: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(o for o in objects if o["kind"] == "DaemonSet")
 
 
 def test_a_vgpu_host_manager_pool_renders_nvidias_vgpu_manager_pod() -> None:
@@ -174,7 +174,7 @@ def test_a_vgpu_host_manager_pool_renders_nvidias_vgpu_manager_pod() -> None:
         "nvidia-driver",
         VGPU_HOST_MANAGER_LABEL,
     ]
-    ctr = _driver_container([daemonset])
+    ctr = _driver_container(daemonset)
     assert ctr["image"] == "nvcr.io/nvidia/vgpu-manager:595.91.07-ubuntu22.04"
     # No probe (nothing writes .driver-ctr-ready for it), not even the ones the spec asks for, and no preStop.
     assert not {"startupProbe", "livenessProbe", "readinessProbe", "lifecycle"} & set(ctr)
@@ -198,7 +198,7 @@ def test_gpu_and_vgpu_guest_pools_render_the_same_pod() -> None:
         assert pod["nodeSelector"]["nvidia.com/gpu.deploy.driver"] == "true"
         assert "terminationGracePeriodSeconds" not in pod
         assert daemonset["spec"]["template"]["metadata"]["labels"][COMPONENT_LABEL] == "nvidia-driver"
-        assert "startupProbe" in _driver_container([daemonset])
+        assert "startupProbe" in _driver_container(daemonset)
 
     def pod_of(daemonset: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in daemonset["spec"]["template"]["spec"].items() if k != "serviceAccountName"}
