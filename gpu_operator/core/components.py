@@ -285,7 +285,17 @@ COMPONENTS: tuple[Component, ...] = (
 )
 
 BY_NAME: dict[str, Component] = {c.name: c for c in COMPONENTS}
-BY_LABEL: dict[str, Component] = {c.component_label: c for c in COMPONENTS}
+# An NVIDIADriver of driverType vgpu-host-manager: NVIDIA's vGPU host driver, rendered by the driver's
+# templates (driver/0500_daemonset.yaml.j2) as NVIDIA's manifests/state-driver/0500_daemonset.yaml.
+VGPU_HOST_MANAGER_LABEL = "nvidia-vgpu-host-manager"
+"""`app.kubernetes.io/component` of its DaemonSets and pods: still the driver component's."""
+VGPU_MANAGER_DEPLOY_LABEL = "nvidia.com/gpu.deploy.vgpu-manager"
+"""The node label its DaemonSets select on in place of the driver's deploy label. NVIDIA's operator sets
+it only with sandboxWorkloads, on vm-vgpu nodes (controllers/state_manager.go gpuStateLabels), which this
+operator does not deploy: nothing here sets it."""
+BY_LABEL: dict[str, Component] = {c.component_label: c for c in COMPONENTS} | {
+    VGPU_HOST_MANAGER_LABEL: BY_NAME["driver"]
+}
 
 # Images of containers that run inside another component's pods (the driver's).
 DRIVER_MANAGER = Image(_CLOUD_NATIVE, "k8s-driver-manager", "v0.12.0")

@@ -16,12 +16,15 @@ NVIDIA's NVIDIADriver controller at v26.7.0 (internal/state/driver.go, internal/
   driver's deploy label (`nvidia.com/gpu.deploy.driver=true`, NVIDIA's asset).
 
 The pod is the ClusterPolicy driver's: the NVIDIADriver spec is read as the ClusterPolicy's driver
-section (`policy_view`), so both render through the same template and cannot drift apart.
+section (`policy_view`), so both render through the same template and cannot drift apart. The render
+variant carries the `driverType`: a vgpu-host-manager pool's pod is NVIDIA's vGPU manager (its own
+component label and deploy label `nvidia.com/gpu.deploy.vgpu-manager`, no probe; see the template).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from typing import Any
 
 from gpu_operator.api.nvidiadriver import OWNER_LABEL, NVIDIADriverSpec
@@ -118,7 +121,8 @@ def policy_view(spec: NVIDIADriverSpec, host_root: str = "/") -> ClusterPolicySp
     """The NVIDIADriver as the ClusterPolicy's driver section (and the DaemonSet settings and GDS/GDRCopy
     sections it carries), which the driver templates read. What differs in meaning: its tolerations
     add to the default one, where the ClusterPolicy's replace it (NVIDIA's asset and driver.go); the
-    manager's pull secrets go to the pod's (driver-full-spec.yaml)."""
+    manager's pull secrets go to the pod's (driver-full-spec.yaml); an unset licensingConfig.nlsEnabled
+    means NLS."""
     manager = _dump(spec.manager) or {}
     secrets = [*(spec.imagePullSecrets or []), *manager.pop("imagePullSecrets", [])]
     driver: dict[str, Any] = {
@@ -149,7 +153,8 @@ def policy_view(spec: NVIDIADriverSpec, host_root: str = "/") -> ClusterPolicySp
             {
                 "configMapName": spec.licensingConfig.name,
                 "secretName": spec.licensingConfig.secretName,
-                "nlsEnabled": spec.licensingConfig.nlsEnabled,
+                # IsNLSEnabled: nvidiadriver_types.go:784-790 (clusterpolicy_types.go:2462-2468: off).
+                "nlsEnabled": spec.licensingConfig.nlsEnabled is not False,
             }
             if spec.licensingConfig
             else None
@@ -202,4 +207,5 @@ def render_pools(
     """The objects of an NVIDIADriver for the OS pools `found` (`pools`); none without a pool."""
     if not found:
         return []
-    return render_variants(BY_NAME["driver"], policy_view(spec, host_root), facts, found)
+    typed = [replace(variant, driver_type=spec.driverType) for variant in found]
+    return render_variants(BY_NAME["driver"], policy_view(spec, host_root), facts, typed)

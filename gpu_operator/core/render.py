@@ -40,6 +40,8 @@ from gpu_operator.core.components import (
     GDS,
     GDS_ENV,
     RUNTIME_LABEL,
+    VGPU_HOST_MANAGER_LABEL,
+    VGPU_MANAGER_DEPLOY_LABEL,
     Component,
     Image,
 )
@@ -120,6 +122,9 @@ class Variant:
     account: str | None = None
     """The ServiceAccount and RBAC objects' name, where it is not the component's own (an NVIDIADriver's
     pool has its own, NVIDIA's getDriverName)."""
+    driver_type: str = "gpu"
+    """An NVIDIADriver's `driverType`: `vgpu-host-manager` renders the driver's pod as NVIDIA's vGPU host
+    manager (driver/0500_daemonset.yaml.j2); the ClusterPolicy's driver is `gpu`."""
 
 
 def _sanitized_kernel(kernel: str) -> str:
@@ -363,6 +368,8 @@ def environment() -> jinja2.Environment:
         exporter_reads_api=exporter_reads_api,
         runtime_setup=runtime_setup,
         openshift_scc=OPENSHIFT_SCC_RULE,
+        vgpu_host_manager_label=VGPU_HOST_MANAGER_LABEL,
+        vgpu_manager_deploy_label=VGPU_MANAGER_DEPLOY_LABEL,
     )
     return env
 

@@ -15,6 +15,7 @@ from gpu_operator.api import PolicyError
 from gpu_operator.api.nvidiadriver import OWNER_LABEL, NVIDIADriverSpec, parse_driver_spec
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.api.status import REASON_RECONCILE_FAILED
+from gpu_operator.core.components import VGPU_MANAGER_DEPLOY_LABEL
 from gpu_operator.core.driver_pool_plan import is_on
 from gpu_operator.core.driver_pool_render import pools
 from gpu_operator.core.driver_pools import Assignment, DriverObject, assign
@@ -115,6 +116,16 @@ class DriverPools:
                 "DriverPoolNotLabelled",
                 f"NVIDIADriver {driver.name} owns the node, which carries {now}: the operator labels it "
                 "once no other driver pod is left there (is the operator running?)",
+                (labels, *_describe([driver.name])),
+            )
+        host_manager = driver.spec is not None and driver.spec.driverType == "vgpu-host-manager"
+        if host_manager and node.labels.get(VGPU_MANAGER_DEPLOY_LABEL) != "true":
+            return Verdict(
+                "VGPUManagerNotDeployed",
+                f"NVIDIADriver {driver.name} is a vGPU host manager (driverType vgpu-host-manager), whose "
+                f"DaemonSets select nodes labelled {VGPU_MANAGER_DEPLOY_LABEL}=true, and the node is not: "
+                "NVIDIA's operator sets that label on the vm-vgpu nodes of sandboxWorkloads, which this "
+                "operator does not deploy, so label the node yourself",
                 (labels, *_describe([driver.name])),
             )
         return None

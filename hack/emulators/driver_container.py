@@ -15,7 +15,8 @@ images; a branch-only tag is a precompiled image):
   kernel module type first (l.452-454), then as above without the reload shortcut or the digest
   (l.455-485).
 * **vgpu-manager** (vgpu-manager/ubuntu22.04/nvidia-driver): the vGPU host driver; no lock, no digest,
-  no module type choice (l.313-347).
+  no module type choice (l.313-347). Its pod (an NVIDIADriver of driverType vgpu-host-manager) has no
+  startup probe, so it is Ready once it runs.
 
 Each script parses its arguments with util-linux getopt under ``set -e``, so an option it does not know
 exits 1 with getopt's message, and a command it does not know prints the usage and exits 1: the

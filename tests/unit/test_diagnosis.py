@@ -267,12 +267,14 @@ def test_nodes_the_driver_pools_give_no_driver() -> None:
         ("NVIDIADriverInvalid", "node gpu-d"),
         ("NoDriverPoolForNode", "node gpu-e"),
         ("DriverPoolNotLabelled", "node gpu-f"),
+        ("VGPUManagerNotDeployed", "node gpu-g"),
         ("GPUPodUnschedulable", "pod team/train"),
     ]
     assert by(findings, "NoNVIDIADriverForNode").cause == (
         "no NVIDIADriver selects the node and none is default, so no driver is installed: label the node "
         "for one of h100 (pool=h100), l4 (pool=l4), l4-by-product (nvidia.com/gpu.product=NVIDIA-L4), "
-        "or make one default (what broken selects is not known: the spec does not parse)"
+        "vgpu-hosts (pool=vgpu), or make one default (what broken selects is not known: the spec does not "
+        "parse)"
     )
     conflict = by(findings, "NVIDIADriverConflict")
     assert conflict.cause.startswith(
@@ -291,6 +293,11 @@ def test_nodes_the_driver_pools_give_no_driver() -> None:
     assert (
         "carries no nvidia.com/gpu-operator.driver.owner label" in by(findings, "DriverPoolNotLabelled").cause
     )
+    assert by(findings, "VGPUManagerNotDeployed").cause.endswith(
+        "select nodes labelled nvidia.com/gpu.deploy.vgpu-manager=true, and the node is not: NVIDIA's "
+        "operator sets that label on the vm-vgpu nodes of sandboxWorkloads, which this operator does not "
+        "deploy, so label the node yourself"
+    )
     # Chains through the driver end at the same cause.
     assert "container-toolkit waits for NVIDIADrivers l4 and l4-by-product both select the node" in (
         by(findings, "GPUPodUnschedulable").cause
@@ -298,6 +305,10 @@ def test_nodes_the_driver_pools_give_no_driver() -> None:
     assert codes(diagnose(state("driver-pools.yaml"), Scope(node="gpu-c"))) == [
         ("NVIDIADriverConflict", "node gpu-c")
     ]
+    labelled = state("driver-pools.yaml")
+    gpu_g = next(n for n in labelled.nodes if n["metadata"]["name"] == "gpu-g")
+    gpu_g["metadata"]["labels"]["nvidia.com/gpu.deploy.vgpu-manager"] = "true"
+    assert "VGPUManagerNotDeployed" not in {f.code for f in diagnose(labelled)}
 
 
 def test_two_default_nvidia_drivers_and_none_at_all() -> None:

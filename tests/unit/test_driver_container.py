@@ -248,13 +248,26 @@ def test_a_precompiled_pool_with_proprietary_modules() -> None:
     "spec",
     [
         {"driverType": "vgpu", "repository": "registry.local/nvidia", "image": "vgpu-guest-driver"},
-        {"driverType": "vgpu-host-manager", "repository": "registry.local/nvidia", "image": "vgpu-manager"},
         {"repository": "registry.local/nvidia", "version": DIGEST},
     ],
 )
-def test_vgpu_pools_and_digests_run_the_driver(spec: dict[str, Any]) -> None:
+def test_vgpu_guest_pools_and_digests_run_the_driver(spec: dict[str, Any]) -> None:
     node, _ = run_pods({"version": "580.82.07", **spec})
     assert node.driver == (gpus.DEFAULT_DRIVER if spec.get("version") == DIGEST else "580.82.07")
+
+
+def test_a_vgpu_host_manager_pool_runs_the_vgpu_manager_without_a_probe() -> None:
+    spec = {"driverType": "vgpu-host-manager", "repository": "registry.local/nvidia", "image": "vgpu-manager"}
+    node = emulated_node()
+    _, (runner,) = run_pods(
+        {"version": "580.82.02", **spec}, node=node, done=lambda rs: node.driver is not None
+    )
+    assert node.driver == "580.82.02"
+    assert node.read(f"/run/nvidia/driver/{NVIDIA_SMI}") == "580.82.02"
+    # NVIDIA's pod has no startup probe: Ready once running, and no .driver-ctr-ready is written.
+    assert runner.states["nvidia-driver-ctr"].ready and not exited(runner)
+    assert node.read(READY_FILE) is None
+    assert node.read(STATE_FILE) is None, "the vgpu-manager script records no digest"
 
 
 def test_args_the_script_does_not_know_crash_the_container() -> None:

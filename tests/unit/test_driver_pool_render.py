@@ -7,6 +7,7 @@ from typing import Any
 from builders import gpu_node
 
 from gpu_operator.api.nvidiadriver import OWNER_LABEL, NVIDIADriverSpec
+from gpu_operator.core.components import VGPU_HOST_MANAGER_LABEL
 from gpu_operator.core.driver_pool_render import (
     OS_VERSION_MAJOR_LABEL,
     app_name,
@@ -18,6 +19,8 @@ from gpu_operator.core.driver_pool_render import (
 from gpu_operator.core.driver_pools import DriverObject
 from gpu_operator.core.images import KERNEL_LABEL, OS_ID_LABEL, OS_VERSION_LABEL
 from gpu_operator.core.node_labels import GPU_PRESENT, NodeInfo
+from gpu_operator.core.observed import component_of
+from gpu_operator.core.ownership import COMPONENT_LABEL
 from gpu_operator.core.render import ClusterFacts
 
 UID = "bfac7359-6033-45ce-88d6-53db0078526e"
@@ -110,3 +113,94 @@ def test_tolerations_add_to_the_default_and_args_follow_init() -> None:
     ]
     ctr = next(c for c in pod["containers"] if c["name"] == "nvidia-driver-ctr")
     assert ctr["args"] == ["init", "--foo"]
+
+
+def _daemonset(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(o for o in objects if o["kind"] == "DaemonSet")
+
+
+def _driver_container(daemonset: dict[str, Any]) -> dict[str, Any]:
+    pod = daemonset["spec"]["template"]["spec"]
+    return next(c for c in pod["containers"] if c["name"] == "nvidia-driver-ctr")
+
+
+TOKEN = "/drivers/ClientConfigToken/client_configuration_token.tok"
+
+
+def test_licensing_uses_nls_unless_turned_off() -> None:
+    # NVIDIADriver's nlsEnabled defaults to true (the ClusterPolicy's to false): the client token is
+    # mounted beside gridd.conf unless nlsEnabled is false.
+    def mounts(**licensing: Any) -> list[str]:
+        objects = render_driver(
+            driver(driverType="vgpu", licensingConfig={"secretName": "licence", **licensing}),
+            [gpu_node("a", UBUNTU)],
+            ClusterFacts(),
+        )
+        return [
+            m["mountPath"]
+            for m in _driver_container(_daemonset(objects))["volumeMounts"]
+            if m["name"] == "licensing-config"
+        ]
+
+    assert mounts() == ["/drivers/gridd.conf", TOKEN]
+    assert mounts(nlsEnabled=True) == ["/drivers/gridd.conf", TOKEN]
+    assert mounts(nlsEnabled=False) == ["/drivers/gridd.conf"]
+
+
+def test_a_vgpu_host_manager_pool_renders_nvidias_vgpu_manager_pod() -> None:
+    # NVIDIA's manifests/state-driver/0500_daemonset.yaml for driverType vgpu-host-manager.
+    probe = {"initialDelaySeconds": 60}
+    host = driver(
+        "host",
+        driverType="vgpu-host-manager",
+        repository="nvcr.io/nvidia",
+        image="vgpu-manager",
+        livenessProbe=probe,
+        readinessProbe=probe,
+    )
+    daemonset = _daemonset(render_driver(host, [gpu_node("a", UBUNTU)], ClusterFacts()))
+    assert daemonset["metadata"]["name"] == app_name(UID, "vgpu-host-manager", "ubuntu22.04")
+    template = daemonset["spec"]["template"]
+    pod = template["spec"]
+    for metadata in (daemonset["metadata"], template["metadata"]):
+        assert metadata["labels"][COMPONENT_LABEL] == VGPU_HOST_MANAGER_LABEL
+        assert component_of(metadata) == "driver"  # the operator's own bookkeeping still sees a driver
+    assert pod["serviceAccountName"] == "nvidia-vgpu-manager-host-ubuntu22.04"
+    assert pod["nodeSelector"]["nvidia.com/gpu.deploy.vgpu-manager"] == "true"
+    assert "nvidia.com/gpu.deploy.driver" not in pod["nodeSelector"]
+    assert pod["terminationGracePeriodSeconds"] == 120
+    terms = pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms[0]["labelSelector"]["matchExpressions"][0]["values"] == [
+        "nvidia-driver",
+        VGPU_HOST_MANAGER_LABEL,
+    ]
+    ctr = _driver_container(daemonset)
+    assert ctr["image"] == "nvcr.io/nvidia/vgpu-manager:595.91.07-ubuntu22.04"
+    # No probe (nothing writes .driver-ctr-ready for it), not even the ones the spec asks for, and no preStop.
+    assert not {"startupProbe", "livenessProbe", "readinessProbe", "lifecycle"} & set(ctr)
+    mounts = {m["mountPath"]: m["name"] for m in ctr["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    for path, name in (("/sys/fs/cgroup", "cgroup"), ("/dev/vfio", "vfio")):
+        assert mounts[path] == name and volumes[name] == {"name": name, "hostPath": {"path": path}}
+
+
+def test_gpu_and_vgpu_guest_pools_render_the_same_pod() -> None:
+    # Only the names follow driverType gpu or vgpu (NVIDIA's asset renders both alike): the guest
+    # driver's image decides what it is.
+    node = [gpu_node("a", UBUNTU)]
+    gpu, vgpu = (
+        _daemonset(render_driver(driver(driverType=t), node, ClusterFacts())) for t in ("gpu", "vgpu")
+    )
+    assert vgpu["metadata"]["name"] == app_name(UID, "vgpu", "ubuntu22.04")
+    assert vgpu["spec"]["template"]["spec"]["serviceAccountName"] == "nvidia-vgpu-driver-h100-ubuntu22.04"
+    for daemonset in (gpu, vgpu):
+        pod = daemonset["spec"]["template"]["spec"]
+        assert pod["nodeSelector"]["nvidia.com/gpu.deploy.driver"] == "true"
+        assert "terminationGracePeriodSeconds" not in pod
+        assert daemonset["spec"]["template"]["metadata"]["labels"][COMPONENT_LABEL] == "nvidia-driver"
+        assert "startupProbe" in _driver_container(daemonset)
+
+    def pod_of(daemonset: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in daemonset["spec"]["template"]["spec"].items() if k != "serviceAccountName"}
+
+    assert pod_of(gpu) == pod_of(vgpu)
