@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `make demo`: local cluster with simulated GPU nodes, the CRD and the chart's RBAC, the operator
+# `make demo`: local cluster with simulated GPU nodes, the CRDs and the chart's RBAC, the operator
 # running as the chart's ServiceAccount, the seed article's ClusterPolicy and the ConfigMaps it refers
-# to; waits until the policy is ready and GFD has labelled every GPU node, and shows it.
+# to, and NVIDIADriver pools for the driver it delegates (two driver versions); waits until the policy
+# is ready and GFD has labelled every GPU node, and shows it.
 # `make down` (this script with `down`) stops the operator and the cluster; `hack/demo.sh stop` stops
 # the operator and removes what the demo installed, leaving the cluster up.
 set -euo pipefail
@@ -13,6 +14,10 @@ PIDFILE=$STATE/operator.pid
 LOG=$STATE/operator.log
 NS=gpu-operator
 POLICY=${POLICY:-examples/clusterpolicy.yaml}
+# The NVIDIADrivers that run the driver the seed sample delegates (useNvidiaDriverCRD): the default on
+# every GPU node, and the `lts` pool on the node labelled driver-pool=lts.
+DRIVERS=${DRIVERS:-examples/nvidiadrivers.yaml}
+LTS_NODE=${LTS_NODE:-gpu-node-1}
 # The ConfigMaps examples/clusterpolicy.yaml names (devicePlugin.config, migManager.config).
 CONFIGS=${CONFIGS:-examples/device-plugin-config.yaml examples/mig-config.yaml}
 TIMEOUT=${DEMO_TIMEOUT:-300}
@@ -48,6 +53,8 @@ if [[ ${1:-up} == stop ]]; then
   KUBECONFIG=$(make --no-print-directory -s kubeconfig)
   # The operator removes the operands of a deleted policy: delete it while the operator still runs.
   "$KUBECTL" delete clusterpolicy "$(policy_name)" --ignore-not-found --wait >/dev/null
+  "$KUBECTL" delete -f "$DRIVERS" --ignore-not-found >/dev/null
+  "$KUBECTL" label node "$LTS_NODE" driver-pool- >/dev/null 2>&1 || true
   "$KUBECTL" wait --for=delete pods -n "$NS" -l app.kubernetes.io/managed-by=gpu-operator --timeout=120s >/dev/null 2>&1 || true
   stop_operator
   # shellcheck disable=SC2086 # a list of files
@@ -63,7 +70,7 @@ export KUBECONFIG
 KUBECONFIG=$(make --no-print-directory -s kubeconfig)
 
 echo "demo: installing the CRD and the chart's ServiceAccount and RBAC (operator runs locally)"
-"$KUBECTL" apply --server-side --force-conflicts -f crds/clusterpolicy.yaml >/dev/null
+"$KUBECTL" apply --server-side --force-conflicts -f crds/clusterpolicy.yaml -f crds/nvidiadriver.yaml >/dev/null
 "$HELM" upgrade --install gpu-operator charts/gpu-operator --namespace "$NS" --create-namespace --wait \
   --set operator.replicas=0 --set clusterPolicy.create=false >/dev/null
 
@@ -79,6 +86,9 @@ echo $! > "$PIDFILE"
 name=$(policy_name)
 # shellcheck disable=SC2086 # a list of files
 for f in $CONFIGS; do "$KUBECTL" apply --server-side -f "$f" >/dev/null; done
+echo "demo: the NVIDIADrivers of $DRIVERS, $LTS_NODE in the lts pool"
+"$KUBECTL" label node "$LTS_NODE" driver-pool=lts --overwrite >/dev/null
+"$KUBECTL" apply --server-side -f "$DRIVERS" >/dev/null
 echo "demo: applying $POLICY (ClusterPolicy $name) and its ConfigMaps ($CONFIGS)"
 "$KUBECTL" apply --server-side -f "$POLICY" >/dev/null
 start=$(date +%s)
@@ -106,10 +116,13 @@ done
 echo
 "$KUBECTL" get clusterpolicy -o wide
 echo
+"$KUBECTL" get nvidiadrivers
+echo
 "$KUBECTL" get daemonsets -n "$NS"
 echo
-# What GPU Feature Discovery found on each node (the seed article, section 4.5) and what it advertises.
-"$KUBECTL" get nodes -o custom-columns='NODE:.metadata.name,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product,MEMORY-MIB:.metadata.labels.nvidia\.com/gpu\.memory,COUNT:.metadata.labels.nvidia\.com/gpu\.count,FAMILY:.metadata.labels.nvidia\.com/gpu\.family,MIG-CAPABLE:.metadata.labels.nvidia\.com/mig\.capable,CUDA:.metadata.labels.nvidia\.com/cuda\.runtime-version\.full,DRIVER:.metadata.labels.nvidia\.com/cuda\.driver-version\.full,GPUS:.status.allocatable.nvidia\.com/gpu'
+# What GPU Feature Discovery found on each node (the seed article, section 4.5), each node's driver (its
+# pool's: section 4.3) and what it advertises.
+"$KUBECTL" get nodes -o custom-columns='NODE:.metadata.name,PRODUCT:.metadata.labels.nvidia\.com/gpu\.product,MEMORY-MIB:.metadata.labels.nvidia\.com/gpu\.memory,COUNT:.metadata.labels.nvidia\.com/gpu\.count,FAMILY:.metadata.labels.nvidia\.com/gpu\.family,MIG-CAPABLE:.metadata.labels.nvidia\.com/mig\.capable,CUDA:.metadata.labels.nvidia\.com/cuda\.runtime-version\.full,DRIVER:.metadata.labels.nvidia\.com/cuda\.driver-version\.full,POOL:.metadata.labels.nvidia\.com/gpu-operator\.driver\.owner,GPUS:.status.allocatable.nvidia\.com/gpu'
 echo
 url=$(grep -o 'serving /metrics, /healthz and /readyz on http://[^ ]*' "$LOG" | tail -1 | awk '{print $NF}')
 echo "The cluster and the operator keep running: export KUBECONFIG=$KUBECONFIG, then try"

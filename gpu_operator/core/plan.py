@@ -670,6 +670,15 @@ def _notes(spec: ClusterPolicySpec, nvidia_driver_crd: bool, pools: Pools) -> li
                 "the driver is managed from this ClusterPolicy"
             )
         )
+    if pools.on and (unowned := pools.assignment.unowned()):
+        shown = ", ".join(unowned[:5]) + (" and more" if len(unowned) > 5 else "")
+        notes.append(
+            Note(
+                f"spec.driver.useNvidiaDriverCRD: no NVIDIADriver selects GPU nodes {shown} and none is "
+                "the default: they get no driver (docs/nvidiadriver.md)",
+                "NoNVIDIADriver",
+            )
+        )
     if pools.policy_driver is PolicyDriver.KEEP:
         nodes = sorted(pools.waiting)
         shown = ", ".join(nodes[:5]) + (" and more" if len(nodes) > 5 else "")

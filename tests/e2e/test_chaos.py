@@ -48,7 +48,14 @@ from .chaos import (
 )
 from .kube_helpers import Cluster, wait_for, wait_timeout
 from .operator_process import OPERATOR, ROOT, OperatorProcess, chart_operator
-from .test_operator import NS, apply_policy, apply_seed_config_maps, assert_cleaned_up, policy_from
+from .test_operator import (
+    NS,
+    apply_policy,
+    apply_seed,
+    apply_seed_config_maps,
+    assert_cleaned_up,
+    seed_drivers,
+)
 from .test_upgrade import V1, V2, upgrade_policy
 
 POLICY = "cluster-policy"
@@ -132,7 +139,7 @@ def converged(cluster: Cluster, admin: SyncKube, operator: OperatorProcess) -> I
     """The seed sample applied and converged; removed (and the operator healthy) afterwards."""
     if not operator.running:
         operator.start()
-    apply_policy(cluster, policy_from("seed-sample", POLICY))
+    apply_seed(cluster, POLICY)
     wait_for(lambda: honest_and_converged(admin), timeout=BOUND, what="converged before the fault")
     try:
         yield snapshot(admin)
@@ -140,8 +147,7 @@ def converged(cluster: Cluster, admin: SyncKube, operator: OperatorProcess) -> I
         wait_for(lambda: api_ready(admin), timeout=120, what="API server back")
         if not operator.running:
             operator.start()
-        with contextlib.suppress(ApiError):
-            admin.delete(("nvidia.com/v1", "ClusterPolicy", "", POLICY))
+        delete_seed(admin)
         wait_for(lambda: assert_cleaned_up(cluster), timeout=BOUND, what="cleanup after the fault")
         assert_survived(operator)
 
@@ -154,10 +160,21 @@ def edit_policy(admin: SyncKube) -> None:
     admin.apply({**body, "spec": spec}, manager="chaos-edit")
 
 
+def delete_seed(admin: SyncKube) -> None:
+    """The seed sample's ClusterPolicy and NVIDIADrivers deleted (the operator then removes the rest)."""
+    for driver in seed_drivers():
+        with contextlib.suppress(ApiError):
+            admin.delete(("nvidia.com/v1alpha1", "NVIDIADriver", "", driver["metadata"]["name"]))
+    with contextlib.suppress(ApiError):
+        admin.delete(("nvidia.com/v1", "ClusterPolicy", "", POLICY))
+
+
 def wanted_daemonsets(admin: SyncKube, policy: dict[str, Any], scratch: Path) -> list[str]:
-    """The operand DaemonSets the planner wants for `policy` on the cluster's nodes, from
-    `gpu-operator render` (offline): after the faults there must be exactly these, once each."""
-    (scratch / "policy.yaml").write_text(yaml.safe_dump(policy))
+    """The operand DaemonSets the planner wants for `policy` and the cluster's NVIDIADrivers (as the API
+    server has them: their names hash their uid) on the cluster's nodes, from `gpu-operator render`
+    (offline): after the faults there must be exactly these, once each."""
+    drivers = admin.list("nvidia.com/v1alpha1", "NVIDIADriver")
+    (scratch / "policy.yaml").write_text(yaml.safe_dump_all([policy, *drivers]))
     nodes = {"apiVersion": "v1", "kind": "List", "items": admin.list("v1", "Node")}
     (scratch / "nodes.yaml").write_text(yaml.safe_dump(nodes))
     command = [str(OPERATOR), "render", "-f", "policy.yaml", "--nodes", "nodes.yaml", "--namespace", NS]
@@ -249,7 +266,7 @@ def test_crd_deleted_and_restored(
     recreated_s = round(time.monotonic() - started, 1)
     assert operator.running, "the operator exited"
     assert operator.probe("healthz")[0] == 200
-    apply_policy(cluster, policy_from("seed-sample", POLICY))
+    apply_seed(cluster, POLICY)
     seconds = timed(lambda: honest_and_converged(admin), BOUND, "converged on the policy re-created")
     record("crd-deleted", crd_recreated_s=recreated_s, converged_after_policy_s=seconds)
     after = snapshot(admin)
@@ -434,9 +451,8 @@ def test_sigkill_ten_times_while_converging(
     chance = random.Random(gpu_nodes)
     try:
         nodes = snapshot(admin).nodes
-        policy = policy_from("seed-sample", POLICY)
+        policy = apply_seed(cluster, POLICY)
         wanted = wanted_daemonsets(admin, policy, tmp_path)
-        apply_policy(cluster, policy)
         started = time.monotonic()
         for _ in range(10):
             time.sleep(chance.uniform(0.5, 6.0))  # a random moment of the convergence
@@ -452,8 +468,7 @@ def test_sigkill_ten_times_while_converging(
             total_s=round(time.monotonic() - started, 1),
         )
     finally:
-        with contextlib.suppress(ApiError):
-            admin.delete(("nvidia.com/v1", "ClusterPolicy", "", POLICY))
+        delete_seed(admin)
         wait_for(lambda: assert_cleaned_up(cluster), timeout=BOUND * 2, what="cleanup")
         restore_nodes(cluster)
 
@@ -464,7 +479,7 @@ def test_fifty_nodes_added_and_deleted_while_converging(
 ) -> None:
     try:
         nodes = snapshot(admin).nodes
-        apply_policy(cluster, policy_from("seed-sample", POLICY))
+        apply_seed(cluster, POLICY)
         restore_nodes(cluster, 54)
         restore_nodes(cluster, 4)
         seconds = timed(
@@ -475,8 +490,7 @@ def test_fifty_nodes_added_and_deleted_while_converging(
         assert snapshot(admin).nodes == nodes, "a Node was created (or one of ours is left)"
         record("50-nodes-churn", converged_s=seconds)
     finally:
-        with contextlib.suppress(ApiError):
-            admin.delete(("nvidia.com/v1", "ClusterPolicy", "", POLICY))
+        delete_seed(admin)
         wait_for(lambda: assert_cleaned_up(cluster), timeout=BOUND * 2, what="cleanup")
         restore_nodes(cluster)
 
@@ -534,8 +548,7 @@ def test_upgrade_with_driver_and_validator_pods_deleted_at_random(
         )
     finally:
         clock.stop()
-        with contextlib.suppress(ApiError):
-            admin.delete(("nvidia.com/v1", "ClusterPolicy", "", POLICY))
+        delete_seed(admin)
         wait_for(lambda: assert_cleaned_up(cluster), timeout=BOUND * 2, what="cleanup")
         restore_nodes(cluster)
 

@@ -24,7 +24,7 @@ from gpu_operator.core.components import BY_NAME
 from .kube_helpers import Cluster, Watch, client, gpu_nodes, list_pods, pod_is_ready, wait_for, wait_timeout
 from .operator_process import OperatorProcess
 from .test_operator import apply_policy as apply
-from .test_operator import get_policy
+from .test_operator import wait_state
 
 pytestmark = pytest.mark.e2e
 
@@ -304,7 +304,7 @@ def test_clusterpolicy_driver_to_pools_and_back(
     switched = wait_drivers(cluster, dict.fromkeys(nodes, V1), dict.fromkeys(nodes, "default"), in_turn)
     assert not set(switched.values()) & set(legacy.values())
     driver_state(cluster, "default", "ready")
-    assert get_policy(cluster, NAME)["status"]["state"] == "ready"
+    wait_state(cluster, NAME, "ready")
 
     apply(cluster, policy(pools=False))
     if kill:

@@ -562,3 +562,13 @@ def test_the_same_driver_from_the_clusterpolicy_or_a_pool_has_the_same_digest() 
         pooled = World([node("a")], [driver("default", version, default=True)]).plan()
         (pool_ds,) = pool_daemonsets(pooled).values()
         assert (digest(pool_ds) == digest(policy_ds)) is same, version
+
+
+def test_gpu_nodes_no_nvidiadriver_selects_are_named_in_the_policys_status() -> None:
+    """The seed sample delegates its driver: without an NVIDIADriver for them, the ClusterPolicy says
+    which GPU nodes get none, and why, instead of waiting without a word."""
+    plan = World([node("a", "h100"), node("b")], [h100()]).plan()
+    (note,) = [n for n in plan.notes if n.reason == "NoNVIDIADriver"]
+    assert "GPU nodes b and none is the default" in note
+    covered = World([node("a", "h100"), node("b")], [h100(), driver("rest", default=True)]).plan()
+    assert not [n for n in covered.notes if n.reason == "NoNVIDIADriver"]
