@@ -67,8 +67,8 @@ from gpu_operator.core.components import BY_NAME
 from gpu_operator.core.driver_pool_render import policy_view, pools, render_pools
 from gpu_operator.core.driver_pools import Assignment, DriverObject, assign
 from gpu_operator.core.node_labels import NodeInfo
-from gpu_operator.core.observed import HASH_ANNOTATION, DriverRef, ObjectInfo, ObjectKey
-from gpu_operator.core.ownership import content_hash
+from gpu_operator.core.observed import DriverRef, ObjectInfo, ObjectKey
+from gpu_operator.core.ownership import owned
 from gpu_operator.core.render import ClusterFacts
 from gpu_operator.core.upgrade import DriverPod
 
@@ -239,24 +239,11 @@ def _daemonsets(
 
     def render() -> list[dict[str, Any]]:
         objects = render_pools(spec, found, facts, host_root)
-        return [_owned(obj, driver) for obj in objects if obj["kind"] == "DaemonSet"]
+        return [
+            owned(obj, API_VERSION, KIND, driver.name, driver.uid)
+            for obj in objects
+            if obj["kind"] == "DaemonSet"
+        ]
 
     inputs = (driver.uid, spec, tuple(found), facts, host_root)
     return caches.pools.get(driver.name, inputs, render)
-
-
-def _owned(obj: dict[str, Any], driver: DriverRef) -> dict[str, Any]:
-    """NVIDIA's SetControllerReference to the NVIDIADriver: deleting it deletes its DaemonSets."""
-    metadata = obj.setdefault("metadata", {})
-    metadata["ownerReferences"] = [
-        {
-            "apiVersion": API_VERSION,
-            "kind": KIND,
-            "name": driver.name,
-            "uid": driver.uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-    ]
-    metadata.setdefault("annotations", {})[HASH_ANNOTATION] = content_hash(obj)
-    return obj

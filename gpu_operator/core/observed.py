@@ -14,9 +14,7 @@ from typing import Any, NamedTuple
 from gpu_operator.api import FieldError
 from gpu_operator.api.nvidiadriver import NVIDIADriverSpec
 from gpu_operator.core.components import BY_LABEL
-from gpu_operator.core.ownership import COMPONENT_LABEL, FIELD_MANAGER
-
-HASH_ANNOTATION = "nvidia.com/gpu-operator.applied-hash"
+from gpu_operator.core.ownership import COMPONENT_LABEL, FIELD_MANAGER, HASH_ANNOTATION
 
 # Container states that mean "still coming up", as opposed to failing.
 STARTING_REASONS = frozenset(

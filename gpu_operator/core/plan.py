@@ -45,7 +45,6 @@ from gpu_operator.core.node_labels import (
     uninstall_removals,
 )
 from gpu_operator.core.observed import (
-    HASH_ANNOTATION,
     DaemonSetInfo,
     DriverRef,
     ObjectInfo,
@@ -57,7 +56,7 @@ from gpu_operator.core.observed import (
     created_by_us,
     object_key,
 )
-from gpu_operator.core.ownership import content_hash
+from gpu_operator.core.ownership import HASH_ANNOTATION, content_hash, owned
 from gpu_operator.core.psa import NamespaceInfo, NamespaceWrite, namespace_write
 from gpu_operator.core.render import ClusterFacts, missing_inputs, render
 from gpu_operator.core.status import (
@@ -257,22 +256,6 @@ def in_sync(desired_hash: str, observed: ObjectInfo | None, applied: Applied | N
     if applied.generation:
         return observed.generation == applied.generation
     return observed.resource_version == applied.resource_version
-
-
-def _owned(obj: dict[str, Any], policy: PolicyRef) -> dict[str, Any]:
-    metadata = obj.setdefault("metadata", {})
-    metadata["ownerReferences"] = [
-        {
-            "apiVersion": f"{GROUP}/{VERSION}",
-            "kind": KIND,
-            "name": policy.name,
-            "uid": policy.uid,
-            "controller": True,
-            "blockOwnerDeletion": True,
-        }
-    ]
-    metadata.setdefault("annotations", {})[HASH_ANNOTATION] = content_hash(obj)
-    return obj
 
 
 @dataclass(frozen=True)
@@ -554,7 +537,11 @@ def _rendered(
     are caused by pod and node events and change neither). Callers must not mutate the result."""
     key = json.dumps([policy.name, policy.uid, policy.spec, asdict(facts)], sort_keys=True)
     return caches.rendered.get(
-        "objects", (key,), lambda: [_owned(obj, policy) for obj in render(spec, facts)]
+        "objects",
+        (key,),
+        lambda: [
+            owned(obj, f"{GROUP}/{VERSION}", KIND, policy.name, policy.uid) for obj in render(spec, facts)
+        ],
     )
 
 

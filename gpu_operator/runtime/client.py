@@ -521,24 +521,21 @@ class Kube:
         """DELETE a pod with DeleteOptions (a UID precondition: 409 when the name is another pod's now)."""
         await self.request("DELETE", path("v1", "Pod", namespace, name), body=dict(options), kind="Pod")
 
-    async def patch_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
+    async def patch_status(
+        self, name: str, status: Mapping[str, Any], kind: tuple[str, str] = ("nvidia.com/v1", "ClusterPolicy")
+    ) -> dict[str, Any]:
+        """A merge patch of the status of a cluster-scoped object of ours (`kind`: apiVersion, kind)."""
         return await self.request(
             "PATCH",
-            path("nvidia.com/v1", "ClusterPolicy", name=name, subresource="status"),
+            path(kind[0], kind[1], name=name, subresource="status"),
             body={"status": dict(status)},
             content_type="application/merge-patch+json",
-            kind="ClusterPolicy",
+            kind=kind[1],
         )
 
     async def patch_driver_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         """An NVIDIADriver's status, as patch_status writes a ClusterPolicy's."""
-        return await self.request(
-            "PATCH",
-            path("nvidia.com/v1alpha1", "NVIDIADriver", name=name, subresource="status"),
-            body={"status": dict(status)},
-            content_type="application/merge-patch+json",
-            kind="NVIDIADriver",
-        )
+        return await self.patch_status(name, status, ("nvidia.com/v1alpha1", "NVIDIADriver"))
 
     async def post_event(
         self,

@@ -36,12 +36,12 @@ from gpu_operator.core.driver_pool_status import DriverEvent
 from gpu_operator.core.memory import Memory
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import (
-    HASH_ANNOTATION,
     ObjectKey,
     component_of,
     object_info,
     object_key,
 )
+from gpu_operator.core.ownership import HASH_ANNOTATION
 from gpu_operator.core.plan import (
     Applied,
     Conclusion,

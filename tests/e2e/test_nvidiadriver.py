@@ -21,10 +21,22 @@ from kubernetes_asyncio.client import ApiException
 from gpu_operator.api.nvidiadriver import OWNER_LABEL
 from gpu_operator.core.components import BY_NAME
 
-from .kube_helpers import Cluster, Watch, client, gpu_nodes, list_pods, pod_is_ready, wait_for, wait_timeout
+from .kube_helpers import (
+    Cluster,
+    Watch,
+    clear_failure,
+    client,
+    gpu_nodes,
+    inject_failure,
+    list_pods,
+    pod_is_ready,
+    wait_for,
+    wait_timeout,
+)
 from .operator_process import OperatorProcess
 from .test_operator import apply_policy as apply
 from .test_operator import wait_state
+from .test_upgrade import upgrade_policy
 
 pytestmark = pytest.mark.e2e
 
@@ -33,37 +45,28 @@ NAME = "cluster-policy"
 GROUP, VERSION, PLURAL = "nvidia.com", "v1alpha1", "nvidiadrivers"
 DRIVER = BY_NAME["driver"].component_label
 POOL_LABEL = "e2e.gpu-operator/pool"
+CANARY_LABEL = "e2e.gpu-operator/canary"
 V1, V2 = "595.91.07", "580.95.05"
 CONVERGE = wait_timeout(120.0, node_starts=2)
 """Seconds a pool change may take: a node's driver pod goes, then its new one starts."""
 
 
 def policy(*, pools: bool, version: str = V1) -> dict[str, Any]:
-    """A ClusterPolicy whose driver is its own (`pools` False, at `version`) or the NVIDIADrivers'; the
-    operands a driver switch does not involve are off, to keep the cluster small."""
-    return {
-        "apiVersion": "nvidia.com/v1",
-        "kind": "ClusterPolicy",
-        "metadata": {"name": NAME},
-        "spec": {
-            "driver": {
-                "useNvidiaDriverCRD": pools,
-                "repository": "nvcr.io/nvidia",
-                "image": "driver",
-                "version": version,
-            },
-            "dcgm": {"enabled": False},
-            "dcgmExporter": {"enabled": False},
-            "gfd": {"enabled": False},
-            "migManager": {"enabled": False},
-            "nodeStatusExporter": {"enabled": False},
-        },
-    }
+    """test_upgrade's ClusterPolicy (only what a driver change involves), its driver its own (`pools`
+    False, at `version`) or the NVIDIADrivers'."""
+    body = upgrade_policy(version)
+    body["spec"]["driver"]["useNvidiaDriverCRD"] = pools
+    return body
 
 
-def nvidiadriver(name: str, version: str, *, selector: dict[str, str] | None = None) -> dict[str, Any]:
-    """A pool: the nodes `selector` matches, or (None) the default, every GPU node no other selects."""
+def nvidiadriver(
+    name: str, version: str, *, selector: dict[str, str] | None = None, upgrade: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A pool: the nodes `selector` matches, or (None) the default, every GPU node no other selects;
+    `upgrade`, its upgradePolicy (autoUpgrade and a short validation gate)."""
     spec: dict[str, Any] = {"repository": "nvcr.io/nvidia", "image": "driver", "version": version}
+    if upgrade:
+        spec["upgradePolicy"] = {"autoUpgrade": True, "validation": {"timeoutSeconds": 60}, **upgrade}
     if selector is None:
         spec["default"] = True
     else:
@@ -221,6 +224,11 @@ def pools(cluster: Cluster, clean: OperatorProcess) -> Iterator[OperatorProcess]
         for item in custom(cluster).list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]:
             delete_driver(cluster, item["metadata"]["name"])
         label_nodes(cluster, gpu_nodes(cluster.api), None)
+        core = client.CoreV1Api(cluster.api)
+        for node in gpu_nodes(cluster.api):
+            core.patch_node(
+                node, {"metadata": {"labels": {CANARY_LABEL: None}}, "spec": {"unschedulable": None}}
+            )
         if not clean.running:
             clean.start()
 
@@ -316,4 +324,46 @@ def test_clusterpolicy_driver_to_pools_and_back(
     back = wait_drivers(cluster, dict.fromkeys(nodes, V1), dict.fromkeys(nodes, None))
     assert not set(back.values()) & set(switched.values())
     driver_state(cluster, "default", "disabled")
+    watched.assert_never_two()
+
+
+def test_a_canary_failure_pauses_its_pool_only(
+    cluster: Cluster, pools: OperatorProcess, watched: DriverPods, failures: None
+) -> None:
+    """Pool a's canary fails its upgrade: pool a pauses (its status says so, its other node keeps its
+    driver), while the default pool upgrades to a new version untouched by it; the operator killed
+    while pool a is paused changes none of that."""
+    nodes = gpu_nodes(cluster.api)
+    first, rest = nodes[:2], nodes[2:]
+    label_nodes(cluster, first, "a")
+    client.CoreV1Api(cluster.api).patch_node(first[0], {"metadata": {"labels": {CANARY_LABEL: "yes"}}})
+    everywhere: dict[str, Any] = {"maxParallelUpgrades": 0, "maxUnavailable": "100%"}
+    upgrade = {**everywhere, "canary": {"nodeSelector": {CANARY_LABEL: "yes"}}}
+    apply(cluster, nvidiadriver("pool-a", V1, selector={POOL_LABEL: "a"}, upgrade=upgrade))
+    apply(cluster, nvidiadriver("default", V1, upgrade=everywhere))
+    apply(cluster, policy(pools=True))
+    owners: dict[str, str | None] = {**dict.fromkeys(first, "pool-a"), **dict.fromkeys(rest, "default")}
+    before = wait_drivers(cluster, dict.fromkeys(nodes, V1), owners)
+
+    inject_failure(cluster.api, DRIVER, first[0], "CrashLoopBackOff", restarts=11)
+    apply(cluster, nvidiadriver("pool-a", V2, selector={POOL_LABEL: "a"}, upgrade=upgrade))
+
+    def paused() -> dict[str, Any]:
+        status = get_driver(cluster, "pool-a").get("status") or {}
+        upgrading = status.get("driverUpgrade") or {}
+        assert upgrading.get("paused") and [f["node"] for f in upgrading["failed"]] == [first[0]], upgrading
+        return dict(upgrading)
+
+    wait_for(paused, timeout=CONVERGE, what="pool a's canary failing and pool a paused")
+    apply(cluster, nvidiadriver("default", V2, upgrade=everywhere))
+    after = wait_drivers(cluster, dict.fromkeys(rest, V2), {n: owners[n] for n in rest})
+    assert all(after[n] != before[n] for n in rest)
+    pools.kill()
+    pools.start()
+    wait_drivers(cluster, dict.fromkeys(rest, V2), {n: owners[n] for n in rest})
+    paused()
+    pods = driver_pods(cluster)
+    assert [p.metadata.uid for p in pods[first[1]]] == [before[first[1]]], "pool a's other node was upgraded"
+    assert not client.CoreV1Api(cluster.api).read_node(first[1]).spec.unschedulable
+    clear_failure(cluster.api, DRIVER, first[0], delete_pods=False)
     watched.assert_never_two()

@@ -15,13 +15,13 @@ from gpu_operator.api.quoting import MESSAGE_MAX, bounded
 from gpu_operator.core.components import RUNTIME_LABEL
 from gpu_operator.core.node_labels import GPU_PRESENT, NodeInfo
 from gpu_operator.core.observed import (
-    HASH_ANNOTATION,
     DaemonSetInfo,
     ObjectInfo,
     PodInfo,
     component_of,
     pod_info,
 )
+from gpu_operator.core.ownership import HASH_ANNOTATION
 from gpu_operator.core.plan import (
     Applied,
     Observed,
