@@ -35,8 +35,8 @@ from .kube_helpers import (
 )
 from .operator_process import OperatorProcess
 from .test_operator import apply_policy as apply
-from .test_operator import wait_state
-from .test_upgrade import upgrade_policy
+from .test_operator import assert_cleaned_up, delete_policies, wait_state
+from .test_upgrade import reset_upgrade_state, upgrade_policy
 
 pytestmark = pytest.mark.e2e
 
@@ -215,22 +215,16 @@ class DriverPods:
 
 
 @pytest.fixture
-def pools(cluster: Cluster, clean: OperatorProcess) -> Iterator[OperatorProcess]:
-    """Each test ends with no NVIDIADriver and no pool label (`clean` removes the ClusterPolicy and
-    checks that nothing of the operator is left)."""
+def pools(cluster: Cluster, operator: OperatorProcess) -> Iterator[OperatorProcess]:
+    """Each test ends with no ClusterPolicy, no NVIDIADriver, nothing of the operator's left, and the
+    nodes without pool, owner or upgrade labels."""
     try:
-        yield clean
+        yield operator
     finally:
-        for item in custom(cluster).list_cluster_custom_object(GROUP, VERSION, PLURAL)["items"]:
-            delete_driver(cluster, item["metadata"]["name"])
-        label_nodes(cluster, gpu_nodes(cluster.api), None)
-        core = client.CoreV1Api(cluster.api)
-        for node in gpu_nodes(cluster.api):
-            core.patch_node(
-                node, {"metadata": {"labels": {CANARY_LABEL: None}}, "spec": {"unschedulable": None}}
-            )
-        if not clean.running:
-            clean.start()
+        delete_policies(cluster)
+        if not operator.running:
+            operator.start()
+        wait_for(lambda: assert_cleaned_up(cluster), timeout=CONVERGE, what="cleanup after the test")
 
         def no_owner_labels() -> None:
             core = client.CoreV1Api(cluster.api)
@@ -240,6 +234,9 @@ def pools(cluster: Cluster, clean: OperatorProcess) -> Iterator[OperatorProcess]
             assert not left, f"owner labels left on {left}"
 
         wait_for(no_owner_labels, timeout=CONVERGE, what="owner labels removed")
+        label_nodes(cluster, gpu_nodes(cluster.api), None)
+        reset_upgrade_state(cluster, CANARY_LABEL)
+        operator.assert_clean_log()
 
 
 @pytest.fixture

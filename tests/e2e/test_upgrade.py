@@ -320,19 +320,21 @@ def upgrades(cluster: Cluster, operator: OperatorProcess) -> Iterator[OperatorPr
         if not operator.running:
             operator.start()
         wait_for(lambda: assert_cleaned_up(cluster), timeout=UPGRADE, what="cleanup after the test")
-        core = client.CoreV1Api(cluster.api)
-        for node in core.list_node(label_selector="gpu-operator.sim/simulated=true").items:
-            annotations = {
-                k: None for k in node.metadata.annotations or {} if k.startswith(ANNOTATION_PREFIX)
-            }
-            labels = {
-                k: None for k in (STATE_LABEL, SKIP_LABEL, CANARY_LABEL) if k in (node.metadata.labels or {})
-            }
-            core.patch_node(
-                node.metadata.name,
-                {"metadata": {"labels": labels, "annotations": annotations}, "spec": {"unschedulable": None}},
-            )
+        reset_upgrade_state(cluster, CANARY_LABEL)
         operator.assert_clean_log()
+
+
+def reset_upgrade_state(cluster: Cluster, *labels: str) -> None:
+    """Every simulated node without upgrade labels (and `labels`), upgrade annotations or cordon, as a
+    test found it: NVIDIA's operator, and this one, leave a node's last upgrade state on it."""
+    core = client.CoreV1Api(cluster.api)
+    for node in core.list_node(label_selector="gpu-operator.sim/simulated=true").items:
+        annotations = {k: None for k in node.metadata.annotations or {} if k.startswith(ANNOTATION_PREFIX)}
+        found = {k: None for k in (STATE_LABEL, SKIP_LABEL, *labels) if k in (node.metadata.labels or {})}
+        core.patch_node(
+            node.metadata.name,
+            {"metadata": {"labels": found, "annotations": annotations}, "spec": {"unschedulable": None}},
+        )
 
 
 @pytest.fixture
