@@ -246,9 +246,11 @@ NVIDIA_DRIVER = Resource(
         "ClusterPolicy sets driver.useNvidiaDriverCRD."
     ),
     columns=(
-        # Its state, which driver, its upgrade and why it is not ready (NVIDIA's status has no node
-        # counts to show).
+        # Its state, its nodes, which driver, its upgrade and why it is not ready.
         {"name": "Status", "type": "string", "jsonPath": ".status.state"},
+        # Ours: NVIDIA's status has no node counts.
+        {"name": "Ready", "type": "integer", "jsonPath": ".status.nodesReady"},
+        {"name": "Desired", "type": "integer", "jsonPath": ".status.nodesDesired"},
         {"name": "Default", "type": "boolean", "jsonPath": ".spec.default"},
         {"name": "Type", "type": "string", "jsonPath": ".spec.driverType"},
         {"name": "Version", "type": "string", "jsonPath": ".spec.version"},

@@ -338,12 +338,13 @@ def _semver_at_least(version: str, minimum: tuple[int, int, int]) -> bool:
     return found.group(4) is None
 
 
-# `driverUpgrade` is an addition: NVIDIA's NVIDIADriverStatus has no such field. Each NVIDIADriver's
+# `nodesDesired`, `nodesReady` and `driverUpgrade` are additions: NVIDIA's NVIDIADriverStatus has no
+# such fields. `kubectl get nvidiadrivers` shows how far each pool is, and each NVIDIADriver's
 # upgradePolicy upgrades its own nodes (core/driver_pool_upgrade.py), so its status says where that
 # upgrade stands, as the ClusterPolicy's status.driverUpgrade does for its driver.
 class NVIDIADriverStatus(Model):
-    """Observed state of the driver, as NVIDIA's operator writes it, and the upgrade of its nodes
-    (driverUpgrade, an addition of this operator)."""
+    """Observed state of the driver, as NVIDIA's operator writes it, its nodes and their upgrade
+    (nodesDesired, nodesReady and driverUpgrade: additions of this operator)."""
 
     state: State | None = None
     """ready, notReady, disabled (the ClusterPolicy does not delegate its driver to NVIDIADrivers) or
@@ -355,6 +356,11 @@ class NVIDIADriverStatus(Model):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     """Ready and Error, as NVIDIA's operator writes them."""
+    nodesDesired: int | None = None
+    """GPU nodes this driver owns (its pool); absent while the ClusterPolicy does not delegate its
+    driver. Not in NVIDIA's operator's status."""
+    nodesReady: int | None = None
+    """Nodes where one of its driver pods is ready. Not in NVIDIA's operator's status."""
     driverUpgrade: DriverUpgradeStatus | None = None
     """Driver upgrades of this driver's nodes (spec.upgradePolicy): per node step, since when and why;
     absent while the ClusterPolicy does not delegate its driver. Not in NVIDIA's operator's status."""

@@ -1,6 +1,6 @@
-"""Each NVIDIADriver's numbers for the metrics (pure): its state, the nodes its pool should cover and
-those where its driver is ready, from what the pass already computed (the statuses, the pools and the
-observed DaemonSets), so that the metrics say what `kubectl get nvidiadrivers` says."""
+"""Each NVIDIADriver's numbers (pure): the nodes its pool should cover and those where its driver is
+ready, for its status (from the pass's pools and the observed DaemonSets), and the metrics, read from
+the status, so that they say what `kubectl get nvidiadrivers` says."""
 
 from __future__ import annotations
 
@@ -22,23 +22,25 @@ class PoolCounts:
     """Nodes where one of its driver pods is ready (its DaemonSets' numberReady)."""
 
 
-def pool_counts(
-    statuses: Mapping[str, NVIDIADriverStatus], pools: Pools | None, daemonsets: Mapping[str, DaemonSetInfo]
-) -> dict[str, PoolCounts]:
-    """NVIDIADriver name → its numbers, for the drivers that get a status this pass (a driver being
-    deleted gets none, so its series go)."""
-    found: dict[str, PoolCounts] = {}
-    running = pools if pools is not None and pools.on else None
-    for name, status in statuses.items():
-        pool = running.assignment.drivers.get(name) if running is not None else None
-        if running is None or pool is None:
-            found[name] = PoolCounts(str(status.state or ""), 0, 0)
-            continue
-        mine = [
-            obj["metadata"]["name"]
-            for obj in running.objects
-            if obj["metadata"]["ownerReferences"][0]["uid"] == pool.uid
-        ]
-        ready = sum(info.ready for daemonset in mine if (info := daemonsets.get(daemonset)) is not None)
-        found[name] = PoolCounts(str(status.state or ""), len(pool.nodes), ready)
-    return found
+def pool_nodes(name: str, pools: Pools, daemonsets: Mapping[str, DaemonSetInfo]) -> tuple[int, int] | None:
+    """(GPU nodes `name` owns, nodes where one of its driver pods is ready); None while the pools do not
+    run the driver or `name` has no pool."""
+    pool = pools.assignment.drivers.get(name) if pools.on else None
+    if pool is None:
+        return None
+    mine = [
+        obj["metadata"]["name"]
+        for obj in pools.objects
+        if obj["metadata"]["ownerReferences"][0]["uid"] == pool.uid
+    ]
+    ready = sum(info.ready for daemonset in mine if (info := daemonsets.get(daemonset)) is not None)
+    return len(pool.nodes), ready
+
+
+def pool_counts(statuses: Mapping[str, NVIDIADriverStatus]) -> dict[str, PoolCounts]:
+    """NVIDIADriver name → its numbers, as its status says them, for the drivers that get a status this
+    pass (a driver being deleted gets none, so its series go)."""
+    return {
+        name: PoolCounts(str(status.state or ""), status.nodesDesired or 0, status.nodesReady or 0)
+        for name, status in statuses.items()
+    }

@@ -36,6 +36,7 @@ from gpu_operator.api.status import (
     Condition,
     DriverUpgradeStatus,
 )
+from gpu_operator.core.driver_pool_counts import pool_nodes
 from gpu_operator.core.driver_pool_plan import Pools
 from gpu_operator.core.driver_pools import NODES_NAMED
 from gpu_operator.core.observed import DaemonSetInfo, DriverRef, rollout
@@ -85,10 +86,13 @@ def driver_statuses(
             state, pairs = DISABLED, _error(REASON_RECONCILED, f"{NOT_DELEGATED} {policy}")
         else:
             state, pairs = _delegated(driver, pools, daemonsets)
+        counts = pool_nodes(driver.name, pools, daemonsets) if pools is not None else None
         found[driver.name] = NVIDIADriverStatus(
             state=state,
             namespace=namespace,
             conditions=_conditions(driver, pairs, now),
+            nodesDesired=counts[0] if counts is not None else None,
+            nodesReady=counts[1] if counts is not None else None,
             driverUpgrade=_said(driver) if upgrades is None else upgrades.get(driver.name),
         )
     return found
@@ -154,15 +158,16 @@ def _conditions(driver: DriverRef, pairs: Iterable[Pair], now: str) -> list[Cond
     return conditions
 
 
-WRITTEN = ("state", "namespace", "conditions", "driverUpgrade")
-"""The status fields the operator writes (NVIDIA's three and the upgrade)."""
+WRITTEN = ("state", "namespace", "conditions", "nodesDesired", "nodesReady", "driverUpgrade")
+"""The status fields the operator writes (NVIDIA's three, then ours: the node counts and the upgrade)."""
 
 
 def driver_status_body(status: NVIDIADriverStatus) -> dict[str, Any]:
-    """The JSON written (merge patch): the fields the operator sets. The upgrade is written with its
-    nulls, and null when there is none, so that the merge patch removes what an earlier write said
-    (a canary stage, the whole upgrade)."""
+    """The JSON written (merge patch): the fields the operator sets. The node counts and the upgrade are
+    written null when there are none, and the upgrade with its nulls, so that the merge patch removes
+    what an earlier write said (the counts of a pool gone, a canary stage, the whole upgrade)."""
     body = status.model_dump(mode="json", exclude_none=True)
+    body["nodesDesired"], body["nodesReady"] = status.nodesDesired, status.nodesReady
     upgrade = status.driverUpgrade
     body["driverUpgrade"] = upgrade.model_dump(mode="json") if upgrade is not None else None
     return body

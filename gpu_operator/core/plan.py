@@ -505,7 +505,7 @@ def _driver_status_writes(
     return (
         writes,
         conflict_events(observed.drivers, pools, found),
-        pool_counts(found, pools, observed.daemonsets),
+        pool_counts(found),
     )
 
 

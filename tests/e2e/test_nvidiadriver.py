@@ -263,7 +263,10 @@ def test_two_pools_converge_and_a_conflict_changes_nothing(
     versions = {**dict.fromkeys(first, V2), **dict.fromkeys(rest, V1)}
     owners: dict[str, str | None] = {**dict.fromkeys(first, "pool-a"), **dict.fromkeys(rest, "default")}
     before = wait_drivers(cluster, versions, owners)
-    assert driver_state(cluster, "pool-a", "ready")["status"]["conditions"]
+    ready = driver_state(cluster, "pool-a", "ready")["status"]
+    assert ready["conditions"] and (ready["nodesDesired"], ready["nodesReady"]) == (2, 2), ready
+    listed = cluster.kubectl("get", "nvidiadrivers", "pool-a", "--no-headers").split()
+    assert listed[:4] == ["pool-a", "ready", "2", "2"], listed
     driver_state(cluster, "default", "ready")
 
     # A third NVIDIADriver that selects pool a's nodes: both are notReady, naming each other and the

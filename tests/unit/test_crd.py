@@ -144,6 +144,8 @@ def test_nvidiadriver_crd_identity() -> None:
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     assert list(columns) == [
         "Status",
+        "Ready",
+        "Desired",
         "Default",
         "Type",
         "Version",
@@ -155,6 +157,9 @@ def test_nvidiadriver_crd_identity() -> None:
     # NVIDIA's three columns (Age as a date, as ours), then which driver, its upgrade (ours, as the
     # ClusterPolicy's) and why it is not ready.
     assert columns["Status"] == {"name": "Status", "type": "string", "jsonPath": ".status.state"}
+    # Ours: the pool's nodes (NVIDIA's status has no counts).
+    assert columns["Ready"]["jsonPath"] == ".status.nodesReady"
+    assert columns["Desired"]["jsonPath"] == ".status.nodesDesired"
     assert columns["Default"] == {"name": "Default", "type": "boolean", "jsonPath": ".spec.default"}
     assert columns["Type"]["jsonPath"] == ".spec.driverType"
     assert columns["Version"]["jsonPath"] == ".spec.version"
@@ -164,7 +169,7 @@ def test_nvidiadriver_crd_identity() -> None:
     assert columns["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     assert status["state"]["enum"] == ["ignored", "ready", "notReady", "disabled"]
-    assert set(status) == {"state", "namespace", "conditions", "driverUpgrade"}
+    assert set(status) == {"state", "namespace", "conditions", "nodesDesired", "nodesReady", "driverUpgrade"}
     # The ClusterPolicy's model: the two statuses say an upgrade the same way.
     assert (
         status["driverUpgrade"]["properties"]

@@ -239,17 +239,21 @@ def test_two_pools_with_two_versions_get_their_own_daemonsets_and_owner_labels()
     assert written(after, again).plan().driver_status_writes == {}, "nothing is written at rest"
 
 
-def test_each_pool_counts_its_nodes_and_ready_driver_pods_for_the_metrics() -> None:
+def test_each_pool_counts_its_nodes_and_ready_driver_pods_for_its_status_and_the_metrics() -> None:
     world = World([node("a", "h100"), node("b", "h100"), node("c", "l4")], [h100(), l4()])
     plan = world.plan()
     assert plan.driver_pools == {"h100": PoolCounts("notReady", 2, 0), "l4": PoolCounts("notReady", 1, 0)}
+    written = plan.driver_status_writes["h100"]
+    assert (written["nodesDesired"], written["nodesReady"]) == (2, 0), "kubectl get's Ready and Desired"
     after = running(plan, world)
     (h100_ds,) = pool_daemonsets(plan, "h100")
     observed = after.observed()
     one_of_two = {**observed.daemonsets, h100_ds: operand_daemonset(h100_ds, "driver", 2, 1)}
     counts = build(replace(observed, daemonsets=one_of_two), NOW).driver_pools
     assert counts == {"h100": PoolCounts("notReady", 2, 1), "l4": PoolCounts("ready", 1, 1)}
-    assert replace(after, delegate=False).plan().driver_pools == {
+    disabled = replace(after, delegate=False).plan()
+    assert disabled.driver_status_writes["h100"]["nodesDesired"] is None, "no pool: no counts"
+    assert disabled.driver_pools == {
         "h100": PoolCounts("disabled", 0, 0),
         "l4": PoolCounts("disabled", 0, 0),
     }

@@ -602,6 +602,8 @@ def test_use_nvidia_driver_crd_without_its_crd_is_reported() -> None:
     )
     assert "the driver is managed from this ClusterPolicy" in message
     delegated = build(replace(observed(seed), nvidia_driver_crd=True), NOW)
-    assert "useNvidiaDriverCRD" not in str(status_of(delegated, seed.name))
+    # No NVIDIADriver: the GPU nodes get no driver, and the Ready condition says which and why.
+    message = condition(status_of(delegated, seed.name), "Ready")["message"]
+    assert "no NVIDIADriver selects GPU nodes" in message and "no CRD" not in message, message
     assert not [o for o in delegated.objects if o["metadata"]["name"] == "nvidia-driver-daemonset"]
     assert "useNvidiaDriverCRD" not in str(status_of(build(observed(policy()), NOW), "cluster-policy"))
