@@ -135,9 +135,10 @@ def patch(cluster: Cluster, *ops: dict[str, Any]) -> None:
     cluster.kubectl("patch", POLICY, "--type=json", "-p", json.dumps(list(ops)))
 
 
-def pods(cluster: Cluster, app: str) -> list[Any]:
+def pods(cluster: Cluster, app: str, selector: str = "") -> list[Any]:
+    """The pods labelled app=`app` (or those `selector` selects)."""
     core: Any = client.CoreV1Api(cluster.api)
-    found: list[Any] = core.list_namespaced_pod(NS, label_selector=f"app={app}").items
+    found: list[Any] = core.list_namespaced_pod(NS, label_selector=selector or f"app={app}").items
     return found
 
 
@@ -147,11 +148,11 @@ def gpu_nodes(cluster: Cluster) -> list[Any]:
     return found
 
 
-def check_pod_ready(cluster: Cluster, app: str, timeout: float = CONVERGE) -> None:
-    """Every pod of `app` Ready and none terminating, one on each GPU node."""
+def check_pod_ready(cluster: Cluster, app: str, timeout: float = CONVERGE, selector: str = "") -> None:
+    """Every pod of `app` (or of `selector`) Ready and none terminating, one on each GPU node."""
 
     def check() -> None:
-        found = pods(cluster, app)
+        found = pods(cluster, app, selector)
         want = len(gpu_nodes(cluster))
         assert len(found) == want, f"{len(found)} {app} pods for {want} GPU nodes"
         for pod in found:
@@ -448,18 +449,7 @@ def assert_true(value: Any) -> None:
 
 def check_driver_pods_ready(cluster: Cluster) -> None:
     """check_nvidia_driver_pods_ready, for every GPU node: one Ready driver pod each, none terminating."""
-
-    def check() -> None:
-        core: Any = client.CoreV1Api(cluster.api)
-        found = core.list_namespaced_pod(NS, label_selector=DRIVER_PODS).items
-        want = len(gpu_nodes(cluster))
-        assert len(found) == want, f"{len(found)} driver pods for {want} GPU nodes"
-        for pod in found:
-            assert pod.metadata.deletion_grace_period_seconds is None, f"{pod.metadata.name} terminating"
-            ready = {c.type: c.status for c in pod.status.conditions or []}.get("Ready")
-            assert ready == "True", f"{pod.metadata.name} not ready"
-
-    wait_for(check, timeout=UPGRADE, what="driver pods ready")
+    check_pod_ready(cluster, "driver", UPGRADE, DRIVER_PODS)
 
 
 def driver_message(cluster: Cluster, name: str, text: str) -> None:
