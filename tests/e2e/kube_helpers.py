@@ -208,6 +208,11 @@ class FailureInjectionUnsupported(RuntimeError):
 # --- waiting ---------------------------------------------------------------------------------
 
 
+def assert_true(value: Any) -> None:
+    """For wait_for: a check that holds once `value` is truthy (a bare value never makes it wait)."""
+    assert value, value
+
+
 def wait_for(
     check: Callable[[], T],
     *,

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from kubernetes_asyncio.client import ApiException
 
-from .kube_helpers import Cluster, client, wait_for, wait_timeout
+from .kube_helpers import Cluster, assert_true, client, wait_for, wait_timeout
 from .operator_process import ROOT, OperatorProcess, helm, run_cleanup_hook, sa_kubeconfig
 
 pytestmark = pytest.mark.e2e
@@ -441,10 +441,6 @@ def wait_for_driver_daemonsets(cluster: Cluster, name: str) -> None:
     wait_for(
         lambda: assert_true(driver_daemonsets(cluster, name)), timeout=CONVERGE, what=f"{name}'s DaemonSets"
     )
-
-
-def assert_true(value: Any) -> None:
-    assert value, value
 
 
 def check_driver_pods_ready(cluster: Cluster) -> None:

@@ -24,6 +24,7 @@ from gpu_operator.core.components import BY_NAME
 from .kube_helpers import (
     Cluster,
     Watch,
+    assert_true,
     clear_failure,
     client,
     gpu_nodes,
@@ -251,15 +252,22 @@ def watched(cluster: Cluster) -> Iterator[DriverPods]:
 # --- tests ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("kill", [False, True], ids=["", "operator-killed"])
 def test_two_pools_converge_and_a_conflict_changes_nothing(
-    cluster: Cluster, pools: OperatorProcess, watched: DriverPods
+    cluster: Cluster, pools: OperatorProcess, watched: DriverPods, kill: bool
 ) -> None:
+    """With `kill`, the operator is killed as soon as the first driver pod exists, and again once the
+    conflicting NVIDIADriver is applied, and started again each time."""
     nodes = gpu_nodes(cluster.api)
     first, rest = nodes[:2], nodes[2:]
     label_nodes(cluster, first, "a")
     apply(cluster, nvidiadriver("pool-a", V2, selector={POOL_LABEL: "a"}))
     apply(cluster, nvidiadriver("default", V1))
     apply(cluster, policy(pools=True))
+    if kill:
+        wait_for(lambda: assert_true(watched.most), timeout=CONVERGE, what="a first driver pod")
+        pools.kill()
+        pools.start()
     versions = {**dict.fromkeys(first, V2), **dict.fromkeys(rest, V1)}
     owners: dict[str, str | None] = {**dict.fromkeys(first, "pool-a"), **dict.fromkeys(rest, "default")}
     before = wait_drivers(cluster, versions, owners)
@@ -272,6 +280,9 @@ def test_two_pools_converge_and_a_conflict_changes_nothing(
     # A third NVIDIADriver that selects pool a's nodes: both are notReady, naming each other and the
     # nodes, and no driver pod changes.
     apply(cluster, nvidiadriver("pool-c", V1, selector={POOL_LABEL: "a"}))
+    if kill:
+        pools.kill()
+        pools.start()
     for name, other in (("pool-a", "pool-c"), ("pool-c", "pool-a")):
         found = driver_state(cluster, name, "notReady")
         said = message(found)
@@ -305,7 +316,11 @@ def test_clusterpolicy_driver_to_pools_and_back(
     apply(cluster, nvidiadriver("default", V1))
     apply(cluster, policy(pools=True))
     if kill:
-        wait_for(lambda: bool(watched.gone & set(legacy.values())), timeout=CONVERGE, what="a node switching")
+        wait_for(
+            lambda: assert_true(watched.gone & set(legacy.values())),
+            timeout=CONVERGE,
+            what="a node switching",
+        )
         pools.kill()
         pools.start()
     in_turn = wait_timeout(120.0, node_starts=len(nodes) + 1)
@@ -317,7 +332,9 @@ def test_clusterpolicy_driver_to_pools_and_back(
     apply(cluster, policy(pools=False))
     if kill:
         wait_for(
-            lambda: bool(watched.gone & set(switched.values())), timeout=CONVERGE, what="a node going back"
+            lambda: assert_true(watched.gone & set(switched.values())),
+            timeout=CONVERGE,
+            what="a node going back",
         )
         pools.kill()
         pools.start()
