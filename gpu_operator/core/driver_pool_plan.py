@@ -18,7 +18,9 @@ absent, so no pool pod starts beside the pod that is still going. Then:
   that a pool takes, not held, is in that pool's upgrade (`Pools.orphaned`, core/driver_pool_upgrade.py),
   where its orphaned pod needs an upgrade (NVIDIA's labelNodesWithOrphanedDriverPods): within the
   pool's limits (maxParallelUpgrades, maxUnavailable) the node is cordoned, its GPU pods evicted, it is
-  drained as the pool's upgradePolicy says, and the orphan is deleted at pod-restart-required. The
+  drained as the pool's upgradePolicy says (none of this when the pool installs the driver the orphan
+  runs, the same DRIVER_CONFIG_DIGEST: then the pod is only restarted and the loaded driver kept), and
+  the orphan is deleted at pod-restart-required. The
   owner label follows once the orphan is gone, the pool's pod starts, is validated, and the node is
   uncordoned: upgrade-done. A node goes from one driver pod to none to the new one, never two;
   "none" only for that exchange, on a node emptied of its GPU pods. With the pool's autoUpgrade off,
