@@ -12,6 +12,8 @@ from builders import condition, node_body, operand_pod_body
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+import yaml
+
 from bench import audit, procstat, report, stats
 
 OPERATOR = "system:serviceaccount:gpu-operator:gpu-operator"
@@ -654,3 +656,13 @@ def test_a_watcher_lists_its_path_and_watches_its_kind_in_its_namespace() -> Non
             kubeapi.WATCH_SECONDS,
         )
     ]
+
+
+def test_the_bench_measures_the_seed_sample_with_its_own_driver() -> None:
+    """Every round measured the ClusterPolicy's driver; the seed sample delegates it to NVIDIADrivers
+    now that they run, so the bench keeps it on the ClusterPolicy."""
+    from bench.run import POLICY, own_driver
+
+    policy = own_driver(yaml.safe_load(POLICY.read_text()))
+    assert policy["spec"]["driver"]["useNvidiaDriverCRD"] is False
+    assert own_driver({})["spec"]["driver"] == {"useNvidiaDriverCRD": False}
