@@ -11,7 +11,7 @@ the version its pool names.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,6 +157,13 @@ def wait_drivers(
     return wait_for(check, timeout=timeout, what="driver pods at their pools' versions")
 
 
+def killed_once(operator: OperatorProcess, seen: Callable[[], object] = lambda: True, what: str = "") -> None:
+    """SIGKILL the operator once `seen()` is truthy (waited for), and start it again."""
+    wait_for(lambda: assert_true(seen()), timeout=CONVERGE, what=what or "the moment to kill")
+    operator.kill()
+    operator.start()
+
+
 @dataclass
 class DriverPods:
     """Every driver pod of the operand namespace from a watch, in etcd's order: the most pods a node
@@ -265,9 +272,7 @@ def test_two_pools_converge_and_a_conflict_changes_nothing(
     apply(cluster, nvidiadriver("default", V1))
     apply(cluster, policy(pools=True))
     if kill:
-        wait_for(lambda: assert_true(watched.most), timeout=CONVERGE, what="a first driver pod")
-        pools.kill()
-        pools.start()
+        killed_once(pools, lambda: watched.most, "a first driver pod")
     versions = {**dict.fromkeys(first, V2), **dict.fromkeys(rest, V1)}
     owners: dict[str, str | None] = {**dict.fromkeys(first, "pool-a"), **dict.fromkeys(rest, "default")}
     before = wait_drivers(cluster, versions, owners)
@@ -281,8 +286,7 @@ def test_two_pools_converge_and_a_conflict_changes_nothing(
     # nodes, and no driver pod changes.
     apply(cluster, nvidiadriver("pool-c", V1, selector={POOL_LABEL: "a"}))
     if kill:
-        pools.kill()
-        pools.start()
+        killed_once(pools)
     for name, other in (("pool-a", "pool-c"), ("pool-c", "pool-a")):
         found = driver_state(cluster, name, "notReady")
         said = message(found)
@@ -316,13 +320,7 @@ def test_clusterpolicy_driver_to_pools_and_back(
     apply(cluster, nvidiadriver("default", V1))
     apply(cluster, policy(pools=True))
     if kill:
-        wait_for(
-            lambda: assert_true(watched.gone & set(legacy.values())),
-            timeout=CONVERGE,
-            what="a node switching",
-        )
-        pools.kill()
-        pools.start()
+        killed_once(pools, lambda: watched.gone & set(legacy.values()), "a node switching")
     in_turn = wait_timeout(120.0, node_starts=len(nodes) + 1)
     switched = wait_drivers(cluster, dict.fromkeys(nodes, V1), dict.fromkeys(nodes, "default"), in_turn)
     assert not set(switched.values()) & set(legacy.values())
@@ -331,13 +329,7 @@ def test_clusterpolicy_driver_to_pools_and_back(
 
     apply(cluster, policy(pools=False))
     if kill:
-        wait_for(
-            lambda: assert_true(watched.gone & set(switched.values())),
-            timeout=CONVERGE,
-            what="a node going back",
-        )
-        pools.kill()
-        pools.start()
+        killed_once(pools, lambda: watched.gone & set(switched.values()), "a node going back")
     back = wait_drivers(cluster, dict.fromkeys(nodes, V1), dict.fromkeys(nodes, None))
     assert not set(back.values()) & set(switched.values())
     driver_state(cluster, "default", "disabled")
@@ -375,8 +367,7 @@ def test_a_canary_failure_pauses_its_pool_only(
     apply(cluster, nvidiadriver("default", V2, upgrade=everywhere))
     after = wait_drivers(cluster, dict.fromkeys(rest, V2), {n: owners[n] for n in rest})
     assert all(after[n] != before[n] for n in rest)
-    pools.kill()
-    pools.start()
+    killed_once(pools)
     wait_drivers(cluster, dict.fromkeys(rest, V2), {n: owners[n] for n in rest})
     paused()
     pods = driver_pods(cluster)
