@@ -100,6 +100,7 @@ class Settings:
     out: Path
     work: Path
     keep_cluster: bool = False
+    operator_only: bool = False
     admin: bool = False
     profile: bool = False
     tracemalloc: bool = False
@@ -740,7 +741,7 @@ class SizeBench:
             self.setup()
             operator_runs, limit_runs = alternate(
                 self.s.rounds.get(self.n, 3),
-                self.limit_round,
+                None if self.s.operator_only else self.limit_round,
                 # The first operator run (round 1) rests first: the cluster is fresh from its setup.
                 lambda round_no, cleanup: self.operator_round(round_no, rest=round_no == 1, cleanup=cleanup),
             )
@@ -754,21 +755,22 @@ Round = Callable[[int, bool], dict[str, Any]]
 
 
 def alternate(
-    rounds: int, limit: Round, operator: Round
+    rounds: int, limit: Round | None, operator: Round
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The operator's and the limit's runs, `rounds` of each, in alternating order (limit first in odd
-    rounds), so neither side always runs on the fresher cluster. The last run leaves its objects: the
-    cluster goes away with them."""
+    rounds), so neither side always runs on the fresher cluster; no limit runs when `limit` is None.
+    The last run leaves its objects: the cluster goes away with them."""
     operator_runs: list[dict[str, Any]] = []
     limit_runs: list[dict[str, Any]] = []
     phases = [
         (kind, round_no)
         for round_no in range(1, rounds + 1)
         for kind in (("limit", "operator") if round_no % 2 else ("operator", "limit"))
+        if limit is not None or kind == "operator"
     ]
     for index, (kind, round_no) in enumerate(phases):
         cleanup = index < len(phases) - 1
-        if kind == "limit":
+        if limit is not None and kind == "limit":
             limit_runs.append(limit(round_no, cleanup))
         else:
             operator_runs.append(operator(round_no, cleanup))
@@ -900,6 +902,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--keep-cluster", action="store_true", help="leave the last cluster up")
     parser.add_argument(
+        "--operator-only", action="store_true", help="no limit runs (profiling rounds; no ratio)"
+    )
+    parser.add_argument(
         "--admin", action="store_true", help="run the operator with the admin kubeconfig (no chart)"
     )
     parser.add_argument(
@@ -928,6 +933,7 @@ def main(argv: list[str] | None = None) -> int:
         out=args.out,
         work=args.work,
         keep_cluster=args.keep_cluster,
+        operator_only=args.operator_only,
         admin=args.admin,
         profile=args.profile,
         tracemalloc=args.tracemalloc,

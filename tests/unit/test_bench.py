@@ -542,6 +542,26 @@ def test_rounds_option() -> None:
     assert run.parse_rounds(["10=3", "1000=1"]) == {10: 3, 1000: 1}
 
 
+def test_runs_alternate_limit_first_in_odd_rounds_and_only_the_last_keeps_its_objects() -> None:
+    from bench import run
+
+    calls: list[tuple[str, int, bool]] = []
+
+    def limit(round_no: int, cleanup: bool) -> dict[str, Any]:
+        calls.append(("limit", round_no, cleanup))
+        return {}
+
+    def operator(round_no: int, cleanup: bool) -> dict[str, Any]:
+        calls.append(("operator", round_no, cleanup))
+        return {}
+
+    assert [len(runs) for runs in run.alternate(2, limit, operator)] == [2, 2]
+    assert calls == [("limit", 1, True), ("operator", 1, True), ("operator", 2, True), ("limit", 2, False)]
+    calls.clear()
+    assert [len(runs) for runs in run.alternate(2, None, operator)] == [2, 0]
+    assert calls == [("operator", 1, True), ("operator", 2, False)]
+
+
 # --- the driver upgrade bench (bench/upgrade.py, bench/pod_memory.py) --------------------------------
 
 
