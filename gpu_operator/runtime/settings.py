@@ -37,11 +37,11 @@ class Settings:
     resync_seconds: float = 600.0
     """A pass without any watch event after this long: a safety net only, since a pass with nothing
     changed reads caches and writes nothing."""
-    pass_rate_nodes_per_second: float = 300.0
+    pass_rate_nodes_per_second: float = 150.0
     """Passes are rate limited by a token bucket (as client-go limits requests) in which a pass costs
-    one token per node: refilled at this rate, a 1000-node cluster plans at most every 3.3 s once its
+    one token per node: refilled at this rate, a 1000-node cluster plans at most every 6.7 s once its
     burst is spent, while the DaemonSet controller, which creates 10 to 20 pods a second, sets the
-    pace of its rollout anyway."""
+    pace of its rollout anyway (a pass then labels a hundred nodes' next stage at once)."""
     pass_burst_nodes: float = 100_000.0
     """What the bucket holds: every pass of a small or medium cluster's rollout (a 100-node rollout
     takes a few hundred passes), 100 back to back at 1000 nodes; at rest it fills again within
