@@ -514,15 +514,15 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-CRD_NAMES = ("clusterpolicy", "nvidiadriver")
-"""What `gpu-operator crd NAME` prints: the keys of gpu_operator.api.crd.RESOURCES (kept here so that the
+CRD_NAMES = ("clusterpolicy", "nvidiadriver", "gpucluster")
+"""What `gpu-operator crd NAME` prints: the keys of gpu_operator.api.crd.SHIPPED (kept here so that the
 parser does not import the models)."""
 
 
 def cmd_crd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from gpu_operator.api.crd import RESOURCES, definition_yaml
+    from gpu_operator.api.crd import SHIPPED, definition_yaml
 
-    out.write(definition_yaml(RESOURCES[args.name]))
+    out.write(definition_yaml(SHIPPED[args.name]))
     return EXIT_OK
 
 
