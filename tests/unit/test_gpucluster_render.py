@@ -9,8 +9,10 @@ from typing import Any
 
 import pytest
 
+from gpu_operator.api import parse_spec
 from gpu_operator.api.common import ResourceRequirements
 from gpu_operator.api.gpucluster import GPUClusterSpec, parse_gpucluster_spec
+from gpu_operator.core.components import BY_NAME
 from gpu_operator.core.gpucluster_render import (
     FOLDERS,
     enabled_folders,
@@ -19,7 +21,7 @@ from gpu_operator.core.gpucluster_render import (
     render_gpucluster,
 )
 from gpu_operator.core.ownership import MANAGED_BY_LABEL
-from gpu_operator.core.render import CLUSTER_SCOPED_KINDS, ClusterFacts
+from gpu_operator.core.render import CLUSTER_SCOPED_KINDS, ClusterFacts, render_component
 
 ENVIRON = {"VALIDATOR_IMAGE": "nvcr.io/nvidia/gpu-operator-validator:test"}
 FACTS = ClusterFacts(namespace="test-operator", environ=ENVIRON)
@@ -381,3 +383,29 @@ def test_empty_spec_renders_with_built_in_images() -> None:
     assert ds["spec"]["template"]["spec"]["tolerations"] == [
         {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
     ]
+
+
+def _host_paths(pod: dict[str, Any], ctr: dict[str, Any]) -> dict[str, str]:
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    return {
+        m["mountPath"]: volumes[m["name"]]["hostPath"]["path"]
+        for m in ctr["volumeMounts"]
+        if "hostPath" in volumes[m["name"]]
+    }
+
+
+def test_the_kubelet_plugin_waits_for_the_driver_as_the_clusterpolicys_operands_do() -> None:
+    # Whoever installs the driver (the ClusterPolicy, an NVIDIADriver pool, the host), the DRA plugin
+    # waits for it on its node with the same validation the toolkit (and so the device plugin) waits on.
+    toolkit = render_component(BY_NAME["container-toolkit"], parse_spec({}), FACTS)[-1]
+    dra = one(render(spec_of(), folders=["dra-driver"]), "DaemonSet")
+    theirs, ours = container(toolkit, "driver-validation"), container(dra, "driver-validation")
+    assert ours["image"] == theirs["image"] == ENVIRON["VALIDATOR_IMAGE"]
+    for key in ("COMPONENT", "WITH_WAIT"):
+        assert env(ours)[key] == env(theirs)[key]
+    toolkit_paths = _host_paths(toolkit["spec"]["template"]["spec"], theirs)
+    dra_paths = _host_paths(dra["spec"]["template"]["spec"], ours)
+    # The same host directories: the validations (driver-ready, .driver-ctr-ready), the driver's root,
+    # the host's root.
+    assert set(dra_paths.values()) == {"/run/nvidia/validations", "/run/nvidia/driver", "/"}
+    assert set(dra_paths.values()) <= set(toolkit_paths.values())
