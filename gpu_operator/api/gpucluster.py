@@ -26,6 +26,7 @@ both APIs accept and refuse the same values.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
@@ -46,7 +47,7 @@ from gpu_operator.api.common import (
     crd_schema,
 )
 from gpu_operator.api.quoting import quoted
-from gpu_operator.api.spec import DaemonsetsSpec, DCGMExporterSpec, DCGMSpec
+from gpu_operator.api.spec import DaemonsetsSpec, DCGMExporterSpec, DCGMSpec, without_registry
 from gpu_operator.api.status import Condition
 
 VERSION = "v1alpha1"
@@ -211,6 +212,19 @@ class GPUClusterSpec(Model):
     def exporter_enabled(self) -> bool:
         return self.dcgmExporter is not None and self.dcgmExporter.enabled is not False
 
+    def images_without_registry(self) -> list[str]:
+        """The deployed images named without a registry host (ClusterPolicySpec's check: the pods would
+        wait on a Docker Hub image that does not exist)."""
+        sections: list[tuple[str, DRADriverSpec | DCGMSpec | DCGMExporterSpec]] = [
+            ("spec.draDriver", self.draDriver)
+        ]
+        if self.dcgm is not None and self.dcgm_enabled():
+            sections.append(("spec.dcgm", self.dcgm))
+        if self.dcgmExporter is not None and self.exporter_enabled():
+            sections.append(("spec.dcgmExporter", self.dcgmExporter))
+        found = (without_registry(path, s.repository, s.image, s.version) for path, s in sections)
+        return [problem for problem in found if problem is not None]
+
     def ignored_fields(self) -> list[str]:
         """Fields the user set that are accepted but not acted on, each with the reason."""
         root = self.hostPaths.rootFS
@@ -244,8 +258,16 @@ def parse_gpucluster_spec(spec: Any) -> GPUClusterSpec:
 def parse_gpucluster_document(doc: Any) -> GPUClusterSpec:
     """Validate a whole GPUCluster document (apiVersion, kind, metadata.name, spec). The name rule is
     NVIDIA's CRD's (a singleton): checked here too, so `gpu-operator validate` says it first."""
-    spec = parse_whole(doc, API_VERSION, KIND, parse_gpucluster_spec)
-    name = doc["metadata"]["name"]
-    if name != SINGLETON_NAME:
-        raise PolicyError([FieldError("metadata.name", f"{quoted(name)}: {SINGLETON_MESSAGE}")])
+    errors: list[FieldError] = []
+    spec: GPUClusterSpec | None = None
+    try:
+        spec = parse_whole(doc, API_VERSION, KIND, parse_gpucluster_spec)
+    except PolicyError as exc:
+        errors.extend(exc.errors)
+    metadata = doc.get("metadata") if isinstance(doc, Mapping) else None
+    name = metadata.get("name") if isinstance(metadata, Mapping) else None
+    if name and name != SINGLETON_NAME:
+        errors.append(FieldError("metadata.name", f"{quoted(name)}: {SINGLETON_MESSAGE}"))
+    if errors or spec is None:
+        raise PolicyError(errors)
     return spec

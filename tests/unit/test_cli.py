@@ -611,7 +611,7 @@ def test_driver_errors_name_the_field_and_document(
         f"{path}: document 2: spec.driverType: Input should be 'gpu', 'vgpu' or 'vgpu-host-manager'",
         f"{path}: document 2: spec.nodeSelector: default NVIDIADriver must not use nodeSelector: the default "
         "driver serves every GPU node no other NVIDIADriver selects",
-        f"{path}: document 3: a ConfigMap, not a ClusterPolicy or NVIDIADriver",
+        f"{path}: document 3: a ConfigMap, not a ClusterPolicy, NVIDIADriver or GPUCluster",
     ]
 
 
