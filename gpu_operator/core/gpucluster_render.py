@@ -71,6 +71,11 @@ REMOTE_HOSTENGINE = "nvidia-dcgm-dra:5555"
 DEFAULT_COLLECTORS = "/etc/dcgm-exporter/dcp-metrics-included.csv"
 CUSTOM_COLLECTORS = "/etc/dcgm-exporter/dcgm-metrics.csv"
 DEFAULT_JOB_MAPPING_DIR = "/var/lib/dcgm-exporter/job-mapping"
+NAMESPACE_LABELS = {"resource.kubernetes.io/admin-access": "true"}
+"""What the operand namespace must carry before the DRA stack's pods can be scheduled: the scheduler admits
+adminAccess claims (DCGM, the exporter, the validator) only from a namespace labelled so. NVIDIA's
+controller sets it before each sync and never takes it back (gpucluster_controller.go
+ensureAdminAccessLabel): other admin-access users of the namespace may rely on it."""
 DEFAULT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 NOT_ON_PODS = frozenset({"app", "app.kubernetes.io/part-of"})
 """`daemonsets.labels` keys NVIDIA's assets leave off the pods (they would break the selectors)."""
@@ -224,4 +229,12 @@ def render_gpucluster(
     return objects
 
 
-__all__ = ["FOLDERS", "RESOURCE_API", "context", "feature_gates", "largest_resources", "render_gpucluster"]
+__all__ = [
+    "FOLDERS",
+    "NAMESPACE_LABELS",
+    "RESOURCE_API",
+    "context",
+    "feature_gates",
+    "largest_resources",
+    "render_gpucluster",
+]

@@ -11,9 +11,11 @@ Compared is what NVIDIA's images and the cluster read: object kinds and names; D
 selectors, tolerations and update strategy; pod host namespaces, runtime class, ServiceAccount and
 shareProcessNamespace; containers and init containers (names and order), their images, commands, args,
 env, envFrom, probe and preStop handlers, ports, privileged, and every volume mount with its volume source,
-readOnly, propagation and subPath; ConfigMap data; Services, ServiceMonitors, RuntimeClasses; and the
-effective RBAC of every ServiceAccount (the rules of all Roles and ClusterRoles bound to it). Labels,
-annotations (except the CDI ones the NRI plugin reads), field order, resources and probe timings may differ.
+readOnly, propagation and subPath, their resource claims; ConfigMap data; Services, ServiceMonitors,
+RuntimeClasses; the whole spec of DeviceClasses, ResourceClaimTemplates and admission policies (the
+GPUCluster's), a Deployment's pod as a DaemonSet's; and the effective RBAC of every ServiceAccount (the
+rules of all Roles and ClusterRoles bound to it). Labels, annotations (except the CDI ones the NRI plugin
+reads), field order, resources and probe timings may differ.
 
 Every deliberate difference is a rule in deliberate-differences.yaml, with its reason; a rule that matches
 nothing in the cases it applies to fails too, so the file never keeps stale entries.
