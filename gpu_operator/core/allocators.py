@@ -47,7 +47,7 @@ The interface, for the pass that wires it (core/plan.py, core/node_labels.py):
 `nodes`: every node the pass sees (non-GPU nodes are skipped: `NodeInfo.is_gpu`). `policy`: the active
 ClusterPolicy's spec, None without one. `gpuclusters`: every GPUCluster. `gpu_pods`: per node name, the
 workload pods using its GPUs through the allocator it has now (the DRA stack's own admin-access claims
-excluded: they leave with it).
+excluded: they leave with it): `core.gpu_pods.gpu_pod_counts(nodes, pods, claims)` counts them.
 """
 
 from __future__ import annotations
