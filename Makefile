@@ -33,9 +33,9 @@ lint: venv ## ruff and mypy
 test-unit: venv ## unit tests (no cluster)
 	$(BIN)/pytest -q tests/unit
 
-CRDS := clusterpolicy nvidiadriver
+CRDS := clusterpolicy nvidiadriver gpucluster
 
-crd: venv ## regenerate crds/*.yaml (ClusterPolicy, NVIDIADriver), the chart's copies, values schema and operand RBAC from the code
+crd: venv ## regenerate crds/*.yaml (ClusterPolicy, NVIDIADriver, GPUCluster), the chart's copies, values schema and operand RBAC from the code
 	for name in $(CRDS); do \
 	  $(BIN)/gpu-operator crd $$name > crds/$$name.yaml && \
 	  cp crds/$$name.yaml charts/gpu-operator/crds/$$name.yaml || exit 1; \

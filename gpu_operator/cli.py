@@ -29,6 +29,8 @@ from pydantic import BaseModel
 
 from gpu_operator import __version__
 from gpu_operator.api import KIND, FieldError, PolicyError, parse_document
+from gpu_operator.api.gpucluster import KIND as GPUCLUSTER_KIND
+from gpu_operator.api.gpucluster import GPUClusterSpec, parse_gpucluster_document
 from gpu_operator.api.nvidiadriver import KIND as DRIVER_KIND
 from gpu_operator.api.nvidiadriver import NVIDIADriverSpec, parse_driver_document
 from gpu_operator.api.spec import ClusterPolicySpec
@@ -75,6 +77,21 @@ class Driver:
 
     def __str__(self) -> str:
         return f"nvidiadriver/{self.name}"
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """One valid GPUCluster from a file."""
+
+    name: str
+    spec: GPUClusterSpec
+
+    def __str__(self) -> str:
+        return f"gpucluster/{self.name}"
+
+
+Resource = Policy | Driver | Cluster
+KINDS = (KIND, DRIVER_KIND, GPUCLUSTER_KIND)
 
 
 # --- reading files -------------------------------------------------------------------------------
@@ -207,27 +224,43 @@ def load_documents(text: str) -> list[Any]:
     return documents
 
 
-def load_resources(path: str, stdin: TextIO | None = None) -> list[Policy | Driver]:
-    """Every ClusterPolicy and NVIDIADriver in the file, validated; InputError lists every problem of
-    every document. A document is an NVIDIADriver when its kind says so, else a ClusterPolicy."""
+def _parse(doc: Any) -> tuple[str, ClusterPolicySpec | NVIDIADriverSpec | GPUClusterSpec]:
+    kind = doc.get("kind") if isinstance(doc, Mapping) else None
+    if kind == DRIVER_KIND:
+        return kind, parse_driver_document(doc)
+    if kind == GPUCLUSTER_KIND:
+        return kind, parse_gpucluster_document(doc)
+    return KIND, parse_document(doc)
+
+
+def load_resources(path: str, stdin: TextIO | None = None) -> list[Resource]:
+    """Every ClusterPolicy, NVIDIADriver and GPUCluster in the file, validated; InputError lists every
+    problem of every document. A document is an NVIDIADriver or a GPUCluster when its kind says so, else
+    a ClusterPolicy."""
     documents = load_documents(read_text(path, stdin))
     several = len(documents) > 1
-    found: list[Policy | Driver] = []
+    found: list[Resource] = []
     problems: list[str] = []
     for index, doc in enumerate(documents, start=1):
         prefix = f"document {index}: " if several else ""
         kind = doc.get("kind") if isinstance(doc, Mapping) else None
-        if several and isinstance(doc, Mapping) and kind not in (KIND, DRIVER_KIND):
-            problems.append(f"{prefix}a {kind or 'document without kind'}, not a {KIND} or {DRIVER_KIND}")
+        if several and isinstance(doc, Mapping) and kind not in KINDS:
+            expected = f"{', '.join(KINDS[:-1])} or {KINDS[-1]}"
+            problems.append(f"{prefix}a {kind or 'document without kind'}, not a {expected}")
             continue
         try:
-            spec = parse_driver_document(doc) if kind == DRIVER_KIND else parse_document(doc)
+            _, spec = _parse(doc)
         except PolicyError as exc:
             problems.extend(f"{prefix}{error}" for error in exc.errors)
             continue
         name = str(doc["metadata"]["name"])
         uid = str(doc["metadata"].get("uid") or "")
-        found.append(Driver(name, spec, uid) if isinstance(spec, NVIDIADriverSpec) else Policy(name, spec))
+        if isinstance(spec, NVIDIADriverSpec):
+            found.append(Driver(name, spec, uid))
+        elif isinstance(spec, GPUClusterSpec):
+            found.append(Cluster(name, spec))
+        else:
+            found.append(Policy(name, spec))
     if problems:
         raise InputError(problems)
     return found
@@ -276,11 +309,11 @@ def summary(policy: Policy) -> str:
     return f"{policy.name}: valid ({'; '.join(parts)})"
 
 
-def warnings_for(policy: Policy | Driver) -> list[str]:
-    # An NVIDIADriver's lines name it: a file often holds several, and a ClusterPolicy too.
-    who = f"{policy}: " if isinstance(policy, Driver) else ""
+def warnings_for(policy: Resource) -> list[str]:
+    # An NVIDIADriver's (or GPUCluster's) lines name it: a file often holds several, and a ClusterPolicy.
+    who = f"{policy}: " if isinstance(policy, Driver | Cluster) else ""
     lines = [f"warning: {who}{d.path} is deprecated: {d.message}" for d in deprecated_fields(policy.spec)]
-    if isinstance(policy, Driver):
+    if isinstance(policy, Driver | Cluster):
         lines.extend(f"warning: {who}accepted but not acted on: {f}" for f in policy.spec.ignored_fields())
         return lines
     lines.extend(
@@ -308,6 +341,24 @@ def driver_summary(driver: Driver) -> str:
             f"{_plural(len(deprecated), 'deprecated field')}: {', '.join(d.path for d in deprecated)}"
         )
     return f"{driver}: valid ({'; '.join(parts)})"
+
+
+def gpucluster_summary(cluster: Cluster) -> str:
+    """What a valid GPUCluster deploys where, in one line."""
+    spec = cluster.spec
+    dra = spec.draDriver
+    image = dra.version or dra.image or "the default image"
+    parts = [f"DRA driver {image}" + (" with computeDomains" if dra.compute_domains_enabled() else "")]
+    extras = [
+        name for name, on in (("DCGM", spec.dcgm_enabled()), ("DCGM exporter", spec.exporter_enabled())) if on
+    ]
+    if extras:
+        parts.append(" and ".join(extras))
+    if spec.nodeSelector:
+        parts.append("GPU nodes with " + ", ".join(f"{k}={v}" for k, v in spec.nodeSelector.items()))
+    else:
+        parts.append("every GPU node")
+    return f"{cluster}: valid ({'; '.join(parts)})"
 
 
 def several_defaults(drivers: Sequence[Driver]) -> list[str]:
@@ -342,12 +393,15 @@ def cmd_validate(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         unpullable = resource.spec.images_without_registry()
         if unpullable:
             # Valid to the API server (NVIDIA's operator accepts them), but the pods would never start.
-            name = resource if isinstance(resource, Driver) else resource.name
+            name = resource if isinstance(resource, Driver | Cluster) else resource.name
             _report(args.file, [f"{name}: {found}" for found in unpullable], err)
             code = EXIT_INVALID
+        elif isinstance(resource, Driver):
+            print(driver_summary(resource), file=out)
+        elif isinstance(resource, Cluster):
+            print(gpucluster_summary(resource), file=out)
         else:
-            line = driver_summary(resource) if isinstance(resource, Driver) else summary(resource)
-            print(line, file=out)
+            print(summary(resource), file=out)
     conflicts = several_defaults([r for r in resources if isinstance(r, Driver)])
     if conflicts:
         _report(args.file, conflicts, err)
@@ -462,6 +516,14 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         return EXIT_INVALID
     policies = [r for r in resources if isinstance(r, Policy)]
     drivers = [r for r in resources if isinstance(r, Driver)]
+    clusters = [r for r in resources if isinstance(r, Cluster)]
+    if len(clusters) > 1:
+        _report(
+            args.file, [f"render takes at most one {GPUCLUSTER_KIND}, this file has {len(clusters)}"], err
+        )
+        return EXIT_INVALID
+    if clusters and not policies and not drivers:
+        return render_gpucluster_only(args, clusters[0], out, err)
     if drivers and not policies:
         # The driver DaemonSet of an NVIDIADriver takes its namespace settings, host paths, validator and
         # runtime from the ClusterPolicy that delegates to it: there is nothing to render without one.
@@ -503,6 +565,8 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
             objects = with_pools(
                 objects, policy, drivers, nodes, facts, lambda lines: _report(args.file, lines, err)
             )
+        if clusters:
+            objects = [*objects, *gpucluster_objects(clusters[0], facts, args.file, err)]
         text = to_yaml(objects)
     except PolicyError as exc:
         _report(args.file, [str(e) for e in exc.errors], err)
@@ -514,15 +578,41 @@ def cmd_render(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     return EXIT_OK
 
 
-CRD_NAMES = ("clusterpolicy", "nvidiadriver")
-"""What `gpu-operator crd NAME` prints: the keys of gpu_operator.api.crd.RESOURCES (kept here so that the
+def gpucluster_objects(cluster: Cluster, facts: ClusterFacts, path: str, err: TextIO) -> list[dict[str, Any]]:
+    """The GPUCluster's DRA stack as the operator renders it (on every node it selects; which nodes those
+    are, and what the ClusterPolicy keeps off them, is decided per node at run time)."""
+    from gpu_operator.core.gpucluster_render import render_gpucluster
+
+    _report(path, warnings_for(cluster), err)
+    _report(path, [f"warning: {cluster}: {found}" for found in cluster.spec.images_without_registry()], err)
+    return render_gpucluster(cluster.spec, facts)
+
+
+def render_gpucluster_only(args: argparse.Namespace, cluster: Cluster, out: TextIO, err: TextIO) -> int:
+    from gpu_operator.core.render import ClusterFacts
+    from gpu_operator.core.yaml_text import to_yaml
+
+    facts = ClusterFacts(
+        namespace=args.namespace, environ=os.environ, service_monitor_crd=args.service_monitor_crd
+    )
+    try:
+        text = to_yaml(gpucluster_objects(cluster, facts, args.file, err))
+    except Exception as exc:  # a bug, not bad input; still one line, as promised above
+        _report(args.file, [f"cannot render: {type(exc).__name__}: {exc}"], err)
+        return EXIT_FAILED
+    out.write(text)
+    return EXIT_OK
+
+
+CRD_NAMES = ("clusterpolicy", "nvidiadriver", "gpucluster")
+"""What `gpu-operator crd NAME` prints: the keys of gpu_operator.api.crd.SHIPPED (kept here so that the
 parser does not import the models)."""
 
 
 def cmd_crd(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    from gpu_operator.api.crd import RESOURCES, definition_yaml
+    from gpu_operator.api.crd import SHIPPED, definition_yaml
 
-    out.write(definition_yaml(RESOURCES[args.name]))
+    out.write(definition_yaml(SHIPPED[args.name]))
     return EXIT_OK
 
 
@@ -744,7 +834,11 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
 
     render = commands.add_parser("render", help="print the objects the operator would apply for a policy")
     render.add_argument(
-        "-f", "--file", required=True, help="ClusterPolicy YAML file (NVIDIADrivers too), or - for stdin"
+        "-f",
+        "--file",
+        required=True,
+        help="ClusterPolicy YAML file (NVIDIADrivers and a GPUCluster too; or a GPUCluster alone), or - "
+        "for stdin",
     )
     render.add_argument(
         "--namespace",
@@ -770,10 +864,13 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     render.set_defaults(handler=cmd_render)
 
     validate = commands.add_parser(
-        "validate", help="check ClusterPolicy and NVIDIADriver files; exit 2 if one is invalid"
+        "validate", help="check ClusterPolicy, NVIDIADriver and GPUCluster files; exit 2 if one is invalid"
     )
     validate.add_argument(
-        "-f", "--file", required=True, help="ClusterPolicy and/or NVIDIADriver YAML file, or - for stdin"
+        "-f",
+        "--file",
+        required=True,
+        help="ClusterPolicy, NVIDIADriver and/or GPUCluster YAML file, or - for stdin",
     )
     validate.set_defaults(handler=cmd_validate)
 

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel
 
-from gpu_operator.api import GROUP, KIND, PLURAL, VERSION, nvidiadriver
+from gpu_operator.api import GROUP, KIND, PLURAL, VERSION, gpucluster, nvidiadriver
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.api.status import ClusterPolicyStatus
 
@@ -198,6 +198,8 @@ class Resource:
     """additionalPrinterColumns: what `kubectl get` shows."""
     generated_by: str
     short_names: tuple[str, ...] = ()
+    rules: tuple[Schema, ...] = ()
+    """x-kubernetes-validations on the whole object (its name), which no spec model can carry."""
 
     @property
     def name(self) -> str:
@@ -266,8 +268,37 @@ NVIDIA_DRIVER = Resource(
     short_names=nvidiadriver.SHORT_NAMES,
 )
 
+GPU_CLUSTER = Resource(
+    kind=gpucluster.KIND,
+    plural=gpucluster.PLURAL,
+    version=gpucluster.VERSION,
+    spec=gpucluster.GPUClusterSpec,
+    status=gpucluster.GPUClusterStatus,
+    description=(
+        "GPUCluster is the desired state of the GPU stack based on Dynamic Resource Allocation: NVIDIA's "
+        "DRA driver for GPUs and ComputeDomains, its DeviceClasses, DCGM, DCGM exporter and the DRA "
+        "validator, on the GPU nodes its nodeSelector selects (all of them without one). Those nodes get "
+        "no device plugin from the ClusterPolicy. A singleton named gpu-cluster."
+    ),
+    columns=(
+        {"name": "Status", "type": "string", "jsonPath": ".status.state"},
+        _REASON,
+        _MESSAGE,
+        _AGE,
+    ),
+    generated_by="gpu-operator crd gpucluster (gpu_operator/api/crd.py) from gpu_operator/api/gpucluster.py",
+    short_names=gpucluster.SHORT_NAMES,
+    rules=({"rule": gpucluster.SINGLETON_RULE, "message": gpucluster.SINGLETON_MESSAGE},),
+)
+
 RESOURCES = {"clusterpolicy": CLUSTER_POLICY, "nvidiadriver": NVIDIA_DRIVER}
-"""Every CRD this operator defines, by the name of its file in crds/ (and of `gpu-operator crd NAME`)."""
+"""The CRDs the operator keeps current (and creates, with operator.createCRD), by the name of its file in
+crds/."""
+
+SHIPPED = {**RESOURCES, "gpucluster": GPU_CLUSTER}
+"""Every CRD this operator defines, by the name of its file in crds/ and the chart (and of `gpu-operator
+crd NAME`). The GPUCluster's is shipped but not yet kept current by the operator: the runtime does not
+serve GPUClusters yet."""
 
 
 def spec_schema(resource: Resource = CLUSTER_POLICY) -> Schema:
@@ -321,7 +352,9 @@ def definition(resource: Resource) -> Schema:
 
 
 def _root(resource: Resource) -> Schema:
+    rules = {"x-kubernetes-validations": [dict(rule) for rule in resource.rules]} if resource.rules else {}
     return {
+        **rules,
         "description": resource.description,
         "type": "object",
         "properties": {

@@ -65,7 +65,17 @@ from gpu_operator.core.yaml_text import tojson
 
 __all__ = ["ClusterFacts", "RenderError", "render", "render_component"]
 
-CLUSTER_SCOPED_KINDS = frozenset({"ClusterRole", "ClusterRoleBinding", "RuntimeClass"})
+CLUSTER_SCOPED_KINDS = frozenset(
+    {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "RuntimeClass",
+        # The GPUCluster's (core/gpucluster_render.py).
+        "DeviceClass",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+)
 
 DEFAULT_PULL_POLICY = "IfNotPresent"
 DEFAULT_MAX_UNAVAILABLE = 1
@@ -460,6 +470,10 @@ def _render_folder(
             _finish_metadata(obj, _standard_labels(label), namespace) for obj in _parse(name, text)
         )
     return objects
+
+
+render_folder = _render_folder
+"""A template folder's objects for `context`, labelled as `label` (the GPUCluster's states use it)."""
 
 
 def render_component(

@@ -13,7 +13,7 @@ from builders import node_body
 
 from gpu_operator import cli
 from gpu_operator.api import parse_spec
-from gpu_operator.api.crd import NVIDIA_DRIVER, crd_yaml, definition_yaml
+from gpu_operator.api.crd import GPU_CLUSTER, NVIDIA_DRIVER, crd_yaml, definition_yaml
 from gpu_operator.core.components import COMPONENTS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -309,7 +309,8 @@ def test_crd_prints_the_crd(capsys: pytest.CaptureFixture[str]) -> None:
 def test_crd_prints_each_crd(capsys: pytest.CaptureFixture[str]) -> None:
     assert run(capsys, "crd", "clusterpolicy") == (0, crd_yaml(), "")
     assert run(capsys, "crd", "nvidiadriver") == (0, definition_yaml(NVIDIA_DRIVER), "")
-    code, out, err = run(capsys, "crd", "gpucluster")
+    assert run(capsys, "crd", "gpucluster") == (0, definition_yaml(GPU_CLUSTER), "")
+    code, out, err = run(capsys, "crd", "gpuclusters")
     assert (code, out) == (2, "")
     assert "invalid choice" in err
 
@@ -610,7 +611,7 @@ def test_driver_errors_name_the_field_and_document(
         f"{path}: document 2: spec.driverType: Input should be 'gpu', 'vgpu' or 'vgpu-host-manager'",
         f"{path}: document 2: spec.nodeSelector: default NVIDIADriver must not use nodeSelector: the default "
         "driver serves every GPU node no other NVIDIADriver selects",
-        f"{path}: document 3: a ConfigMap, not a ClusterPolicy or NVIDIADriver",
+        f"{path}: document 3: a ConfigMap, not a ClusterPolicy, NVIDIADriver or GPUCluster",
     ]
 
 

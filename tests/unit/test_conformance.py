@@ -11,9 +11,11 @@ Compared is what NVIDIA's images and the cluster read: object kinds and names; D
 selectors, tolerations and update strategy; pod host namespaces, runtime class, ServiceAccount and
 shareProcessNamespace; containers and init containers (names and order), their images, commands, args,
 env, envFrom, probe and preStop handlers, ports, privileged, and every volume mount with its volume source,
-readOnly, propagation and subPath; ConfigMap data; Services, ServiceMonitors, RuntimeClasses; and the
-effective RBAC of every ServiceAccount (the rules of all Roles and ClusterRoles bound to it). Labels,
-annotations (except the CDI ones the NRI plugin reads), field order, resources and probe timings may differ.
+readOnly, propagation and subPath, their resource claims; ConfigMap data; Services, ServiceMonitors,
+RuntimeClasses; the whole spec of DeviceClasses, ResourceClaimTemplates and admission policies (the
+GPUCluster's), a Deployment's pod as a DaemonSet's; and the effective RBAC of every ServiceAccount (the
+rules of all Roles and ClusterRoles bound to it). Labels, annotations (except the CDI ones the NRI plugin
+reads), field order, resources and probe timings may differ.
 
 Every deliberate difference is a rule in deliberate-differences.yaml, with its reason; a rule that matches
 nothing in the cases it applies to fails too, so the file never keeps stale entries.
@@ -37,10 +39,13 @@ import yaml
 from gpu_operator import cli
 from gpu_operator.api import parse_document
 from gpu_operator.api.crd import crd
+from gpu_operator.api.gpucluster import parse_gpucluster_spec
 from gpu_operator.api.nvidiadriver import parse_driver_spec
 from gpu_operator.api.spec import ClusterPolicySpec
 from gpu_operator.core.components import COMPONENTS
 from gpu_operator.core.driver_pool_render import render_pools
+from gpu_operator.core.gpucluster_render import FOLDERS as GPUCLUSTER_FOLDERS
+from gpu_operator.core.gpucluster_render import render_gpucluster
 from gpu_operator.core.render import ClusterFacts, Variant
 
 Obj = dict[str, Any]
@@ -193,6 +198,9 @@ def _container(ctr: Mapping[str, Any], volumes: Mapping[str, Any]) -> Fields:
     }
     for kind in ("startup", "liveness", "readiness"):
         fields[(name, f"probe {kind}")] = _handler(ctr.get(f"{kind}Probe"))
+    claims = (ctr.get("resources") or {}).get("claims")
+    if claims:
+        fields[(name, "claims")] = claims
     for entry in ctr.get("env") or []:
         key = (name, f"env {entry['name']}")
         assert key not in fields, f"container {name}: env {entry['name']} set twice"
@@ -230,7 +238,13 @@ def _daemonset(obj: Obj) -> Fields:
     template = spec["template"]
     pod = template["spec"]
     fields: Fields = {("", f"selector {k}"): v for k, v in spec["selector"]["matchLabels"].items()}
-    fields[("", "updateStrategy")] = (spec.get("updateStrategy") or {}).get("type", "RollingUpdate")
+    # A Deployment's `strategy` (the GPUCluster's ComputeDomain controller) reads as a DaemonSet's.
+    strategy = spec.get("updateStrategy") or spec.get("strategy") or {}
+    fields[("", "updateStrategy")] = strategy.get("type", "RollingUpdate")
+    if "replicas" in spec:
+        fields[("", "replicas")] = spec["replicas"]
+    if pod.get("resourceClaims"):
+        fields[("", "resourceClaims")] = pod["resourceClaims"]
     fields.update((("", f"nodeSelector {k}"), v) for k, v in (pod.get("nodeSelector") or {}).items())
     fields[("", "tolerations")] = pod.get("tolerations") or []
     fields.update((("", name), pod.get(name, default)) for name, default in POD_DEFAULTS.items())
@@ -285,10 +299,18 @@ def _service_monitor(obj: Obj) -> Fields:
     return fields
 
 
+WHOLE_SPEC_KINDS = frozenset(
+    {"DeviceClass", "ResourceClaimTemplate", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+)
+"""The GPUCluster's objects whose whole spec is what the API server and the DRA driver read."""
+
+
 def fields_of(obj: Obj) -> Fields:
     kind = obj["kind"]
-    if kind == "DaemonSet":
+    if kind in ("DaemonSet", "Deployment"):
         return _daemonset(obj)
+    if kind in WHOLE_SPEC_KINDS:
+        return {("", "spec"): obj.get("spec")}
     if kind == "ConfigMap":
         return {("", f"data {k}"): _config_data(k, v) for k, v in (obj.get("data") or {}).items()}
     if kind == "Service":
@@ -546,6 +568,7 @@ def test_every_deliberate_difference_is_still_needed() -> None:
     every = list({c.name: c for c in cases_in(REPO_DIR) + CASES}.values())
     # A rule for any case is needed when it explains a difference of NVIDIA's golden driver renders too.
     drivers = [d for case in DRIVER_CASES for d in driver_case_differences(case)]
+    drivers += [d for case in GPUCLUSTER_CASES for d in gpucluster_case_differences(case.name)]
     stale = [
         str(rule)
         for rule in rules()
@@ -727,3 +750,97 @@ def test_every_harness_rule_is_still_needed() -> None:
     every = [d for case in DRIVER_CASES for d in driver_case_differences(case)]
     stale = [str(rule) for rule in harness_rules() if not any(rule.matches(d) for d in every)]
     assert not stale, "harness rules that match no difference (remove them):\n  " + "\n  ".join(stale)
+
+
+# --- GPUCluster: NVIDIA's golden DRA stack renders ------------------------------------------------
+
+GPUCLUSTER_DIR = REPO_DIR / "gpucluster"
+"""NVIDIA's golden files of internal/state/gpucluster_render_test.go (golden/) and the spec of each
+(cases.yaml)."""
+
+
+def _deep_merge(base: Mapping[str, Any], changes: Mapping[str, Any]) -> Obj:
+    merged = dict(base)
+    for key, value in changes.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+@dataclass(frozen=True, eq=False)
+class GPUClusterCase:
+    name: str
+    spec: Mapping[str, Any]
+    states: tuple[str, ...]
+
+    @property
+    def expected(self) -> Path:
+        return GPUCLUSTER_DIR / "golden" / f"{self.name}.yaml"
+
+
+def _gpucluster_data() -> Obj:
+    data: Obj = yaml.safe_load((GPUCLUSTER_DIR / "cases.yaml").read_text())
+    return data
+
+
+def _gpucluster_cases() -> list[GPUClusterCase]:
+    data = _gpucluster_data()
+    return [
+        GPUClusterCase(name, _deep_merge(data["sample"], case.get("spec") or {}), tuple(case["states"]))
+        for name, case in data["cases"].items()
+    ]
+
+
+GPUCLUSTER_CASES = _gpucluster_cases()
+
+
+def render_gpucluster_case(case: GPUClusterCase) -> list[Obj]:
+    data = _gpucluster_data()
+    facts = ClusterFacts(namespace=data["namespace"], environ=data["environ"], service_monitor_crd=False)
+    spec = parse_gpucluster_spec(case.spec)
+    rendered: list[Obj] = json.loads(json.dumps(render_gpucluster(spec, facts, folders=case.states)))
+    return rendered
+
+
+def _affinity(objects: list[Obj]) -> Fields:
+    """Where the GPUCluster's pods may run besides their node selector (the ClusterPolicy cases leave
+    affinity out: NVIDIA's assets and ours place those pods by deploy labels alone)."""
+    return {
+        (f"{o['kind']}/{o['metadata']['name']}", "affinity"): o["spec"]["template"]["spec"].get(
+            "affinity", ABSENT
+        )
+        for o in objects
+        if o["kind"] in ("DaemonSet", "Deployment")
+    }
+
+
+@cache
+def gpucluster_case_differences(name: str) -> tuple[Difference, ...]:
+    case = next(c for c in GPUCLUSTER_CASES if c.name == name)
+    expected, ours = documents(case.expected.read_text()), render_gpucluster_case(case)
+    found = differences(expected, ours)
+    theirs_affinity, our_affinity = _affinity(expected), _affinity(ours)
+    for key in sorted(set(theirs_affinity) & set(our_affinity)):
+        if theirs_affinity[key] != our_affinity[key]:
+            found.append(Difference(key[0], "", key[1], theirs_affinity[key], our_affinity[key]))
+    return tuple(found)
+
+
+@pytest.mark.parametrize("case", GPUCLUSTER_CASES, ids=[c.name for c in GPUCLUSTER_CASES])
+def test_gpucluster_render_matches_nvidia(case: GPUClusterCase) -> None:
+    general = tuple(r for r in rules() if r.when is None)
+    unexplained = [
+        d for d in gpucluster_case_differences(case.name) if not any(r.matches(d) for r in general)
+    ]
+    assert not unexplained, (
+        f"{case.name}: {len(unexplained)} differences from NVIDIA's golden render that no rule explains "
+        "(fix the templates, or add a rule with its reason):\n  " + "\n  ".join(map(str, unexplained))
+    )
+
+
+def test_gpucluster_cases_cover_every_golden_file() -> None:
+    golden = sorted(p.stem for p in (GPUCLUSTER_DIR / "golden").glob("*.yaml"))
+    assert sorted(c.name for c in GPUCLUSTER_CASES) == golden
+    assert {state for c in GPUCLUSTER_CASES for state in c.states} == set(GPUCLUSTER_FOLDERS)

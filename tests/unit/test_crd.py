@@ -1,5 +1,5 @@
-"""The generated CRDs (ClusterPolicy, NVIDIADriver): committed copies up to date, structural, documented,
-and the key shapes right."""
+"""The generated CRDs (ClusterPolicy, NVIDIADriver, GPUCluster): committed copies up to date, structural,
+documented, and the key shapes right."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import yaml
 
 from gpu_operator.api.crd import (
     NVIDIA_DRIVER,
-    RESOURCES,
+    SHIPPED,
     SchemaError,
     crd,
     crd_yaml,
@@ -29,7 +29,7 @@ Schema = dict[str, Any]
 
 
 def root_of(resource: str) -> Schema:
-    root: Schema = definition(RESOURCES[resource])["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    root: Schema = definition(SHIPPED[resource])["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     return root
 
 
@@ -38,7 +38,7 @@ def schema() -> Schema:
     return root_of("clusterpolicy")
 
 
-@pytest.fixture(scope="module", params=sorted(RESOURCES))
+@pytest.fixture(scope="module", params=sorted(SHIPPED))
 def any_schema(request: pytest.FixtureRequest) -> Schema:
     """The schema of each CRD in turn."""
     return root_of(request.param)
@@ -64,17 +64,17 @@ def at(schema: Schema, dotted: str) -> Schema:
     return node
 
 
-@pytest.mark.parametrize("name", sorted(RESOURCES))
+@pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_committed_crds_are_up_to_date(name: str) -> None:
     committed = ROOT / "crds" / f"{name}.yaml"
     assert committed.exists(), f"crds/{name}.yaml is missing: run `make crd`"
-    assert committed.read_text(encoding="utf-8") == definition_yaml(RESOURCES[name]), (
+    assert committed.read_text(encoding="utf-8") == definition_yaml(SHIPPED[name]), (
         f"crds/{name}.yaml differs from the models: run `make crd` and commit the result"
     )
 
 
 def test_crds_are_all_committed() -> None:
-    assert sorted(p.stem for p in (ROOT / "crds").glob("*.yaml")) == sorted(RESOURCES)
+    assert sorted(p.stem for p in (ROOT / "crds").glob("*.yaml")) == sorted(SHIPPED)
 
 
 def test_output_is_deterministic_and_parses() -> None:
@@ -85,10 +85,10 @@ def test_output_is_deterministic_and_parses() -> None:
     assert COMMITTED.read_text(encoding="utf-8") == text
 
 
-@pytest.mark.parametrize("name", sorted(RESOURCES))
+@pytest.mark.parametrize("name", sorted(SHIPPED))
 def test_no_yaml_aliases(name: str) -> None:
     # Shared parts of the schema are written out in each place, not as anchors and aliases.
-    assert not re.search(r"[&*]id\d+", definition_yaml(RESOURCES[name]))
+    assert not re.search(r"[&*]id\d+", definition_yaml(SHIPPED[name]))
 
 
 def test_crd_identity() -> None:
