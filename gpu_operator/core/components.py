@@ -200,7 +200,8 @@ def _sandboxed(section: str, mode: str | None = None) -> Callable[[ClusterPolicy
 def vgpu_manager_enabled(policy: ClusterPolicySpec) -> bool:
     """NVIDIA skips its vGPU manager state while NVIDIADrivers run the drivers (driver.useNvidiaDriverCRD,
     state_manager.go:965): an NVIDIADriver of driverType vgpu-host-manager deploys it then."""
-    return _sandboxed("vgpuManager")(policy) and not policy.driver.useNvidiaDriverCRD
+    sandbox = policy.sandboxWorkloads.enabled
+    return sandbox and "vgpuManager" in policy.enabled_sections and not policy.driver.useNvidiaDriverCRD
 
 
 def sandbox_validator_enabled(policy: ClusterPolicySpec) -> bool:

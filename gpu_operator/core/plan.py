@@ -685,6 +685,8 @@ def _notes(spec: ClusterPolicySpec, nvidia_driver_crd: bool, pools: Pools) -> li
 
 def _workload_notes(spec: ClusterPolicySpec, nodes: Iterable[NodeInfo]) -> list[Note]:
     """GPU nodes whose workload label names no workload type: they run the default one, as NVIDIA's."""
+    if not spec.sandboxWorkloads.enabled:
+        return []  # the label means nothing then, and a large cluster's nodes are not looked at
     invalid = [
         f"{n.name} ({WORKLOAD_LABEL}={value!r})"
         for n in gpu_nodes(nodes)

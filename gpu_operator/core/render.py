@@ -327,8 +327,9 @@ def _context(
         ),
         "validator_pull_policy": policy.validator.imagePullPolicy or DEFAULT_PULL_POLICY,
         "driver_manager_image": _image_of(policy.driver.manager, DRIVER_MANAGER, DRIVER_MANAGER_ENV, facts),
-        # The VFIO and vGPU managers' own k8s-driver-manager (vfioManager/vgpuManager.driverManager).
+        # The sandbox validator's CC step runs only where the CC manager does (sandbox-validator template).
         "cc_manager_deployed": BY_NAME["cc-manager"].enabled(policy),
+        # The VFIO and vGPU managers' own k8s-driver-manager (vfioManager/vgpuManager.driverManager).
         "own_driver_manager": getattr(spec, "driverManager", None),
         "own_driver_manager_image": _image_of(
             getattr(spec, "driverManager", None), DRIVER_MANAGER, DRIVER_MANAGER_ENV, facts
