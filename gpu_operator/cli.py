@@ -317,7 +317,7 @@ def warnings_for(policy: Resource) -> list[str]:
         lines.extend(f"warning: {who}accepted but not acted on: {f}" for f in policy.spec.ignored_fields())
         return lines
     lines.extend(
-        f"warning: spec.{name} is enabled, but this operator does not deploy it; it is ignored"
+        f"warning: spec.{name} is enabled, but {policy.spec.UNSUPPORTED[name]}; it is ignored"
         for name in policy.spec.unsupported_enabled()
     )
     lines.extend(f"warning: accepted but not acted on: {field}" for field in policy.spec.ignored_fields())

@@ -399,11 +399,11 @@ class ValidatorSpec(ComponentSpec):
     cuda: ValidatorComponentSpec | None = None
     """CUDA workload validation."""
     vfioPCI: ValidatorComponentSpec | None = None
-    """VFIO-PCI validation (sandbox validator, not deployed: its env is reported as ignored)."""
+    """VFIO-PCI validation (the sandbox validator's)."""
     vgpuManager: ValidatorComponentSpec | None = None
-    """vGPU manager validation (sandbox validator, not deployed: its env is reported as ignored)."""
+    """vGPU manager validation (the sandbox validator's)."""
     vgpuDevices: ValidatorComponentSpec | None = None
-    """vGPU devices validation (sandbox validator, not deployed: its env is reported as ignored)."""
+    """vGPU devices validation (the sandbox validator's)."""
 
 
 class EnabledSpec(Model):
@@ -451,29 +451,32 @@ class HostPathsSpec(Model):
     """Kubelet root directory (device plugin sockets live below it)."""
 
 
-# Sections accepted for compatibility; enabling one is reported as unsupported by the reconciler.
+# The sandbox stacks: deployed only with sandboxWorkloads.enabled, on the nodes of their workload type
+# (gpu_operator/core/workloads.py).
 
 
 class SandboxWorkloadsSpec(Model):
-    """Sandboxed (VM) workloads (unsupported by this operator)."""
+    """Sandboxed (VM) workloads: each GPU node runs containers, VMs with its GPUs passed through, or
+    VMs with vGPUs, as its label nvidia.com/gpu.workload.config says."""
 
     enabled: bool = False
-    """Enable sandbox workloads."""
+    """Enable sandbox workloads (else every GPU node runs containers)."""
     defaultWorkload: Literal["container", "vm-passthrough", "vm-vgpu"] = "container"
-    """Workload type of nodes without a nvidia.com/gpu.workload.config label."""
+    """Workload type of nodes without a valid nvidia.com/gpu.workload.config label."""
     mode: Literal["kubevirt", "kata"] = "kubevirt"
-    """Sandbox technology."""
+    """Sandbox technology: kubevirt (the KubeVirt sandbox device plugin) or kata (the Kata sandbox
+    device plugin on vm-passthrough nodes, and the CC manager)."""
 
 
 class VFIOManagerSpec(OffByDefault):
-    """VFIO manager (unsupported)."""
+    """VFIO manager: binds the GPUs of vm-passthrough nodes to vfio-pci."""
 
     driverManager: DriverManagerSpec | None = None
     """Driver manager init container."""
 
 
 class VGPUManagerSpec(OffByDefault):
-    """vGPU host manager (unsupported)."""
+    """vGPU manager: the vGPU host driver of vm-vgpu nodes. NVIDIA publishes no image: name yours."""
 
     driverManager: DriverManagerSpec | None = None
     """Driver manager init container."""
@@ -482,32 +485,34 @@ class VGPUManagerSpec(OffByDefault):
 
 
 class VGPUDeviceManagerSpec(OffByDefault):
-    """vGPU device manager (unsupported)."""
+    """vGPU device manager: creates the vGPU devices of vm-vgpu nodes (label nvidia.com/vgpu.config)."""
 
     config: ConfigWithDefault | None = None
     """vGPU device configurations."""
 
 
 class KataManagerSpec(OffByDefault):
-    """Kata manager (deprecated upstream; unsupported)."""
+    """Kata manager: deprecated by NVIDIA, whose operator never deploys it; neither does this one."""
 
     config: FreeForm | None = None
     """Kata manager configuration, passed through."""
 
 
 class CCManagerSpec(OffByDefault):
-    """Confidential computing manager (unsupported)."""
+    """Confidential computing manager (sandboxWorkloads.mode kata only)."""
 
     defaultMode: Literal["on", "off", "devtools"] | None = None
-    """Default CC mode."""
+    """Default CC mode of the GPUs (DEFAULT_CC_MODE)."""
 
 
 class SandboxDevicePluginSpec(OffByDefault):
-    """KubeVirt sandbox device plugin (unsupported)."""
+    """KubeVirt sandbox device plugin: advertises the passed-through GPUs and vGPUs to KubeVirt
+    (sandboxWorkloads.mode kubevirt)."""
 
 
 class KataDevicePluginSpec(OffByDefault):
-    """Kata sandbox device plugin (unsupported)."""
+    """Kata sandbox device plugin: advertises the passed-through GPUs to Kata (sandboxWorkloads.mode
+    kata)."""
 
 
 class GDSSpec(OffByDefault):
@@ -534,7 +539,11 @@ class ClusterPolicySpec(Model):
     )
     """Deployed by NVIDIA only with sandboxWorkloads.enabled (state_manager.go:1030-1046): their own
     `enabled` means nothing without it (NVIDIA's chart turns several on by default)."""
-    UNSUPPORTED: ClassVar[tuple[str, ...]] = ("sandboxWorkloads", *SANDBOX)
+    UNSUPPORTED: ClassVar[dict[str, str]] = {
+        "kataManager": "NVIDIA deprecated the Kata manager and its operator never deploys it "
+        "(isStateEnabled, controllers/state_manager.go:1033-1036); neither does this one",
+    }
+    """Sections this operator accepts and does not deploy, each with the reason."""
 
     operator: OperatorSpec = Field(default_factory=OperatorSpec)
     """Operator settings."""
@@ -569,21 +578,21 @@ class ClusterPolicySpec(Model):
     hostPaths: HostPathsSpec = Field(default_factory=HostPathsSpec)
     """Host paths."""
     sandboxWorkloads: SandboxWorkloadsSpec = Field(default_factory=SandboxWorkloadsSpec)
-    """Sandbox workloads (unsupported)."""
+    """Sandbox workloads: GPU nodes for VMs (VM passthrough, vGPU) beside container nodes."""
     vfioManager: VFIOManagerSpec = Field(default_factory=VFIOManagerSpec)
-    """VFIO manager (unsupported)."""
+    """VFIO manager (vm-passthrough nodes)."""
     vgpuManager: VGPUManagerSpec = Field(default_factory=VGPUManagerSpec)
-    """vGPU manager (unsupported)."""
+    """vGPU manager (vm-vgpu nodes)."""
     vgpuDeviceManager: VGPUDeviceManagerSpec = Field(default_factory=VGPUDeviceManagerSpec)
-    """vGPU device manager (unsupported)."""
+    """vGPU device manager (vm-vgpu nodes)."""
     sandboxDevicePlugin: SandboxDevicePluginSpec = Field(default_factory=SandboxDevicePluginSpec)
-    """Sandbox device plugin (unsupported)."""
+    """KubeVirt sandbox device plugin (VM nodes, mode kubevirt)."""
     kataManager: KataManagerSpec = Field(default_factory=KataManagerSpec)
-    """Kata manager (unsupported)."""
+    """Kata manager: deprecated by NVIDIA and never deployed (accepted, reported when enabled)."""
     kataSandboxDevicePlugin: KataDevicePluginSpec = Field(default_factory=KataDevicePluginSpec)
-    """Kata sandbox device plugin (unsupported)."""
+    """Kata sandbox device plugin (vm-passthrough nodes, mode kata)."""
     ccManager: CCManagerSpec = Field(default_factory=CCManagerSpec)
-    """Confidential computing manager (unsupported)."""
+    """Confidential computing manager (VM nodes, mode kata)."""
     gds: GDSSpec = Field(default_factory=GDSSpec)
     """GPUDirect Storage."""
     gdrcopy: GDRCopySpec = Field(default_factory=GDRCopySpec)
@@ -639,9 +648,10 @@ class ClusterPolicySpec(Model):
         ]
         checks += [
             (
-                bool(getattr(self.validator, step) and getattr(self.validator, step).env),
+                bool(getattr(self.validator, step) and getattr(self.validator, step).env)
+                and not self.sandboxWorkloads.enabled,
                 f"spec.validator.{step}.env",
-                "the sandbox validator is not deployed",
+                "the sandbox validator runs only with sandboxWorkloads.enabled",
             )
             for step in ("vfioPCI", "vgpuManager", "vgpuDevices")
         ]
@@ -660,6 +670,8 @@ class ClusterPolicySpec(Model):
         for name in type(self).model_fields:
             section = getattr(self, name)
             if name in self.UNSUPPORTED or name == "validator" or not isinstance(section, ComponentSpec):
+                continue
+            if name in self.SANDBOX and not self.sandboxWorkloads.enabled:
                 continue
             if section.is_enabled():
                 sections.append((name, section))
@@ -690,15 +702,14 @@ class ClusterPolicySpec(Model):
         return copy
 
     def unsupported_enabled(self) -> list[str]:
-        """Names of unsupported sections the user switched on (reported, never silently ignored)."""
+        """Names of unsupported sections the user switched on (reported, never silently ignored, each
+        with its reason in UNSUPPORTED)."""
         found = []
         for name in self.UNSUPPORTED:
             if name in self.SANDBOX and not self.sandboxWorkloads.enabled:
                 continue
             section = getattr(self, name)
-            if getattr(section, "enabled", False) or (
-                isinstance(section, ComponentSpec) and section.is_enabled()
-            ):
+            if isinstance(section, ComponentSpec) and section.is_enabled():
                 found.append(name)
         return found
 

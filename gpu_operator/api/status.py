@@ -167,6 +167,9 @@ class ClusterPolicyStatus(Model):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     """Per-component readiness, in dependency order."""
+    workloads: dict[str, int] | None = None
+    """GPU nodes per workload type (container, vm-passthrough, vm-vgpu), while sandboxWorkloads is
+    enabled: nvidia.com/gpu.workload.config, else sandboxWorkloads.defaultWorkload."""
     driverUpgrade: DriverUpgradeStatus | None = None
     """Driver upgrades (driver.upgradePolicy): per node step, since when and why. While NVIDIADrivers
     run the driver (driver.useNvidiaDriverCRD), their upgrades added up: each upgrades its own nodes,

@@ -14,6 +14,7 @@ from typing import Literal
 
 from gpu_operator.api.common import ComponentSpec
 from gpu_operator.api.spec import ClusterPolicySpec
+from gpu_operator.core.workloads import CONTAINERS, SANDBOXED, VM_PASSTHROUGH, VM_VGPU
 
 NodeLabels = Mapping[str, str]
 
@@ -152,6 +153,15 @@ class Component:
     config_keys: Callable[[ClusterPolicySpec], list[tuple[str, str, str | None]]] = no_config_keys
     """(policy field, ConfigMap, key) its pods need beyond what their volumes say: a key its image looks
     up (None: any key at all). Checked before its DaemonSet is written (gpu_operator/core/vetting.py)."""
+    workloads: frozenset[str] = CONTAINERS
+    """The GPU workload types of the nodes it runs on (gpu_operator/core/workloads.py): the container
+    stack's components run on container nodes, the sandbox stacks' on VM nodes."""
+    enable_rule: Callable[[ClusterPolicySpec], bool] | None = None
+    """Whether the policy deploys it, where that is more than its section's `enabled` (the sandbox
+    stacks: NVIDIA's isStateEnabled, controllers/state_manager.go:1005-1055)."""
+    image_required: bool = False
+    """NVIDIA publishes no image for it: the policy or the operator's env must name one, else its
+    DaemonSet is withheld and the field named (render.missing_inputs)."""
 
     # Kept once asked: a pass asks these for every component on every node, so a large cluster asks
     # them hundreds of thousands of times.
@@ -169,7 +179,49 @@ class Component:
         return section
 
     def enabled(self, policy: ClusterPolicySpec) -> bool:
+        if self.enable_rule is not None:
+            return self.enable_rule(policy)
         return self.section in policy.enabled_sections
+
+
+def _sandboxed(section: str, mode: str | None = None) -> Callable[[ClusterPolicySpec], bool]:
+    """NVIDIA's rule for a sandbox state: sandboxWorkloads.enabled and its own section enabled, and for
+    the device plugins and the CC manager the sandbox mode they serve."""
+
+    def rule(policy: ClusterPolicySpec) -> bool:
+        sandbox = policy.sandboxWorkloads
+        return (
+            sandbox.enabled and section in policy.enabled_sections and (mode is None or sandbox.mode == mode)
+        )
+
+    return rule
+
+
+def vgpu_manager_enabled(policy: ClusterPolicySpec) -> bool:
+    """NVIDIA skips its vGPU manager state while NVIDIADrivers run the drivers (driver.useNvidiaDriverCRD,
+    state_manager.go:965): an NVIDIADriver of driverType vgpu-host-manager deploys it then."""
+    sandbox = policy.sandboxWorkloads.enabled
+    return sandbox and "vgpuManager" in policy.enabled_sections and not policy.driver.useNvidiaDriverCRD
+
+
+def sandbox_validator_enabled(policy: ClusterPolicySpec) -> bool:
+    """NVIDIA deploys the sandbox validator whenever sandbox workloads are on."""
+    return policy.sandboxWorkloads.enabled
+
+
+def vgpu_manager_config_maps(policy: ClusterPolicySpec) -> list[tuple[str, str]]:
+    """The kernel module parameters ConfigMap the vGPU manager mounts file by file
+    (transformVGPUManagerContainer)."""
+    config = policy.vgpuManager.kernelModuleConfig
+    return [("spec.vgpuManager.kernelModuleConfig.name", config.name)] if config and config.name else []
+
+
+def vgpu_devices_config_keys(policy: ClusterPolicySpec) -> list[tuple[str, str, str | None]]:
+    """vgpu-device-manager reads /vgpu-config/config.yaml (CONFIG_FILE) from the ConfigMap it is given."""
+    config = policy.vgpuDeviceManager.config
+    if config is None or not config.name:
+        return []
+    return [("spec.vgpuDeviceManager.config.name", config.name, "config.yaml")]
 
 
 _NVCR = "nvcr.io/nvidia"
@@ -179,6 +231,7 @@ _CLOUD_NATIVE = "nvcr.io/nvidia/cloud-native"
 # release workflow sets: .github/workflows/release-rc-assets.yaml:274).
 _VALIDATOR = Image(_NVCR, "gpu-operator", "v26.7.0")
 _DEVICE_PLUGIN = Image(_NVCR, "k8s-device-plugin", "v0.20.0")
+_DRIVER_MANAGER = Image(_CLOUD_NATIVE, "k8s-driver-manager", "v0.12.0")
 
 COMPONENTS: tuple[Component, ...] = (
     Component(
@@ -282,17 +335,106 @@ COMPONENTS: tuple[Component, ...] = (
         _VALIDATOR,
         depends_on=("driver",),
     ),
+    # The sandbox stacks (sandboxWorkloads.enabled). Their first components bind or load what the VMs
+    # use; the sandbox validator's init containers wait for each of them (WITH_WAIT=true, nvidia-validator
+    # cmd/nvidia-validator/main.go VfioPCI, VGPUManager, CCManager), so it is labelled once their pods
+    # have started; the sandbox device plugins advertise the GPUs once it is ready.
+    Component(
+        "vgpu-manager",
+        "vgpuManager",
+        "nvidia-vgpu-manager-daemonset",
+        "VGPU_MANAGER_IMAGE",
+        # Built by its user from NVIDIA's licensed vGPU host driver package (image_required).
+        Image("", "vgpu-manager", ""),
+        os_specific_tag=True,
+        validator_init=False,
+        workloads=frozenset({VM_VGPU}),
+        enable_rule=vgpu_manager_enabled,
+        image_required=True,
+        config_maps=vgpu_manager_config_maps,
+    ),
+    Component(
+        "vfio-manager",
+        "vfioManager",
+        "nvidia-vfio-manager",
+        "VFIO_MANAGER_IMAGE",
+        _DRIVER_MANAGER,
+        validator_init=False,
+        workloads=frozenset({VM_PASSTHROUGH}),
+        enable_rule=_sandboxed("vfioManager"),
+    ),
+    Component(
+        "cc-manager",
+        "ccManager",
+        "nvidia-cc-manager",
+        "CC_MANAGER_IMAGE",
+        Image(_CLOUD_NATIVE, "k8s-cc-manager", "v0.4.3"),
+        validator_init=False,
+        workloads=SANDBOXED,
+        enable_rule=_sandboxed("ccManager", "kata"),
+    ),
+    Component(
+        "vgpu-device-manager",
+        "vgpuDeviceManager",
+        "nvidia-vgpu-device-manager",
+        "VGPU_DEVICE_MANAGER_IMAGE",
+        Image(_CLOUD_NATIVE, "vgpu-device-manager", "v0.5.0"),
+        # Its init container waits for vgpu-manager-ready, which the sandbox validator's vgpu-manager
+        # step writes (NVIDIA's assets/state-vgpu-device-manager/0600_daemonset.yaml). The validator
+        # itself waits in its vgpu-devices step for the devices this creates, so neither may wait for
+        # the other's readiness: both come once the vGPU manager's pod has started.
+        depends_on=("vgpu-manager",),
+        waits_for=("vgpu-manager",),
+        workloads=frozenset({VM_VGPU}),
+        enable_rule=_sandboxed("vgpuDeviceManager"),
+        config_keys=vgpu_devices_config_keys,
+    ),
+    Component(
+        "sandbox-validator",
+        "validator",
+        "nvidia-sandbox-validator",
+        "VALIDATOR_IMAGE",
+        _VALIDATOR,
+        depends_on=("vfio-manager", "vgpu-manager", "cc-manager"),
+        waits_for=("vfio-manager", "vgpu-manager", "cc-manager"),
+        workloads=SANDBOXED,
+        enable_rule=sandbox_validator_enabled,
+    ),
+    Component(
+        "sandbox-device-plugin",
+        "sandboxDevicePlugin",
+        "nvidia-sandbox-device-plugin-daemonset",
+        "SANDBOX_DEVICE_PLUGIN_IMAGE",
+        Image(_NVCR, "kubevirt-gpu-device-plugin", "v1.6.0"),
+        depends_on=("sandbox-validator",),
+        workloads=SANDBOXED,
+        enable_rule=_sandboxed("sandboxDevicePlugin", "kubevirt"),
+    ),
+    Component(
+        "kata-sandbox-device-plugin",
+        "kataSandboxDevicePlugin",
+        "nvidia-kata-sandbox-device-plugin-daemonset",
+        "KATA_SANDBOX_DEVICE_PLUGIN_IMAGE",
+        Image(_CLOUD_NATIVE, "nvidia-sandbox-device-plugin", "v0.0.5"),
+        depends_on=("sandbox-validator",),
+        # NVIDIA labels vm-vgpu nodes for the KubeVirt plugin only, whatever the mode
+        # (getEffectiveStateLabels): in Kata mode they get no sandbox device plugin.
+        workloads=frozenset({VM_PASSTHROUGH}),
+        enable_rule=_sandboxed("kataSandboxDevicePlugin", "kata"),
+    ),
 )
 
 BY_NAME: dict[str, Component] = {c.name: c for c in COMPONENTS}
+SANDBOX_COMPONENTS = frozenset(c.name for c in COMPONENTS if not c.workloads & CONTAINERS)
 # An NVIDIADriver of driverType vgpu-host-manager: NVIDIA's vGPU host driver, rendered by the driver's
 # templates (driver/0500_daemonset.yaml.j2) as NVIDIA's manifests/state-driver/0500_daemonset.yaml.
 VGPU_HOST_MANAGER_LABEL = "nvidia-vgpu-host-manager"
 """`app.kubernetes.io/component` of its DaemonSets and pods: still the driver component's."""
 VGPU_MANAGER_DEPLOY_LABEL = "nvidia.com/gpu.deploy.vgpu-manager"
-"""The node label its DaemonSets select on in place of the driver's deploy label. NVIDIA's operator sets
-it only with sandboxWorkloads, on vm-vgpu nodes (controllers/state_manager.go gpuStateLabels), which this
-operator does not deploy: nothing here sets it."""
+"""The node label its DaemonSets select on in place of the driver's deploy label: the vgpu-manager
+component's, set on vm-vgpu nodes while the ClusterPolicy deploys that component. Not while NVIDIADrivers
+run the drivers (vgpu_manager_enabled is then false): NVIDIA's labeller sets it on every vm-vgpu node,
+this operator does not yet for NVIDIADriver pools."""
 BY_LABEL: dict[str, Component] = {c.component_label: c for c in COMPONENTS} | {
     VGPU_HOST_MANAGER_LABEL: BY_NAME["driver"]
 }

@@ -23,6 +23,7 @@ from gpu_operator.core.observed import component_of
 from gpu_operator.core.upgrade import Facts, UpgradeNode, UpgradePlan, plan_upgrade
 from gpu_operator.core.upgrade.facts import config_digest, image_tag
 from gpu_operator.core.upgrade.rollout import manual_inputs
+from gpu_operator.core.workloads import workload_type
 
 VALIDATOR = BY_NAME["operator-validator"]
 
@@ -39,12 +40,16 @@ def upgrade_nodes(caches: Caches, nodes: Iterable[NodeInfo], spec: ClusterPolicy
             annotations=n.upgrade_annotations,
             unschedulable=n.unschedulable,
             ready=n.ready,
-            validator_expected=validating and runs_on(VALIDATOR, n),
+            validator_expected=validating and runs_on(VALIDATOR, n, spec),
         )
 
     found = gpu_nodes(nodes)
     caches.upgrade_nodes.keep({n.name for n in found})
-    return [caches.upgrade_nodes.get(n.name, (n, validating), partial(seen, n)) for n in found]
+    # The node's workload type under this spec decides whether the validator runs there.
+    return [
+        caches.upgrade_nodes.get(n.name, (n, validating, workload_type(n.labels, spec)), partial(seen, n))
+        for n in found
+    ]
 
 
 def _driver_daemonsets(objects: Iterable[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

@@ -47,6 +47,7 @@ from gpu_operator.core.ownership import FIELD_MANAGER
 from gpu_operator.core.render import ClusterFacts, runtimes_in_order
 from gpu_operator.core.upgrade.facts import node_ready
 from gpu_operator.core.upgrade.states import ANNOTATION_PREFIX
+from gpu_operator.core.workloads import workload_type
 
 GPU_PRESENT = "nvidia.com/gpu.present"
 DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
@@ -292,17 +293,31 @@ def deploy_state(component: Component, node: NodeInfo) -> Deploy:
     return Deploy.HELD
 
 
-def runs_on(component: Component, node: NodeInfo) -> bool:
-    """Whether an (enabled) component belongs on this node, before dependency gating: not opted out,
-    and not a driver found pre-installed on the host. A paused component still belongs there."""
+def runs_on(component: Component, node: NodeInfo, policy: ClusterPolicySpec) -> bool:
+    """Whether an (enabled) component belongs on this node, before dependency gating: part of the stack
+    of the node's workload type (gpu_operator/core/workloads.py), not opted out, and not a driver found
+    pre-installed on the host. A paused component still belongs there."""
     if not takes_operands(node) or not component.node_filter(node.labels):
+        return False
+    if workload_type(node.labels, policy) not in component.workloads:
         return False
     return deploy_state(component, node) not in (Deploy.OPTED_OUT, Deploy.HOST)
 
 
 IsReady = Callable[[str, str], bool]
 """(component name, node name) → whether that component's pod on that node is ready (or, for
-`is_started`, has started: its init containers are done)."""
+`is_started`, has started: its init containers are done; for `is_present`, exists at all, terminating
+or not)."""
+
+
+def leaving(node: NodeInfo, policy: ClusterPolicySpec, is_present: IsReady) -> list[str]:
+    """The components of another workload type whose pods are still on the node: a node that changed
+    type (nvidia.com/gpu.workload.config, or sandboxWorkloads) lost their deploy labels, and its new
+    stack gets none until they are gone, so that a driver container never loads nvidia.ko on GPUs
+    the VFIO manager binds to vfio-pci, nor the other way round. NVIDIA's labeller swaps the labels
+    at once (controllers/state_manager.go updateGPUStateLabels) and leaves the order to chance."""
+    workload = workload_type(node.labels, policy)
+    return [c.name for c in COMPONENTS if workload not in c.workloads and is_present(c.name, node.name)]
 
 
 def unmet_dependencies(
@@ -334,7 +349,7 @@ def unmet_dependencies(
     waiting: list[str] = []
     for name in component.depends_on:
         dep = BY_NAME[name]
-        if dep.enabled(policy) and runs_on(dep, node):
+        if dep.enabled(policy) and runs_on(dep, node, policy):
             if not is_ready(name, node.name) and not (name in component.waits_for and started(dep)):
                 waiting.append(name)
         else:
@@ -349,7 +364,9 @@ def awaited(component: Component, policy: ClusterPolicySpec, node: NodeInfo, is_
     return [
         name
         for name in component.waits_for
-        if BY_NAME[name].enabled(policy) and runs_on(BY_NAME[name], node) and not is_ready(name, node.name)
+        if BY_NAME[name].enabled(policy)
+        and runs_on(BY_NAME[name], node, policy)
+        and not is_ready(name, node.name)
     ]
 
 
@@ -359,14 +376,16 @@ def desired_labels(
     is_ready: IsReady,
     is_started: IsReady | None = None,
     driver_initializing: bool = False,
+    is_present: IsReady | None = None,
 ) -> dict[str, str]:
     """The complete set of labels the operator wants to own on `node` (server-side apply removes the rest).
 
     Deploy labels are added once a component's dependencies are met on the node (see
-    `unmet_dependencies`) and then kept (a restarting driver pod does not tear down the stack above
-    it); `true` written by an operand manager is kept the same way, unless it is to be paused again
-    for k8s-driver-manager (`driver_manager_repauses`). With no active policy the set is empty, which
-    removes every label the operator added (see `released_labels` for the ones it shares).
+    `unmet_dependencies`) and no pod of another workload type's stack is left there (`leaving`, with
+    `is_present`; None: no pod is known), and then kept (a restarting driver pod does not tear down
+    the stack above it); `true` written by an operand manager is kept the same way, unless it is to be
+    paused again for k8s-driver-manager (`driver_manager_repauses`). With no active policy the set is
+    empty, which removes every label the operator added (see `released_labels` for the ones it shares).
     """
     if policy is None or not node.is_gpu:
         return {}
@@ -377,16 +396,18 @@ def desired_labels(
         return labels
     labels.update(runtime_labels(node, policy))
     repaused = driver_manager_repauses(node, driver_initializing)
+    blocked = is_present is not None and bool(leaving(node, policy, is_present))
     for component in COMPONENTS:
         if (
             component.deploy_label in repaused
             or not component.enabled(policy)
-            or not runs_on(component, node)
+            or not runs_on(component, node, policy)
         ):
             continue
         state = deploy_state(component, node)
         if state == Deploy.DEPLOYED or (
             state == Deploy.UNDECIDED
+            and not blocked
             and not unmet_dependencies(component, policy, node, is_ready, is_started)
         ):
             labels[component.deploy_label] = "true"

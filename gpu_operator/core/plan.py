@@ -71,6 +71,7 @@ from gpu_operator.core.status import (
     operands_by_node,
     pods_by_node,
     policy_status,
+    present,
     progress_only,
     readiness,
     started,
@@ -82,6 +83,7 @@ from gpu_operator.core.status import (
 from gpu_operator.core.upgrade import Facts, UpgradePlan
 from gpu_operator.core.upgrade.facts import parse_time
 from gpu_operator.core.vetting import Context, Problems
+from gpu_operator.core.workloads import WORKLOAD_LABEL, invalid_label
 
 __all__ = [
     "Observed",
@@ -385,7 +387,7 @@ def build(
     missing = {
         c.name: found for c in COMPONENTS if c.enabled(shown) and (found := missing_inputs(c, shown, facts))
     }
-    notes = _notes(shown, observed.nvidia_driver_crd, pools)
+    notes = _notes(shown, observed.nvidia_driver_crd, pools) + _workload_notes(shown, nodes)
     if (
         not observed.service_monitor_crd
         and shown.dcgmExporter.is_enabled()
@@ -569,11 +571,13 @@ def _label_changes(
     `owners`: the NVIDIADriver owner label each node must carry (driver_pool_plan.Pools.owner_labels;
     a node left out keeps the one it has). Memoized on the node, the spec, the node's operand pods
     and its owner label: all that they depend on."""
-    is_ready, is_started = readiness(pods), started(pods)
+    is_ready, is_started, is_present = readiness(pods), started(pods), present(pods)
     owners = owners or {}
 
     def change(node: NodeInfo) -> dict[str, str] | None:
-        want = desired_labels(node, spec, is_ready, is_started, _driver_initializing(pods, node.name))
+        want = desired_labels(
+            node, spec, is_ready, is_started, _driver_initializing(pods, node.name), is_present
+        )
         owner = owners.get(
             node.name, node.labels.get(OWNER_LABEL) if OWNER_LABEL in node.own_labels else None
         )
@@ -645,7 +649,7 @@ SERVICE_MONITOR_SKIPPED = (
 
 def _notes(spec: ClusterPolicySpec, nvidia_driver_crd: bool, pools: Pools) -> list[Note]:
     notes = [
-        Note(f"spec.{name} is enabled but not supported by this operator; it is ignored")
+        Note(f"spec.{name} is enabled but {spec.UNSUPPORTED[name]}; it is ignored")
         for name in spec.unsupported_enabled()
     ]
     notes += [Note(f"accepted but not acted on: {field}", "Ignored") for field in spec.ignored_fields()]
@@ -677,6 +681,27 @@ def _notes(spec: ClusterPolicySpec, nvidia_driver_crd: bool, pools: Pools) -> li
             )
         )
     return notes
+
+
+def _workload_notes(spec: ClusterPolicySpec, nodes: Iterable[NodeInfo]) -> list[Note]:
+    """GPU nodes whose workload label names no workload type: they run the default one, as NVIDIA's."""
+    if not spec.sandboxWorkloads.enabled:
+        return []  # the label means nothing then, and a large cluster's nodes are not looked at
+    invalid = [
+        f"{n.name} ({WORKLOAD_LABEL}={value!r})"
+        for n in gpu_nodes(nodes)
+        if (value := invalid_label(n.labels, spec)) is not None
+    ]
+    if not invalid:
+        return []
+    shown = ", ".join(invalid[:5]) + (" and more" if len(invalid) > 5 else "")
+    return [
+        Note(
+            f"GPU nodes {shown} name no workload type (container, vm-passthrough, vm-vgpu): they run "
+            f"sandboxWorkloads.defaultWorkload ({spec.sandboxWorkloads.defaultWorkload})",
+            "InvalidWorkloadConfig",
+        )
+    ]
 
 
 @dataclass(frozen=True)

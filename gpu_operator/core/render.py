@@ -271,13 +271,27 @@ def _image_of(triple: Any, default: Image, env_var: str, facts: ClusterFacts, os
 
 
 def missing_inputs(component: Component, policy: ClusterPolicySpec, facts: ClusterFacts) -> list[FieldError]:
-    """Why a component's DaemonSets cannot be rendered now: a ConfigMap it needs is not there. NVIDIA then
-    leaves the DaemonSet as it is and reports the state not ready; so do we (see plan.py)."""
-    return [
+    """Why a component's DaemonSets cannot be rendered now: a ConfigMap it needs is not there, or it has
+    no image at all. NVIDIA then leaves the DaemonSet as it is and reports the state not ready; so do we
+    (see plan.py)."""
+    found = [
         FieldError(path, f"ConfigMap {name!r} not found in namespace {facts.namespace!r}")
         for path, name in component.config_maps(policy)
         if name not in facts.config_maps
     ]
+    if (
+        component.image_required
+        and not component.spec(policy).image
+        and not facts.environ.get(component.image_env)
+    ):
+        found.append(
+            FieldError(
+                f"spec.{component.section}.image",
+                f"no image: NVIDIA publishes none for {component.name}; name yours (repository, image and "
+                f"version), or set {component.image_env} in the operator's environment",
+            )
+        )
+    return found
 
 
 def runtime_class(policy: ClusterPolicySpec, facts: ClusterFacts) -> str | None:
@@ -323,6 +337,13 @@ def _context(
         ),
         "validator_pull_policy": policy.validator.imagePullPolicy or DEFAULT_PULL_POLICY,
         "driver_manager_image": _image_of(policy.driver.manager, DRIVER_MANAGER, DRIVER_MANAGER_ENV, facts),
+        # The sandbox validator's CC step runs only where the CC manager does (sandbox-validator template).
+        "cc_manager_deployed": BY_NAME["cc-manager"].enabled(policy),
+        # The VFIO and vGPU managers' own k8s-driver-manager (vfioManager/vgpuManager.driverManager).
+        "own_driver_manager": getattr(spec, "driverManager", None),
+        "own_driver_manager_image": _image_of(
+            getattr(spec, "driverManager", None), DRIVER_MANAGER, DRIVER_MANAGER_ENV, facts
+        ),
         "gds_image": _image_of(policy.gds, GDS, GDS_ENV, facts, os=variant.os_tag),
         "gdrcopy_image": _image_of(policy.gdrcopy, GDRCOPY, GDRCOPY_ENV, facts, os=variant.os_tag),
         "update_strategy": _update_strategy(component, policy),

@@ -40,12 +40,14 @@ from gpu_operator.core.node_labels import (
     awaited,
     deploy_state,
     gpu_nodes,
+    leaving,
     runs_on,
     takes_operands,
     unmet_dependencies,
 )
 from gpu_operator.core.observed import DaemonSetInfo, PodInfo, PolicyRef, rollout
 from gpu_operator.core.vetting import Problems
+from gpu_operator.core.workloads import WORKLOADS, workload_type
 
 MAX_PROBLEMS = 5
 WAITING = "WaitingForDependency"
@@ -101,7 +103,7 @@ def progress_only(current: Mapping[str, Any], desired: ClusterPolicyStatus) -> b
     body = status_body(desired)
     if body.get("state") == "ready":
         return False
-    said = ("state", "observedGeneration", "gpuNodes", "namespace")
+    said = ("state", "observedGeneration", "gpuNodes", "namespace", "workloads")
     if any(current.get(key) != body.get(key) for key in said):
         return False
 
@@ -163,6 +165,15 @@ def readiness(pods: Mapping[tuple[str, str], PodInfo]) -> IsReady:
     return is_ready
 
 
+def present(pods: Mapping[tuple[str, str], PodInfo]) -> IsReady:
+    """Whether the component has a pod on the node at all, terminating or not."""
+
+    def is_present(component: str, node: str) -> bool:
+        return (component, node) in pods
+
+    return is_present
+
+
 def started(pods: Mapping[tuple[str, str], PodInfo]) -> IsReady:
     """Whether the component's pod on the node has started: its init containers are done (or it is
     ready), and it is not going away."""
@@ -199,7 +210,7 @@ _ELSEWHERE = Standing(eligible=False)
 def standing(
     component: Component, spec: ClusterPolicySpec, node: NodeInfo, pods: Mapping[tuple[str, str], PodInfo]
 ) -> Standing:
-    if not runs_on(component, node):
+    if not runs_on(component, node, spec):
         return _ELSEWHERE
     if deploy_state(component, node) != Deploy.DEPLOYED:
         return Standing(eligible=True, waiting=True, problem=_waiting_problem(component, spec, node, pods))
@@ -378,6 +389,11 @@ def _waiting_problem(
     if state == Deploy.HELD:
         message = f"{key}={value!r} set by {writer}: not true, false or a pause; left as it is"
         return NodeProblem(node=node.name, reason="DeployLabelHeld", message=message)
+    gone = leaving(node, spec, present(pods))
+    if gone:
+        workload = workload_type(node.labels, spec)
+        message = f"waiting for {', '.join(gone)} to leave the node (its workload type is now {workload})"
+        return NodeProblem(node=node.name, reason=WAITING, message=message)
     deps = unmet_dependencies(component, spec, node, readiness(pods))
     message = _waiting_for(deps) if deps else "waiting for its deploy label"
     return NodeProblem(node=node.name, reason=WAITING, message=message)
@@ -440,7 +456,7 @@ def policy_status(
         for c in components
     ]
     components += [
-        ComponentStatus(name=name, enabled=True, state="unsupported", reason="not supported by this operator")
+        ComponentStatus(name=name, enabled=True, state="unsupported", reason=spec.UNSUPPORTED[name])
         for name in spec.unsupported_enabled()
     ]
     enabled = [c for c in components if c.state in ("ready", "notReady")]
@@ -459,7 +475,7 @@ def policy_status(
             else "ClusterPolicy is ready, but no node has a GPU"
         )
         conditions = _conditions(policy, _ready(reason, message + extra), now)
-    return ClusterPolicyStatus(
+    status = ClusterPolicyStatus(
         state="notReady" if not_ready else "ready",
         namespace=namespace,
         observedGeneration=policy.generation,
@@ -468,6 +484,17 @@ def policy_status(
         conditions=conditions,
         components=components,
     )
+    if not spec.sandboxWorkloads.enabled:
+        return status  # NVIDIA's fields alone
+    return status.model_copy(update={"workloads": workload_counts(gpus, spec)})
+
+
+def workload_counts(gpus: Iterable[NodeInfo], spec: ClusterPolicySpec) -> dict[str, int]:
+    """GPU nodes per workload type, every type named (0 too), so that a type's last node leaving shows."""
+    counts = dict.fromkeys(WORKLOADS, 0)
+    for node in gpus:
+        counts[workload_type(node.labels, spec)] += 1
+    return counts
 
 
 Pairs = list[tuple[str, str, str, str]]

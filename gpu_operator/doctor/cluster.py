@@ -23,6 +23,7 @@ from gpu_operator.core.node_labels import (
 )
 from gpu_operator.core.observed import PodInfo, component_of, pod_info
 from gpu_operator.core.plan import pods_by_node
+from gpu_operator.core.workloads import WORKLOAD_LABEL, workload_type
 from gpu_operator.doctor import checklist
 from gpu_operator.doctor.checklist import Command
 from gpu_operator.doctor.driver_pools import DriverPools
@@ -145,7 +146,11 @@ class Cluster:
 
     def expected_on(self, component: str, node: str) -> bool:
         """Whether the component should run on the node at all (enabled, the node not opted out)."""
-        return self.enabled(component) and runs_on(BY_NAME[component], self.infos[node])
+        return self.enabled(component) and runs_on(BY_NAME[component], self.infos[node], self.rules())
+
+    def rules(self) -> ClusterPolicySpec:
+        """The policy the operator's rules read: the active one, else NVIDIA's defaults."""
+        return self.spec if self.spec is not None else ClusterPolicySpec()
 
     def is_ready(self, component: str, node: str) -> bool:
         operand = self.operands.get((component, node))
@@ -165,13 +170,20 @@ class Cluster:
             )
         info = self.infos[node]
         spec = BY_NAME[component]
-        if not runs_on(spec, info):
+        if not runs_on(spec, info, self.rules()):
+            workload = workload_type(info.labels, self.rules())
             if info.labels.get(DEPLOY_OPERANDS) == "false":
                 text = f"the node opted out of every operand ({DEPLOY_OPERANDS}=false)"
             elif not takes_operands(info):
                 text = "the operator does not see a GPU on the node"
             elif not spec.node_filter(info.labels):
                 text = f"{component} does not run on this kind of node"
+            elif workload not in spec.workloads:
+                text = (
+                    f"the node's GPU workload type is {workload} ({WORKLOAD_LABEL}, else "
+                    f"sandboxWorkloads.defaultWorkload), and {component} runs on "
+                    f"{' and '.join(sorted(spec.workloads))} nodes"
+                )
             else:
                 value = info.labels.get(spec.deploy_label)
                 text = f"{component} opted out by the label {spec.deploy_label}={value}"

@@ -4,6 +4,7 @@ counted, driver upgrades, MIG."""
 from __future__ import annotations
 
 from gpu_operator.core.node_labels import takes_operands
+from gpu_operator.core.workloads import CONTAINER, workload_type
 from gpu_operator.doctor import checklist
 from gpu_operator.doctor.checklist import Command
 from gpu_operator.doctor.cluster import (
@@ -59,8 +60,10 @@ def node_findings(cluster: Cluster, name: str) -> list[Finding]:
             return [Finding("error", verdict.code, what, verdict.cause, name, commands=verdict.commands)]
     allocatable = allocatable_gpus(node)
     plugin = cluster.explain("device-plugin", name)
-    # Without a ClusterPolicy every node lacks GPUs for the same reason, already its own finding.
-    if allocatable == 0 and takes_operands(info) and cluster.policy is not None:
+    # Without a ClusterPolicy every node lacks GPUs for the same reason, already its own finding. A VM
+    # node's sandbox device plugin advertises its GPUs under their models' names, not nvidia.com/gpu.
+    containers = workload_type(info.labels, cluster.rules()) == CONTAINER
+    if allocatable == 0 and takes_operands(info) and cluster.policy is not None and containers:
         if plugin.ok:
             cause = (
                 f"advertises no nvidia.com/gpu although {plugin.text}: the plugin found no healthy GPU "

@@ -66,7 +66,8 @@ def test_a_component_is_enabled_by_its_section_and_a_copy_of_the_spec_asks_again
     """Component.enabled reads ClusterPolicySpec.enabled_sections, kept on the spec once asked: it says
     what each section's is_enabled says, and a copy with a changed section does not keep the original's."""
     spec = parse_spec({"dcgm": {"enabled": False}, "nodeStatusExporter": {"enabled": True}})
-    for component in COMPONENTS:
+    # The sandbox stacks have rules of their own (sandboxWorkloads, its mode: tests/unit/test_workloads.py).
+    for component in (c for c in COMPONENTS if c.enable_rule is None):
         assert component.enabled(spec) == component.spec(spec).is_enabled(), component.name
     assert "dcgm" not in spec.enabled_sections and "nodeStatusExporter" in spec.enabled_sections
     off = spec.model_copy(update={"driver": spec.driver.model_copy(update={"enabled": False})})
@@ -186,9 +187,15 @@ def test_deprecated_alias_still_works() -> None:
 
 def test_unsupported_sections_are_reported() -> None:
     spec = parse_spec(
-        {"ccManager": {"enabled": True}, "sandboxWorkloads": {"enabled": True}, "vgpuManager": {}}
+        {
+            "ccManager": {"enabled": True},
+            "sandboxWorkloads": {"enabled": True},
+            "kataManager": {"enabled": True},
+        }
     )
-    assert spec.unsupported_enabled() == ["sandboxWorkloads", "ccManager"]
+    assert spec.unsupported_enabled() == ["kataManager"]
+    # A sandbox section means nothing without sandboxWorkloads.
+    assert parse_spec({"kataManager": {"enabled": True}}).unsupported_enabled() == []
 
 
 def test_gds_and_gdrcopy_need_a_driver_built_on_the_node() -> None:

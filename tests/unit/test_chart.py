@@ -123,8 +123,20 @@ def operand_objects(namespace: str = NAMESPACE) -> tuple[Obj, ...]:
     objects = operand_rbac.operand_objects(namespace, runtime_class=OperatorSpec().runtimeClass)
     daemonsets = [o["metadata"]["name"] for o in objects if o["kind"] == "DaemonSet"]
     missing = {c.daemonset for c in COMPONENTS if not any(n.startswith(c.daemonset) for n in daemonsets)}
-    assert not missing, f"everything.yaml no longer enables every component: {sorted(missing)}"
+    assert not missing - kata_mode_only(), (
+        f"everything.yaml no longer enables every component: {sorted(missing)}"
+    )
     return tuple(objects)
+
+
+def kata_mode_only() -> set[str]:
+    """The DaemonSets of the components only sandboxWorkloads.mode kata deploys. everything.yaml runs
+    KubeVirt mode, and a policy runs one mode or the other: until hack/operand_rbac.py renders a Kata
+    variant of it too, the chart's admission policy does not admit their objects."""
+    spec = everything_spec()
+    kata = parse_spec({**spec, "sandboxWorkloads": {**spec["sandboxWorkloads"], "mode": "kata"}})
+    kubevirt = parse_spec(spec)
+    return {c.daemonset for c in COMPONENTS if c.enabled(kata) and not c.enabled(kubevirt)}
 
 
 def operand_role_names(kind: str) -> list[str]:

@@ -150,15 +150,15 @@ def test_images_with_a_registry_do_not_warn(capsys: pytest.CaptureFixture[str], 
 
 def test_deprecated_and_unsupported_fields_warn(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     spec = (
-        "spec:\n  driver:\n    useOpenKernelModules: true\n  ccManager:\n    enabled: true\n"
+        "spec:\n  driver:\n    useOpenKernelModules: true\n  kataManager:\n    enabled: true\n"
         "  sandboxWorkloads:\n    enabled: true\n"
     )
     code, out, err = run(capsys, "validate", "-f", str(policy_file(tmp_path, spec)))
     assert code == 0
     assert "1 deprecated field: spec.driver.useOpenKernelModules" in out
-    assert "2 unsupported sections enabled: sandboxWorkloads, ccManager" in out
+    assert "1 unsupported section enabled: kataManager" in out
     assert "warning: spec.driver.useOpenKernelModules is deprecated" in err
-    assert "warning: spec.ccManager is enabled" in err
+    assert "warning: spec.kataManager is enabled, but NVIDIA deprecated the Kata manager" in err
     assert "warning: accepted but not acted on: spec.driver.useOpenKernelModules: deprecated" in err
 
 

@@ -512,3 +512,21 @@ def test_a_host_driver_is_not_blamed() -> None:
     (found,) = diagnose(recorded)
     assert found.code == "GPUPodNotStarting"
     assert found.cause == "CrashLoopBackOff; the GPU stack on gpu-a is ready, so look at the container itself"
+
+
+def test_a_vm_node_is_not_blamed_for_advertising_no_nvidia_gpu() -> None:
+    """A VM node's sandbox device plugin advertises its GPUs under their models' names."""
+    healthy = state("healthy.yaml")
+    gpu = healthy.nodes[0]
+    vm = {
+        "metadata": {**gpu["metadata"], "name": "gpu-vm", "labels": {**gpu["metadata"]["labels"]}},
+        "status": {**gpu["status"], "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}},
+    }
+    vm["metadata"]["labels"]["nvidia.com/gpu.workload.config"] = "vm-passthrough"
+    healthy.nodes.append(vm)
+    assert healthy.policies is not None
+    healthy.policies[0]["spec"]["sandboxWorkloads"] = {"enabled": True}
+    assert "NoAllocatableGPU" not in [f.code for f in diagnose(healthy) if f.node == "gpu-vm"]
+    # The same node running containers does lack its GPUs.
+    vm["metadata"]["labels"]["nvidia.com/gpu.workload.config"] = "container"
+    assert by(diagnose(healthy), "NoAllocatableGPU").node == "gpu-vm"

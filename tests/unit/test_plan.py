@@ -239,9 +239,9 @@ def test_no_gpu_nodes_is_ready_with_nvidia_reason() -> None:
 
 
 def test_unsupported_sections_are_reported_not_fatal() -> None:
-    sandbox = policy(ccManager={"enabled": True}, sandboxWorkloads={"enabled": True})
+    sandbox = policy(kataManager={"enabled": True}, sandboxWorkloads={"enabled": True})
     plan = build(observed(sandbox, nodes=[]), NOW)
-    assert any("spec.ccManager" in note for note in plan.notes)
+    assert any("spec.kataManager" in note for note in plan.notes)
     assert status_of(plan, "cluster-policy")["state"] == "ready"
     assert any(c["state"] == "unsupported" for c in status_of(plan, "cluster-policy")["components"])
 
@@ -471,20 +471,16 @@ def test_service_monitor_turned_off_is_deleted() -> None:
     assert plan.deletes == [key]
 
 
-def test_sandbox_sections_are_unsupported_only_with_sandbox_workloads() -> None:
+def test_the_kata_manager_is_unsupported_only_with_sandbox_workloads() -> None:
     spec: dict[str, Any] = {
         "vfioManager": {"enabled": True},
-        "ccManager": {"enabled": True},
+        "kataManager": {"enabled": True},
         "gds": {"enabled": True},
     }
-    assert [n for n in build(observed(policy(**spec), nodes=[]), NOW).notes if "vfioManager" in n] == []
+    assert build(observed(policy(**spec), nodes=[]), NOW).notes == []
     sandbox: dict[str, Any] = {**spec, "sandboxWorkloads": {"enabled": True}}
     notes = build(observed(policy(**sandbox), nodes=[]), NOW).notes
-    assert [n.split(" ")[0] for n in notes] == [
-        "spec.sandboxWorkloads",
-        "spec.vfioManager",
-        "spec.ccManager",
-    ]
+    assert [n.split(" ")[0] for n in notes] == ["spec.kataManager"]
     assert {n.reason for n in notes} == {"Unsupported"}
 
 

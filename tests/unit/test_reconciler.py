@@ -752,7 +752,7 @@ def test_a_node_that_cannot_be_read_after_a_stale_write_is_left_to_its_watch() -
 
 def test_events_on_transitions_only() -> None:
     fake = FakeKube()
-    rec = reconciler(fake, {"ccManager": {"enabled": True}, "sandboxWorkloads": {"enabled": True}})
+    rec = reconciler(fake, {"kataManager": {"enabled": True}, "sandboxWorkloads": {"enabled": True}})
     run_once(rec)
     assert ("Normal", "Progressing") in fake.events  # rolling out, nothing failing
     assert ("Warning", "Unsupported") in fake.events

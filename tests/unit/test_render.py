@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from gpu_operator.api import ClusterPolicySpec, PolicyError, parse_document, parse_spec
-from gpu_operator.core.components import BY_NAME, COMPONENTS
+from gpu_operator.core.components import BY_NAME, COMPONENTS, SANDBOX_COMPONENTS
 from gpu_operator.core.render import (
     CLUSTER_SCOPED_KINDS,
     PREREQUISITES,
@@ -291,7 +291,9 @@ def test_operator_environment_supplies_missing_images() -> None:
 
 def test_empty_spec_renders_every_default_component() -> None:
     objects = render_spec({})
-    expected = {c.daemonset for c in COMPONENTS if c.name != "node-status-exporter"}
+    # The node-status exporter is off by NVIDIA's default, the sandbox stacks without sandboxWorkloads.
+    off = {"node-status-exporter", *SANDBOX_COMPONENTS}
+    expected = {c.daemonset for c in COMPONENTS if c.name not in off}
     assert set(daemonsets(objects)) == expected
 
 
@@ -332,7 +334,9 @@ def test_every_component_has_templates_and_ends_with_its_daemonset() -> None:
     assert template_dir().is_dir()
     for component in COMPONENTS:
         assert templates_of(component.name), component.name
-        objects = render_component(component, parse_spec({}), FACTS)
+        # The vGPU manager has no image of NVIDIA's: without one its DaemonSet is withheld.
+        vgpu = {"repository": "registry.example.com", "image": "vgpu-manager", "version": "1"}
+        objects = render_component(component, parse_spec({"vgpuManager": vgpu}), FACTS)
         assert objects[-1]["kind"] == "DaemonSet"
         assert objects[-1]["metadata"]["name"] == component.daemonset
         assert all(o["kind"] != "DaemonSet" for o in objects[:-1])
@@ -357,7 +361,16 @@ def test_every_object_is_labelled_and_scoped(name: str) -> None:
 
 
 # nvidia-validator's COMPONENT of each dependency an operand's init container validates.
-VALIDATED_AS = {"driver": "driver", "toolkit": "container-toolkit"}
+VALIDATED_AS = {
+    "driver": "driver",
+    "toolkit": "container-toolkit",
+    "vfio-pci": "vfio-manager",
+    "vgpu-manager": "vgpu-manager",
+    "cc-manager": "cc-manager",
+}
+# The status files an init container's shell loop waits for, by the dependency they stand for (the
+# sandbox validator writes vgpu-manager-ready once the vGPU manager works).
+GATE_FILES = {"/run/nvidia/validations/vgpu-manager-ready": "vgpu-manager"}
 
 
 @pytest.mark.parametrize("name", ["empty", "seed-sample", "everything", "host-driver"])
@@ -365,15 +378,20 @@ def test_a_component_is_labelled_with_exactly_the_dependencies_its_pods_wait_for
     """Component.waits_for holds what the pods show: a dependency validated by an init container with
     WITH_WAIT=true (retried until it works; the toolkit's driver-validation), not one validated once
     (WITH_WAIT=false: the validator's toolkit-validation fails, so it stays behind the toolkit)."""
+    spec = load(name)
     for component in COMPONENTS:
-        for ds in daemonsets(render_component(component, load(name), FACTS)).values():
+        for ds in daemonsets(render_component(component, spec, FACTS)).values():
             waits = set()
             for ctr in pod_spec(ds).get("initContainers", []):
                 env = {e["name"]: e.get("value") for e in ctr.get("env", [])}
                 dependency = VALIDATED_AS.get(env.get("COMPONENT") or "")
                 if dependency in component.depends_on and env.get("WITH_WAIT") == "true":
                     waits.add(dependency)
-            assert waits == set(component.waits_for), component.name
+                script = " ".join(ctr.get("args") or [])
+                waits.update(d for f, d in GATE_FILES.items() if f in script and d in component.depends_on)
+            # The sandbox validator's CC step is rendered only where the CC manager runs (Kata mode).
+            expected = {d for d in component.waits_for if d != "cc-manager" or BY_NAME[d].enabled(spec)}
+            assert waits == expected, component.name
 
 
 @pytest.mark.parametrize("name", ["empty", "seed-sample", "everything"])
@@ -382,7 +400,8 @@ def test_every_daemonset_selects_its_pods_on_deploy_labelled_nodes(name: str) ->
         objects = render_component(component, load(name), FACTS)
         for ds in (o for o in objects if o["kind"] == "DaemonSet"):
             template_labels = ds["spec"]["template"]["metadata"]["labels"]
-            assert ds["spec"]["selector"]["matchLabels"]["app"] == component.daemonset
+            # NVIDIA's VFIO and CC managers select on `name`; their pods carry `app` too.
+            assert template_labels["app"] == component.daemonset
             assert ds["spec"]["selector"]["matchLabels"].items() <= template_labels.items()
             assert template_labels["app.kubernetes.io/component"] == component.component_label
             assert ds["metadata"]["labels"]["app.kubernetes.io/component"] == component.component_label
