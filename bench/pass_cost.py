@@ -21,14 +21,17 @@ from pathlib import Path
 import yaml
 
 from gpu_operator.core.caches import Caches
-from gpu_operator.core.components import COMPONENTS
+from gpu_operator.core.components import COMPONENTS as EVERY_COMPONENT
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import PodInfo
 from gpu_operator.core.plan import build
+from gpu_operator.core.workloads import CONTAINER
 from gpu_operator.runtime.store import Store
 
 POLICY = Path(__file__).resolve().parents[1] / "examples" / "clusterpolicy.yaml"
 NOW = "2026-12-01T00:00:00Z"
+COMPONENTS = [c for c in EVERY_COMPONENT if CONTAINER in c.workloads]
+"""The container stack: the nodes run containers (a VM stack's pods on them would hold it back)."""
 NAMESPACE = "gpu-operator"
 NFD = {
     "feature.node.kubernetes.io/pci-10de.present": "true",

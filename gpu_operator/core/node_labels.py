@@ -47,7 +47,7 @@ from gpu_operator.core.ownership import FIELD_MANAGER
 from gpu_operator.core.render import ClusterFacts, runtimes_in_order
 from gpu_operator.core.upgrade.facts import node_ready
 from gpu_operator.core.upgrade.states import ANNOTATION_PREFIX
-from gpu_operator.core.workloads import workload_type
+from gpu_operator.core.workloads import WORKLOADS, workload_type
 
 GPU_PRESENT = "nvidia.com/gpu.present"
 DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
@@ -316,8 +316,12 @@ def leaving(node: NodeInfo, policy: ClusterPolicySpec, is_present: IsReady) -> l
     stack gets none until they are gone, so that a driver container never loads nvidia.ko on GPUs
     the VFIO manager binds to vfio-pci, nor the other way round. NVIDIA's labeller swaps the labels
     at once (controllers/state_manager.go updateGPUStateLabels) and leaves the order to chance."""
-    workload = workload_type(node.labels, policy)
-    return [c.name for c in COMPONENTS if workload not in c.workloads and is_present(c.name, node.name)]
+    foreign = _FOREIGN[workload_type(node.labels, policy)]
+    return [name for name in foreign if is_present(name, node.name)]
+
+
+_FOREIGN = {w: tuple(c.name for c in COMPONENTS if w not in c.workloads) for w in WORKLOADS}
+"""Workload type → the components of the other types' stacks (a pass asks for every node)."""
 
 
 def unmet_dependencies(

@@ -78,17 +78,6 @@ class Batch:
             self.timer = asyncio.get_running_loop().call_later(self.seconds, self.end)
         return self.ended.wait()
 
-    def hold(self, seconds: float) -> None:
-        """Make the wait under way, or the next one, last until `seconds` from now if it would end
-        sooner: a pass that waits for its tokens sees the events no sooner for their being read."""
-        loop = asyncio.get_running_loop()
-        if self.timer is not None:
-            if self.timer.when() >= loop.time() + seconds:
-                return
-            self.timer.cancel()
-        self.ended.clear()
-        self.timer = loop.call_later(seconds, self.end)
-
     def end(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
@@ -216,10 +205,10 @@ class WorkQueue:
                 self.work_since = self.clock()
             cost = max(1, self.size())
             if wait := self.tokens.delay(cost):
-                # What the watches bring meanwhile goes into this pass: they read it once, a batch
-                # before the pass starts, instead of every batch (each read costs a wake-up).
-                if wait > 2 * self.reads.seconds:
-                    self.reads.hold(wait - self.reads.seconds)
+                # What the watches bring meanwhile goes into this pass (they read in batches: not idle).
+                # Not read at all until the pass, their connections would stay paused for seconds, and
+                # the API server closes a watch that long unresponsive (a 1000-node rollout then
+                # listed its pods again three times).
                 await asyncio.sleep(wait)
             self.tokens.take(cost)
             self.dirty.clear()

@@ -330,38 +330,6 @@ def test_passes_over_a_large_cluster_wait_for_their_tokens_once_the_burst_is_spe
     assert started[1] - started[0] < 1.0 and started[2] - started[1] >= 100.0
 
 
-def test_while_a_pass_waits_for_its_tokens_the_watches_read_once_a_batch_before_it() -> None:
-    """A pass 100 s off: a watch's read waits 90 s (the batch is 10 s), not one batch, so that what
-    the watches bring meanwhile is read in one go, shortly before the pass that plans it."""
-    settings = Settings(
-        pass_rate_nodes_per_second=10.0,
-        pass_burst_nodes=2000.0,
-        resync_seconds=86400.0,
-        watch_batch_seconds=10.0,
-    )
-    started: list[float] = []
-
-    def step(loop: WorkQueue) -> None:
-        started.append(loop.clock())
-        loop.add()
-
-    async def script(loop: WorkQueue) -> None:
-        loop.add()
-        await until(lambda: len(started) == 2, "the burst")
-        waiting = loop.settle()
-        assert waiting is not None, "a pass is due"
-        await skip(89.0)
-        await asyncio.sleep(0.05)
-        assert loop.reads.timer is not None and not loop.reads.ended.is_set(), "held past one batch"
-        await skip(1.0)
-        await done(waiting)
-        assert len(started) == 2, "read a batch before the pass"
-        await skip(10.0)
-        await until(lambda: len(started) == 3, "the third pass, 100 s on")
-
-    drive(settings, step, script, nodes=1000)
-
-
 def test_a_small_clusters_passes_never_wait() -> None:
     settings = Settings(pass_rate_nodes_per_second=10.0, pass_burst_nodes=2000.0, resync_seconds=86400.0)
     started: list[float] = []
