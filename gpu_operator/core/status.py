@@ -371,9 +371,16 @@ def _component_status(
     )
 
 
+_NOWHERE = Tally()
+
+
 def _block_tallies(rows: tuple[tuple[Standing | None, ...], ...]) -> tuple[Tally, ...]:
-    """Each component's tally on a block of nodes (`rows`: their standings, COMPONENTS order)."""
-    return tuple(_tally(column) for column in zip(*rows, strict=True))
+    """Each component's tally on a block of nodes (`rows`: their standings, COMPONENTS order); a
+    disabled component (None on every node: most of the sandbox stacks, usually) counts nothing."""
+    return tuple(
+        _tally(column) if any(s is not None for s in column) else _NOWHERE
+        for column in zip(*rows, strict=True)
+    )
 
 
 def _waiting_problem(
