@@ -39,17 +39,34 @@ Obj = dict[str, Any]
 
 def operand_objects(namespace: str = NAMESPACE, runtime_class: str | None = None) -> list[Obj]:
     """What the operator applies for a policy with every component on (tests/data/policies/
-    everything.yaml), with `runtime_class` as its operator.runtimeClass when given."""
+    everything.yaml, sandbox workloads in KubeVirt mode), with `runtime_class` as its
+    operator.runtimeClass when given, and the objects only Kata mode adds (the Kata sandbox device
+    plugin's and the CC manager's): a policy runs one mode or the other, and the chart admits both."""
     spec = yaml.safe_load(EVERYTHING.read_text())["spec"]
     if runtime_class is not None:
         spec = {**spec, "operator": {**(spec.get("operator") or {}), "runtimeClass": runtime_class}}
+    kata = {**spec, "sandboxWorkloads": {**spec["sandboxWorkloads"], "mode": "kata"}}
     facts = ClusterFacts(
         namespace=namespace,
         os_tag="ubuntu22.04",
         kernels=(("5.15.0-105-generic", "ubuntu22.04"),),
         config_maps={"kernel-module-params": ("nvidia.conf",)},
     )
-    return render(parse_spec(spec), facts)
+    objects = render(parse_spec(spec), facts)
+    seen = {_key(o): o for o in objects}
+    for obj in render(parse_spec(kata), facts):
+        known = seen.get(_key(obj))
+        if known is None:
+            objects.append(obj)
+            seen[_key(obj)] = obj
+        elif obj["kind"] in (*RBAC_KINDS, "RuntimeClass") and known != obj:
+            raise ValueError(f"{obj['kind']} {obj['metadata']['name']} differs between the sandbox modes")
+    return objects
+
+
+def _key(obj: Obj) -> tuple[str, str, str]:
+    metadata = obj["metadata"]
+    return (obj["kind"], metadata.get("namespace", ""), metadata["name"])
 
 
 def _quote(value: str) -> str:
