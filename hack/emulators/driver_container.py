@@ -15,8 +15,11 @@ images; a branch-only tag is a precompiled image):
   kernel module type first (l.452-454), then as above without the reload shortcut or the digest
   (l.455-485).
 * **vgpu-manager** (vgpu-manager/ubuntu22.04/nvidia-driver): the vGPU host driver; no lock, no digest,
-  no module type choice (l.313-347). Its pod (an NVIDIADriver of driverType vgpu-host-manager) has no
-  startup probe, so it is Ready once it runs.
+  no module type choice (l.313-347); once loaded it enables the GPUs' SR-IOV virtual functions
+  (``_enable_vfs``, l.216-233: ``sriov-manage -e ALL``), which its shutdown disables again before it
+  unloads (l.236-247, 292-299), taking the vGPU devices on them along (pci.py). Its pod (the vGPU
+  manager's, or an NVIDIADriver's of driverType vgpu-host-manager) has no startup probe, so it is Ready
+  once it runs.
 
 Each script parses its arguments with util-linux getopt under ``set -e``, so an option it does not know
 exits 1 with getopt's message, and a command it does not know prints the usage and exits 1: the
@@ -38,7 +41,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from . import gpus
+from . import gpus, pci
 from .common import NVIDIA_SMI, NVML_LIBRARY
 from .driver import PID_FILE, READY_FILE, STATE_FILE, gpus_in_use
 from .images import family
@@ -330,12 +333,15 @@ class DriverContainer:
         await self.unload()
         await self.load(None)
         self.mount_rootfs()
+        pci.set_vfs(self.proc.node, True)
 
     async def shutdown(self) -> None:
         """_shutdown (the EXIT trap and SIGTERM): unload unless the GPUs are in use, then unmount."""
         proc = self.proc
         if not self.trapped or await gpus_in_use(proc, exclude_driver=True):
             return
+        if self.script.kind == "vgpu-manager":
+            pci.set_vfs(proc.node, False)
         proc.node.set_driver(None)
         host = proc.fs.host_path(DRIVER_ROOT)
         if host:

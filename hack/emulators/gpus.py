@@ -57,6 +57,12 @@ class GpuModel:
     """As mig-parted's device-filter writes it: 0x<device><vendor>."""
     machine: str
     """/sys/class/dmi/id/product_name of the simulated server."""
+    pci_name: str = ""
+    """The device's name in the PCI ID database (pci.ids, vendor 10de): what KubeVirt's device plugin
+    names its resource after."""
+    vgpu_prefix: str = ""
+    """The prefix of its time-sliced vGPU types (`H100XM-40C`), as NVIDIA's vGPU configurations name
+    them (vgpu-device-manager's default config, device-filter of this device ID)."""
     mig_profiles: tuple[MigProfile, ...] = field(default_factory=tuple)
 
     @property
@@ -66,6 +72,16 @@ class GpuModel:
     def profile(self, name: str) -> MigProfile | None:
         return next((p for p in self.mig_profiles if p.name == name), None)
 
+    @property
+    def device_id(self) -> str:
+        """The PCI device ID as sysfs `device` holds it, without 0x (`2330`)."""
+        return self.pci_device_id[2:6].lower()
+
+    @property
+    def memory_gb(self) -> int:
+        """The frame buffer its vGPU types divide (80 GB, 24 GB)."""
+        return round(self.memory_mib / 1024 / 8) * 8
+
 
 H100_80GB = GpuModel(
     key="H100-80GB-HBM3",
@@ -74,6 +90,8 @@ H100_80GB = GpuModel(
     compute=(9, 0),
     pci_device_id="0x233010DE",
     machine="DGX H100",
+    pci_name="GH100 [H100 SXM5 80GB]",
+    vgpu_prefix="H100XM",
     mig_profiles=(
         MigProfile("1g.10gb", 7, 9856, 16, 1, 1, 1, 1, 0),
         MigProfile("1g.20gb", 4, 19968, 26, 1, 1, 1, 1, 0),
@@ -90,6 +108,8 @@ L4 = GpuModel(
     compute=(8, 9),
     pci_device_id="0x27B810DE",
     machine="PowerEdge R760",
+    pci_name="AD104GL [L4]",
+    vgpu_prefix="L4",
 )
 MODELS: dict[str, GpuModel] = {m.key: m for m in (H100_80GB, L4)}
 

@@ -10,7 +10,12 @@ image). NVIDIA's current operand images are distroless with a static busybox tha
   (distroless since v0.18.0, Dockerfile:46-47 there);
 * k8s-mig-manager v0.15.0: mig-parted deployments/container/Dockerfile:69-74;
 * k8s-driver-manager v0.12.0: deployments/container/Dockerfile.distroless:58-70;
-* gpu-operator v26.7.0 (operator and validator in one image): docker/Dockerfile:86-124.
+* gpu-operator v26.7.0 (operator and validator in one image): docker/Dockerfile:86-124;
+* kubevirt-gpu-device-plugin v1.6.0: deployments/container/Dockerfile.distroless:58-84 (NVIDIA's
+  distroless Go base; its binary is the CMD);
+* vgpu-device-manager v0.5.0: deployments/container/Dockerfile.distroless:33-77 (busybox copied in);
+* k8s-cc-manager v0.4.3: deployments/container/Dockerfile.distroless:32-81 (distroless Python with its
+  own /bin/rm; ENTRYPOINT python3 /app/main.py).
 
 Older tags and the `-ubuntu*`/`-ubi*` flavours are full distributions with bash. The driver and
 DCGM images are Ubuntu-based.
@@ -111,6 +116,19 @@ FAMILIES: dict[str, Family] = {
             # deployments/container/Dockerfile:85-88.
             (("NVIDIA_VISIBLE_DEVICES", "all"), ("NVIDIA_MIG_CONFIG_DEVICES", "all")),
         ),
+        Family(
+            "kubevirt-gpu-device-plugin",
+            ("nvidia-kubevirt-gpu-device-plugin",),
+            ("nvidia-kubevirt-gpu-device-plugin",),
+            (0,),
+        ),
+        Family(
+            "vgpu-device-manager",
+            ("nvidia-k8s-vgpu-dm", "nvidia-vgpu-dm", "nvidia-mig-parted"),
+            ("nvidia-k8s-vgpu-dm",),
+            (0,),
+        ),
+        Family("k8s-cc-manager", ("python3",), ("python3", "/app/main.py"), (0,)),
         # CUDA base images: NVIDIA_VISIBLE_DEVICES=all (dcgm-exporter docker/Dockerfile:163-165).
         Family("dcgm", ("nv-hostengine", "dcgmi"), ("nv-hostengine", "-n", "-b", "ALL"), None, _CUDA_ENV),
         Family("dcgm-exporter", ("dcgm-exporter",), ("dcgm-exporter",), None, _CUDA_ENV),

@@ -613,6 +613,12 @@ class PodRunner:
             if step.code:
                 proc.fail(f"exit {step.code}", code=step.code)
             raise _ScriptExit
+        elif step.kind == "if":
+            # `$(cat FILE)`: the content without its trailing newlines ("" when it cannot be read).
+            content = (proc.fs.read(step.path) or "").rstrip("\n")
+            if (content != step.value) == (step.name == "!="):
+                for inner in step.body:
+                    await self._step(proc, inner)
         elif step.kind == "run":
             await self.execute(proc, step.argv)
 

@@ -126,6 +126,8 @@ class NodeState:
         """Runtime handlers containerd loaded at its last (re)start."""
         self.resources: dict[str, int] = {}
         """Extended resources the device plugins registered (the kubelet's device manager)."""
+        self.plugin_resources: dict[str, dict[str, int]] = {}
+        """The same per plugin: a plugin that goes withdraws its own resources, not another's."""
         self.known_resources: set[str] = set()
         """Resource names ever advertised here: the kubelet keeps them, at 0, when a plugin goes."""
         self.restored = False
@@ -272,9 +274,12 @@ class NodeState:
             self.mig = layout
             self.changed()
 
-    def set_resources(self, resources: Mapping[str, int]) -> None:
-        if dict(resources) != self.resources:
-            self.resources = dict(resources)
+    def set_resources(self, resources: Mapping[str, int], plugin: str = "nvidia-device-plugin") -> None:
+        """The resources `plugin` registers now (its earlier ones, absent here, go)."""
+        self.plugin_resources[plugin] = dict(resources)
+        merged = {k: v for found in self.plugin_resources.values() for k, v in found.items()}
+        if merged != self.resources:
+            self.resources = merged
             self.known_resources |= set(resources)
             self.changed()
 

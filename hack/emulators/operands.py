@@ -2,8 +2,34 @@
 
 from __future__ import annotations
 
-from . import dcgm, device_plugin, driver, driver_container, gfd, mig_manager, toolkit, validator
+from . import (
+    cc_manager,
+    dcgm,
+    device_plugin,
+    driver,
+    driver_container,
+    gfd,
+    kubevirt_device_plugin,
+    mig_manager,
+    toolkit,
+    validator,
+    vfio_manager,
+    vgpu_device_manager,
+)
 from .process import PROGRAMS
 
-MODULES = (driver, driver_container, toolkit, validator, device_plugin, gfd, mig_manager, dcgm)
+MODULES = (
+    driver,
+    driver_container,
+    toolkit,
+    validator,
+    device_plugin,
+    gfd,
+    mig_manager,
+    dcgm,
+    vfio_manager,
+    kubevirt_device_plugin,
+    vgpu_device_manager,
+    cc_manager,
+)
 NAMES: tuple[str, ...] = tuple(sorted(PROGRAMS))

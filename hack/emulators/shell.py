@@ -8,7 +8,11 @@ those, parsed from the rendered command and args or from the script a ConfigMap 
 * ``export NAME=VALUE``, ``NAME=VALUE``: set a variable (``$VAR``/``${VAR}``/``${VAR:-x}`` expanded);
 * ``sleep N`` (a delay), ``sleep infinity`` / ``while true; do sleep N; done`` (run forever);
 * ``rm -f GLOB...``: remove files (the validator's and the driver's preStop hooks); ``touch FILE...``;
-* ``exit N``; ``exec PROGRAM ARGS`` or a last plain command: the program the script hands over to.
+* ``exit N``; ``exec PROGRAM ARGS`` or a last plain command: the program the script hands over to;
+  ``PROGRAM && ...``: a program that runs to its end, the script going on after it (a failure ends the
+  script with the program's status, as ``&&`` does);
+* ``if [ "$(cat FILE)" != "VALUE" ]; then ...; fi`` (or ``=``): the sandbox gates' test of the
+  validator's ``workload-type`` file; the ``then`` part's steps run when it holds.
 
 Everything else (``echo``, ``cat``, ``set``, ``if``/``for`` blocks) is accepted and has no effect. A
 script is turned into a list of :class:`Step` records; :mod:`.kubelet` runs them.
@@ -27,13 +31,17 @@ SHELLS = frozenset({"sh", "ash", "bash", "/bin/sh", "/bin/ash", "/bin/bash", "/u
 @dataclass(frozen=True)
 class Step:
     kind: str
-    """wait, source, env, sleep, forever, remove, touch, exit, run (hand over to a program)."""
+    """wait, source, env, sleep, forever, remove, touch, exit, run (hand over to a program, or with
+    `chained` run it to its end and go on), if (`path`'s content compared with `value`, `name` the
+    operator, `body` the steps when it holds)."""
     argv: tuple[str, ...] = ()
     path: str = ""
     seconds: float = 0.0
     name: str = ""
     value: str = ""
     code: int = 0
+    chained: bool = False
+    body: tuple[Step, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,10 @@ def _statements(text: str) -> list[str]:
                 current += char
             elif char == ";":
                 out.append(current.strip())
+                current = ""
+            elif char == "&" and current.endswith("&"):
+                # `a && b`: `a` ends a statement that hands over to nothing (marked by a trailing &&).
+                out.append(current[:-1].strip() + " &&")
                 current = ""
             elif char == "#" and (not current or current.endswith(" ")):
                 break
@@ -118,6 +130,22 @@ def _loop_step(header: str, body: list[str]) -> Step | None:
     return None
 
 
+def _if_step(header: str, body: list[str], variables: dict[str, str]) -> Step | None:
+    """`if [ "$(cat FILE)" != "VALUE" ]` with its `then` part (an `else` part is not read)."""
+    found = re.match(r'if\s+\[\s+"\$\(cat\s+(\S+?)\)"\s+(!=|=)\s+"([^"]*)"\s+\]\s*$', header)
+    if not found:
+        return None
+    then = []
+    for statement in body:
+        if statement in ("then",):
+            continue
+        if statement == "else":
+            break
+        then.append(statement)
+    inner = parse("\n".join(then), variables)
+    return Step("if", path=found.group(1), name=found.group(2), value=found.group(3), body=inner.steps)
+
+
 def _is_number(text: str) -> bool:
     return re.fullmatch(r"\d+(\.\d+)?", text) is not None
 
@@ -152,13 +180,20 @@ def parse(text: str, env: Mapping[str, str] | None = None) -> Script:
                 step = _loop_step(statement, body)
                 if step is not None:
                     steps.append(step)
+            elif head == "if":
+                step = _if_step(statement, body, variables)
+                if step is not None:
+                    steps.append(step)
             index = end
             continue
         index += 1
-        step = _simple(words, variables)
+        chained = words[-1:] == ["&&"]
+        step = _simple(words[:-1] if chained else words, variables)
         if step is not None:
+            if chained and step.kind == "run":
+                step = Step("run", argv=step.argv, chained=True)
             steps.append(step)
-            if step.kind in ("run", "exit", "forever"):
+            if step.kind in ("run", "exit", "forever") and not step.chained:
                 break
     return Script(tuple(steps), interpreter)
 

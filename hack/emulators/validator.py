@@ -17,6 +17,20 @@
   node (plugin: requesting one GPU), waiting up to 60 x 5 s for it to succeed; ``cuda-ready``,
   ``plugin-ready``. kwok completes those pods (hack/kwok/stages.yaml).
 * ``metrics`` (node-status exporter): serves metrics until stopped.
+* The sandbox validator's steps (l.1645-2004), each with the node read through the pod's ServiceAccount
+  for its workload type (``getWorkloadConfig`` l.497-529: the node's ``nvidia.com/gpu.workload.config``
+  if valid, else ``DEFAULT_GPU_WORKLOAD_CONFIG``, else ``vm-passthrough``), written to ``workload-type``
+  (which the sandbox device plugins' gates read); a step for another workload type passes at once:
+
+  - ``vfio-pci``: every GPU bound to ``vfio-pci`` (or ``nvgrace_gpu_vfio_pci``), checked once (no wait:
+    the container exits 1 and the kubelet restarts it until they are); ``vfio-pci-ready``;
+  - ``vgpu-manager``: ``nvidia-smi`` of the host, else ``chroot /run/nvidia/driver nvidia-smi`` (with
+    ``WITH_WAIT`` retried every ``SLEEP_INTERVAL_SECONDS``), then the parent devices, up to 5 minutes
+    (``waitForParentDevices``: every SR-IOV virtual function enabled, or mdev parents);
+    ``vgpu-manager-ready``, or ``host-vgpu-manager-ready`` for a host driver;
+  - ``vgpu-devices``: at least one vGPU (mdev) device, waited for with ``WITH_WAIT``; ``vgpu-devices-ready``;
+  - ``cc-manager``: on a node labelled ``nvidia.com/cc.capable=true``, waits for the CC manager's
+    ``.cc-manager-ctr-ready``; ``cc-manager-ready``.
 
 Errors are printed as the binary does (``Error: <err>``, main.go:409-413) and exit 1.
 """
@@ -25,8 +39,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import pci
 from .api import Api, ApiError
 from .common import NVIDIA_SMI, NVML_LIBRARY, flag, get_node, injected_by_runtime
+from .node import NodeState
 from .process import ContainerExit, Proc, program
 
 VALIDATIONS = "/run/nvidia/validations"
@@ -35,6 +51,13 @@ SLEEP_S = 5.0
 WORKLOAD_RETRIES = 60
 RESOURCE_RETRIES = 30
 JSON = dict[str, Any]
+WORKLOAD_LABEL = "nvidia.com/gpu.workload.config"
+WORKLOAD_TYPES = ("container", "vm-passthrough", "vm-vgpu")
+CC_CAPABLE_LABEL = "nvidia.com/cc.capable"
+CC_MANAGER_CTR_READY = f"{VALIDATIONS}/.cc-manager-ctr-ready"
+VGPU_READINESS_TIMEOUT_S = 300.0
+DRIVER_ROOT_CTR = "/run/nvidia/driver"
+HOST_NVIDIA_SMI = ("usr/bin/nvidia-smi", "usr/sbin/nvidia-smi", "usr/local/bin/nvidia-smi")
 
 
 def _error(proc: Proc, message: str) -> ContainerExit:
@@ -289,6 +312,131 @@ class Validator:
             raise _error(self.proc, f"{what}: gave up waiting for pod {name} to be available")
 
 
+class SandboxValidator(Validator):
+    """The sandbox validator's steps (main.go:1645-2004)."""
+
+    async def workload_config(self, what: str) -> str:
+        """getWorkloadConfig (l.497-529), written to workload-type by the steps that read it."""
+        default = self.proc.env.get("DEFAULT_GPU_WORKLOAD_CONFIG", "")
+        default = default if default in WORKLOAD_TYPES else "vm-passthrough"
+        try:
+            api = await self.proc.api()
+            node = await get_node(api, self.node)
+        except (ApiError, ContainerExit) as exc:
+            detail = exc.message if isinstance(exc, ContainerExit) else str(exc)
+            raise _error(
+                self.proc, f"{what}: error getting gpu workload config: error getting node labels - {detail}"
+            ) from exc
+        value = ((node.get("metadata") or {}).get("labels") or {}).get(WORKLOAD_LABEL)
+        config = value if value in WORKLOAD_TYPES else default
+        self.proc.out(f"GPU workload configuration: {config}")
+        self.create("workload-type", config + "\n")
+        return config
+
+    async def vfio_pci(self) -> None:
+        what = "error validating vfio-pci driver installation"
+        if await self.workload_config(what) != "vm-passthrough":
+            self.proc.out("vfio-pci not required on the node. Skipping validation.")
+            return
+        self.delete("vfio-pci-ready")
+        node = self.proc.node
+        for address in pci.addresses(node):
+            bound = pci.driver(node, address)
+            if bound not in pci.VFIO_DRIVERS:
+                raise _error(
+                    self.proc, f"{what}: device not bound to 'vfio-pci'; device: {address} driver: '{bound}'"
+                )
+        self.proc.out("Validation completed successfully - all devices are bound to vfio-pci")
+        self.create("vfio-pci-ready")
+
+    def host_nvidia_smi(self) -> bool:
+        return any(self.proc.fs.read(f"/host/{path}") is not None for path in HOST_NVIDIA_SMI)
+
+    async def vgpu_manager(self) -> None:
+        what = "error validating vGPU Manager installation"
+        if await self.workload_config(what) != "vm-vgpu":
+            self.proc.out("vGPU Manager not required on the node. Skipping validation.")
+            return
+        self.delete("vgpu-manager-ready")
+        self.delete("host-vgpu-manager-ready")
+        host = self.host_nvidia_smi()
+
+        async def smi() -> bool | None:
+            # `chroot /run/nvidia/driver nvidia-smi` (or the host's): the binary and a loaded module.
+            found = host or self.proc.fs.exists(f"{DRIVER_ROOT_CTR}/{NVIDIA_SMI}")
+            return True if found and self.proc.node.driver is not None else None
+
+        if await smi() is None:
+            if not self.with_wait:
+                self.proc.out("vGPU Manager is not ready")
+                raise _error(self.proc, f"{what}: exit status 1")
+            await self.proc.poll(smi, self.sleep)
+        self.proc.out("Waiting for parent devices to be available...")
+
+        async def parents() -> bool | None:
+            return True if parent_devices_ready(self.proc.node) else None
+
+        if await self.proc.poll(parents, self.sleep, VGPU_READINESS_TIMEOUT_S) is None:
+            raise _error(
+                self.proc, f"{what}: vGPU Manager parent devices not ready: context deadline exceeded"
+            )
+        self.create("host-vgpu-manager-ready" if host else "vgpu-manager-ready")
+
+    async def vgpu_devices(self) -> None:
+        what = "error validating vGPU devices"
+        if await self.workload_config(what) != "vm-vgpu":
+            self.proc.out("vgpu devices not required on the node. Skipping validation.")
+            return
+        self.delete("vgpu-devices-ready")
+
+        async def devices() -> int | None:
+            return len(pci.vgpu_devices(self.proc.node)) or None
+
+        found = await devices()
+        if found is None:
+            if not self.with_wait:
+                raise _error(self.proc, f"{what}: no vGPU devices found")
+            found = await self.proc.poll(devices, self.sleep)
+        self.proc.out(f"Found {found} vGPU devices")
+        self.create("vgpu-devices-ready")
+
+    async def cc_manager(self) -> None:
+        what = "error validating CC Manager installation"
+        self.delete("cc-manager-ready")
+        try:
+            api = await self.proc.api()
+            node = await get_node(api, self.node)
+        except (ApiError, ContainerExit) as exc:
+            detail = exc.message if isinstance(exc, ContainerExit) else str(exc)
+            raise _error(
+                self.proc,
+                f"{what}: unable to fetch node by name {self.node} to check for {CC_CAPABLE_LABEL} "
+                f"label: {detail}",
+            ) from exc
+        if ((node.get("metadata") or {}).get("labels") or {}).get(CC_CAPABLE_LABEL) != "true":
+            self.proc.out("Not a CC capable node, skipping CC Manager validation")
+        elif not self.proc.fs.exists(CC_MANAGER_CTR_READY):
+            if not self.with_wait:
+                self.proc.out("CC Manager is not ready")
+                raise _error(self.proc, f"{what}: exit status 1")
+
+            async def ready() -> bool | None:
+                return True if self.proc.fs.exists(CC_MANAGER_CTR_READY) else None
+
+            await self.proc.poll(ready, self.sleep)
+        self.create("cc-manager-ready")
+
+
+def parent_devices_ready(node: NodeState) -> bool:
+    """waitForParentDevices' test (main.go:1788-1850): with SR-IOV in use (a GPU with virtual functions
+    enabled), all of them enabled on every GPU; else mdev parent devices, which SR-IOV GPUs such as the
+    simulated ones have only as virtual functions."""
+    addresses = pci.addresses(node)
+    if any(pci.numvfs(node, a) for a in addresses):
+        return all(pci.numvfs(node, a) == pci.TOTAL_VFS for a in addresses)
+    return bool(pci.mdev_parents(node))
+
+
 def cuda_workload() -> JSON:
     """validator/manifests/cuda-workload-validation.yaml (gpu-operator v26.7.0)."""
     return {
@@ -352,16 +500,24 @@ async def nvidia_validator(proc: Proc, argv: tuple[str, ...]) -> None:
         raise _error(
             proc, f"invalid -n <node-name> flag: must not be empty string for {component} validation"
         )
+    if component in ("vfio-pci", "vgpu-manager", "vgpu-devices") and not proc.env.get("NODE_NAME"):
+        raise _error(
+            proc, f"invalid -n <node-name> flag: must not be empty string for {component} validation"
+        )
     if component in ("plugin", "cuda") and not proc.env.get("OPERATOR_NAMESPACE"):
         raise _error(
             proc, f"invalid -ns <namespace> flag: must not be empty string for {component} validation"
         )
-    validator = Validator(proc)
+    validator = SandboxValidator(proc)
     steps = {
         "driver": validator.driver,
         "toolkit": validator.toolkit,
         "plugin": validator.plugin,
         "cuda": validator.cuda,
+        "vfio-pci": validator.vfio_pci,
+        "vgpu-manager": validator.vgpu_manager,
+        "vgpu-devices": validator.vgpu_devices,
+        "cc-manager": validator.cc_manager,
     }
     if component == "metrics":
         await proc.forever()
