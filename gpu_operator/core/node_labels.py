@@ -54,8 +54,9 @@ DEPLOY_PREFIX = "nvidia.com/gpu.deploy."
 DEPLOY_OPERANDS = "nvidia.com/gpu.deploy.operands"
 PAUSED_MARK = "paused-for-"
 DRIVER_PAUSE = "paused-for-driver-upgrade"
-PAUSES = (DRIVER_PAUSE, "paused-for-mig-change")
-"""The pauses k8s-driver-manager and mig-manager write over a `true` (or an empty label)."""
+PAUSES = (DRIVER_PAUSE, "paused-for-mig-change", "paused-for-vgpu-change")
+"""The pauses k8s-driver-manager, mig-manager and vgpu-device-manager write over a `true` (or an empty
+label)."""
 DRIVER_MANAGER_WAITS = tuple(
     DEPLOY_PREFIX + name
     for name in (
@@ -70,12 +71,16 @@ PRE_INSTALLED = "pre-installed"
 MIG_CONFIG = MIG_CONFIG_LABEL
 GPU_RESOURCE = "nvidia.com/gpu"
 NFD_PREFIX = "feature.node.kubernetes.io/"
-OPERAND_MANAGERS = frozenset({"driver-manager", "nvidia-mig-manager"})
+OPERAND_MANAGERS = frozenset({"driver-manager", "nvidia-mig-manager", "nvidia-k8s-vgpu-dm"})
 """The field managers of the operand managers the operator deploys, which rewrite deploy labels on the
-operator's behalf: k8s-driver-manager (`/usr/bin/driver-manager`, the driver pod's init container) and
-mig-manager (`nvidia-mig-manager`). Both are client-go programs that name no field manager, so the
-API server names theirs after the binary (the User-Agent up to its first "/"). GFD writes no node
-label itself (NFD's nfd-master copies its NodeFeature), the other operands none at all."""
+operator's behalf: k8s-driver-manager (`/usr/bin/driver-manager`, the init container of the driver, VFIO
+manager and vGPU manager pods), mig-manager (`nvidia-mig-manager`) and vgpu-device-manager (its image's
+entrypoint `nvidia-k8s-vgpu-dm`, which pauses and restores the sandbox device plugin and validator with
+an Update of the node: cmd/nvidia-k8s-vgpu-dm/main.go:436-478 at v0.5.0). All are client-go programs
+that name no field manager, so the API server names theirs after the binary (the User-Agent up to its
+first "/"). GFD writes no node label itself (NFD's nfd-master copies its NodeFeature); the CC manager
+(Kata mode) writes through the Python client, whose field manager (`OpenAPI-Generator`) names no
+program; the other operands write none at all."""
 PCI_LABELS = (
     "feature.node.kubernetes.io/pci-10de.present",
     "feature.node.kubernetes.io/pci-0302_10de.present",

@@ -20,13 +20,16 @@ from gpu_operator.core.node_labels import (
     uninstall_removals,
 )
 from gpu_operator.core.plan import Observed, PolicyRef, build
+from hack.emulators import images
 
 NOW = "2026-12-01T00:00:00Z"
 GOLDEN = Path(__file__).resolve().parents[1] / "data" / "golden" / "empty.yaml"
+EVERYTHING = GOLDEN.with_name("everything.yaml")
 """What `spec: {}` renders (the mig-manager's objects included)."""
 OPERATOR = ("gpu-operator", "Apply")
 DRIVER_MANAGER = ("driver-manager", "Update")
 MIG_MANAGER = ("nvidia-mig-manager", "Update")
+VGPU_DEVICE_MANAGER = ("nvidia-k8s-vgpu-dm", "Update")
 KUBECTL = ("kubectl-label", "Update")
 
 
@@ -61,6 +64,16 @@ def test_the_operand_managers_are_the_binaries_the_operator_runs() -> None:
     entrypoint = next(o for o in objects if o["metadata"]["name"] == "nvidia-mig-manager-entrypoint")
     (script,) = entrypoint["data"].values()
     programs = {Path(manager["command"][0]).name, *re.findall(r"^\s*exec (\S+)", script, re.MULTILINE)}
+    # The vGPU device manager's container runs its image's entrypoint (vgpu-device-manager v0.5.0
+    # deployments/container/Dockerfile.distroless:77), as the emulated image does.
+    sandbox = list(yaml.safe_load_all(EVERYTHING.read_text()))
+    (vgpu_dm,) = [
+        o["spec"]["template"]["spec"]["containers"][0]
+        for o in sandbox
+        if o and o["kind"] == "DaemonSet" and o["metadata"]["name"] == "nvidia-vgpu-device-manager"
+    ]
+    assert "command" not in vgpu_dm and "vgpu-device-manager:" in vgpu_dm["image"]
+    programs.add(images.entrypoint(vgpu_dm["image"])[0])
     assert programs == OPERAND_MANAGERS
 
 
@@ -78,6 +91,9 @@ def test_the_operand_managers_are_the_binaries_the_operator_runs() -> None:
         ("", KUBECTL),  # the shell-script managers wrote through `kubectl label`
         ("paused-for-driver-upgrade", KUBECTL),
         ("paused-for-mig-change", ("some-tool", "Update")),
+        ("paused-for-vgpu-change", VGPU_DEVICE_MANAGER),  # a vGPU configuration change under way
+        ("true", VGPU_DEVICE_MANAGER),  # the sandbox device plugin or validator restored after one
+        ("paused-for-vgpu-change", KUBECTL),
     ],
 )
 def test_what_the_protocol_wrote_goes(value: str, writer: tuple[str, str]) -> None:
