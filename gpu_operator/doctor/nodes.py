@@ -1,10 +1,13 @@
-"""Findings about GPU nodes: no driver from the NVIDIADriver pools, no allocatable GPUs, fewer than GFD
-counted, driver upgrades, MIG."""
+"""Findings about GPU nodes: no driver from the NVIDIADriver pools, no allocatable GPUs (for containers,
+or for VMs on a sandbox node), fewer than GFD counted, driver upgrades, MIG."""
 
 from __future__ import annotations
 
+from decimal import Decimal
+
+from gpu_operator.core.components import BY_NAME
 from gpu_operator.core.node_labels import takes_operands
-from gpu_operator.core.workloads import CONTAINER, workload_type
+from gpu_operator.core.workloads import CONTAINER, VM_PASSTHROUGH, workload_type
 from gpu_operator.doctor import checklist
 from gpu_operator.doctor.checklist import Command
 from gpu_operator.doctor.cluster import (
@@ -17,6 +20,7 @@ from gpu_operator.doctor.cluster import (
     parse_time,
 )
 from gpu_operator.doctor.scheduling import (
+    quantity,
     show,
 )
 from gpu_operator.doctor.state import (
@@ -82,6 +86,8 @@ def node_findings(cluster: Cluster, name: str) -> list[Finding]:
                 commands=(checklist.describe_node(name), *link_commands(cluster, plugin, name)),
             )
         )
+    if not containers and takes_operands(info) and cluster.policy is not None:
+        findings += _vm_gpu_findings(cluster, name)
     count = info.labels.get(GFD_COUNT)
     if count and count.isdigit() and allocatable > 0 and info.labels.get(MIG_STRATEGY) != "mixed":
         replicas = info.labels.get(GFD_REPLICAS, "1")
@@ -109,6 +115,64 @@ def node_findings(cluster: Cluster, name: str) -> list[Finding]:
             )
     findings += _upgrade_findings(cluster, name)
     return findings
+
+
+SANDBOX_PLUGINS = ("sandbox-device-plugin", "kata-sandbox-device-plugin")
+"""The operands that advertise a VM node's GPUs to the kubelet: KubeVirt's (a resource per GPU model or
+vGPU type, e.g. nvidia.com/GH100_H100_SXM5_80GB) and, in Kata mode on vm-passthrough nodes, Kata's."""
+CONTAINER_RESOURCES = ("nvidia.com/gpu", "nvidia.com/mig-")
+
+
+def vm_gpus(node: Obj) -> dict[str, Decimal]:
+    """The GPUs the node offers to VMs: allocatable nvidia.com/ resources other than the container
+    device plugin's (nvidia.com/gpu, .shared, nvidia.com/mig-*)."""
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    found = {k: quantity(v) for k, v in allocatable.items() if k.startswith("nvidia.com/")}
+    return {k: v for k, v in found.items() if not k.startswith(CONTAINER_RESOURCES) and v > 0}
+
+
+def _vm_gpu_findings(cluster: Cluster, name: str) -> list[Finding]:
+    """A VM node (vm-passthrough, vm-vgpu) whose GPUs no sandbox device plugin advertises: which plugin
+    should, and what it waits for (the chain of the sandbox stack: the sandbox validator, the VFIO or
+    vGPU manager, the vGPU device manager's devices)."""
+    node, info = cluster.nodes[name], cluster.infos[name]
+    if vm_gpus(node):
+        return []
+    workload = workload_type(info.labels, cluster.rules())
+    kind = "GPUs for VM passthrough" if workload == VM_PASSTHROUGH else "vGPUs"
+    plugins = [p for p in SANDBOX_PLUGINS if cluster.expected_on(p, name)]
+    what = f"node {name}"
+    commands = [checklist.describe_node(name)]
+    if not plugins:
+        mode = cluster.rules().sandboxWorkloads.mode
+        sections = " or ".join(f"spec.{BY_NAME[p].section}" for p in SANDBOX_PLUGINS)
+        cause = (
+            f"advertises no {kind} ({workload} node): no sandbox device plugin runs on it (sandboxWorkloads"
+            f".mode {mode}; {sections} disabled, or the node opted out), so nothing offers them to VMs"
+        )
+        return [Finding("error", "NoVMGPUs", what, cause, name, commands=tuple(commands))]
+    plugin = cluster.explain(plugins[0], name)
+    if plugin.ok:
+        cause = (
+            f"advertises no {kind} ({workload} node) although {plugin.text}: it found none when it started "
+            "(it discovers GPUs bound to vfio-pci and vGPU devices only then); once they are there, delete "
+            "its pod to start it again"
+        )
+    else:
+        cause = f"advertises no {kind} ({workload} node): {plugin.text}"
+    commands += link_commands(cluster, plugin, name)
+    commands += [Command("node", name, "lspci -nnk -d 10de:"), Command("node", name, "ls -l /dev/vfio")]
+    return [
+        Finding(
+            "error",
+            "NoVMGPUs",
+            what,
+            cause,
+            name,
+            details=tuple(log_details(cluster, plugin.operand)),
+            commands=tuple(commands),
+        )
+    ]
 
 
 def _upgrade_findings(cluster: Cluster, name: str) -> list[Finding]:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from builders import gpu_request_pod, node_body
 
+from gpu_operator.core.components import BY_NAME
 from gpu_operator.doctor import scheduling
 from gpu_operator.doctor.diagnosis import diagnose, summary
 from gpu_operator.doctor.recording import load_state
@@ -530,3 +531,72 @@ def test_a_vm_node_is_not_blamed_for_advertising_no_nvidia_gpu() -> None:
     # The same node running containers does lack its GPUs.
     vm["metadata"]["labels"]["nvidia.com/gpu.workload.config"] = "container"
     assert by(diagnose(healthy), "NoAllocatableGPU").node == "gpu-vm"
+
+
+def vm_cluster(workload: str = "vm-passthrough", **sandbox: Any) -> tuple[ClusterState, dict[str, Any]]:
+    """The healthy cluster with one more GPU node, of `workload`, in a sandbox-enabled policy."""
+    healthy = state("healthy.yaml")
+    gpu = healthy.nodes[0]
+    vm = {
+        "metadata": {**gpu["metadata"], "name": "gpu-vm", "labels": {**gpu["metadata"]["labels"]}},
+        "status": {**gpu["status"], "allocatable": {"cpu": "64", "memory": "512Gi", "pods": "110"}},
+    }
+    vm["metadata"]["labels"]["nvidia.com/gpu.workload.config"] = workload
+    healthy.nodes.append(vm)
+    assert healthy.policies is not None
+    healthy.policies[0]["spec"]["sandboxWorkloads"] = {"enabled": True, **sandbox}
+    for section in ("vfioManager", "sandboxDevicePlugin", "vgpuDeviceManager"):
+        healthy.policies[0]["spec"][section] = {"enabled": True}
+    return healthy, vm
+
+
+def test_a_passthrough_node_without_its_gpus_names_the_plugin_and_what_it_waits_for() -> None:
+    recorded, vm = vm_cluster()
+    found = by(diagnose(recorded), "NoVMGPUs")
+    assert found.node == "gpu-vm" and found.severity == "error"
+    assert found.cause == (
+        "advertises no GPUs for VM passthrough (vm-passthrough node): sandbox-device-plugin waits for "
+        "sandbox-validator waits for vfio-manager is not deployed to the node yet"
+    )
+    assert "lspci -nnk -d 10de:" in commands(found, "node", "gpu-vm")
+    # Advertised under the GPU model's name (KubeVirt's resource): no finding.
+    vm["status"]["allocatable"]["nvidia.com/GH100_H100_SXM5_80GB"] = "8"
+    assert "NoVMGPUs" not in [f.code for f in diagnose(recorded)]
+
+
+def test_a_ready_sandbox_plugin_that_found_no_gpu_is_told_to_start_again() -> None:
+    recorded, _ = vm_cluster()
+    pods = []
+    for component in ("vfio-manager", "sandbox-validator", "sandbox-device-plugin"):
+        label = BY_NAME[component].component_label
+        pods.append(
+            {
+                "metadata": {
+                    "name": f"{component}-x",
+                    "namespace": recorded.namespace,
+                    "uid": f"uid-{component}",
+                    "labels": {
+                        "app.kubernetes.io/component": label,
+                        "app.kubernetes.io/managed-by": "gpu-operator",
+                    },
+                    "ownerReferences": [
+                        {"kind": "DaemonSet", "name": BY_NAME[component].daemonset, "controller": True}
+                    ],
+                },
+                "spec": {"nodeName": "gpu-vm", "containers": [{"name": "main", "image": "x"}]},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+            }
+        )
+    recorded.pods.extend(pods)
+    found = by(diagnose(recorded), "NoVMGPUs")
+    assert found.cause.startswith(
+        "advertises no GPUs for VM passthrough (vm-passthrough node) although sandbox-device-plugin-x is "
+        "ready: it found none when it started"
+    ), found.cause
+
+
+def test_a_vm_node_without_any_sandbox_plugin_says_so() -> None:
+    recorded, _ = vm_cluster("vm-vgpu", mode="kata")
+    found = by(diagnose(recorded), "NoVMGPUs")
+    assert "advertises no vGPUs (vm-vgpu node): no sandbox device plugin runs on it" in found.cause
+    assert "sandboxWorkloads.mode kata" in found.cause
