@@ -90,9 +90,12 @@ def _baseline(model: GpuModel | None, runtime: str) -> dict[str, Entry]:
     return files
 
 
-# Host directories that exist on any node (hostPath type checks and `stat` of a directory).
+# Host directories that exist on any node (hostPath type checks and `stat` of a directory). The
+# simulated GPU nodes are VM hosts too (IOMMU on, the vfio modules of their kernel): /dev/vfio and the
+# kernel's modules, which the VFIO and vGPU managers mount as Directory.
 BASE_DIRS = frozenset(
     {"/", "/etc", "/run", "/sys", "/dev", "/dev/char", "/var", "/var/log", "/var/run", "/usr", "/usr/local"}
+    | {"/lib", "/lib/modules", "/sys/fs", "/sys/fs/cgroup", "/sys/module", "/dev/vfio"}
 )
 
 

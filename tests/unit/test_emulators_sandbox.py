@@ -18,6 +18,7 @@ from builders import node_body
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
+from gpu_operator.core.components import BY_NAME
 from hack.emulators import (
     cc_manager,
     gpus,
@@ -31,6 +32,9 @@ from hack.emulators import (
     validator,
     vgpu_device_manager,
 )
+from hack.emulators.cluster import IpPool
+from hack.emulators.emulator import Emulator
+from hack.emulators.kubelet import PodRunner
 from hack.emulators.node import NodeState
 from hack.emulators.process import PROGRAMS, ContainerExit, Proc
 from hack.emulators.vfs import ContainerFS
@@ -403,3 +407,163 @@ def test_the_cc_step_waits_only_on_cc_capable_nodes() -> None:
     capable.write("/run/nvidia/validations/.cc-manager-ctr-ready", "")
     validate(capable, "cc-manager")
     assert capable.validation("cc-manager-ready")
+
+
+# --- the operator's sandbox pods on the emulated kubelet -----------------------------------------
+
+
+class KubeletEmu(Emu):
+    """What PodRunner and the images ask of the Emulator, for pods on one node, with the operator's
+    ConfigMaps (no runtime classes: the sandbox pods use none)."""
+
+    def __init__(self, api: MemoryApi, config_maps: dict[str, dict[str, str]]) -> None:
+        super().__init__(api)
+        self.api = api
+        self.ips = IpPool()
+        self.config_maps = config_maps
+        self.runners: list[PodRunner] = []
+
+    def failures_for(self, pod: podspec.Pod) -> list[Any]:
+        return []
+
+    def status_changed(self, runner: PodRunner) -> None:
+        return None
+
+    def post_event(self, pod: podspec.Pod, kind: str, reason: str, message: str) -> None:
+        return None
+
+    def config_map(self, namespace: str, name: str) -> dict[str, str] | None:
+        return self.config_maps.get(name)
+
+    def runtime_handler(self, runtime_class: str) -> str | None:
+        return None
+
+    def pods_on(self, node: str) -> list[PodRunner]:
+        return [r for r in self.runners if not r.terminating]
+
+    async def delete_pod(self, pod: podspec.Pod) -> None:
+        return None
+
+
+class NodeApi(MemoryApi):
+    """MemoryApi, also answering node lists (informers) and spec patches (cordon)."""
+
+    async def get(self, path: str, **params: str) -> JSON:
+        if path == "/api/v1/nodes":
+            return {"items": [copy.deepcopy(self.node)]}
+        return await super().get(path, **params)
+
+    async def patch(self, path: str, body: JSON, content_type: str = "") -> JSON:
+        if "spec" in body:
+            self.node.setdefault("spec", {}).update(body["spec"])
+        if (body.get("metadata") or {}).get("labels"):
+            self._labels(body["metadata"]["labels"])
+        return copy.deepcopy(self.node)
+
+
+SANDBOX_POLICY: JSON = {
+    "sandboxWorkloads": {"enabled": True, "mode": "kubevirt"},
+    "vfioManager": {"enabled": True},
+    "sandboxDevicePlugin": {"enabled": True},
+    "vgpuManager": {
+        "enabled": True,
+        "repository": "nvcr.io/nvidia",
+        "image": "vgpu-manager",
+        "version": "595.91.07",
+    },
+    "vgpuDeviceManager": {"enabled": True},
+}
+
+
+def rendered() -> list[JSON]:
+    from gpu_operator.api import parse_spec
+    from gpu_operator.core.render import ClusterFacts, render
+
+    return render(parse_spec(SANDBOX_POLICY), ClusterFacts(namespace="gpu-operator", os_tag="ubuntu22.04"))
+
+
+def pod_of(objects: list[JSON], component: str) -> JSON:
+    """The pod the DaemonSet of `component` creates on node n."""
+    name = BY_NAME[component].daemonset
+    (ds,) = [o for o in objects if o["kind"] == "DaemonSet" and o["metadata"]["name"].startswith(name)]
+    template = ds["spec"]["template"]
+    return {
+        "metadata": {
+            "name": f"{ds['metadata']['name']}-x",
+            "namespace": "gpu-operator",
+            "uid": f"uid-{component}",
+            "labels": template["metadata"]["labels"],
+        },
+        "spec": {**template["spec"], "nodeName": "n"},
+        "status": {},
+    }
+
+
+def ready(runner: PodRunner) -> bool:
+    return any(c["type"] == "Ready" and c["status"] == "True" for c in runner.status()["conditions"])
+
+
+def run_stack(node: NodeState, components: list[list[str]], until: Callable[[NodeState], bool]) -> NodeApi:
+    """Start the components' pods on `node`, each group once the previous one is Ready, until `until`."""
+    objects = rendered()
+    config_maps = {
+        o["metadata"]["name"]: dict(o.get("data") or {}) for o in objects if o["kind"] == "ConfigMap"
+    }
+    api = NodeApi(node_body("n", node.labels))
+
+    async def main() -> None:
+        emu = KubeletEmu(api, config_maps)
+        try:
+            for group in components:
+                runners = []
+                for component in group:
+                    body = pod_of(objects, component)
+                    runner = PodRunner(cast(Emulator, emu), podspec.parse(body), node, body)
+                    emu.runners.append(runner)
+                    runners.append(runner)
+                    runner.start()
+                while not all(ready(r) for r in runners):
+                    await asyncio.sleep(0.01)
+                    # The API's label writes reach the node as its watch would bring them.
+                    node.observe(
+                        node_body(
+                            "n", api.node["metadata"]["labels"], uid="uid-1", annotations=node.annotations
+                        )
+                    )
+            while not until(node):
+                await asyncio.sleep(0.01)
+        finally:
+            emu.stopping = True  # the emulators stop; what the pods did stays on the node
+            for runner in emu.runners:
+                runner.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 20))
+    return api
+
+
+def test_the_rendered_passthrough_stack_runs_on_the_emulated_kubelet() -> None:
+    """vfio-manager, sandbox validator and KubeVirt's plugin as the operator renders them: the GPUs are
+    bound, validated and advertised under the model's name."""
+    node = host(labels={"nvidia.com/gpu.workload.config": "vm-passthrough"})
+    run_stack(
+        node,
+        [["vfio-manager"], ["sandbox-validator"], ["sandbox-device-plugin"]],
+        lambda n: bool(n.resources),
+    )
+    assert node.resources == {"nvidia.com/GH100_H100_SXM5_80GB": 8}
+    assert node.read("/run/nvidia/validations/workload-type") == "vm-passthrough\n"
+    assert node.validation("vfio-pci-ready")
+
+
+def test_the_rendered_vgpu_stack_runs_on_the_emulated_kubelet() -> None:
+    """The vGPU manager (the user's image), the vGPU device manager with NVIDIA's default configuration,
+    the sandbox validator and KubeVirt's plugin: the vGPUs are created and advertised."""
+    node = host("L4", 8, labels={"nvidia.com/gpu.workload.config": "vm-vgpu"})
+    api = run_stack(
+        node,
+        [["vgpu-manager"], ["vgpu-device-manager", "sandbox-validator"], ["sandbox-device-plugin"]],
+        lambda n: bool(n.resources),
+    )
+    assert node.resources == {"nvidia.com/NVIDIA_L4-12Q": 16}
+    assert api.node["metadata"]["labels"]["nvidia.com/vgpu.config.state"] == "success"
+    assert node.validation("vgpu-manager-ready") and node.validation("vgpu-devices-ready")
