@@ -167,6 +167,14 @@ class StackPods:
 
 @pytest.fixture
 def watched(cluster: Cluster) -> Iterator[StackPods]:
+    """The watch, from a namespace without operand pods: an earlier test's, still terminating, would
+    count as a stack of its own."""
+
+    def no_operand_pods() -> None:
+        left = list_pods(cluster.api, NS, labels=MANAGED)
+        assert not left, f"operand pods left: {[p.metadata.name for p in left]}"
+
+    wait_for(no_operand_pods, timeout=CONVERGE, what="no operand pods before the test")
     watching = StackPods(cluster.api).start()
     try:
         yield watching
