@@ -567,3 +567,44 @@ def test_the_rendered_vgpu_stack_runs_on_the_emulated_kubelet() -> None:
     assert node.resources == {"nvidia.com/NVIDIA_L4-12Q": 16}
     assert api.node["metadata"]["labels"]["nvidia.com/vgpu.config.state"] == "success"
     assert node.validation("vgpu-manager-ready") and node.validation("vgpu-devices-ready")
+
+
+def test_deleted_sandbox_pods_give_the_gpus_back() -> None:
+    """The VFIO manager's preStop unbinds the GPUs, the vGPU manager's shutdown disables the virtual
+    functions (their vGPUs with them) and unloads its driver, the plugin's resources go with its pod:
+    a node changing type back to containers starts from GPUs no driver holds."""
+    objects = rendered()
+    config_maps = {
+        o["metadata"]["name"]: dict(o.get("data") or {}) for o in objects if o["kind"] == "ConfigMap"
+    }
+
+    def stack(node: NodeState, groups: list[list[str]]) -> None:
+        api = NodeApi(node_body("n", node.labels))
+
+        async def main() -> None:
+            emu = KubeletEmu(api, config_maps)
+            for group in groups:
+                runners = []
+                for component in group:
+                    body = pod_of(objects, component)
+                    runner = PodRunner(cast(Emulator, emu), podspec.parse(body), node, body)
+                    emu.runners.append(runner)
+                    runners.append(runner)
+                    runner.start()
+                while not all(ready(r) for r in runners):
+                    await asyncio.sleep(0.01)
+            assert node.resources
+            for runner in reversed(emu.runners):
+                await runner.terminate()
+
+        asyncio.run(asyncio.wait_for(main(), 20))
+
+    passthrough = host(labels={"nvidia.com/gpu.workload.config": "vm-passthrough"})
+    stack(passthrough, [["vfio-manager"], ["sandbox-validator"], ["sandbox-device-plugin"]])
+    assert {pci.driver(passthrough, a) for a in pci.addresses(passthrough)} == {""}
+    assert passthrough.resources == {} and not passthrough.validation("vfio-pci-ready")
+
+    vgpu = host("L4", 2, labels={"nvidia.com/gpu.workload.config": "vm-vgpu"})
+    stack(vgpu, [["vgpu-manager"], ["vgpu-device-manager", "sandbox-validator"], ["sandbox-device-plugin"]])
+    assert vgpu.driver is None and pci.vgpu_devices(vgpu) == [] and pci.mdev_parents(vgpu) == []
+    assert vgpu.resources == {}
