@@ -15,7 +15,9 @@ image). NVIDIA's current operand images are distroless with a static busybox tha
   distroless Go base; its binary is the CMD);
 * vgpu-device-manager v0.5.0: deployments/container/Dockerfile.distroless:33-77 (busybox copied in);
 * k8s-cc-manager v0.4.3: deployments/container/Dockerfile.distroless:32-81 (distroless Python with its
-  own /bin/rm; ENTRYPOINT python3 /app/main.py).
+  own /bin/rm; ENTRYPOINT python3 /app/main.py);
+* nvidia-sandbox-device-plugin v0.0.5 (Kata): deployments/container/Dockerfile.distroless:73-107
+  (busybox copied in).
 
 Older tags and the `-ubuntu*`/`-ubi*` flavours are full distributions with bash. The driver and
 DCGM images are Ubuntu-based.
@@ -129,6 +131,12 @@ FAMILIES: dict[str, Family] = {
             (0,),
         ),
         Family("k8s-cc-manager", ("python3",), ("python3", "/app/main.py"), (0,)),
+        Family(
+            "nvidia-sandbox-device-plugin",
+            ("nvidia-sandbox-device-plugin", "gpu-feature-discovery"),
+            ("/usr/bin/nvidia-sandbox-device-plugin",),
+            (0,),
+        ),
         # CUDA base images: NVIDIA_VISIBLE_DEVICES=all (dcgm-exporter docker/Dockerfile:163-165).
         Family("dcgm", ("nv-hostengine", "dcgmi"), ("nv-hostengine", "-n", "-b", "ALL"), None, _CUDA_ENV),
         Family("dcgm-exporter", ("dcgm-exporter",), ("dcgm-exporter",), None, _CUDA_ENV),

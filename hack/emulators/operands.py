@@ -9,6 +9,7 @@ from . import (
     driver,
     driver_container,
     gfd,
+    kata_device_plugin,
     kubevirt_device_plugin,
     mig_manager,
     toolkit,
@@ -31,5 +32,6 @@ MODULES = (
     kubevirt_device_plugin,
     vgpu_device_manager,
     cc_manager,
+    kata_device_plugin,
 )
 NAMES: tuple[str, ...] = tuple(sorted(PROGRAMS))

@@ -23,6 +23,7 @@ from hack.emulators import (
     cc_manager,
     gpus,
     images,
+    kata_device_plugin,
     kubevirt_device_plugin,
     operands,
     pci,
@@ -475,11 +476,19 @@ SANDBOX_POLICY: JSON = {
 }
 
 
-def rendered() -> list[JSON]:
+KATA_POLICY: JSON = {
+    "sandboxWorkloads": {"enabled": True, "mode": "kata"},
+    "vfioManager": {"enabled": True},
+    "kataSandboxDevicePlugin": {"enabled": True},
+    "ccManager": {"enabled": True},
+}
+
+
+def rendered(policy: JSON = SANDBOX_POLICY) -> list[JSON]:
     from gpu_operator.api import parse_spec
     from gpu_operator.core.render import ClusterFacts, render
 
-    return render(parse_spec(SANDBOX_POLICY), ClusterFacts(namespace="gpu-operator", os_tag="ubuntu22.04"))
+    return render(parse_spec(policy), ClusterFacts(namespace="gpu-operator", os_tag="ubuntu22.04"))
 
 
 def pod_of(objects: list[JSON], component: str) -> JSON:
@@ -503,9 +512,14 @@ def ready(runner: PodRunner) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in runner.status()["conditions"])
 
 
-def run_stack(node: NodeState, components: list[list[str]], until: Callable[[NodeState], bool]) -> NodeApi:
+def run_stack(
+    node: NodeState,
+    components: list[list[str]],
+    until: Callable[[NodeState], bool],
+    policy: JSON = SANDBOX_POLICY,
+) -> NodeApi:
     """Start the components' pods on `node`, each group once the previous one is Ready, until `until`."""
-    objects = rendered()
+    objects = rendered(policy)
     config_maps = {
         o["metadata"]["name"]: dict(o.get("data") or {}) for o in objects if o["kind"] == "ConfigMap"
     }
@@ -608,3 +622,23 @@ def test_deleted_sandbox_pods_give_the_gpus_back() -> None:
     stack(vgpu, [["vgpu-manager"], ["vgpu-device-manager", "sandbox-validator"], ["sandbox-device-plugin"]])
     assert vgpu.driver is None and pci.vgpu_devices(vgpu) == [] and pci.mdev_parents(vgpu) == []
     assert vgpu.resources == {}
+
+
+def test_the_rendered_kata_stack_runs_on_the_emulated_kubelet() -> None:
+    """Kata mode: the VFIO manager, the CC manager (the host has no TDX or SEV-SNP: mode off), the
+    sandbox validator with its CC step, and Kata's plugin: the GPUs as nvidia.com/pgpu, with their CDI
+    spec."""
+    node = host(labels={"nvidia.com/gpu.workload.config": "vm-passthrough"})
+    api = run_stack(
+        node,
+        [["vfio-manager", "cc-manager"], ["sandbox-validator"], ["kata-sandbox-device-plugin"]],
+        lambda n: bool(n.resources),
+        KATA_POLICY,
+    )
+    assert node.resources == {"nvidia.com/pgpu": 8}
+    assert api.node["metadata"]["labels"]["nvidia.com/cc.mode.state"] == "off"
+    assert node.validation("cc-manager-ready") and node.validation(".cc-manager-ctr-ready")
+    spec = yaml.safe_load(str(node.read("/var/run/cdi/nvidia.com-pgpu.yaml")))
+    assert spec["kind"] == "nvidia.com/pgpu" and len(spec["devices"]) == 8
+    assert kata_device_plugin.format_name("GH100 [H100 SXM5 80GB]") == "GH100_H100_SXM5_80GB"
+    assert kata_device_plugin.format_name("GA100 [A100-PCIE-40GB]") == "GA100_A100-PCIE-40GB"
