@@ -45,6 +45,9 @@ COMPONENTS = {
     "nvidia.com/gpu.deploy.vgpu-device-manager": "nvidia-vgpu-device-manager",
 }
 EVICTION_TIMEOUT_S = 300.0
+USER_AGENT = "OpenAPI-Generator/28.1.0/python"
+"""The Kubernetes Python client's (requirements.txt: kubernetes>=28.1.0): its writes' field manager is
+`OpenAPI-Generator`, not a program's name."""
 
 
 def host_cc(node: NodeState) -> bool:
@@ -172,7 +175,7 @@ async def cc_manager(proc: Proc) -> None:
                 f"Overriding default CC mode: {default_mode} to off because the host does not support CC"
             )
         default_mode = "off"
-    api = await proc.api()
+    api = await proc.api(USER_AGENT)
     manager = CCManager(proc, api, default_mode)
     try:
         found = await api.get(f"/api/v1/nodes/{manager.node}")

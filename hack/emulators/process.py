@@ -99,15 +99,16 @@ class Proc:
         self.out(message)
         raise ContainerExit(code, message)
 
-    async def api(self) -> Api:
-        """The API as this pod's ServiceAccount (a bound token, as the kubelet projects it)."""
+    async def api(self, agent: str = "") -> Api:
+        """The API as this pod's ServiceAccount (a bound token, as the kubelet projects it), with the
+        User-Agent of the image's client (`agent`; client-go's default: the binary's name)."""
         if not self.pod.automount_token:
             # rest.InClusterConfig() without the projected token.
             self.fail(
                 "unable to load in-cluster configuration: open "
                 "/var/run/secrets/kubernetes.io/serviceaccount/token: no such file or directory"
             )
-        api: Api = await self.emu.tokens.api_for(self.pod, self.name or self.spec.name)
+        api: Api = await self.emu.tokens.api_for(self.pod, agent or self.name or self.spec.name)
         return api
 
     def set_ready(self, ready: bool) -> None:
