@@ -46,8 +46,6 @@ NAME = "cluster-policy"
 PASSTHROUGH_RESOURCE = {"H100-80GB-HBM3": "nvidia.com/GH100_H100_SXM5_80GB", "L4": "nvidia.com/AD104GL_L4"}
 VGPU_RESOURCE = {"H100-80GB-HBM3": "nvidia.com/NVIDIA_H100XM-40C", "L4": "nvidia.com/NVIDIA_L4-12Q"}
 VGPUS_PER_GPU = 2
-DRIVER = BY_NAME["driver"].component_label
-VFIO_MANAGER = BY_NAME["vfio-manager"].component_label
 
 
 def policy() -> dict[str, Any]:
