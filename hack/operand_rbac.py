@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpu_operator.api import parse_spec  # noqa: E402
+from gpu_operator.api.gpucluster import parse_gpucluster_spec  # noqa: E402
 from gpu_operator.api.spec import OperatorSpec  # noqa: E402
+from gpu_operator.core.gpucluster_render import render_gpucluster  # noqa: E402
 from gpu_operator.core.render import ClusterFacts, render  # noqa: E402
 
 OUTPUT = ROOT / "charts" / "gpu-operator" / "files" / "operand-rbac.yaml"
@@ -49,7 +51,19 @@ def operand_objects(namespace: str = NAMESPACE, runtime_class: str | None = None
         kernels=(("5.15.0-105-generic", "ubuntu22.04"),),
         config_maps={"kernel-module-params": ("nvidia.conf",)},
     )
-    return render(parse_spec(spec), facts)
+    return render(parse_spec(spec), facts) + gpucluster_objects(facts)
+
+
+GPUCLUSTER_SAMPLE = ROOT / "tests" / "data" / "nvidia" / "gpucluster-sample.yaml"
+DRA_KINDS = ("DeviceClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+"""The GPUCluster's cluster-scoped kinds besides RBAC: admitted by name (templates/admission-policy.yaml)."""
+
+
+def gpucluster_objects(facts: ClusterFacts) -> list[Obj]:
+    """What the operator applies for NVIDIA's GPUCluster sample with every state on (DCGM too)."""
+    spec = yaml.safe_load(GPUCLUSTER_SAMPLE.read_text())["spec"]
+    spec = {**spec, "dcgm": {**(spec.get("dcgm") or {}), "enabled": True}}
+    return render_gpucluster(parse_gpucluster_spec(spec), facts)
 
 
 def _quote(value: str) -> str:
@@ -121,6 +135,8 @@ def operand_rbac() -> Obj:
                 name: rules_are(o.get("rules") or [], kind == "ClusterRole") for name, o in mine.items()
             }
         found[kind] = {"names": sorted(mine), "content": by_name(content)}
+    for kind in DRA_KINDS:
+        found[kind] = {"names": sorted({o["metadata"]["name"] for o in objects if o["kind"] == kind})}
     sentinel = "sentinel-runtime-class"
     fixed = {
         o["metadata"]["name"] for o in operand_objects(runtime_class=sentinel) if o["kind"] == "RuntimeClass"
