@@ -70,6 +70,10 @@ class DRAPlan:
     """Labels to add to the operand namespace (empty: none)."""
     nodes: Mapping[str, int] = field(default_factory=dict)
     """Allocator → GPU nodes on it (the metrics)."""
+    held: int = 0
+    """GPU nodes waiting to change allocator (the metrics)."""
+    state: str | None = None
+    """The status.state of the GPUCluster in charge (None: none, or being deleted)."""
 
 
 def gpucluster_object(ref: GPUClusterRef) -> GPUClusterObject:
@@ -120,6 +124,7 @@ def _status_writes(
     ready: Mapping[str, bool],
     namespace: str,
     now: str,
+    policy: bool = True,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[DriverEvent, ...]]]:
     writes: dict[str, dict[str, Any]] = {}
     events: dict[str, tuple[DriverEvent, ...]] = {}
@@ -133,6 +138,7 @@ def _status_writes(
             errors=[str(e) for e in ref.errors],
             previous=ref.status,
             generation=ref.generation or None,
+            policy=policy,
         )
         if status is None:
             continue
@@ -227,6 +233,11 @@ def plan_gpuclusters(
     ready = _ready(spec_workloads, daemonsets, objects, facts.namespace)
     writes, events = _status_writes(refs, split, ready, facts.namespace, now)
     counted = {a.value: len(split.on(a)) for a in Allocator}
+    held = sum(1 for a in split.nodes.values() if a.held and a.wanted is not None)
+    state = None
+    if chosen is not None and not chosen.deleting:
+        shown = writes.get(chosen.name) or chosen.status
+        state = str(shown.get("state")) if shown.get("state") else None
     return DRAPlan(
         split,
         rendered,
@@ -237,11 +248,26 @@ def plan_gpuclusters(
         needed,
         namespace_labels,
         counted,
+        held,
+        state,
     )
+
+
+def without_policy(refs: Sequence[GPUClusterRef], namespace: str, now: str) -> DRAPlan:
+    """No ClusterPolicy is active: the DRA stack is not run (its objects go with the ClusterPolicy's,
+    the nodes' labels too), and the GPUClusters say why (PrerequisiteNotMet); a finalizer is let go."""
+    split = split_allocators((), None, [gpucluster_object(ref) for ref in refs])
+    writes, events = _status_writes(refs, split, {}, namespace, now, policy=False)
+    finalizers = {
+        ref.name: (ref.resource_version, tuple(f for f in ref.finalizers if f != FINALIZER))
+        for ref in refs
+        if ref.deleting and FINALIZER in ref.finalizers
+    }
+    return DRAPlan(split, finalizers=finalizers, status_writes=writes, events=events)
 
 
 def wanted_keys(plan: DRAPlan) -> set[ObjectKey]:
     return {object_key(o) for o in plan.objects}
 
 
-__all__ = ["FINALIZER", "DRAPlan", "claim_holders", "plan_gpuclusters", "wanted_keys"]
+__all__ = ["FINALIZER", "DRAPlan", "claim_holders", "plan_gpuclusters", "wanted_keys", "without_policy"]

@@ -35,7 +35,7 @@ from gpu_operator.core.driver_pool_status import (
 )
 from gpu_operator.core.driver_pool_upgrade import combined, merged, plan_pool_upgrades
 from gpu_operator.core.driver_upgrade import driver_rolling, plan_driver_upgrade, with_upgrade_status
-from gpu_operator.core.gpucluster_plan import DRAPlan, plan_gpuclusters
+from gpu_operator.core.gpucluster_plan import DRAPlan, plan_gpuclusters, without_policy
 from gpu_operator.core.node_labels import (
     DRIVER_PAUSE,
     NodeInfo,
@@ -102,6 +102,7 @@ __all__ = [
 POLICY_CRD = f"clusterpolicies.{GROUP}"
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 NVIDIA_DRIVER_CRD = f"nvidiadrivers.{GROUP}"
+GPUCLUSTER_CRD = f"gpuclusters.{GROUP}"
 """The Prometheus operator's CRD: ServiceMonitors are rendered only while it is established."""
 
 
@@ -324,6 +325,7 @@ def build(
         uids = {p.uid for p in policies}
         deletes = sorted(k for k, info in observed.objects.items() if created_by_us(info, None, uids))
         writes, told, driver_pools = _driver_status_writes(observed, None, None, now, {})
+        dra = without_policy(observed.gpuclusters, observed.namespace, now) if observed.gpuclusters else None
         return Plan(
             None,
             None,
@@ -339,6 +341,7 @@ def build(
             driver_status_writes=writes,
             driver_events=told,
             driver_pools=driver_pools,
+            dra=dra,
         )
     try:
         current: ClusterPolicySpec | None = _parsed(caches, active.spec)

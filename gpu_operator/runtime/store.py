@@ -34,7 +34,13 @@ from gpu_operator.core.observed import (
     rollout,
 )
 from gpu_operator.core.ownership import FIELD_MANAGER, MANAGED_BY_LABEL
-from gpu_operator.core.plan import NVIDIA_DRIVER_CRD, POLICY_CRD, SERVICE_MONITOR_CRD, Observed
+from gpu_operator.core.plan import (
+    GPUCLUSTER_CRD,
+    NVIDIA_DRIVER_CRD,
+    POLICY_CRD,
+    SERVICE_MONITOR_CRD,
+    Observed,
+)
 from gpu_operator.core.psa import NamespaceInfo, namespace_info
 from gpu_operator.core.status import Operands, operands_of, pods_by_node
 from gpu_operator.core.upgrade import (
@@ -52,7 +58,7 @@ from gpu_operator.core.upgrade import (
 from gpu_operator.runtime import safe_json
 
 Body = Mapping[str, Any]
-WATCHED_CRDS = frozenset({POLICY_CRD, SERVICE_MONITOR_CRD, NVIDIA_DRIVER_CRD})
+WATCHED_CRDS = frozenset({POLICY_CRD, SERVICE_MONITOR_CRD, NVIDIA_DRIVER_CRD, GPUCLUSTER_CRD})
 
 
 def policy_ref(body: Body) -> PolicyRef:

@@ -175,3 +175,29 @@ def test_the_finalizer_is_added_and_removed_in_nvidias_order() -> None:
         observed([node("a", "dra")], (gpucluster(deleting=True),), known=frozenset({"a"}), objects=objects)
     )
     assert done.dra is not None and done.dra.finalizers == {"gpu-cluster": ("7", ())}
+
+
+def test_without_a_clusterpolicy_the_gpucluster_says_why_and_runs_nothing() -> None:
+    world = observed([node("a", "dra")], (gpucluster(),), known=frozenset({"a"}))
+    plan = plan_of(Observed(**{**world.__dict__, "policies": ()}))
+    assert plan.dra is not None and not plan.dra.objects
+    body = plan.dra.status_writes["gpu-cluster"]
+    error = next(c for c in body["conditions"] if c["type"] == "Error")
+    assert (body["state"], error["reason"]) == ("notReady", "PrerequisiteNotMet")
+    assert not any(DRA_DRIVER in labels for labels in plan.node_labels.values())
+
+
+def test_metrics_per_allocator() -> None:
+    from gpu_operator.runtime import metrics
+
+    nodes = [node("a", "dra"), node("b", "classic"), node("c", "classic")]
+    plan = plan_of(observed(nodes, (gpucluster(),), known=frozenset({"a"})))
+    metrics.observe_pass(plan, {}, 3, 0.1)
+    sample = metrics.REGISTRY.get_sample_value
+    assert sample("gpu_operator_gpu_nodes_by_allocator", {"allocator": "dra"}) == 1
+    assert sample("gpu_operator_gpu_nodes_by_allocator", {"allocator": "device-plugin"}) == 2
+    assert sample("gpu_operator_gpu_nodes_waiting_for_allocator", {}) == 0
+    assert sample("gpu_operator_gpucluster_state", {"state": "notReady"}) == 1
+    metrics.observe_pass(plan_of(observed(nodes)), {}, 3, 0.1)
+    assert sample("gpu_operator_gpu_nodes_by_allocator", {"allocator": "device-plugin"}) == 3
+    assert sample("gpu_operator_gpucluster_state", {"state": "notReady"}) is None
