@@ -170,7 +170,9 @@ async def _withdraw(proc: Proc) -> None:
 async def gpu_kubelet_plugin(proc: Proc, argv: tuple[str, ...]) -> None:
     env = proc.env
     node = proc.node
-    root = env.get("NVIDIA_DRIVER_ROOT") or env.get("DRIVER_ROOT_CTR_PATH") or "/driver-root"
+    # driver-ready's DRIVER_ROOT_CTR_PATH: where this container sees the driver (NVIDIA_DRIVER_ROOT is the
+    # host's path, which the plugin writes into its CDI specs).
+    root = env.get("DRIVER_ROOT_CTR_PATH") or "/driver-root"
     try:
         while True:
             problem = nvml_error(proc, root)

@@ -57,3 +57,22 @@ def test_the_image_runs_the_plugin() -> None:
     image = "nvcr.io/nvidia/dra-driver-nvidia-gpu:v0.5.0"
     assert "/usr/bin/gpu-kubelet-plugin" in images.files(image) and "/bin/bash" in images.files(image)
     assert "gpu-kubelet-plugin" in operands.NAMES
+
+
+def test_the_rendered_kubelet_plugin_script_hands_over_to_the_plugin() -> None:
+    """The DaemonSet's `bash -c` script, as the emulated kubelet reads it: source driver-ready, exec the
+    plugin (the `if` block that masks the driver's params file has no effect)."""
+    from gpu_operator.api.gpucluster import parse_gpucluster_spec
+    from gpu_operator.core.gpucluster_render import render_gpucluster
+    from gpu_operator.core.render import ClusterFacts
+    from hack.emulators import shell
+
+    objects = render_gpucluster(parse_gpucluster_spec({}), ClusterFacts(namespace="gpu-operator"))
+    plugin = next(o for o in objects if o["metadata"]["name"] == "nvidia-dra-driver-kubelet-plugin")
+    gpus = next(c for c in plugin["spec"]["template"]["spec"]["containers"] if c["name"] == "gpus")
+    found = shell.shell_script((*gpus["command"], *gpus["args"]))
+    assert found is not None and found[0] == "inline"
+    script = shell.parse(gpus["args"][0], {"LOG_VERBOSITY": "4"})
+    assert [s.kind for s in script.steps][-1] == "run"
+    assert script.steps[-1].argv[0] == "gpu-kubelet-plugin"
+    assert "source" in [s.kind for s in script.steps]
