@@ -60,9 +60,16 @@ DRA_KINDS = ("DeviceClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPol
 
 
 def gpucluster_objects(facts: ClusterFacts) -> list[Obj]:
-    """What the operator applies for NVIDIA's GPUCluster sample with every state on (DCGM too)."""
+    """What the operator applies for NVIDIA's GPUCluster sample with every state and every feature gate
+    that renders RBAC on (DCGM, MPS and passthrough support too)."""
     spec = yaml.safe_load(GPUCLUSTER_SAMPLE.read_text())["spec"]
-    spec = {**spec, "dcgm": {**(spec.get("dcgm") or {}), "enabled": True}}
+    dra = spec.get("draDriver") or {}
+    gates = {**(dra.get("featureGates") or {}), "MPSSupport": True, "PassthroughSupport": True}
+    spec = {
+        **spec,
+        "dcgm": {**(spec.get("dcgm") or {}), "enabled": True},
+        "draDriver": {**dra, "featureGates": gates},
+    }
     return render_gpucluster(parse_gpucluster_spec(spec), facts)
 
 
