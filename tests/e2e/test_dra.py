@@ -34,6 +34,8 @@ DP_DEPLOY = "nvidia.com/gpu.deploy.device-plugin"
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "nvidia" / "gpucluster-sample.yaml"
 CONVERGE = wait_timeout(120.0, node_starts=2)
 WORKLOADS = "e2e-dra"
+IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"
+"""Workload pods are kwok's (the emulators run only the operator's): Running until deleted."""
 
 
 def custom(cluster: Cluster) -> Any:
@@ -93,14 +95,13 @@ def claim_pod(name: str) -> list[dict[str, Any]]:
         "kind": "Pod",
         "metadata": {"name": name, "namespace": WORKLOADS},
         "spec": {
-            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
             "tolerations": [{"operator": "Exists"}],
             "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": name}],
             "containers": [
                 {
                     "name": "cuda",
-                    "image": "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu22.04",
-                    "command": ["sleep", "infinity"],
+                    "image": IMAGE,
                     "resources": {"claims": [{"name": "gpu"}]},
                 }
             ],
@@ -115,14 +116,13 @@ def classic_pod(name: str, node: str) -> dict[str, Any]:
         "kind": "Pod",
         "metadata": {"name": name, "namespace": WORKLOADS},
         "spec": {
-            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 0,
             "nodeSelector": {"kubernetes.io/hostname": node},
             "tolerations": [{"operator": "Exists"}],
             "containers": [
                 {
                     "name": "cuda",
-                    "image": "nvcr.io/nvidia/cuda:12.8.0-base-ubuntu22.04",
-                    "command": ["sleep", "infinity"],
+                    "image": IMAGE,
                     "resources": {"limits": {"nvidia.com/gpu": 1}},
                 }
             ],
@@ -145,7 +145,7 @@ def apply(cluster: Cluster, body: dict[str, Any] | list[dict[str, Any]]) -> None
 def dra(cluster: Cluster, clean: OperatorProcess) -> Iterator[OperatorProcess]:
     """A namespace for the workloads; afterwards no workload, no GPUCluster, no pool label (then `clean`
     removes the ClusterPolicy and checks that nothing of the operator is left)."""
-    cluster.kubectl("create", "namespace", WORKLOADS)
+    apply(cluster, {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": WORKLOADS}})
     try:
         yield clean
     finally:
