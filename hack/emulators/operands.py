@@ -6,7 +6,6 @@ from . import (
     cc_manager,
     dcgm,
     device_plugin,
-    dra_plugin,
     driver,
     driver_container,
     gfd,
@@ -34,6 +33,5 @@ MODULES = (
     vgpu_device_manager,
     cc_manager,
     kata_device_plugin,
-    dra_plugin,
 )
 NAMES: tuple[str, ...] = tuple(sorted(PROGRAMS))

@@ -26,9 +26,7 @@ SETTINGS = Settings(
 
 def outcome() -> Outcome:
     plan: Any = type(
-        "P",
-        (),
-        {"statuses": {}, "active": None, "spec": None, "gpu_nodes": 0, "driver_pools": {}, "dra": None},
+        "P", (), {"statuses": {}, "active": None, "spec": None, "gpu_nodes": 0, "driver_pools": {}}
     )()
     return Outcome(plan, {})
 
