@@ -37,24 +37,33 @@ RULE_FIELDS = ("apiGroups", "resources", "verbs", "resourceNames", "nonResourceU
 Obj = dict[str, Any]
 
 
-def operand_objects(namespace: str = NAMESPACE, runtime_class: str | None = None) -> list[Obj]:
+def policy_objects(namespace: str = NAMESPACE, runtime_class: str | None = None, mode: str = "") -> list[Obj]:
     """What the operator applies for a policy with every component on (tests/data/policies/
-    everything.yaml, sandbox workloads in KubeVirt mode), with `runtime_class` as its
-    operator.runtimeClass when given, and the objects only Kata mode adds (the Kata sandbox device
-    plugin's and the CC manager's): a policy runs one mode or the other, and the chart admits both."""
+    everything.yaml, sandbox workloads in KubeVirt mode, or `mode`), with `runtime_class` as its
+    operator.runtimeClass when given."""
     spec = yaml.safe_load(EVERYTHING.read_text())["spec"]
     if runtime_class is not None:
         spec = {**spec, "operator": {**(spec.get("operator") or {}), "runtimeClass": runtime_class}}
-    kata = {**spec, "sandboxWorkloads": {**spec["sandboxWorkloads"], "mode": "kata"}}
-    facts = ClusterFacts(
+    if mode:
+        spec = {**spec, "sandboxWorkloads": {**spec["sandboxWorkloads"], "mode": mode}}
+    return render(parse_spec(spec), _facts(namespace))
+
+
+def _facts(namespace: str) -> ClusterFacts:
+    return ClusterFacts(
         namespace=namespace,
         os_tag="ubuntu22.04",
         kernels=(("5.15.0-105-generic", "ubuntu22.04"),),
         config_maps={"kernel-module-params": ("nvidia.conf",)},
     )
-    objects = render(parse_spec(spec), facts)
+
+
+def operand_objects(namespace: str = NAMESPACE, runtime_class: str | None = None) -> list[Obj]:
+    """`policy_objects`, plus the objects only Kata mode adds (the Kata sandbox device plugin's and the
+    CC manager's): a policy runs one mode or the other, and the chart admits both."""
+    objects = policy_objects(namespace, runtime_class)
     seen = {_key(o): o for o in objects}
-    for obj in render(parse_spec(kata), facts):
+    for obj in policy_objects(namespace, runtime_class, mode="kata"):
         known = seen.get(_key(obj))
         if known is None:
             objects.append(obj)

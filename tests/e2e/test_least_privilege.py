@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from gpu_operator.core.ownership import FIELD_MANAGER
 from gpu_operator.runtime.client import ApiError, path
 from gpu_operator.runtime.sync_client import SyncKube
+from hack.operand_rbac import policy_objects
 
 from .kube_helpers import Cluster, wait_for
 from .operator_process import OperatorProcess, chart_operator
@@ -75,6 +74,7 @@ REFERENCES = [
             ("custom-metrics", "dcgm-metrics.csv"),
             ("custom-mig-parted-config", "config.yaml"),
             ("gpu-clients", "clients.yaml"),
+            ("vgpu-devices-config", "config.yaml"),
         )
     ),
     *(
@@ -87,20 +87,18 @@ REFERENCES = [
 so the policy is not applied before these are there): the user's ConfigMaps, Secrets, PriorityClass."""
 
 
-GENERATED = Path(__file__).resolve().parents[2] / "charts" / "gpu-operator" / "files" / "operand-rbac.yaml"
-
-
 def all_rbac_applied(admin: SyncKube, operator: OperatorProcess) -> None:
-    wanted = yaml.safe_load(GENERATED.read_text())
+    """Every operand role and binding everything.yaml renders (the chart admits the Kata mode's
+    too, files/operand-rbac.yaml) is there."""
+    rendered = policy_objects(NS, runtime_class="nvidia-gpu")
     for kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"):
         namespace = NS if kind in ("Role", "RoleBinding") else ""
         found = {
             o["metadata"]["name"]
             for o in admin.list(RBAC, kind, namespace, f"app.kubernetes.io/managed-by={FIELD_MANAGER}")
         }
-        assert set(wanted[kind]["names"]) <= found, (
-            f"{kind}: {sorted(set(wanted[kind]['names']) - found)} missing"
-        )
+        wanted = {o["metadata"]["name"] for o in rendered if o["kind"] == kind}
+        assert wanted and wanted <= found, f"{kind}: {sorted(wanted - found)} missing"
     assert "Forbidden" not in operator.log() and "denied" not in operator.log(), operator.log()[-3000:]
 
 
