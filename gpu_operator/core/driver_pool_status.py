@@ -29,7 +29,6 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from gpu_operator.api.nvidiadriver import REASON_DRIVER_NOT_READY, NVIDIADriverStatus
-from gpu_operator.api.quoting import bounded
 from gpu_operator.api.status import (
     REASON_RECONCILE_FAILED,
     REASON_RECONCILED,
@@ -40,6 +39,7 @@ from gpu_operator.core.driver_pool_counts import pool_nodes
 from gpu_operator.core.driver_pool_plan import Pools
 from gpu_operator.core.driver_pools import NODES_NAMED
 from gpu_operator.core.observed import DaemonSetInfo, DriverRef, rollout
+from gpu_operator.core.status import conditions_from
 
 State = Literal["ready", "notReady", "disabled"]
 READY: State = "ready"
@@ -139,23 +139,7 @@ def _delegated(
 
 
 def _conditions(driver: DriverRef, pairs: Iterable[Pair], now: str) -> list[Condition]:
-    """metav1.Conditions (meta.SetStatusCondition): lastTransitionTime moves only with the status."""
-    previous = {c.get("type"): c for c in driver.status.get("conditions") or [] if isinstance(c, Mapping)}
-    conditions = []
-    for kind, status, reason, message in pairs:
-        before = previous.get(kind) or {}
-        changed = before.get("status") != status
-        conditions.append(
-            Condition(
-                type=kind,
-                status=status,  # type: ignore[arg-type]
-                reason=reason,
-                message=bounded(message),
-                lastTransitionTime=now if changed else str(before.get("lastTransitionTime") or now),
-                observedGeneration=driver.generation,
-            )
-        )
-    return conditions
+    return conditions_from(pairs, driver.status, driver.generation, now)
 
 
 WRITTEN = ("state", "namespace", "conditions", "nodesDesired", "nodesReady", "driverUpgrade")

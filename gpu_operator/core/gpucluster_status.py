@@ -26,19 +26,18 @@ workload name → rolled out (`workloads(spec)` names them; absent: not created 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpu_operator.api.gpucluster import SINGLETON_MESSAGE, SINGLETON_NAME, GPUClusterSpec, GPUClusterStatus
-from gpu_operator.api.quoting import bounded
 from gpu_operator.api.status import (
     REASON_NO_GPU_NODES,
     REASON_OPERAND_NOT_READY,
     REASON_RECONCILE_FAILED,
     REASON_RECONCILED,
-    Condition,
 )
 from gpu_operator.core.allocators import NODES_NAMED, Allocator, AllocatorSplit, GPUClusterObject
+from gpu_operator.core.status import conditions_from
 
 ALL_RECONCILED = "All resources have been successfully reconciled"
 WAITING = "Waiting for operand pods to be ready"
@@ -112,28 +111,6 @@ def _decide(
     return "ready", _ready(REASON_RECONCILED, ALL_RECONCILED)
 
 
-def _conditions(
-    pairs: Iterable[Pair], previous: Mapping[str, Any], generation: int | None, now: str
-) -> list[Condition]:
-    """metav1.Conditions (meta.SetStatusCondition): lastTransitionTime moves only with the status."""
-    before_all = {c.get("type"): c for c in previous.get("conditions") or [] if isinstance(c, Mapping)}
-    conditions = []
-    for kind, status, reason, message in pairs:
-        before = before_all.get(kind) or {}
-        changed = before.get("status") != status
-        conditions.append(
-            Condition(
-                type=kind,
-                status=status,  # type: ignore[arg-type]
-                reason=reason,
-                message=bounded(message),
-                lastTransitionTime=now if changed else str(before.get("lastTransitionTime") or now),
-                observedGeneration=generation,
-            )
-        )
-    return conditions
-
-
 def gpucluster_status(
     gc: GPUClusterObject,
     split: AllocatorSplit,
@@ -155,5 +132,5 @@ def gpucluster_status(
     return GPUClusterStatus(
         state=state,  # type: ignore[arg-type]
         namespace=namespace,
-        conditions=_conditions(pairs, previous or {}, generation, now),
+        conditions=conditions_from(pairs, previous or {}, generation, now),
     )

@@ -518,21 +518,28 @@ def _error(reason: str, message: str) -> Pairs:
 
 
 def _conditions(policy: PolicyRef, pairs: Pairs, now: str) -> list[Condition]:
-    """metav1.Conditions; lastTransitionTime moves only when a condition's status changes."""
-    previous = {c.get("type"): c for c in policy.status.get("conditions") or []}
+    return conditions_from(pairs, policy.status, policy.generation, now)
+
+
+def conditions_from(
+    pairs: Iterable[tuple[str, str, str, str]], status: Mapping[str, Any], generation: int | None, now: str
+) -> list[Condition]:
+    """metav1.Conditions (meta.SetStatusCondition) from (type, status, reason, message) and the object's
+    current `status`: lastTransitionTime moves only when a condition's status changes."""
+    previous = {c.get("type"): c for c in status.get("conditions") or [] if isinstance(c, Mapping)}
     conditions = []
-    for kind, status, reason, message in pairs:
+    for kind, value, reason, message in pairs:
         before = previous.get(kind) or {}
-        changed = before.get("status") != status
+        changed = before.get("status") != value
         conditions.append(
             Condition.model_validate(
                 {
                     "type": kind,
-                    "status": status,
+                    "status": value,
                     "reason": reason,
                     "message": bounded(message),
                     "lastTransitionTime": now if changed else str(before.get("lastTransitionTime") or now),
-                    "observedGeneration": policy.generation,
+                    "observedGeneration": generation,
                 }
             )
         )
