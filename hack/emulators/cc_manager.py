@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from . import pci
 from .api import STRATEGIC_MERGE_PATCH, Api, ApiError
+from .common import list_pods
 from .node import NodeState
 from .process import Proc, program
 
@@ -148,12 +149,7 @@ class CCManager:
 
     async def wait_gone(self, app: str) -> None:
         async def gone() -> bool | None:
-            found = await self.api.get(
-                f"/api/v1/namespaces/{self.namespace}/pods",
-                fieldSelector=f"spec.nodeName={self.node}",
-                labelSelector=f"app={app}",
-            )
-            return True if not found.get("items") else None
+            return True if not await list_pods(self.api, self.namespace, self.node, f"app={app}") else None
 
         proc = self.proc
         proc.out(f"Waiting for {app} pods to be deleted...")
