@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from . import pci
 from .api import STRATEGIC_MERGE_PATCH, Api, ApiError
-from .common import list_pods
 from .node import NodeState
 from .process import Proc, program
 
@@ -149,7 +148,12 @@ class CCManager:
 
     async def wait_gone(self, app: str) -> None:
         async def gone() -> bool | None:
-            return True if not await list_pods(self.api, self.namespace, self.node, f"app={app}") else None
+            found = await self.api.get(
+                f"/api/v1/namespaces/{self.namespace}/pods",
+                fieldSelector=f"spec.nodeName={self.node}",
+                labelSelector=f"app={app}",
+            )
+            return True if not found.get("items") else None
 
         proc = self.proc
         proc.out(f"Waiting for {app} pods to be deleted...")

@@ -315,21 +315,18 @@ class Validator:
 class SandboxValidator(Validator):
     """The sandbox validator's steps (main.go:1645-2004)."""
 
-    async def node_or_fail(self, message: str) -> JSON:
-        """This node; the step fails with `message` and the reason when it cannot be read."""
-        try:
-            return await get_node(await self.proc.api(), self.node)
-        except (ApiError, ContainerExit) as exc:
-            detail = exc.message if isinstance(exc, ContainerExit) else str(exc)
-            raise _error(self.proc, f"{message}{detail}") from exc
-
     async def workload_config(self, what: str) -> str:
         """getWorkloadConfig (l.497-529), written to workload-type by the steps that read it."""
         default = self.proc.env.get("DEFAULT_GPU_WORKLOAD_CONFIG", "")
         default = default if default in WORKLOAD_TYPES else "vm-passthrough"
-        node = await self.node_or_fail(
-            f"{what}: error getting gpu workload config: error getting node labels - "
-        )
+        try:
+            api = await self.proc.api()
+            node = await get_node(api, self.node)
+        except (ApiError, ContainerExit) as exc:
+            detail = exc.message if isinstance(exc, ContainerExit) else str(exc)
+            raise _error(
+                self.proc, f"{what}: error getting gpu workload config: error getting node labels - {detail}"
+            ) from exc
         value = ((node.get("metadata") or {}).get("labels") or {}).get(WORKLOAD_LABEL)
         config = value if value in WORKLOAD_TYPES else default
         self.proc.out(f"GPU workload configuration: {config}")
@@ -406,9 +403,16 @@ class SandboxValidator(Validator):
     async def cc_manager(self) -> None:
         what = "error validating CC Manager installation"
         self.delete("cc-manager-ready")
-        node = await self.node_or_fail(
-            f"{what}: unable to fetch node by name {self.node} to check for {CC_CAPABLE_LABEL} label: "
-        )
+        try:
+            api = await self.proc.api()
+            node = await get_node(api, self.node)
+        except (ApiError, ContainerExit) as exc:
+            detail = exc.message if isinstance(exc, ContainerExit) else str(exc)
+            raise _error(
+                self.proc,
+                f"{what}: unable to fetch node by name {self.node} to check for {CC_CAPABLE_LABEL} "
+                f"label: {detail}",
+            ) from exc
         if ((node.get("metadata") or {}).get("labels") or {}).get(CC_CAPABLE_LABEL) != "true":
             self.proc.out("Not a CC capable node, skipping CC Manager validation")
         elif not self.proc.fs.exists(CC_MANAGER_CTR_READY):

@@ -41,7 +41,6 @@ import yaml
 
 from . import gpus, pci
 from .api import Api, ApiError
-from .common import list_pods
 from .node import MigGpu, NodeState
 from .process import Proc, program
 
@@ -170,7 +169,12 @@ class VgpuDeviceManager:
 
     async def wait_gone(self, app: str) -> None:
         async def gone() -> bool | None:
-            return True if not await list_pods(self.api, self.namespace, self.node, f"app={app}") else None
+            found = await self.api.get(
+                f"/api/v1/namespaces/{self.namespace}/pods",
+                fieldSelector=f"spec.nodeName={self.node}",
+                labelSelector=f"app={app}",
+            )
+            return True if not found.get("items") else None
 
         name = app.removeprefix("nvidia-").removesuffix("-daemonset")
         self.proc.out(f"Waiting for {name} to shutdown")
