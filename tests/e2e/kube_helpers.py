@@ -39,6 +39,7 @@ import inspect
 import os
 import re
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -153,6 +154,37 @@ class _BlockingClient:
 
 client: Any = _BlockingClient()
 """``client.CoreV1Api(cluster.api)``: typed calls through the cluster's SyncKube (module docstring)."""
+
+
+def follow_pods(
+    api: Any,
+    namespace: str,
+    selector: str,
+    record: Callable[[str, Any], None],
+    ready: threading.Event,
+    stop: threading.Event,
+) -> None:
+    """List the pods `selector` picks in `namespace` (each recorded as ADDED), set `ready`, then record
+    every watch event (type, pod) until `stop` is set. Run on a thread of its own."""
+    core = client.CoreV1Api(api)
+    listed = core.list_namespaced_pod(namespace, label_selector=selector)
+    for pod in listed.items:
+        record("ADDED", pod)
+    version = listed.metadata.resource_version
+    ready.set()
+    while not stop.is_set():
+        watch = Watch()
+        for event in watch.stream(
+            core.list_namespaced_pod,
+            namespace,
+            label_selector=selector,
+            resource_version=version,
+            timeout_seconds=5,
+        ):
+            version = event["object"].metadata.resource_version
+            record(event["type"], event["object"])
+            if stop.is_set():
+                watch.stop()
 
 
 def token_client(kube: SyncKube, token: str) -> SyncKube:

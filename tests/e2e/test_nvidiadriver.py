@@ -23,10 +23,10 @@ from gpu_operator.core.components import BY_NAME
 
 from .kube_helpers import (
     Cluster,
-    Watch,
     assert_true,
     clear_failure,
     client,
+    follow_pods,
     gpu_nodes,
     inject_failure,
     list_pods,
@@ -193,26 +193,8 @@ class DriverPods:
         self.most[node] = max(self.most.get(node, 0), len(self.present[node]))
 
     def _watch(self) -> None:
-        core = client.CoreV1Api(self.api)
         selector = f"app.kubernetes.io/component={DRIVER}"
-        listed = core.list_namespaced_pod(NS, label_selector=selector)
-        for pod in listed.items:
-            self._record("ADDED", pod)
-        version = listed.metadata.resource_version
-        self.ready.set()
-        while not self.stop.is_set():
-            watch = Watch()
-            for event in watch.stream(
-                core.list_namespaced_pod,
-                NS,
-                label_selector=selector,
-                resource_version=version,
-                timeout_seconds=5,
-            ):
-                version = event["object"].metadata.resource_version
-                self._record(event["type"], event["object"])
-                if self.stop.is_set():
-                    watch.stop()
+        follow_pods(self.api, NS, selector, self._record, self.ready, self.stop)
 
     def assert_never_two(self) -> None:
         twice = {node: n for node, n in self.most.items() if n > 1}

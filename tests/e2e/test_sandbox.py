@@ -26,9 +26,10 @@ from gpu_operator.core.workloads import CONTAINER, VM_PASSTHROUGH, VM_VGPU, WORK
 from .kube_helpers import (
     SIMULATED_NODE_LABEL,
     Cluster,
-    Watch,
+    assert_true,
     client,
     emulated_host,
+    follow_pods,
     gpu_nodes,
     list_pods,
     pod_is_ready,
@@ -136,25 +137,7 @@ class StackPods:
             self.mixed.setdefault(node, set()).update(here.values())
 
     def _watch(self) -> None:
-        core = client.CoreV1Api(self.api)
-        listed = core.list_namespaced_pod(NS, label_selector=MANAGED)
-        for pod in listed.items:
-            self._record("ADDED", pod)
-        version = listed.metadata.resource_version
-        self.ready.set()
-        while not self.stop.is_set():
-            watch = Watch()
-            for event in watch.stream(
-                core.list_namespaced_pod,
-                NS,
-                label_selector=MANAGED,
-                resource_version=version,
-                timeout_seconds=5,
-            ):
-                version = event["object"].metadata.resource_version
-                self._record(event["type"], event["object"])
-                if self.stop.is_set():
-                    watch.stop()
+        follow_pods(self.api, NS, MANAGED, self._record, self.ready, self.stop)
 
     def uids(self, node: str, component: str) -> set[str]:
         return {uid for uid, name in self.present.get(node, {}).items() if name == component}
@@ -255,7 +238,13 @@ def test_a_mixed_cluster_converges(
     wait_stack(cluster, vgpu, VGPU_STACK)
     for node in containers:
         wait_stack(cluster, node, CONTAINER_STACK)
-    assert node_labels(cluster, vgpu).get("nvidia.com/vgpu.config.state") == "success"
+    # The vGPU device manager says success after it restored the plugin's label: the plugin may be
+    # Ready and advertising a moment before.
+    wait_for(
+        lambda: assert_true(node_labels(cluster, vgpu).get("nvidia.com/vgpu.config.state") == "success"),
+        timeout=60,
+        what="the vGPU configuration applied",
+    )
     # The workload labels were there before the policy: a node never ran another type's pod.
     for node, kind in workloads.items():
         stack = CONTAINER_STACK if kind == CONTAINER else PASSTHROUGH_STACK | VGPU_STACK
