@@ -10,7 +10,7 @@ cmd/nvidia-k8s-vgpu-dm/main.go:
   applied; then each later non-empty value of the label (an informer on the node, l.299-330; ``Set``
   wakes nobody for an empty value, l.92-99). After each, ``nvidia.com/vgpu.config.state`` is
   ``success`` or ``failed``, written with a GET and an Update of the whole node whose error is ignored
-  (l.284-296, 503-518);
+  (l.288-297, 574-589);
 * ``updateConfig`` (l.332-377): the selected config must be in ``CONFIG_FILE``
   (``nvidia-vgpu-dm assert --valid-config``); a config already applied is a success at once; otherwise
   the state goes ``pending``, the sandbox device plugin's and sandbox validator's deploy labels are

@@ -26,7 +26,6 @@ from gpu_operator.core.workloads import CONTAINER, VM_PASSTHROUGH, VM_VGPU, WORK
 from .kube_helpers import (
     SIMULATED_NODE_LABEL,
     Cluster,
-    assert_true,
     client,
     emulated_host,
     follow_pods,
@@ -238,13 +237,12 @@ def test_a_mixed_cluster_converges(
     wait_stack(cluster, vgpu, VGPU_STACK)
     for node in containers:
         wait_stack(cluster, node, CONTAINER_STACK)
-    # The vGPU device manager says success after it restored the plugin's label: the plugin may be
-    # Ready and advertising a moment before.
-    wait_for(
-        lambda: assert_true(node_labels(cluster, vgpu).get("nvidia.com/vgpu.config.state") == "success"),
-        timeout=60,
-        what="the vGPU configuration applied",
-    )
+    # The vGPUs advertised are the configuration applied. The vGPU device manager's own report,
+    # `nvidia.com/vgpu.config.state`, is a GET and an Update of the whole node whose error it ignores
+    # (vgpu-device-manager v0.5.0 cmd/nvidia-k8s-vgpu-dm/main.go:295-297, 574-589): another client
+    # writing the node in between (the kubelet, the operator) leaves it `pending`; only `failed` is
+    # ruled out.
+    assert node_labels(cluster, vgpu).get("nvidia.com/vgpu.config.state") != "failed"
     # The workload labels were there before the policy: a node never ran another type's pod.
     for node, kind in workloads.items():
         stack = CONTAINER_STACK if kind == CONTAINER else PASSTHROUGH_STACK | VGPU_STACK
