@@ -34,6 +34,7 @@ is also a person's). `false` always stays, and so does any other value someone e
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
@@ -205,7 +206,9 @@ def node_info(body: Mapping[str, Any]) -> NodeInfo:
     status = body.get("status") or {}
     allocatable = status.get("allocatable") or {}
     node_status = status.get("nodeInfo") or {}
-    labels = dict(metadata.get("labels") or {})
+    # Most label values, and keys the JSON decoder did not share, repeat on every node: one copy of
+    # each for thousands of nodes in memory.
+    labels = {sys.intern(key): sys.intern(value) for key, value in (metadata.get("labels") or {}).items()}
     own, shared, writers, protocol = _label_owners(metadata.get("managedFields") or (), labels)
     return NodeInfo(
         name=metadata["name"],

@@ -6,6 +6,7 @@ with nine operands (9000 pods) stays small, and decisions never depend on fields
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, fields
 from operator import attrgetter
@@ -134,15 +135,16 @@ def pod_info(body: Mapping[str, Any]) -> PodInfo | None:
             reason = status.get("phase") or "Pending"
             if reason == "Running":
                 reason = "NotReady"
+    # The node, component, reason and creation second repeat across thousands of pods: one copy each.
     return PodInfo(
         name=metadata.get("name", ""),
-        component=component,
-        node=node,
+        component=sys.intern(component),
+        node=sys.intern(node),
         ready=ready and not terminating,
-        reason=reason,
+        reason=sys.intern(reason),
         message=message,
         terminating=terminating,
-        created=metadata.get("creationTimestamp") or "",
+        created=sys.intern(metadata.get("creationTimestamp") or ""),
         initialized=(conditions.get("Initialized") or {}).get("status") == "True",
     )
 
