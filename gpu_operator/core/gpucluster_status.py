@@ -33,6 +33,7 @@ from gpu_operator.api.gpucluster import SINGLETON_MESSAGE, SINGLETON_NAME, GPUCl
 from gpu_operator.api.status import (
     REASON_NO_GPU_NODES,
     REASON_OPERAND_NOT_READY,
+    REASON_PREREQUISITE_NOT_MET,
     REASON_RECONCILE_FAILED,
     REASON_RECONCILED,
 )
@@ -42,6 +43,10 @@ from gpu_operator.core.status import conditions_from
 ALL_RECONCILED = "All resources have been successfully reconciled"
 WAITING = "Waiting for operand pods to be ready"
 NO_GPU_NODES = "GPUCluster is ready, but it selects no GPU node"
+NO_CLUSTER_POLICY = (
+    "no active ClusterPolicy: this operator runs the DRA stack beside a ClusterPolicy, which installs the "
+    "driver and labels the GPU nodes (its driver section may be disabled for a driver on the host)"
+)
 DRA_NOT_SERVED = (
     "Error syncing state state-dra-driver: the resource.k8s.io DeviceClass API is not served by the "
     "cluster; ensure Dynamic Resource Allocation is enabled on the API server and kubelet"
@@ -83,9 +88,12 @@ def _decide(
     ready: Mapping[str, bool],
     dra_served: bool,
     errors: Sequence[str],
+    policy: bool = True,
 ) -> tuple[str, tuple[Pair, ...]]:
     if gc.name != SINGLETON_NAME:
         return "notReady", _error(REASON_RECONCILE_FAILED, f"ignored: {SINGLETON_MESSAGE}")
+    if not policy:
+        return "notReady", _error(REASON_PREREQUISITE_NOT_MET, NO_CLUSTER_POLICY)
     if gc.spec is None:
         said = "; ".join(errors) or "the spec does not parse"
         return "notReady", _error(
@@ -122,13 +130,14 @@ def gpucluster_status(
     errors: Sequence[str] = (),
     previous: Mapping[str, Any] | None = None,
     generation: int | None = None,
+    policy: bool = True,
 ) -> GPUClusterStatus | None:
     """The status to write on `gc` (None: none, it is being deleted). `errors`: why its spec does not
     parse; `previous`: the status it has now; `dra_served`: the cluster serves resource.k8s.io
-    DeviceClasses."""
+    DeviceClasses; `policy`: a ClusterPolicy is active (PrerequisiteNotMet without one)."""
     if gc.deleting:
         return None
-    state, pairs = _decide(gc, split, ready, dra_served, errors)
+    state, pairs = _decide(gc, split, ready, dra_served, errors, policy)
     return GPUClusterStatus(
         state=state,  # type: ignore[arg-type]
         namespace=namespace,

@@ -386,8 +386,14 @@ def desired_labels(
     is_started: IsReady | None = None,
     driver_initializing: bool = False,
     is_present: IsReady | None = None,
+    withheld: frozenset[str] = frozenset(),
+    extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The complete set of labels the operator wants to own on `node` (server-side apply removes the rest).
+
+    `withheld`: components not to deploy there, `extra`: deploy labels of another stack to set there
+    (the GPUCluster's on a DRA node: core/allocators.py), each set to `true` unless the node has another
+    value someone wrote (a pause, an opt-out) or it is to be paused again for k8s-driver-manager.
 
     Deploy labels are added once a component's dependencies are met on the node (see
     `unmet_dependencies`) and no pod of another workload type's stack is left there (`leaving`, with
@@ -409,6 +415,7 @@ def desired_labels(
     for component in COMPONENTS:
         if (
             component.deploy_label in repaused
+            or component.name in withheld
             or not component.enabled(policy)
             or not runs_on(component, node, policy)
         ):
@@ -421,9 +428,16 @@ def desired_labels(
         ):
             labels[component.deploy_label] = "true"
     for component in COMPONENTS:
-        if component.enabled(policy) and component.node_filter(node.labels):
-            extra = component.node_labels(policy)
-            labels.update((key, value) for key, value in extra.items() if not _foreign(node, key))
+        if (
+            component.name not in withheld
+            and component.enabled(policy)
+            and component.node_filter(node.labels)
+        ):
+            more = component.node_labels(policy)
+            labels.update((key, value) for key, value in more.items() if not _foreign(node, key))
+    for key, value in (extra or {}).items():
+        if key not in labels and key not in repaused and node.labels.get(key) in (None, "", "true"):
+            labels[key] = value
     return labels
 
 

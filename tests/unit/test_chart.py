@@ -50,6 +50,9 @@ WRITE_POLICIES = (
     "runtimeclasses",
     "customresourcedefinitions",
     "leases",
+    "deviceclasses",
+    "validatingadmissionpolicies",
+    "validatingadmissionpolicybindings",
 )
 """`<release>-writes-<resource>`: the admission policies of the operator's writes, one per kind."""
 KUBE_VERSION = "1.36.0"  # the cluster version the chart is rendered for (the pinned toolchain's)
@@ -860,13 +863,18 @@ REQUIRED_EXTRA: Grants = {
     # main.py: the informers of clusterpolicies and nvidiadrivers, cluster-wide.
     ("", "nvidia.com", "clusterpolicies", ""): {"list", "watch"},
     ("", "nvidia.com", "nvidiadrivers", ""): {"list", "watch"},
+    ("", "nvidia.com", "gpuclusters", ""): {"list", "watch"},
+    # runtime/client.py set_finalizers: the GPUCluster's finalizer (core/gpucluster_plan.py).
+    ("", "nvidia.com", "gpuclusters", "gpu-cluster"): {"patch"},
     # runtime/client.py patch_status and patch_driver_status.
     ("", "nvidia.com", "clusterpolicies/status", ""): {"patch"},
     ("", "nvidia.com", "nvidiadrivers/status", ""): {"patch"},
+    ("", "nvidia.com", "gpuclusters/status", ""): {"patch"},
     # plan.py and driver_pool_plan.py: controller ownerReference with blockOwnerDeletion
     # (OwnerReferencesPermissionEnforcement), to the ClusterPolicy and to a pool's NVIDIADriver.
     ("", "nvidia.com", "clusterpolicies/finalizers", ""): {"update"},
     ("", "nvidia.com", "nvidiadrivers/finalizers", ""): {"update"},
+    ("", "nvidia.com", "gpuclusters/finalizers", ""): {"update"},
     # main.py node_event (watch), runtime/client.py apply_node_labels (server-side apply on existing nodes)
     # and patch_node (the driver upgrade's merge patch); reconciler.py _refresh_node (after a 409).
     ("", "", "nodes", ""): {"get", "list", "watch", "patch"},
@@ -885,6 +893,7 @@ REQUIRED_EXTRA: Grants = {
     # reconciler.py ensure_crd: get, server-side apply, create when absent (operator.createCRD).
     ("", *CRDS, "clusterpolicies.nvidia.com"): {"get", "patch"},
     ("", *CRDS, "nvidiadrivers.nvidia.com"): {"get", "patch"},
+    ("", *CRDS, "gpuclusters.nvidia.com"): {"get", "patch"},
     ("", *CRDS, ""): {"list", "watch", "create"},
     # leader.py: the release's Lease (read, renewed; created when absent, which needs no name).
     (NAMESPACE, "coordination.k8s.io", "leases", RELEASE): {"get", "update"},
@@ -899,7 +908,18 @@ REQUIRED_EXTRA: Grants = {
 
 # Kinds the operator may change and delete only by name (resourceNames), the rest of their kind being
 # someone else's: cluster-scoped objects, and the operands' roles and bindings.
-BY_NAME_ONLY = frozenset({"ClusterRole", "ClusterRoleBinding", "RuntimeClass", "Role", "RoleBinding"})
+BY_NAME_ONLY = frozenset(
+    {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "RuntimeClass",
+        "Role",
+        "RoleBinding",
+        "DeviceClass",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+)
 
 
 def required_grants() -> Grants:
@@ -1153,6 +1173,8 @@ def test_admission_policy_pins_the_operators_writes(default_objects: list[Obj]) 
         "configmaps",
         "services",
         "daemonsets",
+        "deployments",
+        "resourceclaimtemplates",
         "servicemonitors",
         "events",
     }, "namespaced operand kinds, which grant nothing by themselves"
