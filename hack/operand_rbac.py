@@ -72,7 +72,7 @@ def operand_objects(namespace: str = NAMESPACE, runtime_class: str | None = None
             seen[_key(obj)] = obj
         elif obj["kind"] in (*RBAC_KINDS, "RuntimeClass") and known != obj:
             raise ValueError(f"{obj['kind']} {obj['metadata']['name']} differs between the sandbox modes")
-    return objects + gpucluster_objects(facts)
+    return objects + gpucluster_objects(_facts(namespace))
 
 
 def _key(obj: Obj) -> tuple[str, str, str]:
