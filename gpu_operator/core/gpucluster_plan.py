@@ -20,8 +20,14 @@ more than before, and renders, labels and writes exactly what it did.
   propagation (each stays until its pods are gone, i.e. their claims unprepared), while the kubelet plugin
   stays; the finalizer goes once none is left and no node still holds DRA GPU pods, and the garbage
   collector removes the rest. Its nodes go back to the device plugin as their GPU pods go.
-- **The namespace.** The operand namespace gets `resource.kubernetes.io/admin-access=true` before the
-  stack's admin-access claims can be allocated, never removed (NVIDIA's ensureAdminAccessLabel).
+- **The namespace.** The operand namespace gets `resource.kubernetes.io/admin-access=true`, never removed
+  (NVIDIA's ensureAdminAccessLabel). The API server refuses a ResourceClaimTemplate with an adminAccess
+  request, even in a dry run, from a namespace without it; NVIDIA labels the namespace before it syncs
+  any state. Here the pass that writes the label has proven its change already, so the admin-access
+  templates and the DaemonSets whose pods claim from them are withheld (`needs_admin_access`) until the
+  namespace's watch shows the label, whose event wakes the pass that applies them; meanwhile those that
+  exist are left as they are. The GPUCluster says its workloads wait (OperandNotReady), as for pods
+  not ready yet: a normal first step, not an error.
 """
 
 from __future__ import annotations
@@ -59,6 +65,9 @@ class DRAPlan:
     """The DRA stack's objects, owned by the GPUCluster and hash-annotated."""
     foreground: frozenset[ObjectKey] = frozenset()
     """The claim-holding DaemonSets a GPUCluster being deleted removes first (foreground propagation)."""
+    withheld: frozenset[ObjectKey] = frozenset()
+    """Objects left out of `objects` until the namespace carries NAMESPACE_LABELS (`needs_admin_access`):
+    neither applied nor deleted."""
     finalizers: Mapping[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
     """GPUCluster name → (the resourceVersion it was read at, the finalizers to write)."""
     status_writes: Mapping[str, dict[str, Any]] = field(default_factory=dict)
@@ -87,6 +96,46 @@ def claim_holders(objects: Iterable[Mapping[str, Any]]) -> set[str]:
         for o in objects
         if o["kind"] == "DaemonSet" and (o["spec"]["template"]["spec"].get("resourceClaims"))
     }
+
+
+def _admin_requests(request: Mapping[str, Any]) -> bool:
+    """A device request asks for admin access (resource.k8s.io/v1 `exactly`, or v1beta1's flat form)."""
+    exactly = request.get("exactly") or {}
+    return bool(exactly.get("adminAccess") or request.get("adminAccess"))
+
+
+def _claim_spec(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    if obj["kind"] == "ResourceClaimTemplate":
+        return dict((obj.get("spec") or {}).get("spec") or {})
+    return dict(obj.get("spec") or {})
+
+
+def needs_admin_access(objects: Iterable[Mapping[str, Any]]) -> set[ObjectKey]:
+    """The objects among `objects` that wait for the namespace's admin-access label: the
+    ResourceClaimTemplates and ResourceClaims with an adminAccess request (the API server refuses them
+    without it), and the DaemonSets whose pods claim from them (each component comes whole, template
+    first, as NVIDIA applies a state's objects in order: a DaemonSet without its template would start
+    pods whose claims cannot be made)."""
+    claims = {
+        (o["kind"], o["metadata"]["name"]): object_key(o)
+        for o in objects
+        if o["kind"] in ("ResourceClaimTemplate", "ResourceClaim")
+        and any(_admin_requests(r) for r in (_claim_spec(o).get("devices") or {}).get("requests") or [])
+    }
+    found = set(claims.values())
+    for obj in objects:
+        if obj["kind"] != "DaemonSet":
+            continue
+        for claim in obj["spec"]["template"]["spec"].get("resourceClaims") or []:
+            template = claim.get("resourceClaimTemplateName")
+            source = (
+                ("ResourceClaimTemplate", template)
+                if template
+                else ("ResourceClaim", claim.get("resourceClaimName"))
+            )
+            if source in claims:
+                found.add(object_key(obj))
+    return found
 
 
 def _rendered(caches: Caches, ref: GPUClusterRef, facts: ClusterFacts) -> list[dict[str, Any]]:
@@ -125,6 +174,7 @@ def _status_writes(
     namespace: str,
     now: str,
     policy: bool = True,
+    admin_access: bool = True,
 ) -> tuple[dict[str, dict[str, Any]], dict[str, tuple[DriverEvent, ...]]]:
     writes: dict[str, dict[str, Any]] = {}
     events: dict[str, tuple[DriverEvent, ...]] = {}
@@ -139,6 +189,7 @@ def _status_writes(
             previous=ref.status,
             generation=ref.generation or None,
             policy=policy,
+            admin_access=admin_access,
         )
         if status is None:
             continue
@@ -193,6 +244,7 @@ def plan_gpuclusters(
     chosen = next((ref for ref in refs if ref.name == SINGLETON_NAME), None)
     rendered: list[dict[str, Any]] = []
     foreground: frozenset[ObjectKey] = frozenset()
+    withheld: frozenset[ObjectKey] = frozenset()
     finalizers: dict[str, tuple[str, tuple[str, ...]]] = {}
     namespace_labels: dict[str, str] = {}
     if chosen is not None and chosen.spec is not None:
@@ -218,6 +270,8 @@ def plan_gpuclusters(
                 finalizers[chosen.name] = (chosen.resource_version, (*chosen.finalizers, FINALIZER))
             if not admin_access:
                 namespace_labels = dict(NAMESPACE_LABELS)
+                withheld = frozenset(needs_admin_access(rendered))
+                rendered = [o for o in rendered if object_key(o) not in withheld]
     elif (
         chosen is not None
         and chosen.deleting
@@ -231,7 +285,7 @@ def plan_gpuclusters(
         )
     spec_workloads = workloads(chosen.spec) if chosen is not None and chosen.spec is not None else []
     ready = _ready(spec_workloads, daemonsets, objects, facts.namespace)
-    writes, events = _status_writes(refs, split, ready, facts.namespace, now)
+    writes, events = _status_writes(refs, split, ready, facts.namespace, now, admin_access=admin_access)
     counted = {a.value: len(split.on(a)) for a in Allocator}
     held = sum(1 for a in split.nodes.values() if a.held and a.wanted is not None)
     state = None
@@ -242,6 +296,7 @@ def plan_gpuclusters(
         split,
         rendered,
         foreground,
+        withheld,
         finalizers,
         writes,
         events,
@@ -270,4 +325,12 @@ def wanted_keys(plan: DRAPlan) -> set[ObjectKey]:
     return {object_key(o) for o in plan.objects}
 
 
-__all__ = ["FINALIZER", "DRAPlan", "claim_holders", "plan_gpuclusters", "wanted_keys", "without_policy"]
+__all__ = [
+    "FINALIZER",
+    "DRAPlan",
+    "claim_holders",
+    "needs_admin_access",
+    "plan_gpuclusters",
+    "wanted_keys",
+    "without_policy",
+]

@@ -10,8 +10,9 @@ internal/conditions/consts.go):
   here the resource.k8s.io API not served (NVIDIA's message), and a spec that does not parse or a name
   other than gpu-cluster, which NVIDIA's CRD refuses before its controller sees them;
 - operand pods not ready yet: `notReady`, `OperandNotReady` ("Waiting for operand pods to be ready");
-  here the message names the workloads, and the nodes waiting for their GPU pods to go before they
-  move to DRA;
+  here the message names the workloads, the nodes waiting for their GPU pods to go before they move
+  to DRA, and, on the first pass, the workloads whose admin-access claims wait for the operand
+  namespace's label (core/gpucluster_plan.py);
 - otherwise `ready`, Ready=True reason `Reconciled` ("All resources have been successfully
   reconciled"), or `NoGPUNodes` when it selects no GPU node.
 
@@ -38,6 +39,7 @@ from gpu_operator.api.status import (
     REASON_RECONCILED,
 )
 from gpu_operator.core.allocators import NODES_NAMED, Allocator, AllocatorSplit, GPUClusterObject
+from gpu_operator.core.gpucluster_render import NAMESPACE_LABELS
 from gpu_operator.core.status import conditions_from
 
 ALL_RECONCILED = "All resources have been successfully reconciled"
@@ -89,6 +91,8 @@ def _decide(
     dra_served: bool,
     errors: Sequence[str],
     policy: bool = True,
+    admin_access: bool = True,
+    namespace: str = "",
 ) -> tuple[str, tuple[Pair, ...]]:
     if gc.name != SINGLETON_NAME:
         return "notReady", _error(REASON_RECONCILE_FAILED, f"ignored: {SINGLETON_MESSAGE}")
@@ -108,6 +112,9 @@ def _decide(
     held = sorted(n for n, a in split.nodes.items() if a.held and Allocator.DRA in (a.wanted, a.allocator))
     if waiting or held:
         parts = [f"{WAITING}: {_names(waiting)}"] if waiting else []
+        if waiting and not admin_access:
+            label = ", ".join(f"{key}={value}" for key, value in NAMESPACE_LABELS.items())
+            parts.append(f"the admin-access claims wait for namespace {namespace} to be labelled {label}")
         if held:
             nodes, wait = (
                 ("1 node", "waits for its") if len(held) == 1 else (f"{len(held)} nodes", "wait for their")
@@ -131,13 +138,15 @@ def gpucluster_status(
     previous: Mapping[str, Any] | None = None,
     generation: int | None = None,
     policy: bool = True,
+    admin_access: bool = True,
 ) -> GPUClusterStatus | None:
     """The status to write on `gc` (None: none, it is being deleted). `errors`: why its spec does not
     parse; `previous`: the status it has now; `dra_served`: the cluster serves resource.k8s.io
-    DeviceClasses; `policy`: a ClusterPolicy is active (PrerequisiteNotMet without one)."""
+    DeviceClasses; `policy`: a ClusterPolicy is active (PrerequisiteNotMet without one);
+    `admin_access`: the operand namespace carries the label the admin-access claims need."""
     if gc.deleting:
         return None
-    state, pairs = _decide(gc, split, ready, dra_served, errors, policy)
+    state, pairs = _decide(gc, split, ready, dra_served, errors, policy, admin_access, namespace)
     return GPUClusterStatus(
         state=state,  # type: ignore[arg-type]
         namespace=namespace,

@@ -441,6 +441,9 @@ def build(
     kept = {
         key for key, info in observed.objects.items() if key[1] == "DaemonSet" and info.component in missing
     } | pools.kept
+    if dra is not None:
+        # Left out until the namespace has its admin-access label again: not deleted meanwhile.
+        kept |= dra.withheld
     # Only what the operator created goes, never an object because it carries our labels; one already
     # going is not deleted again (another propagationPolicy would change what becomes of its pods).
     deletes = sorted(

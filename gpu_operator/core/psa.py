@@ -20,8 +20,9 @@ from gpu_operator.core.ownership import FIELD_MANAGER
 PSA_LABELS = tuple(f"pod-security.kubernetes.io/{mode}" for mode in ("enforce", "audit", "warn"))
 PRIVILEGED = "privileged"
 PREVIOUS_ANNOTATION = "nvidia.com/gpu-operator.psa-previous"
-ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
 """JSON {label: value} of the levels the operator replaced with `privileged`."""
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+"""The namespace label without which the API server refuses admin-access device requests."""
 
 
 @dataclass(frozen=True)

@@ -592,9 +592,10 @@ class Reconciler:
             namespace = observed.operand_namespace.name
             async with _recorded(errors, f"namespace/{namespace}"):
                 log.info("namespace %s: labels %s (DRA admin-access claims)", namespace, dra.namespace_labels)
-                self.store.record_namespace(
-                    await self.kube.add_labels(("v1", "Namespace"), namespace, dra.namespace_labels), False
-                )
+                # Not put into the Store: the namespace's watch event, which carries the label, is what
+                # wakes the pass that applies the objects withheld for it (DRAPlan.withheld). A pass
+                # before that event adds the label again, a merge patch that changes nothing.
+                await self.kube.add_labels(("v1", "Namespace"), namespace, dra.namespace_labels)
 
     async def _finish_gpucluster(self, dra: DRAPlan, errors: dict[str, str]) -> None:
         """The GPUClusters' statuses that differ and their Events; a finalizer whose teardown is done

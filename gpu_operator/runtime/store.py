@@ -455,6 +455,8 @@ class Store:
         return changed
 
     def record_namespace(self, body: Body, deleted: bool) -> bool:
+        """The operand namespace: a change of what NamespaceInfo compares (its pod-security labels, our
+        marks, the admin-access label the DRA stack's claims wait for) needs a pass."""
         return self.put("namespaces", body["metadata"]["name"], None if deleted else namespace_info(body))
 
 

@@ -5,18 +5,23 @@ NVIDIA's order; and nothing of it without a GPUCluster."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from builders import gpu_node
+from test_proof import run
 
 from gpu_operator.api.gpucluster import parse_gpucluster_spec
 from gpu_operator.core.allocators import Allocator
+from gpu_operator.core.answers import Failure
 from gpu_operator.core.caches import Caches
 from gpu_operator.core.gpucluster_plan import FINALIZER
+from gpu_operator.core.memory import Memory
 from gpu_operator.core.node_labels import NodeInfo
-from gpu_operator.core.observed import GPUClusterRef, ObjectInfo
+from gpu_operator.core.observed import GPUClusterRef, ObjectInfo, ObjectKey, object_key
 from gpu_operator.core.ownership import FIELD_MANAGER
 from gpu_operator.core.plan import Observed, Plan, PolicyRef, build
+from gpu_operator.core.proof import Answer, DryRun, LookUp, Question, prove
 from gpu_operator.core.psa import NamespaceInfo
 from gpu_operator.core.upgrade import Facts
 from gpu_operator.core.upgrade.facts import WorkloadPod
@@ -201,3 +206,99 @@ def test_metrics_per_allocator() -> None:
     metrics.observe_pass(plan_of(observed(nodes)), {}, 3, 0.1)
     assert sample("gpu_operator_gpu_nodes_by_allocator", {"allocator": "device-plugin"}) == 3
     assert sample("gpu_operator_gpucluster_state", {"state": "notReady"}) is None
+
+
+ADMIN_ACCESS = "resource.kubernetes.io/admin-access"
+VALIDATOR = ("apps/v1", "DaemonSet", NS, "nvidia-dra-validator")
+VALIDATOR_CLAIM = ("resource.k8s.io/v1", "ResourceClaimTemplate", NS, "nvidia-dra-validator-gpu")
+KUBELET_PLUGIN = ("apps/v1", "DaemonSet", NS, "nvidia-dra-driver-kubelet-plugin")
+
+
+def admin_requests(body: dict[str, Any]) -> bool:
+    spec = body["spec"]["spec"] if body["kind"] == "ResourceClaimTemplate" else body.get("spec", {})
+    return any(r.get("exactly", {}).get("adminAccess") for r in spec.get("devices", {}).get("requests", []))
+
+
+def api_server(labelled: bool) -> Any:
+    """Lookups find nothing (but the default priority class); a dry run is refused, as kube-apiserver
+    refuses it, for a claim or claim template with an admin-access request while the namespace lacks
+    the label, and accepted otherwise."""
+    refusal = Failure(
+        422,
+        "Invalid",
+        "ResourceClaimTemplate is invalid",
+        (
+            (
+                "spec.spec.devices.requests[0].exactly.adminAccess",
+                "Forbidden: admin access to devices requires the `resource.kubernetes.io/admin-access: "
+                "true` label on the containing namespace",
+            ),
+        ),
+    )
+
+    def answer(question: Question) -> Answer:
+        if isinstance(question, LookUp):
+            return {
+                key: {"metadata": {"name": key[3]}} if key[1] == "PriorityClass" else None
+                for key in question.keys
+            }
+        assert isinstance(question, DryRun)
+        return {
+            object_key(body): refusal
+            if not labelled
+            and body["kind"] in ("ResourceClaimTemplate", "ResourceClaim")
+            and admin_requests(body)
+            else None
+            for body in question.bodies
+        }
+
+    return answer
+
+
+def labelled(world: Observed) -> Observed:
+    assert world.operand_namespace is not None
+    return replace(world, operand_namespace=replace(world.operand_namespace, admin_access=True))
+
+
+def test_the_first_pass_withholds_the_admin_access_claims_until_the_namespace_has_its_label() -> None:
+    """The API server refuses a claim template with an admin-access request, dry run included, until
+    the operand namespace carries resource.kubernetes.io/admin-access=true, which the first pass writes
+    after its change is proven: that change leaves them (and the DaemonSets whose pods claim from them)
+    out, and the pass after the label is seen writes them."""
+    world = observed([node("a", "dra")], (gpucluster(),), known=frozenset({"a"}))
+    first, _ = run(prove(world, NOW, 0.0, Memory(), NS), api_server(labelled=False))
+    assert first.verdict.proven and first.plan.problems is None
+    writes = {object_key(o) for o in first.verdict.writes}
+    assert KUBELET_PLUGIN in writes
+    assert VALIDATOR not in writes and VALIDATOR_CLAIM not in writes
+    assert not any(key[1] == "ResourceClaimTemplate" for key in writes)
+    dra = first.plan.dra
+    assert dra is not None and dra.namespace_labels == {ADMIN_ACCESS: "true"}
+    assert {VALIDATOR, VALIDATOR_CLAIM} <= dra.withheld
+    # Not an error: the GPUCluster waits for its workloads, and says why; the ClusterPolicy is fine.
+    status = dra.status_writes["gpu-cluster"]
+    error = next(c for c in status["conditions"] if c["type"] == "Error")
+    assert error["reason"] == "OperandNotReady" and ADMIN_ACCESS in error["message"], error
+    policy_reasons = {c.reason for c in first.plan.statuses["cluster-policy"].conditions}
+    assert not policy_reasons & {"InvalidSpec", "ReconcileFailed"}, policy_reasons
+
+    second, _ = run(prove(labelled(world), NOW, 0.0, Memory(), NS), api_server(labelled=True))
+    assert second.verdict.proven
+    writes = {object_key(o) for o in second.verdict.writes}
+    assert {VALIDATOR, VALIDATOR_CLAIM, KUBELET_PLUGIN} <= writes
+    dra = second.plan.dra
+    assert dra is not None and not dra.namespace_labels and not dra.withheld
+    error = next(c for c in dra.status_writes["gpu-cluster"]["conditions"] if c["type"] == "Error")
+    assert ADMIN_ACCESS not in error["message"]
+
+
+def test_withheld_objects_that_exist_are_left_as_they_are() -> None:
+    """The label gone (someone removed it): it is written again, and meanwhile the admin-access
+    objects already there are neither rewritten nor deleted."""
+    existing: dict[ObjectKey, ObjectInfo] = {
+        key: ObjectInfo(key, "", "", 1, "1", GC_UID, (FIELD_MANAGER,)) for key in (VALIDATOR, VALIDATOR_CLAIM)
+    }
+    plan = plan_of(observed([node("a", "dra")], (gpucluster(),), known=frozenset({"a"}), objects=existing))
+    assert plan.dra is not None and plan.dra.namespace_labels == {ADMIN_ACCESS: "true"}
+    assert VALIDATOR not in plan.deletes and VALIDATOR_CLAIM not in plan.deletes
+    assert not {VALIDATOR, VALIDATOR_CLAIM} & {object_key(o) for o in plan.objects}
