@@ -35,6 +35,11 @@ operator-validator (whose plugin validation requests `nvidia.com/gpu`, which a D
 advertises). Unlike NVIDIA's, the toolkit stays: it turns on CDI in containerd 1.7 and CRI-O, which the
 DRA driver's CDI devices need, and removing it from a running node would revert that configuration.
 
+The other stack's deploy labels that someone else wrote go too (`other_stack_labels`), as NVIDIA's
+labeller sweeps them (nodelabeling_controller.go updateGPUStateLabels, state_manager.go
+removeGPUStateLabels): k8s-driver-manager v0.12.0 writes `""` for every deploy label it knows and finds
+absent, both stacks' (cmd/driver-manager/main.go:1037-1086), on every GPU node its driver pod starts on.
+
 The interface, for the pass that wires it (core/plan.py, core/node_labels.py):
 
     split = split_allocators(nodes, policy, gpuclusters, gpu_pods)
@@ -42,6 +47,7 @@ The interface, for the pass that wires it (core/plan.py, core/node_labels.py):
     split.nodes["gpu-3"].reason           # why it is held, has none, or is in conflict ("" if not)
     split.withheld("gpu-3")               # ClusterPolicy component names not to deploy there
     split.deploy_labels("gpu-3")          # the DRA stack's deploy labels for the node ({} if not DRA)
+    split.other_stack_labels("gpu-3")     # deploy label keys of the stack the node does not run
     split.conflicts, split.ignored        # for the GPUCluster's status and Events
 
 `nodes`: every node the pass sees (non-GPU nodes are skipped: `NodeInfo.is_gpu`). `policy`: the active
@@ -81,6 +87,13 @@ the exporter's are set whether or not they are enabled, as NVIDIA's: their Daemo
 DRA_KEEPS = frozenset({"driver", "container-toolkit"})
 """The ClusterPolicy's components a DRA node still runs (see the module's docstring)."""
 WITHHELD_ON_DRA = frozenset(c.name for c in COMPONENTS if c.name not in DRA_KEEPS)
+DRA_ONLY_LABELS = frozenset(DRA_DEPLOY_LABELS) - {c.deploy_label for c in COMPONENTS}
+"""The DRA stack's deploy labels that no ClusterPolicy component uses (all but the driver's)."""
+DEVICE_PLUGIN_ONLY_LABELS = frozenset(
+    c.deploy_label for c in COMPONENTS if c.name in WITHHELD_ON_DRA and c.name != "vgpu-manager"
+)
+"""The deploy labels of the components a DRA node does not run. Less the vGPU manager's, as NVIDIA's
+devicePluginOnlyStateLabelKeys: it gates an NVIDIADriver's DaemonSet, which may serve either stack."""
 UNSET = ("", "false")
 """Deploy label values that mean the component is not on the node (`""`: not decided yet)."""
 NODES_NAMED = 5
@@ -175,6 +188,18 @@ class AllocatorSplit:
         if allocation is None or Allocator.DRA not in (allocation.allocator, allocation.wanted):
             return frozenset()
         return WITHHELD_ON_DRA
+
+    def other_stack_labels(self, node: str) -> frozenset[str]:
+        """The deploy label keys of the stack `node` does not run, which it carries only as leftovers:
+        the DRA stack's own unless the node is on DRA; the device plugin stack's where `withheld` keeps
+        its components off (a DRA node, or one moving there). Empty for a node that is not a GPU node."""
+        allocation = self.nodes.get(node)
+        if allocation is None:
+            return frozenset()
+        keys = frozenset() if allocation.allocator is Allocator.DRA else DRA_ONLY_LABELS
+        if self.withheld(node):
+            keys |= DEVICE_PLUGIN_ONLY_LABELS
+        return keys
 
     def deploy_labels(self, node: str) -> dict[str, str]:
         """The DRA stack's deploy labels `node` should carry ({} when it is not a DRA node)."""

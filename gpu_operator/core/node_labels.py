@@ -486,13 +486,30 @@ def uninstall_removals(node: NodeInfo) -> dict[str, str]:
     managers carry over unchanged), nor another value someone else wrote. `nvidia.com/gpu.present`
     too when the operator alone owns it under another operation (NVIDIA's operator wrote it).
     """
-    applied_only = node.own_labels - node.shared_labels
-    return {
-        key: value
-        for key, value in sorted(node.labels.items())
-        if key not in applied_only
+    return {key: value for key, value in sorted(node.labels.items()) if _protocol_leftover(node, key, value)}
+
+
+def _protocol_leftover(node: NodeInfo, key: str, value: str) -> bool:
+    """A label that the operator's own apply does not drop and the protocol wrote (see
+    `uninstall_removals`): never `false`, nor another value someone else wrote."""
+    applied_only = key in node.own_labels and key not in node.shared_labels
+    return (
+        not applied_only
         and value != "false"
         and (key in node.protocol_labels or (key.startswith(DEPLOY_PREFIX) and value in ("", *PAUSES)))
+    )
+
+
+def other_stack_removals(node: NodeInfo, keys: Iterable[str]) -> dict[str, str]:
+    """Of `keys`, the deploy labels of the stack `node` does not run (core/allocators.py
+    `other_stack_labels`), those to remove explicitly, each with the value it must still have: what the
+    protocol wrote there, as on an uninstall (k8s-driver-manager's `""` for every label it knows, a
+    manager's `true` or pause). The operator's own go with its apply; an opt-out or another value
+    someone else wrote stays."""
+    return {
+        key: value
+        for key in sorted(keys)
+        if (value := node.labels.get(key)) is not None and _protocol_leftover(node, key, value)
     }
 
 

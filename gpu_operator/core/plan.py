@@ -43,6 +43,7 @@ from gpu_operator.core.node_labels import (
     desired_labels,
     driver_manager_repauses,
     gpu_nodes,
+    other_stack_removals,
     released_labels,
     uninstall_removals,
 )
@@ -516,7 +517,7 @@ def build(
         labels,
         statuses,
         notes,
-        _rewrites(observed.nodes, labels, pods, pools),
+        _rewrites(observed.nodes, labels, pods, pools, dra.split if dra is not None else None),
         namespace_write(observed.operand_namespace, spec.psa.enabled),
         count,
         upgrade=upgrade,
@@ -657,10 +658,13 @@ def _rewrites(
     labels: Mapping[str, Mapping[str, str]],
     pods: Mapping[tuple[str, str], PodInfo],
     pools: Pools,
+    split: AllocatorSplit | None = None,
 ) -> Rewrites:
     """The shared labels the nodes' applies leave behind, to remove; on every node, the pauses to write
     again for k8s-driver-manager (never removed: the pause wins). While the pools run the driver, an
-    owner label someone else wrote (NVIDIA's operator) that must go: the apply cannot remove it."""
+    owner label someone else wrote (NVIDIA's operator) that must go: the apply cannot remove it. With a
+    GPUCluster (`split`), the other allocator's deploy labels someone else wrote (k8s-driver-manager's
+    `""` for both stacks' labels): removed, as NVIDIA's labeller sweeps them, even over a pause."""
     found: Rewrites = {}
     for name, node in nodes.items():
         rewrite: LabelRewrites = {}
@@ -677,6 +681,9 @@ def _rewrites(
             rewrite[OWNER_LABEL] = (current, None)
         repaused = driver_manager_repauses(node, _driver_initializing(pods, name))
         rewrite.update((key, (value, DRIVER_PAUSE)) for key, value in repaused.items())
+        if split is not None:
+            leftovers = other_stack_removals(node, split.other_stack_labels(name))
+            rewrite.update((key, (value, None)) for key, value in leftovers.items())
         if rewrite:
             found[name] = rewrite
     return found

@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from builders import gpu_node
+from builders import PCI, gpu_node
+from test_label_protocol import Node
 from test_proof import run
 
 from gpu_operator.api.gpucluster import parse_gpucluster_spec
@@ -302,3 +303,68 @@ def test_withheld_objects_that_exist_are_left_as_they_are() -> None:
     assert plan.dra is not None and plan.dra.namespace_labels == {ADMIN_ACCESS: "true"}
     assert VALIDATOR not in plan.deletes and VALIDATOR_CLAIM not in plan.deletes
     assert not {VALIDATOR, VALIDATOR_CLAIM} & {object_key(o) for o in plan.objects}
+
+
+DRA_ONLY = (
+    DRA_DRIVER,
+    *(f"nvidia.com/gpu.deploy.{n}" for n in ("dra-validator", "dcgm-dra", "dcgm-exporter-dra")),
+)
+
+
+def one_pass(nodes: list[Node], world: Observed) -> Plan:
+    """A pass, its label applies and rewrites played on the nodes' labels and owners."""
+    plan = plan_of(world)
+    for each in nodes:
+        if each.name in plan.node_labels:
+            each.apply(plan.node_labels[each.name])
+        if each.name in plan.label_rewrites:
+            each.rewrite(plan.label_rewrites[each.name])
+    return plan
+
+
+def test_k8s_driver_managers_empty_labels_of_the_other_stack_are_swept() -> None:
+    """k8s-driver-manager v0.12.0, when it starts on a node without a loaded driver, writes every deploy
+    label it knows back as maybeSetTrue(value): "" for each that was absent, the DRA stack's among them
+    (cmd/driver-manager/main.go:1037-1086), on every GPU node. NVIDIA's labeller then deletes the
+    labels of the stack the node does not run (state_manager.go removeGPUStateLabels, and
+    devicePluginOnlyStateLabelKeys on a DRA node); so does this operator, but never an opt-out."""
+    dra = Node("a", {PCI: "true", "pool": "dra"})
+    classic = Node("b", {PCI: "true", "pool": "classic"})
+    for each in (dra, classic):
+        each.driver_manager_reschedules()
+        assert each.labels[DRA_DRIVER] == "" and each.labels[DEVICE_PLUGIN] == ""
+    classic.labels[GFD] = "false"  # a person's opt-out, which k8s-driver-manager carries over
+    classic.owners[GFD] = {"kubectl-label"}
+
+    def world() -> Observed:
+        return observed([dra.info(), classic.info()], (gpucluster(),), known=frozenset({"a", "b"}))
+
+    one_pass([dra, classic], world())
+    assert not set(DRA_ONLY) & classic.labels.keys(), classic.labels
+    assert classic.labels[GFD] == "false"
+    assert DEVICE_PLUGIN not in dra.labels and GFD not in dra.labels, dra.labels
+    assert dra.labels[DRA_DRIVER] == "true"
+    # At rest: nothing more to remove.
+    again = plan_of(world())
+    assert "b" not in again.label_rewrites and "a" not in again.label_rewrites, again.label_rewrites
+
+
+def test_a_node_leaving_dra_keeps_the_dra_labels_a_manager_restored_while_claims_run() -> None:
+    """The sweep follows the allocator. k8s-driver-manager writes the DRA labels back as `true` after a
+    driver restart (then its own, not the operator's): a node held on DRA by its claim pods keeps them,
+    so its kubelet plugin stays to unprepare the claims; with no claim left, they go."""
+
+    def restored() -> Node:
+        node = Node("a", {PCI: "true", "pool": "classic"})
+        node.patch("driver-manager", dict.fromkeys(DRA_ONLY, "true"))
+        return node
+
+    held = restored()
+    plan = plan_of(
+        observed([held.info()], (gpucluster(),), pods=(gpu_pod("a", claims=True),), known=frozenset({"a"}))
+    )
+    assert plan.dra is not None and plan.dra.split.nodes["a"].allocator is Allocator.DRA
+    assert not set(DRA_ONLY) & plan.label_rewrites.get("a", {}).keys(), plan.label_rewrites
+    left = restored()
+    one_pass([left], observed([left.info()], (gpucluster(),), known=frozenset({"a"})))
+    assert not set(DRA_ONLY) & left.labels.keys(), left.labels
