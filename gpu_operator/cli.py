@@ -691,7 +691,7 @@ def cmd_cleanup(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     if kube is None:
         return EXIT_INVALID
     try:
-        return cleanup(kube, args.policy, args.timeout, out)
+        return cleanup(kube, args.policy, args.timeout, out, args.gpucluster)
     finally:
         kube.close()
 
@@ -949,6 +949,12 @@ def build_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         help="the chart's pre-delete hook: delete the ClusterPolicy, wait until its node labels are gone",
     )
     cleanup.add_argument("--policy", required=True, help="the ClusterPolicy to delete")
+    cleanup.add_argument(
+        "--gpucluster",
+        default="",
+        metavar="NAME",
+        help="a GPUCluster to delete first, waiting until the operator has drained it and it is gone",
+    )
     cleanup.add_argument(
         "--timeout",
         type=_seconds,

@@ -60,6 +60,12 @@ MANAGED = [
     ("node.k8s.io", "v1", "runtimeclasses"),
     # Served only while the Prometheus operator's CRD exists; its informer lists it once it appears.
     ("monitoring.coreos.com", "v1", "servicemonitors"),
+    # The GPUCluster's DRA stack (not served: listed as empty).
+    ("apps", "v1", "deployments"),
+    ("resource.k8s.io", "v1", "deviceclasses"),
+    ("resource.k8s.io", "v1", "resourceclaimtemplates"),
+    ("admissionregistration.k8s.io", "v1", "validatingadmissionpolicies"),
+    ("admissionregistration.k8s.io", "v1", "validatingadmissionpolicybindings"),
 ]
 REVISIONS = ("apps", "v1", "controllerrevisions")
 """The driver DaemonSets' ControllerRevisions: an upgrade's target (they carry the pods' labels)."""
@@ -126,6 +132,7 @@ def watches(store: Store) -> list[Watch]:
         Watch("nvidia.com", "v1", "clusterpolicies", store.record_policy, names("policies")),
         # Absent CRD: listed as empty, and listed again as soon as it appears (runtime/informer.py).
         Watch("nvidia.com", "v1alpha1", "nvidiadrivers", store.record_driver, names("drivers")),
+        Watch("nvidia.com", "v1alpha1", "gpuclusters", store.record_gpucluster, names("gpuclusters")),
         Watch("", "v1", "nodes", store.record_node, names("nodes")),
         Watch("", "v1", "pods", store.record_pod, pods, _OURS),
         Watch(*REVISIONS, store.record_revision, names("revisions"), _OURS),

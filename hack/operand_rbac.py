@@ -25,7 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from gpu_operator.api import parse_spec  # noqa: E402
+from gpu_operator.api.gpucluster import parse_gpucluster_spec  # noqa: E402
 from gpu_operator.api.spec import OperatorSpec  # noqa: E402
+from gpu_operator.core.gpucluster_render import render_gpucluster  # noqa: E402
 from gpu_operator.core.render import ClusterFacts, render  # noqa: E402
 
 OUTPUT = ROOT / "charts" / "gpu-operator" / "files" / "operand-rbac.yaml"
@@ -70,12 +72,31 @@ def operand_objects(namespace: str = NAMESPACE, runtime_class: str | None = None
             seen[_key(obj)] = obj
         elif obj["kind"] in (*RBAC_KINDS, "RuntimeClass") and known != obj:
             raise ValueError(f"{obj['kind']} {obj['metadata']['name']} differs between the sandbox modes")
-    return objects
+    return objects + gpucluster_objects(_facts(namespace))
 
 
 def _key(obj: Obj) -> tuple[str, str, str]:
     metadata = obj["metadata"]
     return (obj["kind"], metadata.get("namespace", ""), metadata["name"])
+
+
+GPUCLUSTER_SAMPLE = ROOT / "tests" / "data" / "nvidia" / "gpucluster-sample.yaml"
+DRA_KINDS = ("DeviceClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+"""The GPUCluster's cluster-scoped kinds besides RBAC: admitted by name (templates/admission-policy.yaml)."""
+
+
+def gpucluster_objects(facts: ClusterFacts) -> list[Obj]:
+    """What the operator applies for NVIDIA's GPUCluster sample with every state and every feature gate
+    that renders RBAC on (DCGM, MPS and passthrough support too)."""
+    spec = yaml.safe_load(GPUCLUSTER_SAMPLE.read_text())["spec"]
+    dra = spec.get("draDriver") or {}
+    gates = {**(dra.get("featureGates") or {}), "MPSSupport": True, "PassthroughSupport": True}
+    spec = {
+        **spec,
+        "dcgm": {**(spec.get("dcgm") or {}), "enabled": True},
+        "draDriver": {**dra, "featureGates": gates},
+    }
+    return render_gpucluster(parse_gpucluster_spec(spec), facts)
 
 
 def _quote(value: str) -> str:
@@ -147,6 +168,8 @@ def operand_rbac() -> Obj:
                 name: rules_are(o.get("rules") or [], kind == "ClusterRole") for name, o in mine.items()
             }
         found[kind] = {"names": sorted(mine), "content": by_name(content)}
+    for kind in DRA_KINDS:
+        found[kind] = {"names": sorted({o["metadata"]["name"] for o in objects if o["kind"] == kind})}
     sentinel = "sentinel-runtime-class"
     fixed = {
         o["metadata"]["name"] for o in operand_objects(runtime_class=sentinel) if o["kind"] == "RuntimeClass"

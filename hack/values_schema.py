@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from gpu_operator.api.gpucluster import DRADriverSpec
 from gpu_operator.api.spec import ClusterPolicySpec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -329,6 +330,36 @@ def node_discovery_agent_schema() -> Schema:
     )
 
 
+def gpucluster_schema() -> Schema:
+    return _strict(
+        {
+            "deployCR": {
+                "type": "boolean",
+                "description": "Create the GPUCluster gpu-cluster from these values (draDriver, dcgm, "
+                "dcgmExporter, hostPaths, daemonsets).",
+            },
+            "nodeSelector": {
+                **_STRING_MAP,
+                "description": "Its spec.nodeSelector (not in NVIDIA's chart): the GPU nodes moved to DRA; "
+                "empty, every GPU node.",
+            },
+        },
+        "NVIDIA's GPUCluster (DRA) CR.",
+    )
+
+
+def dra_driver_schema(model: Schema) -> Schema:
+    """The chart's `draDriver` section: the GPUCluster's spec.draDriver, as NVIDIA's values write it
+    (unset strings as "", `version` maybe a number). Its definitions join the model's."""
+    dra: Schema = _clean(DRADriverSpec.model_json_schema())
+    for name, definition in dra.pop("$defs", {}).items():
+        if model["$defs"].setdefault(name, definition) != definition:
+            raise SystemExit(f"DRADriverSpec's definition {name} differs from ClusterPolicySpec's")
+    _nvidia_strings(dra)
+    dra["description"] = "NVIDIA's DRA driver: the GPUCluster's spec.draDriver (gpuCluster.deployCR)."
+    return dra
+
+
 def cleanup_schema() -> Schema:
     return _strict(
         {
@@ -444,19 +475,8 @@ def values_schema() -> Schema:
             {"openshift": {"type": "boolean", "description": "Not supported (reported when true)."}},
             "NVIDIA's platform switches.",
         ),
-        "gpuCluster": _strict(
-            {
-                "deployCR": {
-                    "type": "boolean",
-                    "description": "Not supported (reported; refused with deployCR).",
-                }
-            },
-            "NVIDIA's GPUCluster (DRA) CR.",
-        ),
-        "draDriver": {
-            "type": "object",
-            "description": "NVIDIA's DRA driver (with gpuCluster): not supported.",
-        },
+        "gpuCluster": gpucluster_schema(),
+        "draDriver": dra_driver_schema(model),
         "extraObjects": {
             "type": "array",
             "description": "More manifests for the release; strings are rendered with `tpl`.",

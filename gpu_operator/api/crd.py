@@ -291,14 +291,13 @@ GPU_CLUSTER = Resource(
     rules=({"rule": gpucluster.SINGLETON_RULE, "message": gpucluster.SINGLETON_MESSAGE},),
 )
 
-RESOURCES = {"clusterpolicy": CLUSTER_POLICY, "nvidiadriver": NVIDIA_DRIVER}
+RESOURCES = {"clusterpolicy": CLUSTER_POLICY, "nvidiadriver": NVIDIA_DRIVER, "gpucluster": GPU_CLUSTER}
 """The CRDs the operator keeps current (and creates, with operator.createCRD), by the name of its file in
 crds/."""
 
-SHIPPED = {**RESOURCES, "gpucluster": GPU_CLUSTER}
+SHIPPED = dict(RESOURCES)
 """Every CRD this operator defines, by the name of its file in crds/ and the chart (and of `gpu-operator
-crd NAME`). The GPUCluster's is shipped but not yet kept current by the operator: the runtime does not
-serve GPUClusters yet."""
+crd NAME`)."""
 
 
 def spec_schema(resource: Resource = CLUSTER_POLICY) -> Schema:

@@ -35,6 +35,11 @@ operator-validator (whose plugin validation requests `nvidia.com/gpu`, which a D
 advertises). Unlike NVIDIA's, the toolkit stays: it turns on CDI in containerd 1.7 and CRI-O, which the
 DRA driver's CDI devices need, and removing it from a running node would revert that configuration.
 
+The other stack's deploy labels that someone else wrote go too (`other_stack_labels`), as NVIDIA's
+labeller sweeps them (nodelabeling_controller.go updateGPUStateLabels, state_manager.go
+removeGPUStateLabels): k8s-driver-manager v0.12.0 writes `""` for every deploy label it knows and finds
+absent, both stacks' (cmd/driver-manager/main.go:1037-1086), on every GPU node its driver pod starts on.
+
 The interface, for the pass that wires it (core/plan.py, core/node_labels.py):
 
     split = split_allocators(nodes, policy, gpuclusters, gpu_pods)
@@ -42,6 +47,7 @@ The interface, for the pass that wires it (core/plan.py, core/node_labels.py):
     split.nodes["gpu-3"].reason           # why it is held, has none, or is in conflict ("" if not)
     split.withheld("gpu-3")               # ClusterPolicy component names not to deploy there
     split.deploy_labels("gpu-3")          # the DRA stack's deploy labels for the node ({} if not DRA)
+    split.other_stack_labels("gpu-3")     # deploy label keys of the stack the node does not run
     split.conflicts, split.ignored        # for the GPUCluster's status and Events
 
 `nodes`: every node the pass sees (non-GPU nodes are skipped: `NodeInfo.is_gpu`). `policy`: the active
@@ -52,7 +58,7 @@ excluded: they leave with it): `core.gpu_pods.gpu_pod_counts(nodes, pods, claims
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from types import MappingProxyType
@@ -80,6 +86,14 @@ DRA_DEPLOY_LABELS = MappingProxyType(
 the exporter's are set whether or not they are enabled, as NVIDIA's: their DaemonSets then do not exist."""
 DRA_KEEPS = frozenset({"driver", "container-toolkit"})
 """The ClusterPolicy's components a DRA node still runs (see the module's docstring)."""
+WITHHELD_ON_DRA = frozenset(c.name for c in COMPONENTS if c.name not in DRA_KEEPS)
+DRA_ONLY_LABELS = frozenset(DRA_DEPLOY_LABELS) - {c.deploy_label for c in COMPONENTS}
+"""The DRA stack's deploy labels that no ClusterPolicy component uses (all but the driver's)."""
+DEVICE_PLUGIN_ONLY_LABELS = frozenset(
+    c.deploy_label for c in COMPONENTS if c.name in WITHHELD_ON_DRA and c.name != "vgpu-manager"
+)
+"""The deploy labels of the components a DRA node does not run. Less the vGPU manager's, as NVIDIA's
+devicePluginOnlyStateLabelKeys: it gates an NVIDIADriver's DaemonSet, which may serve either stack."""
 UNSET = ("", "false")
 """Deploy label values that mean the component is not on the node (`""`: not decided yet)."""
 NODES_NAMED = 5
@@ -167,11 +181,25 @@ class AllocatorSplit:
 
     def withheld(self, node: str) -> frozenset[str]:
         """The ClusterPolicy's components (by name) not to deploy on `node`: on a DRA node all but the
-        driver and the toolkit; none on others (their own rules decide)."""
+        driver and the toolkit, and so on a node waiting to move to DRA (its device plugin goes first, so
+        that no new `nvidia.com/gpu` pod lands there while its GPU pods go); none on others (their own
+        rules decide)."""
         allocation = self.nodes.get(node)
-        if allocation is None or allocation.allocator is not Allocator.DRA:
+        if allocation is None or Allocator.DRA not in (allocation.allocator, allocation.wanted):
             return frozenset()
-        return frozenset(c.name for c in COMPONENTS if c.name not in DRA_KEEPS)
+        return WITHHELD_ON_DRA
+
+    def other_stack_labels(self, node: str) -> frozenset[str]:
+        """The deploy label keys of the stack `node` does not run, which it carries only as leftovers:
+        the DRA stack's own unless the node is on DRA; the device plugin stack's where `withheld` keeps
+        its components off (a DRA node, or one moving there). Empty for a node that is not a GPU node."""
+        allocation = self.nodes.get(node)
+        if allocation is None:
+            return frozenset()
+        keys = frozenset() if allocation.allocator is Allocator.DRA else DRA_ONLY_LABELS
+        if self.withheld(node):
+            keys |= DEVICE_PLUGIN_ONLY_LABELS
+        return keys
 
     def deploy_labels(self, node: str) -> dict[str, str]:
         """The DRA stack's deploy labels `node` should carry ({} when it is not a DRA node)."""
@@ -221,13 +249,31 @@ def _held(current: Allocator | None, wanted: Allocator | None, pods: int) -> str
     )
 
 
+def _holding(
+    current: Allocator | None, wanted: Allocator | None, found: int | Mapping[Allocator, int]
+) -> tuple[Allocator | None, int]:
+    """The allocator the node's GPU pods hold it on and how many of them there are: an int counts the
+    pods of `current`; per allocator, the pods of any allocator but `wanted` (the node's device plugin
+    label may be gone already: its pods still hold it)."""
+    if isinstance(found, int):
+        return current, found
+    old = {a: n for a, n in found.items() if a is not wanted and n > 0}
+    if not old:
+        return current, 0
+    holder = current if current in old else sorted(old)[0]
+    return holder, sum(old.values())
+
+
 def split_allocators(
     nodes: Iterable[NodeInfo],
     policy: ClusterPolicySpec | None,
     gpuclusters: Iterable[GPUClusterObject],
-    gpu_pods: Mapping[str, int] | None = None,
+    gpu_pods: Mapping[str, int | Mapping[Allocator, int]] | None = None,
+    unlisted: Collection[str] = (),
 ) -> AllocatorSplit:
-    """Each GPU node's allocator (see the module's docstring)."""
+    """Each GPU node's allocator (see the module's docstring). `gpu_pods`: per node, the count of the
+    pods holding its GPUs through its current allocator, or those counts per allocator; `unlisted`: the
+    nodes whose pods are not known yet (a node that would move waits for them)."""
     gc, ignored = _in_charge(gpuclusters)
     pods = gpu_pods or {}
     allocations: dict[str, NodeAllocation] = {}
@@ -256,8 +302,17 @@ def split_allocators(
                 "the ClusterPolicy keeps it for VM workloads (sandboxWorkloads); the GPUCluster selects it"
             )
         wanted = Allocator.DRA if selected else (Allocator.DEVICE_PLUGIN if policy is not None else None)
-        held = _held(current, wanted, pods.get(node.name, 0))
-        allocator = current if held else wanted
+        holder, count = _holding(current, wanted, pods.get(node.name, 0))
+        held = _held(holder, wanted, count)
+        if (
+            not held
+            and node.name in unlisted
+            and current is not wanted
+            and Allocator.DRA in (current, wanted)
+        ):
+            held = "moving allocator waits until its pods are listed"
+            holder = current
+        allocator = holder if held else wanted
         if not reason and wanted is None and not held:
             reason = "no ClusterPolicy, and no GPUCluster selects it"
         allocations[node.name] = NodeAllocation(node.name, allocator, wanted, current, held or reason)

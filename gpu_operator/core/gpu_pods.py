@@ -22,7 +22,8 @@ from typing import Any
 
 from gpu_operator.core.allocators import Allocator, current_allocator
 from gpu_operator.core.node_labels import NodeInfo
-from gpu_operator.core.upgrade.facts import GPU_RESOURCE_PREFIXES
+from gpu_operator.core.ownership import FIELD_MANAGER, MANAGED_BY_LABEL
+from gpu_operator.core.upgrade.facts import GPU_RESOURCE_PREFIXES, WorkloadPod
 
 DRA_DRIVER_NAME = "gpu.nvidia.com"
 """The DRA driver that allocates NVIDIA GPUs (NVIDIAGPUDRADriverName)."""
@@ -93,3 +94,21 @@ def gpu_pod_counts(
         if allocator is not None and allocator in pod_allocators(pod, claims):
             counts[node] = counts.get(node, 0) + 1
     return counts
+
+
+def workload_pod_counts(pods: Iterable[WorkloadPod]) -> dict[str, dict[Allocator, int]]:
+    """Per node, the pods holding its GPUs per allocator, from the pods the per-node watches keep
+    (core/upgrade/facts.WorkloadPod: the pods of the nodes that may move). Their claims are not read: a
+    pod with any ResourceClaim counts on the DRA side (overcounting only delays a move off DRA). The
+    operator's own operand pods (the DRA stack's admin-access claims among them) leave with their stack
+    and never hold a node."""
+    counts: dict[str, dict[Allocator, int]] = {}
+    for pod in pods:
+        if (not pod.active and not pod.terminating) or pod.labels.get(MANAGED_BY_LABEL) == FIELD_MANAGER:
+            continue
+        found = counts.setdefault(pod.node, {})
+        if pod.gpu:
+            found[Allocator.DEVICE_PLUGIN] = found.get(Allocator.DEVICE_PLUGIN, 0) + 1
+        if pod.claims:
+            found[Allocator.DRA] = found.get(Allocator.DRA, 0) + 1
+    return {node: found for node, found in counts.items() if found}

@@ -49,6 +49,7 @@ from gpu_operator.api.gpucluster import (
 )
 from gpu_operator.core import images
 from gpu_operator.core.components import BY_NAME, Image
+from gpu_operator.core.psa import ADMIN_ACCESS_LABEL
 from gpu_operator.core.render import ClusterFacts, environment, render_folder
 from gpu_operator.core.template_functions import pull_secrets, user_labels
 
@@ -71,11 +72,12 @@ REMOTE_HOSTENGINE = "nvidia-dcgm-dra:5555"
 DEFAULT_COLLECTORS = "/etc/dcgm-exporter/dcp-metrics-included.csv"
 CUSTOM_COLLECTORS = "/etc/dcgm-exporter/dcgm-metrics.csv"
 DEFAULT_JOB_MAPPING_DIR = "/var/lib/dcgm-exporter/job-mapping"
-NAMESPACE_LABELS = {"resource.kubernetes.io/admin-access": "true"}
-"""What the operand namespace must carry before the DRA stack's pods can be scheduled: the scheduler admits
-adminAccess claims (DCGM, the exporter, the validator) only from a namespace labelled so. NVIDIA's
-controller sets it before each sync and never takes it back (gpucluster_controller.go
-ensureAdminAccessLabel): other admin-access users of the namespace may rely on it."""
+NAMESPACE_LABELS = {ADMIN_ACCESS_LABEL: "true"}
+"""What the operand namespace must carry before the DRA stack's admin-access claims (DCGM, the exporter,
+the validator) exist: the API server refuses a ResourceClaim or ResourceClaimTemplate with an adminAccess
+request, dry runs included, in a namespace not labelled so. NVIDIA's controller sets it before each sync
+and never takes it back (gpucluster_controller.go ensureAdminAccessLabel): other admin-access users of the
+namespace may rely on it."""
 DEFAULT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
 NOT_ON_PODS = frozenset({"app", "app.kubernetes.io/part-of"})
 """`daemonsets.labels` keys NVIDIA's assets leave off the pods (they would break the selectors)."""

@@ -10,8 +10,9 @@ internal/conditions/consts.go):
   here the resource.k8s.io API not served (NVIDIA's message), and a spec that does not parse or a name
   other than gpu-cluster, which NVIDIA's CRD refuses before its controller sees them;
 - operand pods not ready yet: `notReady`, `OperandNotReady` ("Waiting for operand pods to be ready");
-  here the message names the workloads, and the nodes waiting for their GPU pods to go before they
-  move to DRA;
+  here the message names the workloads, the nodes waiting for their GPU pods to go before they move
+  to DRA, and, on the first pass, the workloads whose admin-access claims wait for the operand
+  namespace's label (core/gpucluster_plan.py);
 - otherwise `ready`, Ready=True reason `Reconciled` ("All resources have been successfully
   reconciled"), or `NoGPUNodes` when it selects no GPU node.
 
@@ -33,15 +34,21 @@ from gpu_operator.api.gpucluster import SINGLETON_MESSAGE, SINGLETON_NAME, GPUCl
 from gpu_operator.api.status import (
     REASON_NO_GPU_NODES,
     REASON_OPERAND_NOT_READY,
+    REASON_PREREQUISITE_NOT_MET,
     REASON_RECONCILE_FAILED,
     REASON_RECONCILED,
 )
 from gpu_operator.core.allocators import NODES_NAMED, Allocator, AllocatorSplit, GPUClusterObject
+from gpu_operator.core.gpucluster_render import NAMESPACE_LABELS
 from gpu_operator.core.status import conditions_from
 
 ALL_RECONCILED = "All resources have been successfully reconciled"
 WAITING = "Waiting for operand pods to be ready"
 NO_GPU_NODES = "GPUCluster is ready, but it selects no GPU node"
+NO_CLUSTER_POLICY = (
+    "no active ClusterPolicy: this operator runs the DRA stack beside a ClusterPolicy, which installs the "
+    "driver and labels the GPU nodes (its driver section may be disabled for a driver on the host)"
+)
 DRA_NOT_SERVED = (
     "Error syncing state state-dra-driver: the resource.k8s.io DeviceClass API is not served by the "
     "cluster; ensure Dynamic Resource Allocation is enabled on the API server and kubelet"
@@ -83,9 +90,14 @@ def _decide(
     ready: Mapping[str, bool],
     dra_served: bool,
     errors: Sequence[str],
+    policy: bool = True,
+    admin_access: bool = True,
+    namespace: str = "",
 ) -> tuple[str, tuple[Pair, ...]]:
     if gc.name != SINGLETON_NAME:
         return "notReady", _error(REASON_RECONCILE_FAILED, f"ignored: {SINGLETON_MESSAGE}")
+    if not policy:
+        return "notReady", _error(REASON_PREREQUISITE_NOT_MET, NO_CLUSTER_POLICY)
     if gc.spec is None:
         said = "; ".join(errors) or "the spec does not parse"
         return "notReady", _error(
@@ -100,6 +112,9 @@ def _decide(
     held = sorted(n for n, a in split.nodes.items() if a.held and Allocator.DRA in (a.wanted, a.allocator))
     if waiting or held:
         parts = [f"{WAITING}: {_names(waiting)}"] if waiting else []
+        if waiting and not admin_access:
+            label = ", ".join(f"{key}={value}" for key, value in NAMESPACE_LABELS.items())
+            parts.append(f"the admin-access claims wait for namespace {namespace} to be labelled {label}")
         if held:
             nodes, wait = (
                 ("1 node", "waits for its") if len(held) == 1 else (f"{len(held)} nodes", "wait for their")
@@ -122,13 +137,16 @@ def gpucluster_status(
     errors: Sequence[str] = (),
     previous: Mapping[str, Any] | None = None,
     generation: int | None = None,
+    policy: bool = True,
+    admin_access: bool = True,
 ) -> GPUClusterStatus | None:
     """The status to write on `gc` (None: none, it is being deleted). `errors`: why its spec does not
     parse; `previous`: the status it has now; `dra_served`: the cluster serves resource.k8s.io
-    DeviceClasses."""
+    DeviceClasses; `policy`: a ClusterPolicy is active (PrerequisiteNotMet without one);
+    `admin_access`: the operand namespace carries the label the admin-access claims need."""
     if gc.deleting:
         return None
-    state, pairs = _decide(gc, split, ready, dra_served, errors)
+    state, pairs = _decide(gc, split, ready, dra_served, errors, policy, admin_access, namespace)
     return GPUClusterStatus(
         state=state,  # type: ignore[arg-type]
         namespace=namespace,

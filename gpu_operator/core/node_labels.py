@@ -389,8 +389,14 @@ def desired_labels(
     is_started: IsReady | None = None,
     driver_initializing: bool = False,
     is_present: IsReady | None = None,
+    withheld: frozenset[str] = frozenset(),
+    extra: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """The complete set of labels the operator wants to own on `node` (server-side apply removes the rest).
+
+    `withheld`: components not to deploy there, `extra`: deploy labels of another stack to set there
+    (the GPUCluster's on a DRA node: core/allocators.py), each set to `true` unless the node has another
+    value someone wrote (a pause, an opt-out) or it is to be paused again for k8s-driver-manager.
 
     Deploy labels are added once a component's dependencies are met on the node (see
     `unmet_dependencies`) and no pod of another workload type's stack is left there (`leaving`, with
@@ -412,6 +418,7 @@ def desired_labels(
     for component in COMPONENTS:
         if (
             component.deploy_label in repaused
+            or component.name in withheld
             or not component.enabled(policy)
             or not runs_on(component, node, policy)
         ):
@@ -424,9 +431,16 @@ def desired_labels(
         ):
             labels[component.deploy_label] = "true"
     for component in COMPONENTS:
-        if component.enabled(policy) and component.node_filter(node.labels):
-            extra = component.node_labels(policy)
-            labels.update((key, value) for key, value in extra.items() if not _foreign(node, key))
+        if (
+            component.name not in withheld
+            and component.enabled(policy)
+            and component.node_filter(node.labels)
+        ):
+            more = component.node_labels(policy)
+            labels.update((key, value) for key, value in more.items() if not _foreign(node, key))
+    for key, value in (extra or {}).items():
+        if key not in labels and key not in repaused and node.labels.get(key) in (None, "", "true"):
+            labels[key] = value
     return labels
 
 
@@ -475,13 +489,30 @@ def uninstall_removals(node: NodeInfo) -> dict[str, str]:
     managers carry over unchanged), nor another value someone else wrote. `nvidia.com/gpu.present`
     too when the operator alone owns it under another operation (NVIDIA's operator wrote it).
     """
-    applied_only = node.own_labels - node.shared_labels
-    return {
-        key: value
-        for key, value in sorted(node.labels.items())
-        if key not in applied_only
+    return {key: value for key, value in sorted(node.labels.items()) if _protocol_leftover(node, key, value)}
+
+
+def _protocol_leftover(node: NodeInfo, key: str, value: str) -> bool:
+    """A label that the operator's own apply does not drop and the protocol wrote (see
+    `uninstall_removals`): never `false`, nor another value someone else wrote."""
+    applied_only = key in node.own_labels and key not in node.shared_labels
+    return (
+        not applied_only
         and value != "false"
         and (key in node.protocol_labels or (key.startswith(DEPLOY_PREFIX) and value in ("", *PAUSES)))
+    )
+
+
+def other_stack_removals(node: NodeInfo, keys: Iterable[str]) -> dict[str, str]:
+    """Of `keys`, the deploy labels of the stack `node` does not run (core/allocators.py
+    `other_stack_labels`), those to remove explicitly, each with the value it must still have: what the
+    protocol wrote there, as on an uninstall (k8s-driver-manager's `""` for every label it knows, a
+    manager's `true` or pause). The operator's own go with its apply; an opt-out or another value
+    someone else wrote stays."""
+    return {
+        key: value
+        for key in sorted(keys)
+        if (value := node.labels.get(key)) is not None and _protocol_leftover(node, key, value)
     }
 
 

@@ -13,6 +13,7 @@ from operator import attrgetter
 from typing import Any, NamedTuple
 
 from gpu_operator.api import FieldError
+from gpu_operator.api.gpucluster import GPUClusterSpec
 from gpu_operator.api.nvidiadriver import NVIDIADriverSpec
 from gpu_operator.core.components import BY_LABEL
 from gpu_operator.core.ownership import COMPONENT_LABEL, FIELD_MANAGER, HASH_ANNOTATION
@@ -57,6 +58,25 @@ class DriverRef:
     status: Mapping[str, Any] = field(default_factory=dict, compare=False)
     """The status as last written, only to tell whether the plan's differs: our own status writes come
     back as watch events, which must wake no pass (outside comparison for that)."""
+
+
+@dataclass(frozen=True)
+class GPUClusterRef:
+    """One GPUCluster as the watch last saw it, its spec parsed (runtime/store.py gpucluster_ref)."""
+
+    name: str
+    uid: str
+    generation: int
+    spec: GPUClusterSpec | None
+    """None when the spec does not parse (`errors` says why): its nodes are held (core/allocators.py)."""
+    errors: tuple[FieldError, ...] = ()
+    deleting: bool = False
+    """metadata.deletionTimestamp is set."""
+    finalizers: tuple[str, ...] = ()
+    resource_version: str = field(default="", compare=False)
+    """The finalizer writes carry it (a list is replaced whole: a stale write must not drop another's)."""
+    status: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    """The status as last written (outside comparison: our own status writes wake no pass)."""
 
 
 @dataclass(frozen=True)
@@ -280,9 +300,10 @@ def object_info(body: Mapping[str, Any], key: ObjectKey | None = None) -> Object
     )
 
 
-OWNER_KINDS = frozenset({"ClusterPolicy", "NVIDIADriver"})
+OWNER_KINDS = frozenset({"ClusterPolicy", "NVIDIADriver", "GPUCluster"})
 """The kinds whose objects own what the operator creates: a ClusterPolicy its operands, an NVIDIADriver
-its pool's driver DaemonSets (core/driver_pool_plan.py)."""
+its pool's driver DaemonSets (core/driver_pool_plan.py), a GPUCluster its DRA stack
+(core/gpucluster_plan.py)."""
 
 
 def _is_policy_group(api_version: Any) -> bool:

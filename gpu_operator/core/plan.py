@@ -21,6 +21,7 @@ from gpu_operator.api.status import (
     ClusterPolicyStatus,
     DriverUpgradeStatus,
 )
+from gpu_operator.core.allocators import AllocatorSplit
 from gpu_operator.core.caches import Caches
 from gpu_operator.core.components import COMPONENTS
 from gpu_operator.core.driver_pool_counts import PoolCounts, pool_counts
@@ -34,6 +35,7 @@ from gpu_operator.core.driver_pool_status import (
 )
 from gpu_operator.core.driver_pool_upgrade import combined, merged, plan_pool_upgrades
 from gpu_operator.core.driver_upgrade import driver_rolling, plan_driver_upgrade, with_upgrade_status
+from gpu_operator.core.gpucluster_plan import DRAPlan, plan_gpuclusters, without_policy
 from gpu_operator.core.node_labels import (
     DRIVER_PAUSE,
     NodeInfo,
@@ -41,12 +43,14 @@ from gpu_operator.core.node_labels import (
     desired_labels,
     driver_manager_repauses,
     gpu_nodes,
+    other_stack_removals,
     released_labels,
     uninstall_removals,
 )
 from gpu_operator.core.observed import (
     DaemonSetInfo,
     DriverRef,
+    GPUClusterRef,
     ObjectInfo,
     ObjectKey,
     PodInfo,
@@ -99,6 +103,7 @@ __all__ = [
 POLICY_CRD = f"clusterpolicies.{GROUP}"
 SERVICE_MONITOR_CRD = "servicemonitors.monitoring.coreos.com"
 NVIDIA_DRIVER_CRD = f"nvidiadrivers.{GROUP}"
+GPUCLUSTER_CRD = f"gpuclusters.{GROUP}"
 """The Prometheus operator's CRD: ServiceMonitors are rendered only while it is established."""
 
 
@@ -135,6 +140,8 @@ class Observed:
     upgrade: Facts = field(default_factory=lambda: Facts(nodes=()))
     """The driver upgrade's facts but nodes and time: driver and validator pods, driver DaemonSets at
     their revision, the pods of the nodes being emptied, and the answers to our evictions."""
+    gpuclusters: tuple[GPUClusterRef, ...] = ()
+    """The GPUCluster objects (none while their CRD is absent): the DRA stack (core/gpucluster_plan.py)."""
 
 
 LabelRewrites = dict[str, tuple[str, str | None]]
@@ -186,11 +193,24 @@ class Plan:
     """The `deletes` that leave their pods running: the ClusterPolicy's driver DaemonSets when the
     NVIDIADriver pools take over, whose orphaned pods each pool's upgrade replaces
     (core/driver_pool_plan.py)."""
+    dra: DRAPlan | None = None
+    """The GPUClusters' part (core/gpucluster_plan.py); None without a GPUCluster."""
 
     def propagation(self, key: ObjectKey) -> str:
-        """The propagationPolicy of a delete: Orphan for `orphans`, Background for every other (the
-        garbage collector deletes its dependents)."""
-        return "Orphan" if key in self.orphans else "Background"
+        """The propagationPolicy of a delete: Orphan for `orphans`, Foreground for the claim-holding
+        DaemonSets of a GPUCluster being deleted (each stays until its pods are gone), Background for
+        every other (the garbage collector deletes its dependents)."""
+        if key in self.orphans:
+            return "Orphan"
+        if self.dra is not None and key in self.dra.foreground:
+            return "Foreground"
+        return "Background"
+
+    @property
+    def pods_needed(self) -> frozenset[str]:
+        """The nodes whose pods the next pass needs: the driver upgrade's and the allocator moves'."""
+        upgrade = self.upgrade.pods_needed if self.upgrade is not None else frozenset()
+        return upgrade | (self.dra.pods_needed if self.dra is not None else frozenset())
 
 
 @dataclass(frozen=True)
@@ -240,9 +260,9 @@ def unlisted_pods(observed: Observed, plan: Plan) -> frozenset[str]:
     listed yet: with them listed, a pass planned again takes those nodes as far as they go in one
     pass instead of stopping at the cordon."""
     known = observed.upgrade.pods_known
-    if known is None or plan.upgrade is None:
+    if known is None:
         return frozenset()
-    return plan.upgrade.pods_needed - known
+    return plan.pods_needed - known
 
 
 def in_sync(desired_hash: str, observed: ObjectInfo | None, applied: Applied | None) -> bool:
@@ -306,6 +326,7 @@ def build(
         uids = {p.uid for p in policies}
         deletes = sorted(k for k, info in observed.objects.items() if created_by_us(info, None, uids))
         writes, told, driver_pools = _driver_status_writes(observed, None, None, now, {})
+        dra = without_policy(observed.gpuclusters, observed.namespace, now) if observed.gpuclusters else None
         return Plan(
             None,
             None,
@@ -321,6 +342,7 @@ def build(
             driver_status_writes=writes,
             driver_events=told,
             driver_pools=driver_pools,
+            dra=dra,
         )
     try:
         current: ClusterPolicySpec | None = _parsed(caches, active.spec)
@@ -384,6 +406,23 @@ def build(
         objects = [o for o in objects if not _policy_driver(o)]
     if pools.objects:
         objects = [*objects, *pools.objects]
+    dra = None
+    if observed.gpuclusters:
+        namespace = observed.operand_namespace
+        dra = plan_gpuclusters(
+            observed.gpuclusters,
+            nodes,
+            shown,
+            facts,
+            observed.daemonsets,
+            observed.objects,
+            observed.upgrade.pods,
+            observed.upgrade.pods_known,
+            namespace is not None and namespace.admin_access,
+            now,
+            caches,
+        )
+        objects = [*objects, *dra.objects]
     missing = {
         c.name: found for c in COMPONENTS if c.enabled(shown) and (found := missing_inputs(c, shown, facts))
     }
@@ -403,6 +442,9 @@ def build(
     kept = {
         key for key, info in observed.objects.items() if key[1] == "DaemonSet" and info.component in missing
     } | pools.kept
+    if dra is not None:
+        # Left out until the namespace has its admin-access label again: not deleted meanwhile.
+        kept |= dra.withheld
     # Only what the operator created goes, never an object because it carries our labels; one already
     # going is not deleted again (another propagationPolicy would change what becomes of its pods).
     deletes = sorted(
@@ -413,7 +455,9 @@ def build(
         and not info.deleting
         and created_by_us(info, active.uid, policy_uids)
     )
-    labels = _label_changes(caches, nodes, shown, pods, operands, pools.owner_labels)
+    labels = _label_changes(
+        caches, nodes, shown, pods, operands, pools.owner_labels, dra.split if dra is not None else None
+    )
     # Status reflects the labels as they will be once this plan is carried out.
     planned = {n.name: _with_labels(n, labels[n.name]) if n.name in labels else n for n in nodes}
     daemonsets: dict[str, list[DaemonSetInfo | None]] = {}
@@ -462,6 +506,7 @@ def build(
             driver_status_writes=writes,
             driver_events=told,
             driver_pools=driver_pools,
+            dra=dra,
         )
     return Plan(
         active,
@@ -472,7 +517,7 @@ def build(
         labels,
         statuses,
         notes,
-        _rewrites(observed.nodes, labels, pods, pools),
+        _rewrites(observed.nodes, labels, pods, pools, dra.split if dra is not None else None),
         namespace_write(observed.operand_namespace, spec.psa.enabled),
         count,
         upgrade=upgrade,
@@ -483,6 +528,7 @@ def build(
         driver_events=told,
         driver_pools=driver_pools,
         orphans=pools.orphaning & set(deletes),
+        dra=dra,
     )
 
 
@@ -566,17 +612,26 @@ def _label_changes(
     pods: Mapping[tuple[str, str], PodInfo],
     operands: Mapping[str, Operands],
     owners: Mapping[str, str | None] | None = None,
+    split: AllocatorSplit | None = None,
 ) -> dict[str, dict[str, str]]:
     """Node → its desired labels, for the nodes where they differ from the labels the operator owns.
     `owners`: the NVIDIADriver owner label each node must carry (driver_pool_plan.Pools.owner_labels;
-    a node left out keeps the one it has). Memoized on the node, the spec, the node's operand pods
-    and its owner label: all that they depend on."""
+    a node left out keeps the one it has); `split`: each GPU node's allocator when a GPUCluster exists
+    (core/allocators.py: what a DRA node does not run, and its DRA deploy labels). Memoized on the node,
+    the spec, the node's operand pods, its owner label and its allocation: all that they depend on."""
     is_ready, is_started, is_present = readiness(pods), started(pods), present(pods)
     owners = owners or {}
 
     def change(node: NodeInfo) -> dict[str, str] | None:
         want = desired_labels(
-            node, spec, is_ready, is_started, _driver_initializing(pods, node.name), is_present
+            node,
+            spec,
+            is_ready,
+            is_started,
+            _driver_initializing(pods, node.name),
+            is_present,
+            split.withheld(node.name) if split is not None else frozenset(),
+            split.deploy_labels(node.name) if split is not None else None,
         )
         owner = owners.get(
             node.name, node.labels.get(OWNER_LABEL) if OWNER_LABEL in node.own_labels else None
@@ -589,7 +644,8 @@ def _label_changes(
     changes: dict[str, dict[str, str]] = {}
     for node in nodes:
         mine = operands.get(node.name, NO_OPERANDS)
-        inputs = (node, spec, mine, owners.get(node.name, ""))
+        allocation = split.nodes.get(node.name) if split is not None else None
+        inputs = (node, spec, mine, owners.get(node.name, ""), allocation)
         found = caches.labels.get(node.name, inputs, partial(change, node))
         if found is not None:
             changes[node.name] = found
@@ -602,10 +658,13 @@ def _rewrites(
     labels: Mapping[str, Mapping[str, str]],
     pods: Mapping[tuple[str, str], PodInfo],
     pools: Pools,
+    split: AllocatorSplit | None = None,
 ) -> Rewrites:
     """The shared labels the nodes' applies leave behind, to remove; on every node, the pauses to write
     again for k8s-driver-manager (never removed: the pause wins). While the pools run the driver, an
-    owner label someone else wrote (NVIDIA's operator) that must go: the apply cannot remove it."""
+    owner label someone else wrote (NVIDIA's operator) that must go: the apply cannot remove it. With a
+    GPUCluster (`split`), the other allocator's deploy labels someone else wrote (k8s-driver-manager's
+    `""` for both stacks' labels): removed, as NVIDIA's labeller sweeps them, even over a pause."""
     found: Rewrites = {}
     for name, node in nodes.items():
         rewrite: LabelRewrites = {}
@@ -622,6 +681,9 @@ def _rewrites(
             rewrite[OWNER_LABEL] = (current, None)
         repaused = driver_manager_repauses(node, _driver_initializing(pods, name))
         rewrite.update((key, (value, DRIVER_PAUSE)) for key, value in repaused.items())
+        if split is not None:
+            leftovers = other_stack_removals(node, split.other_stack_labels(name))
+            rewrite.update((key, (value, None)) for key, value in leftovers.items())
         if rewrite:
             found[name] = rewrite
     return found

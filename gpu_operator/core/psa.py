@@ -21,6 +21,8 @@ PSA_LABELS = tuple(f"pod-security.kubernetes.io/{mode}" for mode in ("enforce", 
 PRIVILEGED = "privileged"
 PREVIOUS_ANNOTATION = "nvidia.com/gpu-operator.psa-previous"
 """JSON {label: value} of the levels the operator replaced with `privileged`."""
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+"""The namespace label without which the API server refuses admin-access device requests."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,9 @@ class NamespaceInfo:
     resource_version: str = field(default="", compare=False)
     uid: str = ""
     """Writes carry it, so that none can create the namespace if it was deleted meanwhile."""
+    admin_access: bool = False
+    """It carries `resource.kubernetes.io/admin-access=true` (the DRA stack's admin-access claims need it:
+    core/gpucluster_plan.py)."""
 
 
 def namespace_info(body: Mapping[str, Any]) -> NamespaceInfo:
@@ -55,6 +60,7 @@ def namespace_info(body: Mapping[str, Any]) -> NamespaceInfo:
         own=_owned(metadata.get("managedFields") or ()),
         resource_version=str(metadata.get("resourceVersion") or ""),
         uid=str(metadata.get("uid") or ""),
+        admin_access=(metadata.get("labels") or {}).get(ADMIN_ACCESS_LABEL) == "true",
     )
 
 

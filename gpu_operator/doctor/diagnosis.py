@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from gpu_operator.doctor.admission import quota_findings, rejection_findings
 from gpu_operator.doctor.cluster import Cluster, ref_of
+from gpu_operator.doctor.dra import dra_findings
 from gpu_operator.doctor.nodes import node_findings
 from gpu_operator.doctor.pods import operand_findings, workload_findings
 from gpu_operator.doctor.policy import policy_findings, runtime_class_findings
@@ -56,6 +57,7 @@ def diagnose(state: ClusterState, scope: Scope | None = None) -> list[Finding]:
         *(f for node in cluster.gpu_nodes for f in node_findings(cluster, node)),
         *operand_findings(cluster),
         *workload_findings(cluster),
+        *dra_findings(cluster),
         *rejection_findings(cluster),
         *quota_findings(cluster),
     ]

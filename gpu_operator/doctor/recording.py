@@ -49,6 +49,11 @@ READS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("node.k8s.io", "runtimeclasses", ("list",)),
     ("nvidia.com", "clusterpolicies", ("list",)),
     ("nvidia.com", "nvidiadrivers", ("list",)),
+    # Only when a recorded pod names a ResourceClaim (doctor/dra.py).
+    ("resource.k8s.io", "resourceclaims", ("list",)),
+    ("resource.k8s.io", "resourceslices", ("list",)),
+    ("resource.k8s.io", "deviceclasses", ("list",)),
+    ("nvidia.com", "gpuclusters", ("list",)),
 )
 """(apiGroup, resource, verbs) doctor reads; the chart's doctor ClusterRole is held to it by a test."""
 
@@ -85,8 +90,17 @@ _KEEP: dict[str, dict[str, tuple[str, ...]]] = {
             "overhead",
             "containers",
             "initContainers",
+            "resourceClaims",
         ),
-        "status": ("phase", "reason", "message", "conditions", "containerStatuses", "initContainerStatuses"),
+        "status": (
+            "phase",
+            "reason",
+            "message",
+            "conditions",
+            "containerStatuses",
+            "initContainerStatuses",
+            "resourceClaimStatuses",
+        ),
     },
     # Operand pods: where they run and how they fare; their spec is the operator's, not the user's.
     "OperandPod": {
@@ -198,6 +212,30 @@ def _nvidia_drivers(kube: SyncKube, policies: list[dict[str, Any]]) -> list[dict
         return None
 
 
+DRA_READS = (
+    ("resource_claims", "resource.k8s.io/v1", "ResourceClaim"),
+    ("resource_slices", "resource.k8s.io/v1", "ResourceSlice"),
+    ("device_classes", "resource.k8s.io/v1", "DeviceClass"),
+    ("gpuclusters", "nvidia.com/v1alpha1", "GPUCluster"),
+)
+
+
+def _dra(kube: SyncKube, pods: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]] | None]:
+    """What doctor/dra.py reads, only when a recorded pod names a ResourceClaim (so that doctor needs no
+    access to it otherwise); a kind that is not served is None."""
+    if not any((p.get("spec") or {}).get("resourceClaims") for p in pods):
+        return {}
+    found: dict[str, list[dict[str, Any]] | None] = {}
+    for key, api_version, kind in DRA_READS:
+        try:
+            found[key] = [_slim(o) for o in kube.list(api_version, kind)]
+        except ApiError as exc:
+            if exc.status != 404:
+                raise _failure(f"{kind}s", exc) from None
+            found[key] = None
+    return found
+
+
 def record(kube: SyncKube, namespace: str = "", log_lines: int = LOG_LINES, pod: str = "") -> ClusterState:
     """Read what the diagnosis needs. `namespace` of the operands: default the active ClusterPolicy's
     status.namespace, else gpu-operator; `pod` (NAMESPACE/NAME) is recorded whatever it is."""
@@ -250,6 +288,7 @@ def record(kube: SyncKube, namespace: str = "", log_lines: int = LOG_LINES, pod:
         policies=policies,
         nvidia_drivers=drivers,
         logs=_logs(kube, operands, log_lines) if log_lines > 0 else {},
+        **_dra(kube, pods),
     )
 
 
@@ -279,7 +318,8 @@ def load_state(path: str) -> ClusterState:
         raise DoctorError(f"{path}: unknown keys {', '.join(unknown)}")
     for name, value in data.items():
         kind = dict if name in ("requested", "logs") else str if name in ("namespace", "now") else list
-        if not isinstance(value, kind) and not (name in ("policies", "nvidia_drivers") and value is None):
+        nullable = ("policies", "nvidia_drivers", *(key for key, _, _ in DRA_READS))
+        if not isinstance(value, kind) and not (name in nullable and value is None):
             raise DoctorError(f"{path}: {name} must be a {kind.__name__}")
     return ClusterState(**data)
 

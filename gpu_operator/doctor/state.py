@@ -61,6 +61,12 @@ class ClusterState:
     (driver.useNvidiaDriverCRD), or their CRD is not installed."""
     logs: dict[str, str] = field(default_factory=dict)
     """"namespace/pod/container" → its last log lines (or why they could not be read)."""
+    resource_claims: list[dict[str, Any]] | None = None
+    """ResourceClaims, ResourceSlices, DeviceClasses and GPUClusters (doctor/dra.py); None when not read:
+    no recorded pod names a ResourceClaim, or resource.k8s.io is not served."""
+    resource_slices: list[dict[str, Any]] | None = None
+    device_classes: list[dict[str, Any]] | None = None
+    gpuclusters: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -123,6 +129,8 @@ def worth_recording(pod: Obj, namespace: str) -> bool:
     phase = (pod.get("status") or {}).get("phase")
     if is_operand(pod, namespace):
         return True
+    if (pod.get("spec") or {}).get("resourceClaims") and phase in (None, "Pending"):
+        return True  # DRA: its claims may be for NVIDIA GPUs (doctor/dra.py)
     return is_gpu_pod(pod) and (phase not in ("Succeeded", "Failed") or rejected_by_kubelet(pod))
 
 

@@ -9,13 +9,19 @@ Deletes the ClusterPolicy, then waits (at most `timeout` seconds) until no node 
 operator removes once no policy is active (core/node_labels.py `left_on_uninstall`: its own, and the
 deploy labels its operand managers wrote on its behalf). Always returns 0: a missing operator must
 not make the release impossible to uninstall; it is logged instead, one JSON line per message.
+
+With a GPUCluster (`gpucluster`, the chart's gpuCluster.deployCR), that goes first, and the ClusterPolicy
+only once it is gone: the operator drains its claim-holding DaemonSets before it removes the
+GPUCluster's finalizer (core/gpucluster_plan.py), which a GPUCluster deleted after the operator would
+keep for good; and with the ClusterPolicy gone first, the operator would let the finalizer go at once,
+without that order.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TextIO
 
 from gpu_operator.core.node_labels import left_on_uninstall, node_info
@@ -28,11 +34,38 @@ def operator_labels(node: Mapping[str, Any]) -> list[str]:
     return left_on_uninstall(node_info(node))
 
 
-def cleanup(kube: SyncKube, policy: str, timeout: float, out: TextIO) -> int:
+GPUCLUSTER = ("nvidia.com/v1alpha1", "GPUCluster")
+
+
+def _delete_gpucluster(kube: SyncKube, name: str, deadline: float, log: Callable[..., None]) -> None:
+    """Delete the GPUCluster and wait, at most until `deadline`, until it is gone."""
+    url = path(*GPUCLUSTER, name=name)
+    try:
+        kube.request("DELETE", url, kind=GPUCLUSTER[1])
+        log("deleted the GPUCluster", gpucluster=name)
+        while (remaining := deadline - time.monotonic()) > 0:
+            found = kube.request("GET", url, kind=GPUCLUSTER[1])
+            version = str((found.get("metadata") or {}).get("resourceVersion") or "")
+            # Wake on its next change (its finalizer removed, then its deletion) instead of polling.
+            query = {"fieldSelector": f"metadata.name={name}", "resourceVersion": version}
+            for _event in kube.watch(*GPUCLUSTER, query, max(1, int(remaining))):
+                break
+    except ApiError as exc:
+        if exc.status == 404:
+            log("the GPUCluster is gone", gpucluster=name)
+            return
+        log("cannot delete the GPUCluster", gpucluster=name, error=str(exc))
+        return
+    log("gave up waiting for the GPUCluster: is the operator running?", gpucluster=name)
+
+
+def cleanup(kube: SyncKube, policy: str, timeout: float, out: TextIO, gpucluster: str = "") -> int:
     def log(message: str, **fields: Any) -> None:
         print(json.dumps({"message": message, **fields}), file=out, flush=True)
 
     deadline = time.monotonic() + timeout
+    if gpucluster:
+        _delete_gpucluster(kube, gpucluster, deadline, log)
     try:
         kube.request("DELETE", path("nvidia.com/v1", "ClusterPolicy", name=policy), kind="ClusterPolicy")
         log("deleted the ClusterPolicy", policy=policy)

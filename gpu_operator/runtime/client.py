@@ -22,7 +22,7 @@ import os
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,18 @@ RESOURCES: dict[tuple[str, str], tuple[str, bool]] = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): ("servicemonitors", True),
     ("nvidia.com/v1", "ClusterPolicy"): ("clusterpolicies", False),
     ("nvidia.com/v1alpha1", "NVIDIADriver"): ("nvidiadrivers", False),
+    ("nvidia.com/v1alpha1", "GPUCluster"): ("gpuclusters", False),
+    # The GPUCluster's DRA stack (core/gpucluster_render.py).
+    ("apps/v1", "Deployment"): ("deployments", True),
+    ("resource.k8s.io/v1", "DeviceClass"): ("deviceclasses", False),
+    ("resource.k8s.io/v1", "ResourceClaimTemplate"): ("resourceclaimtemplates", True),
+    ("resource.k8s.io/v1", "ResourceSlice"): ("resourceslices", False),
+    ("resource.k8s.io/v1", "ResourceClaim"): ("resourceclaims", True),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): ("validatingadmissionpolicies", False),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): (
+        "validatingadmissionpolicybindings",
+        False,
+    ),
     ("apiextensions.k8s.io/v1", "CustomResourceDefinition"): ("customresourcedefinitions", False),
 }
 
@@ -536,6 +548,31 @@ class Kube:
     async def patch_driver_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         """An NVIDIADriver's status, as patch_status writes a ClusterPolicy's."""
         return await self.patch_status(name, status, ("nvidia.com/v1alpha1", "NVIDIADriver"))
+
+    async def set_finalizers(
+        self, kind: tuple[str, str], name: str, finalizers: Sequence[str], resource_version: str
+    ) -> dict[str, Any]:
+        """Replace the finalizers of a cluster-scoped object of ours, on the version read (a merge patch
+        replaces the list whole: a stale write conflicts instead of dropping another's finalizer)."""
+        return await self.request(
+            "PATCH",
+            path(kind[0], kind[1], name=name),
+            body={"metadata": {"finalizers": list(finalizers), "resourceVersion": resource_version}},
+            query={"fieldManager": FIELD_MANAGER},
+            content_type="application/merge-patch+json",
+            kind=kind[1],
+        )
+
+    async def add_labels(self, kind: tuple[str, str], name: str, labels: Mapping[str, str]) -> dict[str, Any]:
+        """Add labels to a cluster-scoped object (a merge patch: the others stay as they are)."""
+        return await self.request(
+            "PATCH",
+            path(kind[0], kind[1], name=name),
+            body={"metadata": {"labels": dict(labels)}},
+            query={"fieldManager": FIELD_MANAGER},
+            content_type="application/merge-patch+json",
+            kind=kind[1],
+        )
 
     async def post_event(
         self,

@@ -145,6 +145,29 @@ POOL_STATE = Gauge(
 )
 _pools_seen: set[str] = set()
 
+# Per allocator (core/allocators.py): which GPU nodes the device plugin serves and which the GPUCluster's
+# DRA driver, and how many wait to change allocator until their GPU pods are gone.
+ALLOCATORS = ("device-plugin", "dra")
+ALLOCATOR_NODES = Gauge(
+    "gpu_operator_gpu_nodes_by_allocator",
+    "GPU nodes whose GPUs the allocator hands out: device-plugin (nvidia.com/gpu) or dra (the GPUCluster's "
+    "DRA driver, ResourceClaims)",
+    ["allocator"],
+    registry=REGISTRY,
+)
+ALLOCATOR_HELD = Gauge(
+    "gpu_operator_gpu_nodes_waiting_for_allocator",
+    "GPU nodes that are to change allocator and wait until the GPU pods of the old one are gone",
+    registry=REGISTRY,
+)
+GPUCLUSTER_STATES = ("ready", "notReady")
+GPUCLUSTER_STATE = Gauge(
+    "gpu_operator_gpucluster_state",
+    "1 for the GPUCluster's status.state (ready, notReady), 0 for the other; no series without one",
+    ["state"],
+    registry=REGISTRY,
+)
+
 LEADER = Gauge(
     "gpu_operator_leader",
     "1 while this replica holds the leader lease (it reconciles and writes), else 0 (standby)",
@@ -220,6 +243,7 @@ def observe_pass(plan: Plan, errors: Mapping[str, str], gpu_nodes: int, seconds:
     PASS_SECONDS.observe(seconds)
     GPU_NODES.set(gpu_nodes)
     _set_pools(plan.driver_pools)
+    _set_allocators(plan, gpu_nodes)
     status = plan.statuses.get(plan.active.name) if plan.active else None
     if status is None or plan.spec is None:
         # NVIDIA: no ClusterPolicy, or one it cannot initialise from; not counted as a reconciliation.
@@ -257,6 +281,28 @@ def _set_components(components: list[ComponentStatus]) -> None:
         COMPONENT_READY.labels(name).set(1 if entry.state == "ready" else 0)
     _components_seen.clear()
     _components_seen.update(enabled)
+
+
+def _set_allocators(plan: Plan, gpu_nodes: int) -> None:
+    """Without a GPUCluster every GPU node of an active policy is the device plugin's (no per-node count:
+    a pass without one costs what it did)."""
+    dra = plan.dra
+    if dra is None:
+        counts = {"device-plugin": gpu_nodes if plan.spec is not None else 0, "dra": 0}
+        held = 0
+        GPUCLUSTER_STATE.clear()
+    else:
+        counts = dict(dra.nodes)
+        held = dra.held
+        state = dra.state
+        for name in GPUCLUSTER_STATES:
+            if state is None:
+                GPUCLUSTER_STATE.clear()
+                break
+            GPUCLUSTER_STATE.labels(name).set(1 if state == name else 0)
+    for allocator in ALLOCATORS:
+        ALLOCATOR_NODES.labels(allocator).set(counts.get(allocator, 0))
+    ALLOCATOR_HELD.set(held)
 
 
 def _set_pools(pools: Mapping[str, PoolCounts]) -> None:

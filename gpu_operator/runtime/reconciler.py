@@ -23,7 +23,7 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
-from gpu_operator.api import nvidiadriver
+from gpu_operator.api import gpucluster, nvidiadriver
 from gpu_operator.api.crd import CLUSTER_POLICY, RESOURCES, Resource, definition
 from gpu_operator.core.answers import (
     Failure,
@@ -33,6 +33,7 @@ from gpu_operator.core.answers import (
     nothing_to_delete,
 )
 from gpu_operator.core.driver_pool_status import DriverEvent
+from gpu_operator.core.gpucluster_plan import FINALIZER, DRAPlan
 from gpu_operator.core.memory import Memory
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import (
@@ -282,6 +283,10 @@ class Reconciler:
                     [partial(self._upgrade_node, actions, subject, errors, refused, []) for actions in first],
                     self.writers,
                 )
+            if plan.dra is not None:
+                # Before its objects: the finalizer that orders their teardown, the namespace label
+                # their admin-access claims need.
+                await self._prepare_gpucluster(plan.dra, observed, errors)
             leading = labelled_components(plan.node_labels) if verdict.writes else set()
             for wave in in_waves(verdict.writes, leading):
                 await _gather([partial(self._apply, body, errors) for body in wave], self.appliers)
@@ -311,11 +316,13 @@ class Reconciler:
                         self.writers,
                     )
         if self.pod_watches is not None:
-            self.pod_watches.follow(upgrade.pods_needed if upgrade is not None else ())
+            self.pod_watches.follow(plan.pods_needed)
         conclusion = conclude(plan, observed.policies, errors, self.memory.reported, stamp, verdict.conflicts)
         self.memory.written(plan, errors)
         status_due = await self._write_statuses(conclusion)
         await self._write_driver_statuses(plan.driver_status_writes, plan.driver_events)
+        if plan.dra is not None:
+            await self._finish_gpucluster(plan.dra, errors)
         wake_at = next_pass_at(upgrade, status_due, bool(refused), clock)
         left = unsettled(plan, verdict.conflicts, errors)
         return Outcome(conclusion.plan, left, tuple(sorted(stale)), wake_at)
@@ -572,6 +579,56 @@ class Reconciler:
                     log.warning("could not post Event %s on ClusterPolicy %s: %s", event.reason, name, exc)
         return due
 
+    async def _prepare_gpucluster(self, dra: DRAPlan, observed: Observed, errors: dict[str, str]) -> None:
+        """The GPUCluster's finalizer (added), and the operand namespace's admin-access label."""
+        for name, (version, finalizers) in dra.finalizers.items():
+            if FINALIZER in finalizers:
+                async with _recorded(errors, f"gpucluster/{name}"):
+                    log.info("GPUCluster %s: adding finalizer %s", name, FINALIZER)
+                    self.store.record_gpucluster(
+                        await self.kube.set_finalizers(GPUCLUSTER, name, list(finalizers), version), False
+                    )
+        if dra.namespace_labels and observed.operand_namespace is not None:
+            namespace = observed.operand_namespace.name
+            async with _recorded(errors, f"namespace/{namespace}"):
+                log.info("namespace %s: labels %s (DRA admin-access claims)", namespace, dra.namespace_labels)
+                # Not put into the Store: the namespace's watch event, which carries the label, is what
+                # wakes the pass that applies the objects withheld for it (DRAPlan.withheld). A pass
+                # before that event adds the label again, a merge patch that changes nothing.
+                await self.kube.add_labels(("v1", "Namespace"), namespace, dra.namespace_labels)
+
+    async def _finish_gpucluster(self, dra: DRAPlan, errors: dict[str, str]) -> None:
+        """The GPUClusters' statuses that differ and their Events; a finalizer whose teardown is done
+        removed (the garbage collector then removes the rest of the stack)."""
+        for name, (version, finalizers) in dra.finalizers.items():
+            if FINALIZER not in finalizers:
+                async with _recorded(errors, f"gpucluster/{name}"):
+                    log.info(
+                        "GPUCluster %s: its claim holders are gone; removing finalizer %s", name, FINALIZER
+                    )
+                    await self.kube.set_finalizers(GPUCLUSTER, name, list(finalizers), version)
+        for name, body in dra.status_writes.items():
+            log.info("GPUCluster %s: status %s", name, body.get("state"))
+            try:
+                written = await self.kube.patch_status(name, body, GPUCLUSTER)
+            except ApiError as exc:
+                if not gone(exc.failure):
+                    raise
+                continue
+            self.store.record_gpucluster_status(name, written.get("status") or body)
+            for event in dra.events.get(name, ()):
+                try:
+                    await self.kube.post_event(
+                        {"name": event.name, "uid": event.uid},
+                        event.type,
+                        event.reason,
+                        event.message,
+                        now(),
+                        kind=GPUCLUSTER,
+                    )
+                except ApiError as exc:
+                    log.warning("could not post Event %s on GPUCluster %s: %s", event.reason, name, exc)
+
     async def _write_driver_statuses(
         self, writes: Mapping[str, Mapping[str, Any]], events: Mapping[str, Sequence[DriverEvent]]
     ) -> None:
@@ -601,6 +658,9 @@ class Reconciler:
                     )
                 except ApiError as exc:
                     log.warning("could not post Event %s on NVIDIADriver %s: %s", event.reason, name, exc)
+
+
+GPUCLUSTER = (gpucluster.API_VERSION, gpucluster.KIND)
 
 
 async def _gather(jobs: Sequence[Callable[[], Awaitable[T]]], limit: asyncio.Semaphore) -> list[T]:

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from gpu_operator.api import MAX_DEPTH, PolicyError, too_deep
+from gpu_operator.api.gpucluster import GPUClusterSpec, parse_gpucluster_spec
 from gpu_operator.api.nvidiadriver import NVIDIADriverSpec, parse_driver_spec
 from gpu_operator.core.node_labels import NodeInfo, node_info
 from gpu_operator.core.observed import (
     DaemonSetInfo,
     DriverRef,
+    GPUClusterRef,
     ObjectInfo,
     ObjectKey,
     PodInfo,
@@ -32,7 +34,13 @@ from gpu_operator.core.observed import (
     rollout,
 )
 from gpu_operator.core.ownership import FIELD_MANAGER, MANAGED_BY_LABEL
-from gpu_operator.core.plan import NVIDIA_DRIVER_CRD, POLICY_CRD, SERVICE_MONITOR_CRD, Observed
+from gpu_operator.core.plan import (
+    GPUCLUSTER_CRD,
+    NVIDIA_DRIVER_CRD,
+    POLICY_CRD,
+    SERVICE_MONITOR_CRD,
+    Observed,
+)
 from gpu_operator.core.psa import NamespaceInfo, namespace_info
 from gpu_operator.core.status import Operands, operands_of, pods_by_node
 from gpu_operator.core.upgrade import (
@@ -50,7 +58,7 @@ from gpu_operator.core.upgrade import (
 from gpu_operator.runtime import safe_json
 
 Body = Mapping[str, Any]
-WATCHED_CRDS = frozenset({POLICY_CRD, SERVICE_MONITOR_CRD, NVIDIA_DRIVER_CRD})
+WATCHED_CRDS = frozenset({POLICY_CRD, SERVICE_MONITOR_CRD, NVIDIA_DRIVER_CRD, GPUCLUSTER_CRD})
 
 
 def policy_ref(body: Body) -> PolicyRef:
@@ -65,6 +73,31 @@ def policy_ref(body: Body) -> PolicyRef:
         generation=int(body["metadata"].get("generation") or 0),
         created=body["metadata"].get("creationTimestamp") or "",
         spec=spec,
+        status=dict(body.get("status") or {}),
+    )
+
+
+def gpucluster_ref(body: Body) -> GPUClusterRef:
+    """A GPUCluster's record, its spec parsed here once per event (every pass reads it)."""
+    metadata = body["metadata"]
+    raw = body.get("spec") or {}
+    spec: GPUClusterSpec | None = None
+    errors: tuple[Any, ...] = ()
+    if too_deep(raw) is not None:
+        raw = safe_json.truncated(raw, MAX_DEPTH + 1)
+    try:
+        spec = parse_gpucluster_spec(raw)
+    except PolicyError as exc:
+        errors = tuple(exc.errors)
+    return GPUClusterRef(
+        name=metadata["name"],
+        uid=metadata.get("uid") or "",
+        generation=int(metadata.get("generation") or 0),
+        spec=spec,
+        errors=errors,
+        deleting=bool(metadata.get("deletionTimestamp")),
+        finalizers=tuple(str(f) for f in metadata.get("finalizers") or ()),
+        resource_version=str(metadata.get("resourceVersion") or ""),
         status=dict(body.get("status") or {}),
     )
 
@@ -98,6 +131,8 @@ class Store:
 
     policies: dict[str, PolicyRef] = field(default_factory=dict)
     drivers: dict[str, DriverRef] = field(default_factory=dict)
+    gpuclusters: dict[str, GPUClusterRef] = field(default_factory=dict)
+    """GPUCluster name → its record (empty while its CRD is absent)."""
     """NVIDIADriver name → its record (empty while its CRD is absent: the informer lists nothing)."""
     nodes: dict[str, NodeInfo] = field(default_factory=dict)
     pods: dict[str, PodInfo] = field(default_factory=dict)
@@ -205,6 +240,7 @@ class Store:
         return Observed(
             policies=tuple(self.policies.values()),
             drivers=tuple(self.drivers.values()),
+            gpuclusters=tuple(self.gpuclusters.values()),
             driver_daemonsets=dict(self.driver_daemonsets),
             nodes=dict(self.nodes),
             pods=tuple(self.pods.values()),
@@ -254,6 +290,17 @@ class Store:
         change of what DriverRef compares (spec, identity, deletion) needs a pass."""
         name = body["metadata"]["name"]
         return self.put("drivers", name, None if deleted else driver_ref(body))
+
+    def record_gpucluster(self, body: Body, deleted: bool) -> bool:
+        """A GPUCluster: as for an NVIDIADriver, only a change of what GPUClusterRef compares needs a pass."""
+        name = body["metadata"]["name"]
+        return self.put("gpuclusters", name, None if deleted else gpucluster_ref(body))
+
+    def record_gpucluster_status(self, name: str, status: Mapping[str, Any]) -> None:
+        """The status our own write left on a GPUCluster; wakes no pass."""
+        ref = self.gpuclusters.get(name)
+        if ref is not None:
+            self.gpuclusters[name] = replace(ref, status=dict(status))
 
     def record_driver_status(self, name: str, status: Mapping[str, Any]) -> None:
         """The status our own write left on an NVIDIADriver (a pass before its watch event must not
@@ -408,13 +455,15 @@ class Store:
         return changed
 
     def record_namespace(self, body: Body, deleted: bool) -> bool:
+        """The operand namespace: a change of what NamespaceInfo compares (its pod-security labels, our
+        marks, the admin-access label the DRA stack's claims wait for) needs a pass."""
         return self.put("namespaces", body["metadata"]["name"], None if deleted else namespace_info(body))
 
 
 def _object_decides(info: ObjectInfo | None) -> ObjectInfo | None:
-    """A DaemonSet's edits show in its generation (plan.in_sync); its resourceVersion also moves with
-    every status update."""
-    if info is None or info.key[1] != "DaemonSet":
+    """A DaemonSet's (or the DRA controller's Deployment's) edits show in its generation (plan.in_sync);
+    its resourceVersion also moves with every status update."""
+    if info is None or info.key[1] not in ("DaemonSet", "Deployment"):
         return info
     return replace(info, resource_version="")
 

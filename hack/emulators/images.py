@@ -140,6 +140,18 @@ FAMILIES: dict[str, Family] = {
         # CUDA base images: NVIDIA_VISIBLE_DEVICES=all (dcgm-exporter docker/Dockerfile:163-165).
         Family("dcgm", ("nv-hostengine", "dcgmi"), ("nv-hostengine", "-n", "-b", "ALL"), None, _CUDA_ENV),
         Family("dcgm-exporter", ("dcgm-exporter",), ("dcgm-exporter",), None, _CUDA_ENV),
+        # NVIDIA's DRA driver image (k8s-dra-driver-gpu): its kubelet plugins and ComputeDomain programs,
+        # on a full distribution (its DaemonSet runs `bash -c`).
+        Family(
+            "dra-driver-nvidia-gpu",
+            (
+                "gpu-kubelet-plugin",
+                "compute-domain-kubelet-plugin",
+                "compute-domain-controller",
+                "compute-domain-daemon",
+            ),
+            ("gpu-kubelet-plugin",),
+        ),
     )
 }
 # The seed article's sample names its validator image `k8s-logical-edge-validator`.

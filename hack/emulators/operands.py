@@ -6,6 +6,7 @@ from . import (
     cc_manager,
     dcgm,
     device_plugin,
+    dra_plugin,
     driver,
     driver_container,
     gfd,
@@ -33,5 +34,6 @@ MODULES = (
     vgpu_device_manager,
     cc_manager,
     kata_device_plugin,
+    dra_plugin,
 )
 NAMES: tuple[str, ...] = tuple(sorted(PROGRAMS))

@@ -139,7 +139,9 @@ def test_the_charts_admission_policies_type_check(converged: tuple[SyncKube, Syn
     def checked() -> None:
         found = admin.request("GET", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies")
         ours = [p for p in found["items"] if p["metadata"]["name"].startswith(f"{RELEASE}-writes-")]
-        assert len(ours) == 8, [p["metadata"]["name"] for p in ours]
+        # One per kind the operator writes (charts/gpu-operator/templates/admission-policy.yaml), the
+        # GPUCluster's DeviceClasses and admission policies and bindings among them.
+        assert len(ours) == 11, [p["metadata"]["name"] for p in ours]
         for policy in ours:
             name, status = policy["metadata"]["name"], policy.get("status") or {}
             assert status.get("observedGeneration") == policy["metadata"]["generation"], (name, status)

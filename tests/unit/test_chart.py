@@ -27,6 +27,7 @@ import yaml
 from gpu_operator import cli
 from gpu_operator.agent.discovery import NFD_CRD
 from gpu_operator.api import parse_spec
+from gpu_operator.api.gpucluster import parse_gpucluster_document
 from gpu_operator.api.nvidiadriver import OWNER_LABEL
 from gpu_operator.api.spec import ClusterPolicySpec, OperatorSpec
 from gpu_operator.core.components import COMPONENTS, MIG_CONFIG_LABEL, RUNTIME_LABEL
@@ -50,6 +51,9 @@ WRITE_POLICIES = (
     "runtimeclasses",
     "customresourcedefinitions",
     "leases",
+    "deviceclasses",
+    "validatingadmissionpolicies",
+    "validatingadmissionpolicybindings",
 )
 """`<release>-writes-<resource>`: the admission policies of the operator's writes, one per kind."""
 KUBE_VERSION = "1.36.0"  # the cluster version the chart is rendered for (the pinned toolchain's)
@@ -569,12 +573,19 @@ def test_extra_objects_and_node_feature_rules(tmp_path: Path) -> None:
     }
 
 
+DRA_SERVED = ["--api-versions", "resource.k8s.io/v1/DeviceClass"]
+"""What `helm install` finds on a cluster that serves DRA (NVIDIA's chart checks it for a GPUCluster)."""
+
 REFUSED = [
     (["--set", "devicePlugin.config.create=true", "--set", "devicePlugin.config.name=x"], "config.data"),
     (["--set", "devicePlugin.config.create=true", "--set", "devicePlugin.config.data.a=b"], "config.name"),
     (["--set", "cdi.enabled=false", "--set", "cdi.nriPluginEnabled=true"], "needs cdi.enabled"),
     (["--set", "toolkit.enabled=false", "--set", "cdi.nriPluginEnabled=true"], "container toolkit"),
-    (["--set", "gpuCluster.deployCR=true"], "cannot both be true"),
+    (["--set", "gpuCluster.deployCR=true"], "supports Dynamic Resource Allocation"),
+    (
+        [*DRA_SERVED, "--set", "gpuCluster.deployCR=true", "--set", "clusterPolicy.deployCR=false"],
+        "driver.nvidiaDriverCRD.enabled=true",
+    ),
 ]
 
 
@@ -860,13 +871,18 @@ REQUIRED_EXTRA: Grants = {
     # main.py: the informers of clusterpolicies and nvidiadrivers, cluster-wide.
     ("", "nvidia.com", "clusterpolicies", ""): {"list", "watch"},
     ("", "nvidia.com", "nvidiadrivers", ""): {"list", "watch"},
+    ("", "nvidia.com", "gpuclusters", ""): {"list", "watch"},
+    # runtime/client.py set_finalizers: the GPUCluster's finalizer (core/gpucluster_plan.py).
+    ("", "nvidia.com", "gpuclusters", "gpu-cluster"): {"patch"},
     # runtime/client.py patch_status and patch_driver_status.
     ("", "nvidia.com", "clusterpolicies/status", ""): {"patch"},
     ("", "nvidia.com", "nvidiadrivers/status", ""): {"patch"},
+    ("", "nvidia.com", "gpuclusters/status", ""): {"patch"},
     # plan.py and driver_pool_plan.py: controller ownerReference with blockOwnerDeletion
     # (OwnerReferencesPermissionEnforcement), to the ClusterPolicy and to a pool's NVIDIADriver.
     ("", "nvidia.com", "clusterpolicies/finalizers", ""): {"update"},
     ("", "nvidia.com", "nvidiadrivers/finalizers", ""): {"update"},
+    ("", "nvidia.com", "gpuclusters/finalizers", ""): {"update"},
     # main.py node_event (watch), runtime/client.py apply_node_labels (server-side apply on existing nodes)
     # and patch_node (the driver upgrade's merge patch); reconciler.py _refresh_node (after a 409).
     ("", "", "nodes", ""): {"get", "list", "watch", "patch"},
@@ -885,6 +901,7 @@ REQUIRED_EXTRA: Grants = {
     # reconciler.py ensure_crd: get, server-side apply, create when absent (operator.createCRD).
     ("", *CRDS, "clusterpolicies.nvidia.com"): {"get", "patch"},
     ("", *CRDS, "nvidiadrivers.nvidia.com"): {"get", "patch"},
+    ("", *CRDS, "gpuclusters.nvidia.com"): {"get", "patch"},
     ("", *CRDS, ""): {"list", "watch", "create"},
     # leader.py: the release's Lease (read, renewed; created when absent, which needs no name).
     (NAMESPACE, "coordination.k8s.io", "leases", RELEASE): {"get", "update"},
@@ -899,7 +916,18 @@ REQUIRED_EXTRA: Grants = {
 
 # Kinds the operator may change and delete only by name (resourceNames), the rest of their kind being
 # someone else's: cluster-scoped objects, and the operands' roles and bindings.
-BY_NAME_ONLY = frozenset({"ClusterRole", "ClusterRoleBinding", "RuntimeClass", "Role", "RoleBinding"})
+BY_NAME_ONLY = frozenset(
+    {
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "RuntimeClass",
+        "Role",
+        "RoleBinding",
+        "DeviceClass",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    }
+)
 
 
 def required_grants() -> Grants:
@@ -1048,6 +1076,49 @@ def test_doctor_role_binding_and_opt_out(tmp_path: Path) -> None:
 
 
 @needs_helm
+def test_a_gpucluster_beside_the_cluster_policy(tmp_path: Path) -> None:
+    """gpuCluster.deployCR renders NVIDIA's GPUCluster from the values (test_nvidia_values.py compares
+    it with NVIDIA's chart), here beside the ClusterPolicy, which NVIDIA's chart refuses and this
+    operator runs (the device plugin on the nodes the GPUCluster does not select); valid for the
+    operator's models; gpuCluster.nodeSelector is its pool."""
+    values = {
+        "gpuCluster": {"deployCR": True, "nodeSelector": {"pool": "dra"}},
+        "draDriver": {"featureGates": {"MPSSupport": True}, "computeDomains": {"enabled": False}},
+        "dcgm": {"enabled": True},
+    }
+    objects = render_chart(*DRA_SERVED, "-f", values_file(tmp_path, values))
+    find(objects, "ClusterPolicy", "cluster-policy")
+    gpucluster = find(objects, "GPUCluster", "gpu-cluster")
+    assert gpucluster["apiVersion"] == "nvidia.com/v1alpha1"
+    assert "helm.sh/resource-policy" not in (gpucluster["metadata"].get("annotations") or {})
+    spec = parse_gpucluster_document(gpucluster)
+    assert spec.nodeSelector == {"pool": "dra"}
+    assert spec.draDriver.featureGates == {"MPSSupport": True}
+    assert not spec.draDriver.compute_domains_enabled() and spec.dcgm_enabled()
+    assert spec.daemonsets.priorityClassName == "system-node-critical"
+    # The default: every GPU node (no nodeSelector), NVIDIA's images.
+    default = find(render_chart(*DRA_SERVED, "--set", "gpuCluster.deployCR=true"), "GPUCluster")
+    assert "nodeSelector" not in default["spec"]
+    assert default["spec"]["draDriver"]["image"] == "dra-driver-nvidia-gpu"
+    assert not [o for o in render_chart() if o["kind"] == "GPUCluster"], "none unless asked for"
+
+
+@needs_helm
+def test_the_cleanup_hook_drains_the_gpucluster_first() -> None:
+    """With the chart's GPUCluster, the hook deletes it before the ClusterPolicy and waits until the
+    operator has drained it: may delete and read it, by name, nothing more."""
+    objects = render_chart(*DRA_SERVED, "--set", "gpuCluster.deployCR=true")
+    assert granted(objects, f"{RELEASE}-cleanup") == {
+        ("", "nvidia.com", "clusterpolicies", "cluster-policy"): {"delete"},
+        ("", "nvidia.com", "gpuclusters", "gpu-cluster"): {"delete", "get", "list", "watch"},
+        ("", "", "nodes", ""): {"list", "watch"},
+    }
+    (container,) = find(objects, "Job")["spec"]["template"]["spec"]["containers"]
+    args = cli.build_parser({}).parse_args(container["args"])
+    assert (args.gpucluster, args.policy) == ("gpu-cluster", "cluster-policy")
+
+
+@needs_helm
 def test_no_cleanup_hook_without_a_cluster_policy() -> None:
     for args in (["--set", "clusterPolicy.create=false"], ["--set", "cleanup.enabled=false"]):
         assert not [o for o in render_chart(*args) if o["kind"] == "Job"]
@@ -1153,6 +1224,8 @@ def test_admission_policy_pins_the_operators_writes(default_objects: list[Obj]) 
         "configmaps",
         "services",
         "daemonsets",
+        "deployments",
+        "resourceclaimtemplates",
         "servicemonitors",
         "events",
     }, "namespaced operand kinds, which grant nothing by themselves"

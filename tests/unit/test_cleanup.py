@@ -111,6 +111,69 @@ def test_a_missing_policy_is_fine_a_refused_delete_stops() -> None:
     assert refused.calls == [("DELETE", "/apis/nvidia.com/v1/clusterpolicies/cluster-policy")]
 
 
+class GPUClusterKube(FakeKube):
+    """FakeKube, and a GPUCluster read `reads` times before it is gone (404); each of its watches
+    yields one event."""
+
+    def __init__(self, listings: list[list[dict[str, Any]]], reads: int) -> None:
+        super().__init__(listings)
+        self.reads = reads
+        self.gpucluster_watches: list[Mapping[str, str]] = []
+
+    def request(self, method: str, url: str, **kwargs: Any) -> dict[str, Any]:
+        if "/gpuclusters/" not in url:
+            return super().request(method, url, **kwargs)
+        self.calls.append((method, url))
+        if method == "GET":
+            if self.reads == 0:
+                raise ApiError(404, "NotFound", "gpuclusters gpu-cluster not found")
+            self.reads -= 1
+            return {"metadata": {"name": "gpu-cluster", "resourceVersion": "3"}}
+        return {}
+
+    def watch(self, api_version: str, kind: str, query: Mapping[str, str], timeout: int) -> Iterator[Any]:
+        if kind != "GPUCluster":
+            yield from super().watch(api_version, kind, query, timeout)
+            return
+        self.gpucluster_watches.append(query)
+        yield {"type": "MODIFIED"}
+
+
+def test_a_gpucluster_goes_first_and_the_policy_only_once_it_is_gone() -> None:
+    """The operator removes the GPUCluster's finalizer once its claim holders are drained, then the API
+    server deletes it: the policy waits for that, woken by the GPUCluster's watch."""
+    fake = GPUClusterKube([[node("gpu-0", {}, [])]], reads=2)
+    out = io.StringIO()
+    assert cleanup(cast(SyncKube, fake), "cluster-policy", 30.0, out, gpucluster="gpu-cluster") == 0
+    url = "/apis/nvidia.com/v1alpha1/gpuclusters/gpu-cluster"
+    deletes = [call for call in fake.calls if call[0] == "DELETE"]
+    assert deletes == [("DELETE", url), ("DELETE", "/apis/nvidia.com/v1/clusterpolicies/cluster-policy")]
+    assert fake.calls.index(("GET", url), 0) < fake.calls.index(deletes[1])
+    assert (
+        fake.gpucluster_watches
+        == [{"fieldSelector": "metadata.name=gpu-cluster", "resourceVersion": "3"}] * 2
+    )
+    messages = [json.loads(line)["message"] for line in out.getvalue().splitlines()]
+    assert messages == [
+        "deleted the GPUCluster",
+        "the GPUCluster is gone",
+        "deleted the ClusterPolicy",
+        "the operator removed its node labels",
+    ]
+
+
+def test_a_gpucluster_that_stays_is_given_up_on_and_the_policy_still_goes() -> None:
+    fake = GPUClusterKube([[node("gpu-0", {}, [])]], reads=10**6)
+    out = io.StringIO()
+    assert cleanup(cast(SyncKube, fake), "cluster-policy", 0.001, out, gpucluster="gpu-cluster") == 0
+    messages = [json.loads(line)["message"] for line in out.getvalue().splitlines()]
+    assert messages[:2] == [
+        "deleted the GPUCluster",
+        "gave up waiting for the GPUCluster: is the operator running?",
+    ]
+    assert ("DELETE", "/apis/nvidia.com/v1/clusterpolicies/cluster-policy") in fake.calls
+
+
 def test_service_account_kubeconfig(tmp_path: Path) -> None:
     (tmp_path / "ca.crt").write_bytes(b"CA")
     admin = {

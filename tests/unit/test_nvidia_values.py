@@ -1,12 +1,14 @@
-"""Values conformance: given NVIDIA's chart values, this chart writes the ClusterPolicy NVIDIA's writes.
+"""Values conformance: given NVIDIA's chart values, this chart writes the ClusterPolicy (and the
+GPUCluster) NVIDIA's writes.
 
 tests/data/nvidia-chart/ holds, for each case of its cases.yaml (NVIDIA's defaults and documented
-install flags), the ClusterPolicy and ConfigMaps NVIDIA's chart rendered (render.py; provenance in its
-README). Each case is rendered here with this chart and the same flags (`helm template`). Both
-ClusterPolicies are parsed with the operator's models (`parse_document`) and must be equal, save the
-deliberate differences below, each with its reason; a difference that is no longer found fails too,
-so the list never keeps stale entries. The raw specs must have the same JSON paths (what `kubectl
-patch --type=json` needs), and the created ConfigMaps the same names and data.
+install flags), the ClusterPolicy, or for the cases marked `compare: GPUCluster` the GPUCluster, and the
+ConfigMaps NVIDIA's chart rendered (render.py; provenance in its README). Each case is rendered here
+with this chart and the same flags (`helm template`). Both objects are parsed with the operator's
+models (`parse_document`, `parse_gpucluster_document`) and must be equal, save the deliberate
+differences below, each with its reason; a difference that is no longer found fails too, so the list
+never keeps stale entries. The raw specs must have the same JSON paths (what `kubectl patch
+--type=json` needs), and the created ConfigMaps the same names and data.
 """
 
 from __future__ import annotations
@@ -24,11 +26,16 @@ import pytest
 import yaml
 
 from gpu_operator.api import parse_document
+from gpu_operator.api.gpucluster import parse_gpucluster_document
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "gpu-operator"
 DATA = ROOT / "tests" / "data" / "nvidia-chart"
 CASES: dict[str, dict[str, Any]] = yaml.safe_load((DATA / "cases.yaml").read_text())
+POLICY_CASES = sorted(
+    name for name, case in CASES.items() if case.get("compare", "ClusterPolicy") == "ClusterPolicy"
+)
+GPUCLUSTER_CASES = sorted(name for name, case in CASES.items() if case.get("compare") == "GPUCluster")
 NVIDIA_CHART_LABEL = "gpu-operator-v26.7.0"
 OUR_CHART_LABEL = "gpu-operator-0.1.0"
 
@@ -152,12 +159,14 @@ def test_every_case_has_nvidias_rendering() -> None:
     rendered = {p.stem for p in DATA.glob("*.yaml")} - {"cases", "values-v26.7.0", "defaults.nfd"}
     rendered = {name for name in rendered if not name.endswith(".values")}
     assert rendered == set(CASES), "run tests/data/nvidia-chart/render.py (README.md there)"
+    assert set(POLICY_CASES) | set(GPUCLUSTER_CASES) == set(CASES)
     for case in CASES:
-        assert [o["kind"] for o in nvidia_objects(case)].count("ClusterPolicy") == 1, case
+        kind = CASES[case].get("compare", "ClusterPolicy")
+        assert [o["kind"] for o in nvidia_objects(case)].count(kind) == 1, case
 
 
 @needs_helm
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", POLICY_CASES)
 def test_the_cluster_policy_is_nvidias(case: str) -> None:
     nvidia = find(nvidia_objects(case), "ClusterPolicy")
     ours = find(our_objects(case), "ClusterPolicy")
@@ -180,7 +189,7 @@ def test_the_cluster_policy_is_nvidias(case: str) -> None:
 
 
 @needs_helm
-@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("case", POLICY_CASES)
 def test_the_same_json_paths_exist(case: str) -> None:
     """Where NVIDIA's chart wrote a field, `kubectl patch --type=json` finds one in this chart's policy."""
     nvidia = set(json_paths(find(nvidia_objects(case), "ClusterPolicy")["spec"]))
@@ -189,6 +198,29 @@ def test_the_same_json_paths_exist(case: str) -> None:
     assert ours == nvidia | added, (
         f"only NVIDIA's: {sorted(nvidia - ours)}; only ours: {sorted(ours - nvidia)}"
     )
+
+
+@needs_helm
+@pytest.mark.parametrize("case", GPUCLUSTER_CASES)
+def test_the_gpucluster_is_nvidias(case: str) -> None:
+    """gpuCluster.deployCR writes the GPUCluster NVIDIA's chart writes: the same spec for the operator's
+    models, at the same JSON paths."""
+    nvidia = find(nvidia_objects(case), "GPUCluster")
+    ours = find(our_objects(case), "GPUCluster")
+    assert ours["metadata"]["name"] == nvidia["metadata"]["name"] == "gpu-cluster"
+    nvidia_leaves = leaves(parse_gpucluster_document(nvidia).model_dump(mode="json"))
+    our_leaves = leaves(parse_gpucluster_document(ours).model_dump(mode="json"))
+    different = {
+        ".".join(path): (nvidia_leaves.get(path, "(absent)"), our_leaves.get(path, "(absent)"))
+        for path in nvidia_leaves.keys() | our_leaves.keys()
+        if nvidia_leaves.get(path, "(absent)") != our_leaves.get(path, "(absent)")
+    }
+    assert not different, f"(NVIDIA's chart, this chart) differ: {different}"
+    nvidia_paths, our_paths = set(json_paths(nvidia["spec"])), set(json_paths(ours["spec"]))
+    assert our_paths == nvidia_paths, (
+        f"only NVIDIA's: {sorted(nvidia_paths - our_paths)}; only ours: {sorted(our_paths - nvidia_paths)}"
+    )
+    assert not [o for o in our_objects(case) if o["kind"] == "ClusterPolicy"], "clusterPolicy.deployCR=false"
 
 
 @needs_helm
@@ -258,10 +290,6 @@ NOT_ACTED_ON = {
     "operator.defaultGPUMode": (["--set", "operator.defaultGPUMode=vm-passthrough"], "defaultGPUMode"),
     "operator.logging.timeEncoding": (["--set", "operator.logging.timeEncoding=rfc3339"], "timeEncoding"),
     "platform.openshift": (["--set", "platform.openshift=true"], "OpenShift"),
-    "gpuCluster.deployCR": (
-        ["--set", "gpuCluster.deployCR=true", "--set", "clusterPolicy.deployCR=false"],
-        "GPUCluster",
-    ),
 }
 
 
@@ -286,3 +314,24 @@ def test_nvidias_values_file_gives_notes_for_what_it_sets(tmp_path: Path) -> Non
     assert "Node Feature Discovery is installed with this release" in notes, notes
     assert "name NVIDIA's operator image" in notes, notes
     assert "ghcr.io/gpu-operator/gpu-operator:0.1.0" in notes
+
+
+@needs_helm
+def test_install_notes_tell_what_the_gpucluster_runs_on(tmp_path: Path) -> None:
+    """gpuCluster.deployCR is acted on: the notes say which GPU nodes it takes, and, with NVIDIA's
+    clusterPolicy.deployCR=false, that this operator runs it beside a ClusterPolicy."""
+    dra = ["--api-versions", "resource.k8s.io/v1/DeviceClass", "--set", "gpuCluster.deployCR=true"]
+    beside = install_notes(tmp_path / "beside", *dra, "--set", "gpuCluster.nodeSelector.pool=dra")
+    assert "GPUCluster gpu-cluster" in beside and "labelled pool=dra" in beside, beside
+    assert "not acted on" not in beside and "PrerequisiteNotMet" not in beside, beside
+    every = install_notes(tmp_path / "every", *dra)
+    assert "on every GPU node" in every, every
+    alone = install_notes(
+        tmp_path / "alone",
+        *dra,
+        "--set",
+        "clusterPolicy.deployCR=false",
+        "--set",
+        "driver.nvidiaDriverCRD.enabled=true",
+    )
+    assert "PrerequisiteNotMet" in alone and "clusterPolicy.deployCR" in alone, alone

@@ -71,6 +71,10 @@ class FakeKube:
         self.rewritten: dict[tuple[str, str], dict[str, tuple[str, str | None]]] = {}
         self.version = 0
         self.managers: list[str] = []
+        self.added_labels: list[tuple[str, str, dict[str, str]]] = []
+        """(kind, name, labels) of each merge patch that adds labels."""
+        self.status_kinds: list[str] = []
+        """The kind of each status write."""
 
     async def metadata(
         self, api_version: str, kind: str, name: str, namespace: str = ""
@@ -136,9 +140,19 @@ class FakeKube:
         self.deleted.append(key)
         self.propagations[key] = propagation
 
-    async def patch_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
-        self.statuses.append(dict(status))
+    async def patch_status(
+        self, name: str, status: Mapping[str, Any], kind: tuple[str, str] = ("nvidia.com/v1", "ClusterPolicy")
+    ) -> dict[str, Any]:
+        self.status_kinds.append(kind[1])
+        if kind[1] == "ClusterPolicy":
+            self.statuses.append(dict(status))
         return {}
+
+    async def add_labels(self, kind: tuple[str, str], name: str, labels: Mapping[str, str]) -> dict[str, Any]:
+        self.added_labels.append((kind[1], name, dict(labels)))
+        self.version += 1
+        metadata = {"name": name, "uid": f"uid-{name}", "resourceVersion": str(self.version)}
+        return {"metadata": {**metadata, "labels": dict(labels)}}
 
     async def patch_driver_status(self, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         """As the API server answers: the object with the status written (its spec left out here: the
@@ -1030,3 +1044,51 @@ def test_a_driver_status_write_on_a_driver_gone_meanwhile_is_no_error() -> None:
 
     fake.patch_driver_status = refuse  # type: ignore[method-assign]
     assert run_once(rec).errors == {}
+
+
+ADMIN_ACCESS = "resource.kubernetes.io/admin-access"
+
+
+def namespace_body(labels: Mapping[str, str], version: str) -> dict[str, Any]:
+    metadata = {"name": "gpu-operator", "uid": "uid-gpu-operator", "resourceVersion": version}
+    return {"metadata": {**metadata, "labels": dict(labels)}}
+
+
+def test_the_admin_access_label_written_its_watch_event_wakes_the_pass_that_applies_the_claims() -> None:
+    """The first pass with a GPUCluster proves and writes its stack without the admin-access claim
+    templates (the API server refuses them until the namespace has the label) and writes the label; the
+    namespace's watch event then carries a change the planner reads, which wakes the next pass, and
+    that one writes them."""
+    fake = FakeKube()
+    rec = reconciler(fake)
+    rec.store.record_namespace(namespace_body({}, "5"), False)
+    gpucluster = {
+        "apiVersion": "nvidia.com/v1alpha1",
+        "kind": "GPUCluster",
+        "metadata": {
+            "name": "gpu-cluster",
+            "uid": "uid-gc",
+            "generation": 1,
+            "resourceVersion": "3",
+            "finalizers": ["gpucluster.nvidia.com/dra-resourceclaim"],
+        },
+        "spec": {},
+    }
+    rec.store.record_gpucluster(gpucluster, False)
+    outcome = run_once(rec)
+    assert not outcome.errors, outcome.errors
+    assert fake.added_labels == [("Namespace", "gpu-operator", {ADMIN_ACCESS: "true"})]
+    kinds = {key[1] for key in fake.applied}
+    assert "DeviceClass" in kinds and "ResourceClaimTemplate" not in kinds
+    assert not any(key[1] == "ResourceClaimTemplate" for key in fake.dry_runs), "never dry-run unlabelled"
+    assert ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-dra-validator") not in fake.applied
+    # The watch brings the namespace with the label: the Store takes it as a change, so a pass is woken.
+    assert rec.store.record_namespace(namespace_body({ADMIN_ACCESS: "true"}, "6"), False)
+    fake.applied.clear()
+    fake.added_labels.clear()
+    outcome = run_once(rec)
+    assert not outcome.errors, outcome.errors
+    template = ("resource.k8s.io/v1", "ResourceClaimTemplate", "gpu-operator", "nvidia-dra-validator-gpu")
+    assert template in fake.applied
+    assert ("apps/v1", "DaemonSet", "gpu-operator", "nvidia-dra-validator") in fake.applied
+    assert fake.added_labels == [], "the label is there: not written again"

@@ -26,7 +26,9 @@ SETTINGS = Settings(
 
 def outcome() -> Outcome:
     plan: Any = type(
-        "P", (), {"statuses": {}, "active": None, "spec": None, "gpu_nodes": 0, "driver_pools": {}}
+        "P",
+        (),
+        {"statuses": {}, "active": None, "spec": None, "gpu_nodes": 0, "driver_pools": {}, "dra": None},
     )()
     return Outcome(plan, {})
 

@@ -339,6 +339,52 @@ of an older chart): a missing field then falls back to the operator's default. *
 {{- end }}
 
 {{/*
+The GPUCluster's spec, written as NVIDIA's chart writes it from the same values (deployments/gpu-operator/
+templates/gpucluster.yaml at v26.7.0): draDriver, dcgm, dcgmExporter, hostPaths and daemonsets, each
+field only when set. tests/unit/test_nvidia_values.py compares it with NVIDIA's rendering. Added to
+NVIDIA's: gpuCluster.nodeSelector as spec.nodeSelector, when not empty.
+*/}}
+{{- define "gpu-operator.gpuClusterSpec" -}}
+{{- $v := dict }}
+{{- range $name := list "draDriver" "dcgm" "dcgmExporter" "hostPaths" "daemonsets" "gpuCluster" }}
+{{- $_ := set $v $name (index $.Values $name | default dict) }}
+{{- end }}
+{{- $spec := dict }}
+
+{{- $dra := dict }}
+{{- include "gpu-operator.copySet" (dict "from" $v.draDriver "to" $dra "keys" (list "repository" "image" "version" "imagePullPolicy" "imagePullSecrets" "featureGates")) }}
+{{- with dig "gpus" "kubeletPlugin" dict $v.draDriver }}
+{{- $_ := set $dra "gpus" (dict "kubeletPlugin" .) }}
+{{- end }}
+{{- $cd := dig "computeDomains" dict $v.draDriver }}
+{{- $domains := dict "enabled" (dig "enabled" true $cd) }}
+{{- include "gpu-operator.copySet" (dict "from" $cd "to" $domains "keys" (list "controller" "kubeletPlugin")) }}
+{{- $_ := set $dra "computeDomains" $domains }}
+{{- $_ := set $spec "draDriver" $dra }}
+
+{{- $dcgm := dict "enabled" (dig "enabled" false $v.dcgm) }}
+{{- include "gpu-operator.copySet" (dict "from" $v.dcgm "to" $dcgm "keys" (list "repository" "image" "version" "imagePullPolicy" "imagePullSecrets" "args" "env" "resources" "hostNetwork")) }}
+{{- $_ := set $spec "dcgm" $dcgm }}
+
+{{- $exporter := dict "enabled" (dig "enabled" true $v.dcgmExporter) }}
+{{- include "gpu-operator.copySet" (dict "from" $v.dcgmExporter "to" $exporter "keys" (list "repository" "image" "version" "imagePullPolicy" "imagePullSecrets" "annotations" "args" "env" "resources" "hostPID" "hostNetwork" "hpcJobMapping" "enablePodLabels" "enablePodUID" "podLabelAllowlistRegex" "service" "serviceMonitor")) }}
+{{- with dig "config" "name" "" $v.dcgmExporter }}
+{{- $_ := set $exporter "config" (dict "name" .) }}
+{{- end }}
+{{- $_ := set $spec "dcgmExporter" $exporter }}
+
+{{- $paths := dict "driverInstallDir" ($v.hostPaths.driverInstallDir | default "/run/nvidia/driver") }}
+{{- include "gpu-operator.copySet" (dict "from" $v.hostPaths "to" $paths "keys" (list "kubeletRootDir")) }}
+{{- $_ := set $spec "hostPaths" $paths }}
+
+{{- $_ := set $spec "daemonsets" $v.daemonsets }}
+{{- with $v.gpuCluster.nodeSelector }}
+{{- $_ := set $spec "nodeSelector" . }}
+{{- end }}
+{{- toYaml $spec }}
+{{- end }}
+
+{{/*
 The RBAC objects and RuntimeClasses the operator creates for its operands: their names (the only
 ones its RBAC lets it change or delete) and the CEL that pins their content (templates/
 admission-policy.yaml). Generated from the operator's templates by hack/operand_rbac.py (make crd);

@@ -253,6 +253,8 @@ class WorkloadPod:
     empty_dir: bool = False
     terminating: bool = False
     mirror: bool = False
+    claims: bool = False
+    """It names ResourceClaims (DRA): core/gpu_pods.py counts it on the DRA driver's side."""
 
     @property
     def active(self) -> bool:
@@ -295,6 +297,7 @@ def workload_pod(body: Mapping[str, Any]) -> WorkloadPod | None:
         empty_dir=any("emptyDir" in v for v in spec.get("volumes") or []),
         terminating=bool(metadata.get("deletionTimestamp")),
         mirror=MIRROR_ANNOTATION in (metadata.get("annotations") or {}),
+        claims=bool(spec.get("resourceClaims")),
     )
 
 

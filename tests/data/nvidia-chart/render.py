@@ -7,10 +7,10 @@ Run at test-writing time, not by the tests (NVIDIA's chart is not part of this r
 
 It extracts deployments/gpu-operator at --ref into a temporary folder, sets Chart.yaml's version and
 appVersion to the tag (what NVIDIA's release does; the source tree says v1.0.0-devel/main-latest),
-renders each case with `helm template` and writes <case>.yaml: the ClusterPolicy and the ConfigMaps
-the chart created (not those of its NFD subchart; defaults.nfd.yaml has those of the default case).
-It also writes values-<ref>.yaml: NVIDIA's
-values.yaml at --ref without its comments (the input of the nvidia-values-file case).
+renders each case with `helm template` and writes <case>.yaml: the ClusterPolicy (or the GPUCluster)
+and the ConfigMaps the chart created (not those of its NFD subchart; defaults.nfd.yaml has those of
+the default case). It also writes values-<ref>.yaml: NVIDIA's values.yaml at --ref without its
+comments (the input of the nvidia-values-file case).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ CHART = "deployments/gpu-operator"
 RELEASE = "gpu-operator"
 NAMESPACE = "gpu-operator"
 KUBE_VERSION = "1.36.0"
-KEPT = ("ClusterPolicy", "ConfigMap")
+KEPT = ("ClusterPolicy", "GPUCluster", "ConfigMap")
 
 
 def extract(repo: str, ref: str, into: Path) -> Path:
@@ -48,7 +48,8 @@ def extract(repo: str, ref: str, into: Path) -> Path:
 
 
 def render(helm: str, chart: Path, args: list[str], *, nfd: bool = False) -> list[dict[str, Any]]:
-    """The gpu-operator chart's ClusterPolicy and ConfigMaps, or (nfd) every object of its NFD subchart."""
+    """The gpu-operator chart's ClusterPolicy, GPUCluster and ConfigMaps, or (nfd) every object of its NFD
+    subchart."""
     args = [str(HERE / a) if a.endswith(".yaml") else a for a in args]
     proc = subprocess.run(
         [
