@@ -616,18 +616,7 @@ class Reconciler:
                     raise
                 continue
             self.store.record_gpucluster_status(name, written.get("status") or body)
-            for event in dra.events.get(name, ()):
-                try:
-                    await self.kube.post_event(
-                        {"name": event.name, "uid": event.uid},
-                        event.type,
-                        event.reason,
-                        event.message,
-                        now(),
-                        kind=GPUCLUSTER,
-                    )
-                except ApiError as exc:
-                    log.warning("could not post Event %s on GPUCluster %s: %s", event.reason, name, exc)
+            await self._post_events(GPUCLUSTER, name, dra.events.get(name, ()))
 
     async def _write_driver_statuses(
         self, writes: Mapping[str, Mapping[str, Any]], events: Mapping[str, Sequence[DriverEvent]]
@@ -646,18 +635,23 @@ class Reconciler:
                     raise
                 continue
             self.store.record_driver_status(name, written.get("status") or body)
-            for event in events.get(name, ()):
-                try:
-                    await self.kube.post_event(
-                        {"name": event.name, "uid": event.uid},
-                        event.type,
-                        event.reason,
-                        event.message,
-                        now(),
-                        kind=(nvidiadriver.API_VERSION, nvidiadriver.KIND),
-                    )
-                except ApiError as exc:
-                    log.warning("could not post Event %s on NVIDIADriver %s: %s", event.reason, name, exc)
+            await self._post_events((nvidiadriver.API_VERSION, nvidiadriver.KIND), name, events.get(name, ()))
+
+    async def _post_events(self, kind: tuple[str, str], name: str, events: Sequence[DriverEvent]) -> None:
+        """The Events a status write comes with; one the API server refuses is logged, not retried (the
+        status says the same)."""
+        for event in events:
+            try:
+                await self.kube.post_event(
+                    {"name": event.name, "uid": event.uid},
+                    event.type,
+                    event.reason,
+                    event.message,
+                    now(),
+                    kind=kind,
+                )
+            except ApiError as exc:
+                log.warning("could not post Event %s on %s %s: %s", event.reason, kind[1], name, exc)
 
 
 GPUCLUSTER = (gpucluster.API_VERSION, gpucluster.KIND)

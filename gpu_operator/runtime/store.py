@@ -10,11 +10,11 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from gpu_operator.api import MAX_DEPTH, PolicyError, too_deep
-from gpu_operator.api.gpucluster import GPUClusterSpec, parse_gpucluster_spec
-from gpu_operator.api.nvidiadriver import NVIDIADriverSpec, parse_driver_spec
+from gpu_operator.api.gpucluster import parse_gpucluster_spec
+from gpu_operator.api.nvidiadriver import parse_driver_spec
 from gpu_operator.core.node_labels import NodeInfo, node_info
 from gpu_operator.core.observed import (
     DaemonSetInfo,
@@ -58,6 +58,7 @@ from gpu_operator.core.upgrade import (
 from gpu_operator.runtime import safe_json
 
 Body = Mapping[str, Any]
+Spec = TypeVar("Spec")
 WATCHED_CRDS = frozenset({POLICY_CRD, SERVICE_MONITOR_CRD, NVIDIA_DRIVER_CRD, GPUCLUSTER_CRD})
 
 
@@ -77,18 +78,21 @@ def policy_ref(body: Body) -> PolicyRef:
     )
 
 
-def gpucluster_ref(body: Body) -> GPUClusterRef:
-    """A GPUCluster's record, its spec parsed here once per event (every pass reads it)."""
-    metadata = body["metadata"]
-    raw = body.get("spec") or {}
-    spec: GPUClusterSpec | None = None
-    errors: tuple[Any, ...] = ()
+def _parsed(raw: Body, parse: Callable[[Any], Spec]) -> tuple[Spec | None, tuple[Any, ...]]:
+    """A custom resource's spec parsed, or the errors that name its fields; a spec nested past
+    MAX_DEPTH is cut first, keeping enough for the errors to name the path."""
     if too_deep(raw) is not None:
         raw = safe_json.truncated(raw, MAX_DEPTH + 1)
     try:
-        spec = parse_gpucluster_spec(raw)
+        return parse(raw), ()
     except PolicyError as exc:
-        errors = tuple(exc.errors)
+        return None, tuple(exc.errors)
+
+
+def gpucluster_ref(body: Body) -> GPUClusterRef:
+    """A GPUCluster's record, its spec parsed here once per event (every pass reads it)."""
+    metadata = body["metadata"]
+    spec, errors = _parsed(body.get("spec") or {}, parse_gpucluster_spec)
     return GPUClusterRef(
         name=metadata["name"],
         uid=metadata.get("uid") or "",
@@ -105,15 +109,7 @@ def gpucluster_ref(body: Body) -> GPUClusterRef:
 def driver_ref(body: Body) -> DriverRef:
     """An NVIDIADriver's record, its spec parsed here once per event (every pass reads it)."""
     metadata = body["metadata"]
-    raw = body.get("spec") or {}
-    spec: NVIDIADriverSpec | None = None
-    errors: tuple[Any, ...] = ()
-    if too_deep(raw) is not None:
-        raw = safe_json.truncated(raw, MAX_DEPTH + 1)
-    try:
-        spec = parse_driver_spec(raw)
-    except PolicyError as exc:
-        errors = tuple(exc.errors)
+    spec, errors = _parsed(body.get("spec") or {}, parse_driver_spec)
     return DriverRef(
         name=metadata["name"],
         uid=metadata.get("uid") or "",
