@@ -33,13 +33,14 @@ ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / ".cache" / "chaos-results.json"
 
 
-def record(name: str, **numbers: float | int | str) -> None:
-    """Keep a measurement (recovery times) for the report: .cache/chaos-results.json, by test."""
-    found: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+def record(name: str, results: Path = RESULTS, **numbers: float | int | str) -> None:
+    """Keep a measurement (recovery times) for the report: `results` (.cache/chaos-results.json), by
+    test."""
+    found: dict[str, Any] = json.loads(results.read_text()) if results.exists() else {}
     found[name] = {**numbers, "at": time.strftime("%Y-%m-%dT%H:%M:%S")}
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(found, indent=2, sort_keys=True))
-    print(f"chaos {name}: {numbers}")
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(found, indent=2, sort_keys=True))
+    print(f"{results.stem} {name}: {numbers}")
 
 
 # --- control-plane processes ---------------------------------------------------------------------

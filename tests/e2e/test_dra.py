@@ -11,6 +11,7 @@ GPU pod of the DRA side is gone. NVIDIA's GPUCluster sample is accepted by the C
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,9 +19,10 @@ from typing import Any
 import pytest
 import yaml
 
+from .chaos import ROOT, record
 from .kube_helpers import Cluster, assert_true, client, gpu_nodes, wait_for, wait_timeout
 from .operator_process import OperatorProcess
-from .test_operator import apply_policy, wait_state
+from .test_operator import apply_policy, wait_state, writes_by
 from .test_upgrade import upgrade_policy
 
 pytestmark = pytest.mark.e2e
@@ -34,6 +36,9 @@ DP_DEPLOY = "nvidia.com/gpu.deploy.device-plugin"
 SAMPLE = Path(__file__).resolve().parents[1] / "data" / "nvidia" / "gpucluster-sample.yaml"
 CONVERGE = wait_timeout(120.0, node_starts=2)
 WORKLOADS = "e2e-dra"
+USER = f"system:serviceaccount:{NS}:gpu-operator"
+RESULTS = ROOT / ".cache" / "dra-results.json"
+"""How long a node took to move and what the operator asked of the API server meanwhile, for the note."""
 IMAGE = "nvcr.io/nvidia/k8s/cuda-sample:vectoradd-cuda12.5.0"
 """Workload pods are kwok's (the emulators run only the operator's): Running until deleted."""
 
@@ -162,6 +167,21 @@ def dra(cluster: Cluster, clean: OperatorProcess) -> Iterator[OperatorProcess]:
             label_node(cluster, node, None)
 
 
+def measure(cluster: Cluster, move: str, since: float) -> None:
+    """Record a move: seconds until it was seen done, and the operator's requests since it began
+    (writes, dry runs and reads; the leader election's Lease renewals apart), where there is an audit
+    log to count them in."""
+    if cluster.audit_log is None:
+        return
+    requests = (
+        writes_by(cluster, USER, since)
+        + writes_by(cluster, USER, since, dry_runs=True)
+        + writes_by(cluster, USER, since, verbs=("get", "list"))
+    )
+    requests = [r for r in requests if not r.startswith("update leases/")]
+    record(move, RESULTS, seconds=round(time.time() - since, 2), requests=len(requests))
+
+
 def test_nvidias_sample_is_accepted_as_is(cluster: Cluster, clean: OperatorProcess) -> None:
     """The operator creates the GPUCluster CRD; NVIDIA's sample passes its schema and rules unchanged
     (a server-side dry run: the sample selects every GPU node, which would move the whole cluster)."""
@@ -180,6 +200,7 @@ def test_a_pool_on_dra_beside_the_device_plugin(cluster: Cluster, dra: OperatorP
     apply_policy(cluster, upgrade_policy("595.91.07"))
     wait_state(cluster, "cluster-policy", "ready")
     label_node(cluster, dra_node, "dra")
+    moving = time.time()
     apply(cluster, gpucluster({POOL_LABEL: "dra"}))
 
     # The pool's node: the DRA stack's labels, no device plugin; the others keep it.
@@ -198,6 +219,7 @@ def test_a_pool_on_dra_beside_the_device_plugin(cluster: Cluster, dra: OperatorP
         return found
 
     slices = wait_for(published, timeout=CONVERGE, what=f"a gpu.nvidia.com ResourceSlice for {dra_node}")
+    measure(cluster, "to-dra", moving)
     device = slices[0]["spec"]["devices"][0]
     assert {"uuid", "productName", "architecture", "driverVersion"} <= device["attributes"].keys(), device
     assert "memory" in device["capacity"], device
@@ -261,6 +283,7 @@ def test_a_pool_on_dra_beside_the_device_plugin(cluster: Cluster, dra: OperatorP
 
     wait_for(held, timeout=CONVERGE, what=f"{dra_node} held on DRA by its claim pod")
     # ... and moves to the device plugin once it is gone; its ResourceSlice goes with the plugin.
+    moving = time.time()
     core.delete_namespaced_pod("dra-job", WORKLOADS, grace_period_seconds=0)
 
     def back() -> None:
@@ -269,3 +292,4 @@ def test_a_pool_on_dra_beside_the_device_plugin(cluster: Cluster, dra: OperatorP
         assert not resource_slices(cluster, dra_node), "its ResourceSlice is still there"
 
     wait_for(back, timeout=CONVERGE, what=f"{dra_node} back on the device plugin")
+    measure(cluster, "to-device-plugin", moving)
