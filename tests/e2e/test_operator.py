@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -229,8 +230,7 @@ def writes_by(
         if entry["verb"] not in verbs or ("dryRun=" in entry.get("requestURI", "")) != dry_runs:
             continue
         stamp = entry["requestReceivedTimestamp"]
-        when = time.mktime(time.strptime(stamp[:19], "%Y-%m-%dT%H:%M:%S")) - time.timezone
-        if when >= since:
+        if datetime.fromisoformat(stamp).timestamp() >= since:
             ref = entry.get("objectRef", {})
             found.append(f"{entry['verb']} {ref.get('resource')}/{ref.get('name')} {stamp}")
     return found
