@@ -103,11 +103,17 @@ def label_nodes(cluster: Cluster, nodes: list[str], value: str | None) -> None:
         core.patch_node(node, {"metadata": {"labels": {POOL_LABEL: value}}})
 
 
-def driver_state(cluster: Cluster, name: str, state: str) -> dict[str, Any]:
+def driver_state(
+    cluster: Cluster, name: str, state: str, counts: tuple[int, int] | None = None
+) -> dict[str, Any]:
+    """Wait for the NVIDIADriver's `state` and, given, its (nodesDesired, nodesReady)."""
+
     def check() -> dict[str, Any]:
         found = get_driver(cluster, name)
         status = found.get("status") or {}
         assert status.get("state") == state, status
+        if counts is not None:
+            assert (status.get("nodesDesired"), status.get("nodesReady")) == counts, status
         return found
 
     return wait_for(check, timeout=CONVERGE, what=f"NVIDIADriver {name} {state}")
@@ -258,8 +264,9 @@ def test_two_pools_converge_and_a_conflict_changes_nothing(
     versions = {**dict.fromkeys(first, V2), **dict.fromkeys(rest, V1)}
     owners: dict[str, str | None] = {**dict.fromkeys(first, "pool-a"), **dict.fromkeys(rest, "default")}
     before = wait_drivers(cluster, versions, owners)
-    ready = driver_state(cluster, "pool-a", "ready")["status"]
-    assert ready["conditions"] and (ready["nodesDesired"], ready["nodesReady"]) == (2, 2), ready
+    # The pool's DaemonSet counts its pods a moment after they are Ready, and the status follows it.
+    ready = driver_state(cluster, "pool-a", "ready", counts=(2, 2))["status"]
+    assert ready["conditions"], ready
     listed = cluster.kubectl("get", "nvidiadrivers", "pool-a", "--no-headers").split()
     assert listed[:4] == ["pool-a", "ready", "2", "2"], listed
     driver_state(cluster, "default", "ready")
