@@ -607,16 +607,13 @@ class Reconciler:
                         "GPUCluster %s: its claim holders are gone; removing finalizer %s", name, FINALIZER
                     )
                     await self.kube.set_finalizers(GPUCLUSTER, name, list(finalizers), version)
-        for name, body in dra.status_writes.items():
-            log.info("GPUCluster %s: status %s", name, body.get("state"))
-            try:
-                written = await self.kube.patch_status(name, body, GPUCLUSTER)
-            except ApiError as exc:
-                if not gone(exc.failure):
-                    raise
-                continue
-            self.store.record_gpucluster_status(name, written.get("status") or body)
-            await self._post_events(GPUCLUSTER, name, dra.events.get(name, ()))
+        await self._write_statuses_of(
+            GPUCLUSTER,
+            dra.status_writes,
+            dra.events,
+            partial(self.kube.patch_status, kind=GPUCLUSTER),
+            self.store.record_gpucluster_status,
+        )
 
     async def _write_driver_statuses(
         self, writes: Mapping[str, Mapping[str, Any]], events: Mapping[str, Sequence[DriverEvent]]
@@ -626,16 +623,34 @@ class Reconciler:
         upgrade status changes with its nodes' upgrade writes, not at every pass of a rollout.
         What the write returned goes into the Store: a pass before its watch event must not write the
         same status again."""
+        await self._write_statuses_of(
+            (nvidiadriver.API_VERSION, nvidiadriver.KIND),
+            writes,
+            events,
+            self.kube.patch_driver_status,
+            self.store.record_driver_status,
+        )
+
+    async def _write_statuses_of(
+        self,
+        kind: tuple[str, str],
+        writes: Mapping[str, Mapping[str, Any]],
+        events: Mapping[str, Sequence[DriverEvent]],
+        patch: Callable[[str, Mapping[str, Any]], Awaitable[dict[str, Any]]],
+        record: Callable[[str, Mapping[str, Any]], None],
+    ) -> None:
+        """Each status of `writes` (one of our custom resources, `kind`: apiVersion, kind) with `patch`,
+        what it returned kept with `record`, then its Events; one deleted meanwhile is skipped."""
         for name, body in writes.items():
-            log.info("NVIDIADriver %s: status %s", name, body.get("state"))
+            log.info("%s %s: status %s", kind[1], name, body.get("state"))
             try:
-                written = await self.kube.patch_driver_status(name, body)
+                written = await patch(name, body)
             except ApiError as exc:
                 if not gone(exc.failure):
                     raise
                 continue
-            self.store.record_driver_status(name, written.get("status") or body)
-            await self._post_events((nvidiadriver.API_VERSION, nvidiadriver.KIND), name, events.get(name, ()))
+            record(name, written.get("status") or body)
+            await self._post_events(kind, name, events.get(name, ()))
 
     async def _post_events(self, kind: tuple[str, str], name: str, events: Sequence[DriverEvent]) -> None:
         """The Events a status write comes with; one the API server refuses is logged, not retried (the
