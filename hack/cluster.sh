@@ -234,6 +234,10 @@ options:
 # lags its own writes, as it does with 1000 nodes on 2 cores, each sync fails ("read version ... is not
 # as new as written version") and is retried with per-object backoff up to 1000 s, so a DaemonSet's
 # status stays behind its pods for minutes, on both sides of a benchmark, by chance.
+# No Endpoints or EndpointSlice controllers: the API server refuses every loopback address a simulated
+# pod has (hack/README.md, "Known limits"), so they can never write an endpoint; with 1000 pods behind
+# a Service each of their retries sends and refuses a 1000-address object and logs an Event naming
+# them all, on every pod change, at a cost that grows with the square of the nodes.
 componentsPatches:
   - name: kube-controller-manager
     extraArgs:
@@ -241,6 +245,8 @@ componentsPatches:
         value: "false"
       - key: feature-gates
         value: StaleControllerConsistencyDaemonSet=false
+      - key: controllers
+        value: "*,-endpoints-controller,-endpointslice-controller,-endpointslice-mirroring-controller"
   - name: kube-scheduler
     extraArgs:
       - key: leader-elect
