@@ -1,10 +1,12 @@
 """Writes charts/gpu-operator/files/operand-rbac.yaml: the RBAC objects and RuntimeClasses the operator
-creates for its operands, as its templates render them, with the CEL that pins them.
+creates for its operands, as its templates render them, with the CEL that pins them; and the shapes of
+its DaemonSets' and Deployments' pods (hack/operand_pods.py).
 
 The chart reads this one file for the names its RBAC restricts the operator's writes to
-(`resourceNames`) and for the ValidatingAdmissionPolicy that admits only these objects with exactly
-this content (templates/admission-policy.yaml); tests/unit/test_chart.py derives what the operator
-needs from the same rendering (`operand_objects`) and fails when the file is stale.
+(`resourceNames`) and for the ValidatingAdmissionPolicies that admit only these objects with exactly
+this content, and workloads only of these shapes (templates/admission-policy.yaml);
+tests/unit/test_chart.py derives what the operator needs from the same rendering (`operand_objects`)
+and fails when the file is stale.
 
     .venv/bin/python hack/operand_rbac.py --write     (part of `make crd`)
     .venv/bin/python hack/operand_rbac.py --check     exit 1 when the file differs
@@ -16,6 +18,7 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping, Sequence
+from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,7 @@ from gpu_operator.api.gpucluster import parse_gpucluster_spec  # noqa: E402
 from gpu_operator.api.spec import OperatorSpec  # noqa: E402
 from gpu_operator.core.gpucluster_render import render_gpucluster  # noqa: E402
 from gpu_operator.core.render import ClusterFacts, render  # noqa: E402
+from hack import operand_pods  # noqa: E402
 
 OUTPUT = ROOT / "charts" / "gpu-operator" / "files" / "operand-rbac.yaml"
 EVERYTHING = ROOT / "tests" / "data" / "policies" / "everything.yaml"
@@ -43,12 +47,17 @@ def policy_objects(namespace: str = NAMESPACE, runtime_class: str | None = None,
     """What the operator applies for a policy with every component on (tests/data/policies/
     everything.yaml, sandbox workloads in KubeVirt mode, or `mode`), with `runtime_class` as its
     operator.runtimeClass when given."""
-    spec = yaml.safe_load(EVERYTHING.read_text())["spec"]
+    return render(parse_spec(everything_spec(runtime_class, mode)), _facts(namespace))
+
+
+def everything_spec(runtime_class: str | None = None, mode: str = "") -> dict[str, Any]:
+    """everything.yaml's spec, in sandbox `mode` and with `runtime_class` when given."""
+    spec: dict[str, Any] = yaml.safe_load(EVERYTHING.read_text())["spec"]
     if runtime_class is not None:
         spec = {**spec, "operator": {**(spec.get("operator") or {}), "runtimeClass": runtime_class}}
     if mode:
         spec = {**spec, "sandboxWorkloads": {**spec["sandboxWorkloads"], "mode": mode}}
-    return render(parse_spec(spec), _facts(namespace))
+    return spec
 
 
 def _facts(namespace: str) -> ClusterFacts:
@@ -88,15 +97,36 @@ DRA_KINDS = ("DeviceClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPol
 def gpucluster_objects(facts: ClusterFacts) -> list[Obj]:
     """What the operator applies for NVIDIA's GPUCluster sample with every state and every feature gate
     that renders RBAC on (DCGM, MPS and passthrough support too)."""
+    return render_gpucluster(parse_gpucluster_spec(gpucluster_spec()), facts)
+
+
+def gpucluster_spec() -> dict[str, Any]:
+    """NVIDIA's GPUCluster sample's spec with every state and every feature gate that renders objects on."""
     spec = yaml.safe_load(GPUCLUSTER_SAMPLE.read_text())["spec"]
     dra = spec.get("draDriver") or {}
     gates = {**(dra.get("featureGates") or {}), "MPSSupport": True, "PassthroughSupport": True}
-    spec = {
+    return {
         **spec,
         "dcgm": {**(spec.get("dcgm") or {}), "enabled": True},
         "draDriver": {**dra, "featureGates": gates},
     }
-    return render_gpucluster(parse_gpucluster_spec(spec), facts)
+
+
+NVIDIADRIVER_SAMPLE = ROOT / "tests" / "data" / "nvidia" / "nvidiadriver-sample.yaml"
+
+
+def workload_shapes(namespace: str = NAMESPACE) -> dict[str, Obj]:
+    """The shapes of the operator's DaemonSets and Deployments (hack/operand_pods.py): everything.yaml
+    in both sandbox modes, NVIDIA's NVIDIADriver sample's pools, the GPUCluster above."""
+    policies = [everything_spec(mode=mode) for mode in ("kubevirt", "kata")]
+    driver = yaml.safe_load(NVIDIADRIVER_SAMPLE.read_text())["spec"]
+    return operand_pods.shapes(
+        chain(
+            operand_pods.policy_renders(policies, namespace),
+            operand_pods.pool_renders(driver, namespace),
+            operand_pods.gpucluster_renders(gpucluster_spec(), _facts(namespace)),
+        )
+    )
 
 
 def _quote(value: str) -> str:
@@ -180,6 +210,7 @@ def operand_rbac() -> Obj:
         "content": "object.handler == object.metadata.name"
         " && !has(object.overhead) && !has(object.scheduling)",
     }
+    found.update(workload_shapes())
     return found
 
 

@@ -52,6 +52,16 @@ _RUNTIMES = {
     ),
 }
 
+PATH_ENV = tuple(
+    sorted(
+        {"RUNTIME_CONFIG", "RUNTIME_DROP_IN_CONFIG", "NRI_SOCKET"}
+        | {known.config_env for known in _RUNTIMES.values()}
+        | {known.socket_env for known in _RUNTIMES.values() if known.socket_env}
+    )
+)
+"""The toolkit's env variables that name host files (`runtime_setup` mounts their directories): the
+user's, so the chart's admission policy pins only those volumes' names (hack/operand_pods.py)."""
+
 
 @dataclass
 class RuntimeSetup:

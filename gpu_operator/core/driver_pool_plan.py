@@ -71,7 +71,7 @@ from gpu_operator.core.driver_pools import Assignment, DriverObject, assign
 from gpu_operator.core.node_labels import NodeInfo
 from gpu_operator.core.observed import DriverRef, ObjectInfo, ObjectKey
 from gpu_operator.core.ownership import owned
-from gpu_operator.core.render import ClusterFacts
+from gpu_operator.core.render import ClusterFacts, Variant
 from gpu_operator.core.upgrade import DriverPod
 
 DRIVER = BY_NAME["driver"]
@@ -227,14 +227,20 @@ def _object(driver: DriverRef) -> DriverObject:
     return DriverObject(driver.name, driver.uid, driver.spec, driver.deleting)
 
 
+def pool_variants(driver: DriverObject, nodes: Iterable[NodeInfo]) -> list[Variant]:
+    """The driver's pools as the operator applies them: under the ClusterPolicy driver's ServiceAccount
+    (module docstring)."""
+    return [replace(variant, account=None) for variant in pools(driver, nodes)]
+
+
 def _daemonsets(
     caches: Caches, driver: DriverRef, nodes: list[NodeInfo], facts: ClusterFacts, host_root: str
 ) -> list[dict[str, Any]]:
     """The driver's pool DaemonSets, owned and hashed; rendered again only when the driver, its pools or
-    the facts change. They run under the ClusterPolicy driver's ServiceAccount (module docstring)."""
+    the facts change."""
     spec = driver.spec
     assert spec is not None
-    found = [replace(variant, account=None) for variant in pools(_object(driver), nodes)]
+    found = pool_variants(_object(driver), nodes)
     view = policy_view(spec, host_root)
     named = {name for _, name in DRIVER.config_maps(view)}
     facts = replace(facts, config_maps={n: k for n, k in facts.config_maps.items() if n in named})

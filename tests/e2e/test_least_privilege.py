@@ -1,20 +1,22 @@
 """Least privilege, proven with the operator's own token (the chart's ServiceAccount): it creates every
 operand object it needs, and nothing it could try gains it anything beyond the operand rules. RBAC
-limits changes and deletions by name; the chart's ValidatingAdmissionPolicy pins creates and the
-content of roles and bindings (`escalate`/`bind` cannot be turned into anything else)."""
+limits changes and deletions by name; the chart's ValidatingAdmissionPolicies pin creates, the
+content of roles and bindings (`escalate`/`bind` cannot be turned into anything else) and the pods of
+the workloads (no new DaemonSet or Deployment, no operand pod with more of the host than rendered)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+import yaml
 
 from gpu_operator.core.ownership import FIELD_MANAGER
 from gpu_operator.runtime.client import ApiError, path
 from gpu_operator.runtime.sync_client import SyncKube
-from hack.operand_rbac import policy_objects
+from hack.operand_rbac import OUTPUT, policy_objects
 
 from .kube_helpers import Cluster, wait_for
 from .operator_process import OperatorProcess, chart_operator
@@ -140,8 +142,9 @@ def test_the_charts_admission_policies_type_check(converged: tuple[SyncKube, Syn
         found = admin.request("GET", "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies")
         ours = [p for p in found["items"] if p["metadata"]["name"].startswith(f"{RELEASE}-writes-")]
         # One per kind the operator writes (charts/gpu-operator/templates/admission-policy.yaml), the
-        # GPUCluster's DeviceClasses and admission policies and bindings among them.
-        assert len(ours) == 11, [p["metadata"]["name"] for p in ours]
+        # GPUCluster's DeviceClasses and admission policies and bindings, DaemonSets and Deployments
+        # among them.
+        assert len(ours) == 13, [p["metadata"]["name"] for p in ours]
         for policy in ours:
             name, status = policy["metadata"]["name"], policy.get("status") or {}
             assert status.get("observedGeneration") == policy["metadata"]["generation"], (name, status)
@@ -265,6 +268,140 @@ def test_a_node_is_changed_only_where_the_operator_writes(
     # lifecycle controller's taints).
     after = admin.get("v1", "Node", name)
     assert "evil" not in json.dumps({"metadata": after["metadata"], "spec": after["spec"]}), what
+
+
+APPS = "apps/v1"
+Pod = dict[str, Any]
+Shapes = dict[str, Any]
+
+
+def pod_of(workload: dict[str, Any]) -> Pod:
+    spec: Pod = workload["spec"]["template"]["spec"]
+    return spec
+
+
+def hostile_pod(name: str) -> dict[str, Any]:
+    """A pod template that owns its nodes: the operator's ServiceAccount, the host's namespaces and root,
+    privileged."""
+    return {
+        "metadata": {"labels": {"app": name}},
+        "spec": {
+            "serviceAccountName": RELEASE,
+            "hostPID": True,
+            "hostNetwork": True,
+            "containers": [
+                {
+                    "name": "shell",
+                    "image": "busybox",
+                    "securityContext": {"privileged": True},
+                    "volumeMounts": [{"name": "host", "mountPath": "/host"}],
+                }
+            ],
+            "volumes": [{"name": "host", "hostPath": {"path": "/"}}],
+        },
+    }
+
+
+@pytest.mark.parametrize("kind", ["DaemonSet", "Deployment"])
+def test_a_workload_of_a_foreign_name_is_refused(converged: tuple[SyncKube, SyncKube], kind: str) -> None:
+    """RBAC lets the token create any DaemonSet and Deployment in its namespace; the chart's policy
+    admits only the operands' names."""
+    token, admin = converged
+    name = "escalation"
+    body = {
+        "apiVersion": APPS,
+        "kind": kind,
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"selector": {"matchLabels": {"app": name}}, "template": hostile_pod(name)},
+    }
+    error = refused(token.apply, body, manager="escalation", force=True)
+    assert f"the gpu-operator may create or change only its operands' {kind}s" in str(error), error
+    with pytest.raises(ApiError) as gone:
+        admin.get(APPS, kind, name, NS)
+    assert gone.value.status == 404
+
+
+def _another_account(daemonsets: dict[str, Any], shapes: Shapes) -> tuple[str, Pod]:
+    # The operator's own: its pods would hold the token itself, and so would any pod anyone can exec into.
+    return "nvidia-device-plugin-daemonset", {"serviceAccountName": RELEASE}
+
+
+def _host_pid(daemonsets: dict[str, Any], shapes: Shapes) -> tuple[str, Pod]:
+    # Not one that shares its process namespace: the API server refuses that with hostPID anyway.
+    name = next(
+        n
+        for n, ds in sorted(daemonsets.items())
+        if "hostPID" not in shapes[n]["hostNamespaces"] and not pod_of(ds).get("shareProcessNamespace")
+    )
+    return name, {"hostPID": True}
+
+
+def _privileged(daemonsets: dict[str, Any], shapes: Shapes) -> tuple[str, Pod]:
+    for name, ds in sorted(daemonsets.items()):
+        for part in ("initContainers", "containers"):
+            for container in pod_of(ds).get(part) or []:
+                if container["name"] not in shapes[name]["privileged"]:
+                    change = {"name": container["name"], "securityContext": {"privileged": True}}
+                    return name, {part: [change]}
+    raise AssertionError("every container of every operand DaemonSet may be privileged")
+
+
+def _host_root(daemonsets: dict[str, Any], shapes: Shapes) -> tuple[str, Pod]:
+    return "nvidia-device-plugin-daemonset", {"volumes": [{"name": "escalation", "hostPath": {"path": "/"}}]}
+
+
+def _etc(daemonsets: dict[str, Any], shapes: Shapes) -> tuple[str, Pod]:
+    """A rendered hostPath volume whose path no policy field names, pointed at /etc."""
+    for name, ds in sorted(daemonsets.items()):
+        for volume in pod_of(ds).get("volumes") or []:
+            if "hostPath" in volume and shapes[name]["hostPaths"].get(volume["name"]):
+                return name, {"volumes": [{"name": volume["name"], "hostPath": {"path": "/etc"}}]}
+    raise AssertionError("no operand DaemonSet has a hostPath volume at a fixed path")
+
+
+@pytest.mark.parametrize(
+    ("what", "attempt", "message"),
+    [
+        ("another ServiceAccount", _another_account, "run under the ServiceAccount"),
+        ("hostPID", _host_pid, "share only the host namespaces"),
+        (
+            "a privileged container",
+            _privileged,
+            "only the containers the operator's templates make privileged",
+        ),
+        ("the host's root mounted", _host_root, "mounts only the hostPath volumes"),
+        ("a rendered volume moved to /etc", _etc, "mounts only the hostPath volumes"),
+    ],
+)
+def test_an_operand_daemonset_keeps_its_rendered_pod(
+    converged: tuple[SyncKube, SyncKube],
+    what: str,
+    attempt: Callable[[dict[str, Any], Shapes], tuple[str, Pod]],
+    message: str,
+) -> None:
+    """RBAC lets the token patch every DaemonSet of its namespace; the chart's policy holds each operand
+    DaemonSet to the pod its templates render (files/operand-rbac.yaml). Tried as the operator writes,
+    by server-side apply, here under a field manager of its own so that only the change is sent."""
+    token, admin = converged
+    shapes: Shapes = yaml.safe_load(OUTPUT.read_text())["DaemonSet"]["shapes"]
+    daemonsets = {
+        ds["metadata"]["name"]: ds
+        for ds in admin.list(APPS, "DaemonSet", NS, f"app.kubernetes.io/managed-by={FIELD_MANAGER}")
+        if ds["metadata"]["name"] in shapes
+    }
+    name, change = attempt(daemonsets, shapes)
+    body = {
+        "apiVersion": APPS,
+        "kind": "DaemonSet",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {"template": {"spec": change}},
+    }
+    error = refused(token.apply, body, manager="escalation", force=True)
+    assert message in str(error), (what, name, error)
+    after = admin.get(APPS, "DaemonSet", name, NS)
+    before = daemonsets[name]
+    assert after["metadata"]["generation"] == before["metadata"]["generation"], (what, name)
+    assert pod_of(after) == pod_of(before), (what, name)
 
 
 @pytest.mark.parametrize("name", ["clusterpolicies.nvidia.com", "nvidiadrivers.nvidia.com"])

@@ -54,6 +54,8 @@ WRITE_POLICIES = (
     "deviceclasses",
     "validatingadmissionpolicies",
     "validatingadmissionpolicybindings",
+    "daemonsets",
+    "deployments",
 )
 """`<release>-writes-<resource>`: the admission policies of the operator's writes, one per kind."""
 KUBE_VERSION = "1.36.0"  # the cluster version the chart is rendered for (the pinned toolchain's)
@@ -1223,8 +1225,6 @@ def test_admission_policy_pins_the_operators_writes(default_objects: list[Obj]) 
         "serviceaccounts",
         "configmaps",
         "services",
-        "daemonsets",
-        "deployments",
         "resourceclaimtemplates",
         "servicemonitors",
         "events",
@@ -1235,6 +1235,28 @@ def test_admission_policy_pins_the_operators_writes(default_objects: list[Obj]) 
         assert generated[kind]["content"] in expressions[resource], kind
         # A Role has no aggregationRule: naming it would fail the type check of the Role policy.
         assert ("aggregationRule" in generated[kind]["content"]) == (kind == "ClusterRole"), kind
+
+
+@pytest.mark.parametrize(("resource", "kind"), [("daemonsets", "DaemonSet"), ("deployments", "Deployment")])
+def test_admission_policy_holds_the_workloads_to_their_rendered_pods(
+    default_objects: list[Obj], resource: str, kind: str
+) -> None:
+    """The shapes of files/operand-rbac.yaml, as CEL literals (JSON is CEL's syntax for maps, lists and
+    strings); tests/unit/test_operand_pods.py evaluates the policy's rule on them."""
+    spec = find(default_objects, "ValidatingAdmissionPolicy", f"{RELEASE}-writes-{resource}")["spec"]
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["apiVersions"]) == (["apps"], ["v1"])
+    generated = yaml.safe_load((CHART / "files" / "operand-rbac.yaml").read_text())[kind]
+    variables = {v["name"]: v["expression"] for v in spec["variables"]}
+    assert json.loads(variables["shapes"]) == generated["shapes"]
+    assert json.loads(variables["prefixes"]) == generated["prefixes"]
+    assert variables["pod"] == "object.spec.template.spec"
+    known, *rest = (v["expression"] for v in spec["validations"])
+    assert known == "variables.known" and len(rest) == 4
+    # A workload of an unknown name fails the first rule only: the others hold only for known names.
+    assert all(e.startswith("!variables.known || ") for e in rest)
+    fields = {"serviceAccountName", "hostPID", "privileged", "capabilities", "hostPath"}
+    assert all(any(f in e for e in rest) for f in fields)
 
 
 def test_admission_policy_limits_the_operators_node_writes_to_what_it_sets(
