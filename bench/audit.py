@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -128,6 +128,23 @@ def per_minute(count: int, seconds: float) -> float:
     if seconds <= 0:
         raise ValueError("a window must last longer than 0 s")
     return count * 60.0 / seconds
+
+
+def first_run_traffic(first: Mapping[str, Any]) -> dict[str, Any]:
+    """An operator's requests in its first run (bench/run.py `_operator_round`, the one that rests), as the
+    results and reports show them: by kind while converging, at its node join and at rest, and its writes
+    and reads at rest."""
+    rest_s = float(first.get("rest_s") or 0.0)
+    rest_writes = first.get("rest_writes") or []
+    return {
+        "idle_window_s": rest_s,
+        "idle_writes_per_min": per_minute(len(rest_writes), rest_s) if rest_s else None,
+        "convergence_requests": first["requests_by_kind"],
+        "node_join_requests": first["join_requests_by_kind"],
+        "idle_requests": first.get("rest_requests_by_kind", {}),
+        "idle_writes": rest_writes,
+        "idle_reads": first.get("rest_reads", []),
+    }
 
 
 @dataclass(frozen=True)

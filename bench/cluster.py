@@ -257,6 +257,10 @@ class OperatorProcess:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def up(self) -> bool:
+        """Past its first reconcile pass (no policy yet: its watches are open and it has looked)."""
+        return int(self.probe().get("reconcile", {}).get("passes", 0)) >= 1
+
     def probe(self) -> dict[str, Any]:
         """Kopf's liveness answer (our `reconcile` probe: passes, failures, ...); {} while not up.
         Kopf caches probe results for 10 s."""

@@ -13,7 +13,11 @@ For each size N, on a fresh local cluster (hack/cluster.sh, kwok) with N GPU nod
 
 Runs alternate their order (limit first, then operator first, ...) on the same cluster; see bench/README.md.
 
+With --side-by-side there is no limit: NVIDIA's own operator (bench/nvidia.py) runs where ours does, each
+run on a fresh cluster (ours, NVIDIA's, ours, NVIDIA's, ... at each size), measured by the same code.
+
     python -m bench.run --sizes 10 100 1000 --rounds 10=3 100=3 1000=1
+    python -m bench.run --sizes 10 --rounds 10=1 --side-by-side
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from bench import audit, kubeapi, memtrace, procstat, profile, report, stats
+from bench import audit, kubeapi, memtrace, nvidia, procstat, profile, report, stats, versus
 from bench.cluster import (
     NAMESPACE,
     OPERATOR,
@@ -53,7 +57,7 @@ from bench.cluster import (
 from bench.kubeapi import Objects, Watcher
 from gpu_operator.api import parse_document
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.core.components import COMPONENTS
+from gpu_operator.core.components import BY_LABEL, COMPONENTS
 from gpu_operator.core.node_labels import GPU_PRESENT, MIG_CONFIG, desired_labels, node_info
 from gpu_operator.runtime.client import ApiError
 from hack import gen_nodes
@@ -83,6 +87,10 @@ OPERATOR_LABELS = (GPU_PRESENT, MIG_CONFIG, *(c.deploy_label for c in COMPONENTS
 # Watches the operator must have open before a timed run starts (the rest open at the same moment).
 OPERATOR_WATCHES = frozenset({"clusterpolicies", "nodes", "pods", "daemonsets"})
 LABEL_WORKERS = 8
+OURS, NVIDIA = "ours", "nvidia"
+"""Which operator a SizeBench runs (NVIDIA's only with --side-by-side)."""
+APP_LABEL = "app"
+"""The label NVIDIA's operand pods carry their DaemonSet's name in (ours carry it too)."""
 
 
 def always_ready(component: str, node: str) -> bool:
@@ -107,6 +115,8 @@ class Settings:
     env: dict[str, str] = field(default_factory=dict)
     sim_profile: str = "instant"
     sim_time_scale: float = 1.0
+    side_by_side: bool = False
+    """NVIDIA's operator against ours, each run on a fresh cluster, no limit."""
 
 
 # --- predicates over watched collections -------------------------------------------------------------
@@ -138,13 +148,16 @@ def policy_counts(name: str, gpu_nodes: int) -> Callable[[Objects], bool]:
 
 
 def daemonsets_rolled_out(expected: Mapping[str, int]) -> Callable[[Objects], bool]:
-    """Every expected DaemonSet current and fully available on exactly its expected number of nodes."""
+    """Every expected DaemonSet current and fully available on exactly its expected number of nodes. One
+    expected on no node may be absent (an operator may leave out what would run nowhere)."""
 
     def check(objects: Objects) -> bool:
         by_name = {body["metadata"]["name"]: body for body in objects.values()}
         for name, count in expected.items():
             body = by_name.get(name)
             if body is None:
+                if count == 0:
+                    continue
                 return False
             status = body.get("status") or {}
             if int(status.get("observedGeneration") or 0) < int(body["metadata"].get("generation") or 0):
@@ -163,6 +176,14 @@ def daemonsets_rolled_out(expected: Mapping[str, int]) -> Callable[[Objects], bo
         return True
 
     return check
+
+
+def desired_pods(objects: Objects) -> dict[str, int]:
+    """DaemonSet name → the pods it wants: what an operator deployed, for the results."""
+    return {
+        body["metadata"]["name"]: int((body.get("status") or {}).get("desiredNumberScheduled") or 0)
+        for body in objects.values()
+    }
 
 
 def all_gpus_advertised(gpu_nodes: int) -> Callable[[Objects], bool]:
@@ -184,14 +205,12 @@ def pod_ready(body: Mapping[str, Any]) -> bool:
     return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
-def pods_ready(components: frozenset[str]) -> Callable[[Objects], bool]:
-    """A Ready pod of every component (the watch is limited to one node)."""
+def pods_ready(components: frozenset[str], key: str = COMPONENT_LABEL) -> Callable[[Objects], bool]:
+    """A Ready pod of every component, named by the pods' label `key` (the watch is limited to one node)."""
 
     def check(objects: Objects) -> bool:
         ready = {
-            (body["metadata"].get("labels") or {}).get(COMPONENT_LABEL)
-            for body in objects.values()
-            if pod_ready(body)
+            (body["metadata"].get("labels") or {}).get(key) for body in objects.values() if pod_ready(body)
         }
         return components <= ready
 
@@ -213,10 +232,15 @@ def own_driver(policy: dict[str, Any]) -> dict[str, Any]:
 class SizeBench:
     """All runs at one size N, on one fresh cluster."""
 
-    def __init__(self, settings: Settings, nodes: int, policy: Path = POLICY) -> None:
+    def __init__(
+        self, settings: Settings, nodes: int, policy: Path = POLICY, operator: str = OURS, run_name: str = ""
+    ) -> None:
         self.s = settings
         self.n = nodes
-        self.work = settings.work / f"n{nodes}"
+        self.ours = operator == OURS
+        # Before any cluster starts: NVIDIA's runs need its build (`make nvidia-operator`).
+        self.nvidia_build = None if self.ours else nvidia.build()
+        self.work = settings.work / f"n{nodes}" / run_name if run_name else settings.work / f"n{nodes}"
         self.work.mkdir(parents=True, exist_ok=True)
         self.policy = self.work / "policy.yaml"
         self.policy.write_text(yaml.safe_dump(own_driver(yaml.safe_load(policy.read_text()))))
@@ -247,9 +271,7 @@ class SizeBench:
         self.cluster_up_s = time.time() - start
         self.kubeconfig = self.cluster.kubeconfig
         self.api = kubeapi.connect(self.kubeconfig, pool=LABEL_WORKERS * 2)
-        crd = ROOT / "crds" / "clusterpolicy.yaml"
-        self.kc("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-        self.wait_established("clusterpolicies.nvidia.com")
+        self.install_crds()
         if self.s.admin:
             self.user = self.api.request(
                 "POST",
@@ -261,11 +283,7 @@ class SizeBench:
             excluded: tuple[str, ...] = ("kubectl", "helm", "Helm", "gpu-operator-bench")
         else:
             self.user = SERVICE_ACCOUNT_USER
-            install_chart(self.tools / "helm", self.kubeconfig, self.log_file)
-            # Fail before anything is timed rather than time an operator that cannot do its job.
-            missing = missing_access(self.api, self.user)
-            if missing:
-                raise RuntimeError(f"charts/gpu-operator does not give the operator: {', '.join(missing)}")
+            self.install_rbac()
             self.operator_kubeconfig = sa_kubeconfig(
                 self.api, self.kubeconfig, self.work / "operator-kubeconfig"
             )
@@ -325,6 +343,33 @@ class SizeBench:
                 self.expected_daemonsets[doc["metadata"]["name"]] = count
         log(f"N={self.n}: cluster up in {self.cluster_up_s:.0f}s; expected pods {self.expected_daemonsets}")
         self.sample_load()
+
+    def install_crds(self) -> None:
+        """Ours: its ClusterPolicy CRD. NVIDIA's: every CRD of its chart (what `helm install` applies)."""
+        if self.nvidia_build is not None:
+            for path in self.nvidia_build.crds:
+                self.kc("apply", "--server-side", "--force-conflicts", "-f", str(path))
+            for name in nvidia.CRD_NAMES:
+                self.wait_established(name)
+            return
+        crd = ROOT / "crds" / "clusterpolicy.yaml"
+        self.kc("apply", "--server-side", "--force-conflicts", "-f", str(crd))
+        self.wait_established("clusterpolicies.nvidia.com")
+
+    def install_rbac(self) -> None:
+        """The ServiceAccount `gpu-operator` the operator logs in as, and its roles: our chart's, or NVIDIA's
+        chart's (its ServiceAccount, Roles and bindings only; bench/nvidia.py)."""
+        helm = self.tools / "helm"
+        if self.nvidia_build is not None:
+            self.kc("create", "namespace", NAMESPACE)
+            rbac = run(nvidia.rbac_command(helm, self.nvidia_build.chart), log_file=self.log_file)
+            self.kc("apply", "--server-side", "-f", "-", input=rbac)
+            return
+        install_chart(helm, self.kubeconfig, self.log_file)
+        # Fail before anything is timed rather than time an operator that cannot do its job.
+        missing = missing_access(self.api, self.user)
+        if missing:
+            raise RuntimeError(f"charts/gpu-operator does not give the operator: {', '.join(missing)}")
 
     def wait_established(self, name: str) -> None:
         deadline = time.time() + 60
@@ -457,10 +502,12 @@ class SizeBench:
     def join(self, with_labels: bool, policy: bool) -> dict[str, Any]:
         body, components = self.join_node_body(with_labels)
         name = body["metadata"]["name"]
+        # NVIDIA's pods carry no component label: they are known by their DaemonSet's, as ours are too.
+        apps = frozenset(BY_LABEL[c].daemonset for c in components)
         pods = Watcher(
             self.api,
             PODS,
-            pods_ready(components),
+            pods_ready(components) if self.ours else pods_ready(apps, APP_LABEL),
             {"fieldSelector": f"spec.nodeName={name}"},
             f"pods on {name}",
         ).start()
@@ -483,16 +530,23 @@ class SizeBench:
         return result
 
     # --- the operator ---
-    def start_operator(self, round_no: int) -> OperatorProcess:
-        probe_port = self.s.port_base + 90
+    def new_operator(self, round_no: int) -> OperatorProcess:
+        """Ours (`gpu-operator run`, probe on port base +90) or NVIDIA's (probe +91, metrics +92)."""
+        log_path = self.work / f"operator-r{round_no}.log"
+        base = self.s.port_base
+        if self.nvidia_build is not None:
+            return nvidia.NvidiaProcess(
+                self.nvidia_build, self.operator_kubeconfig, log_path, base + 91, base + 92
+            )
         env = dict(self.s.env)
         module = "gpu_operator.cli"
         if self.s.tracemalloc:
             env[memtrace.ENV] = str(self.work / f"memtrace-r{round_no}.txt")
             module = "bench.memtrace"
-        proc = OperatorProcess(
-            self.operator_kubeconfig, self.work / f"operator-r{round_no}.log", probe_port, env, module
-        ).start()
+        return OperatorProcess(self.operator_kubeconfig, log_path, base + 90, env, module)
+
+    def start_operator(self, round_no: int) -> OperatorProcess:
+        proc = self.new_operator(round_no).start()
         deadline = time.time() + 120
         while True:
             if not proc.running:
@@ -507,10 +561,10 @@ class SizeBench:
             if time.time() > deadline:
                 raise TimeoutError(f"operator watches {sorted(watching)} after 120s:\n{proc.tail()}")
             time.sleep(0.2)
-        # Its first pass (no policy yet) done; Kopf caches probe answers for 10 s.
-        while int(proc.probe().get("reconcile", {}).get("passes", 0)) < 1:
+        # Ours past its first pass (no policy yet; Kopf caches probe answers for 10 s), NVIDIA's ready.
+        while not proc.up():
             if time.time() > deadline:
-                raise TimeoutError(f"operator made no pass in 120s: {proc.probe()}\n{proc.tail()}")
+                raise TimeoutError(f"operator not up after 120s: {proc.probe()}\n{proc.tail()}")
             time.sleep(1.0)
         return proc
 
@@ -557,7 +611,24 @@ class SizeBench:
             peaks.append(usage.peak_rss_mib)
         return usage
 
+    @property
+    def unknown_fields(self) -> tuple[str, ...]:
+        """kubectl's field validation of the policy. NVIDIA's CRD does not declare the sample's
+        `dcgmExporter.serviceMonitoring` (a deprecated alias of serviceMonitor.enabled that ours reads):
+        its API server drops the field with a warning, as it would for any user of the sample."""
+        return () if self.ours else ("--validate=warn",)
+
+    def rolled_out(self, watcher: Watcher) -> float:
+        """The rollout's end; on a time-out, what each DaemonSet wanted against what was expected."""
+        try:
+            return watcher.wait(self.timeout)
+        except TimeoutError as exc:
+            found = desired_pods(watcher.objects)
+            raise TimeoutError(f"{exc}: expected {self.expected_daemonsets}, desired {found}") from exc
+
     def operator_round(self, round_no: int, rest: bool, cleanup: bool = True) -> dict[str, Any]:
+        # Clean-up knows our objects and labels; NVIDIA's runs each have a fresh cluster.
+        assert self.ours or not cleanup, "NVIDIA's operator runs are never cleaned up"
         proc = self.start_operator(round_no)
         try:
             return self._operator_round(proc, round_no, rest, cleanup)
@@ -570,18 +641,31 @@ class SizeBench:
         watcher = Watcher(
             self.api,
             POLICIES,
-            policy_ready(self.policy_name, self.n),
+            # NVIDIA's reports neither a generation nor a node count: its state alone.
+            policy_ready(self.policy_name, self.n) if self.ours else nvidia.policy_ready(self.policy_name),
             {"fieldSelector": f"metadata.name={self.policy_name}"},
             "policy ready",
         ).start()
         assert not watcher.held_before_start, "a ready ClusterPolicy before the run"
-        spy = self.start_profiler(proc, round_no) if self.s.profile else None
+        # Side by side, the operators' verdicts differ (NVIDIA's counts a DaemonSet no node wants yet as
+        # ready, controllers/object_controls.go:4006-4009): both are also timed to the limit's end, every
+        # DaemonSet rolled out on its nodes.
+        rollout = (
+            Watcher(
+                self.api, DAEMONSETS, daemonsets_rolled_out(self.expected_daemonsets), what="rollout"
+            ).start()
+            if self.s.side_by_side
+            else None
+        )
+        spy = self.start_profiler(proc, round_no) if self.s.profile and self.ours else None
         cpu0, busy0 = self.control_plane_cpu(proc), procstat.machine_busy()
         passes0, planning0 = _passes(proc)
         loop0 = procstat.thread_cpu(proc.pid, proc.pid)  # the main thread runs the event loop
         t0 = time.time()
-        self.kc("apply", "--server-side", "-f", str(self.policy))
+        self.kc("apply", "--server-side", *self.unknown_fields, "-f", str(self.policy))
         t_ready = watcher.wait(self.timeout)
+        t_rollout = self.rolled_out(rollout) if rollout is not None else None
+        t_done = max(t_ready, t_rollout or t_ready)
         shares = self.stop_profiler(spy) if spy is not None else None
         cpu1, busy1 = self.control_plane_cpu(proc), procstat.machine_busy()
         passes1, planning1 = _passes(proc)
@@ -593,18 +677,24 @@ class SizeBench:
             "converge_s": t_ready - t0,
             "converge_cpu_s": cpu1.get("operator", 0.0) - cpu0.get("operator", 0.0),
             "passes": int(passes1 - passes0),
-            "planning_cpu_s": round(planning1 - planning0, 2),
-            "event_loop_cpu_s": None if loop0 is None or loop1 is None else round(loop1 - loop0, 2),
+            # Ours only: its probe's planning CPU, and its event loop on the main thread.
+            "planning_cpu_s": round(planning1 - planning0, 2) if self.ours else None,
+            "event_loop_cpu_s": None
+            if loop0 is None or loop1 is None or not self.ours
+            else round(loop1 - loop0, 2),
             "cpu_by_process": procstat.cpu_delta(cpu0, cpu1),
             "machine_busy": procstat.busy_fraction(busy0, busy1),
-            "pods": self.pipeline(t0, t_ready),
+            "pods": self.pipeline(t0, t_done),
             "load_average_1m": procstat.load_average()[0],
         }
+        if rollout is not None and t_rollout is not None:
+            result["rollout_s"] = t_rollout - t0
+            result["daemonsets"] = desired_pods(rollout.objects)
         if shares is not None:
             result["profile"] = shares
         self.sample_load()
         log(f"N={self.n} r{round_no}: operator ready after {result['converge_s']:.2f}s {result['pods']}")
-        settled = t_ready + self.s.settle_s
+        settled = t_done + self.s.settle_s
         time.sleep(max(0.0, settled - time.time()))
         rest_end = settled
         if rest:
@@ -617,7 +707,7 @@ class SizeBench:
             result["rest_cpu_by_process"] = procstat.cpu_delta(cpu_rest0, self.control_plane_cpu(proc))
             self.operator_usage(proc, peaks)
         result["quiet_s"] = self.quiet()
-        joined = self.join(with_labels=False, policy=True)
+        joined = self.join(with_labels=False, policy=self.ours)
         result["join_s"] = joined["pods_ready_s"]
         result["join_policy_ready_s"] = joined.get("policy_ready_s")
         log(f"N={self.n} r{round_no}: operator node join {result['join_s']:.2f}s")
@@ -642,7 +732,7 @@ class SizeBench:
                 + (f" every {r.mean_interval_s:.0f}s" if r.mean_interval_s else "")
                 for r in audit.repeated_reads(resting)
             ]
-        if self.s.tracemalloc:
+        if self.s.tracemalloc and self.ours:
             result["memtrace"] = self.memtrace(proc, round_no)
         # The process's cost: start-up, convergence, the rest window (first run) and the node join.
         usage = self.operator_usage(proc, peaks)
@@ -750,6 +840,28 @@ class SizeBench:
         return summarise(self, operator_runs, limit_runs, time.time() - started)
 
 
+def side_by_side(settings: Settings, nodes: int) -> dict[str, Any]:
+    """Ours and NVIDIA's operator at one size, each run on a fresh cluster, alternating (ours, NVIDIA's,
+    ours, ...): the same rounds as an operator run of `make bench` (the first of each side rests), with
+    the rollout timed too. No limit runs, and no clean-up: each cluster goes away with its run."""
+    started = time.time()
+    runs: dict[str, list[dict[str, Any]]] = {OURS: [], NVIDIA: []}
+    loads: list[float] = []
+    for round_no in range(1, settings.rounds.get(nodes, 3) + 1):
+        for operator in (OURS, NVIDIA):
+            bench = SizeBench(settings, nodes, operator=operator, run_name=f"{operator}-r{round_no}")
+            try:
+                bench.setup()
+                result = bench.operator_round(round_no, rest=round_no == 1, cleanup=False)
+            finally:
+                bench.teardown()
+            result["cluster_up_s"] = bench.cluster_up_s
+            result["operator_user"] = bench.user
+            runs[operator].append(result)
+            loads += bench.loads
+    return versus.summarise(nodes, runs[OURS], runs[NVIDIA], loads, time.time() - started)
+
+
 Round = Callable[[int, bool], dict[str, Any]]
 """One run: (round number, clean up after it) → its result."""
 
@@ -787,8 +899,6 @@ def summarise(
     op_join = [r["join_s"] for r in operator_runs]
     lim_join = [r["join_s"] for r in limit_runs]
     first = operator_runs[0]
-    rest_s = float(first.get("rest_s") or 0.0)
-    rest_writes = first.get("rest_writes") or []
     result: dict[str, Any] = {
         "nodes": n,
         "rounds": len(operator_runs),
@@ -799,8 +909,6 @@ def summarise(
         "node_join_limit_s": stats.median(lim_join),
         "node_join_ratio": stats.median(stats.paired_ratios(op_join, lim_join)),
         "node_join_policy_ready_s": stats.median([r["join_policy_ready_s"] for r in operator_runs]),
-        "idle_window_s": rest_s,
-        "idle_writes_per_min": audit.per_minute(len(rest_writes), rest_s) if rest_s else None,
         "requests_per_node": stats.median([r["requests"] / n for r in operator_runs]),
         "peak_rss_mib": max(r["process_peak_rss_mib"] or 0.0 for r in operator_runs),
         "rss_after_join_mib": first.get("process_rss_mib"),
@@ -814,11 +922,7 @@ def summarise(
         "ratios": stats.paired_ratios(op, lim),
         "node_join_operator_runs_s": op_join,
         "node_join_limit_runs_s": lim_join,
-        "convergence_requests": first["requests_by_kind"],
-        "node_join_requests": first["join_requests_by_kind"],
-        "idle_requests": first.get("rest_requests_by_kind", {}),
-        "idle_writes": rest_writes,
-        "idle_reads": first.get("rest_reads", []),
+        **audit.first_run_traffic(first),
         "operator_timeline": first.get("timeline", []),
         "operator_user": bench.user,
         "operator_runs": operator_runs,
@@ -861,6 +965,8 @@ def write(settings: Settings, results: dict[str, dict[str, Any]], loads: list[fl
             "cluster": f"{settings.cluster_name} (ports from {settings.port_base})",
             "sim_profile": settings.sim_profile,
             "sim_time_scale": settings.sim_time_scale,
+            "side_by_side": settings.side_by_side,
+            **({"nvidia_operator": str(nvidia.build().dir.name)} if settings.side_by_side else {}),
         },
         "results": results,
     }
@@ -878,7 +984,7 @@ def parse_rounds(values: list[str]) -> dict[int, int]:
     return found
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_settings(argv: list[str] | None = None) -> Settings:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -922,15 +1028,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--sim-time-scale", type=float, default=1.0, help="multiplies every emulated duration (realistic)"
     )
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="NVIDIA's operator (make nvidia-operator) against ours, a fresh cluster per run, no limit; "
+        "writes OUT-side-by-side.json, .md",
+    )
     args = parser.parse_args(argv)
-    settings = Settings(
+    if args.side_by_side and args.operator_only:
+        parser.error("--side-by-side has no limit runs to leave out")
+    return Settings(
         sizes=args.sizes,
         rounds=parse_rounds(args.rounds),
         rest_s=args.rest_seconds,
         settle_s=args.settle_seconds,
         cluster_name=args.cluster_name,
         port_base=args.port_base,
-        out=args.out,
         work=args.work,
         keep_cluster=args.keep_cluster,
         operator_only=args.operator_only,
@@ -939,17 +1052,28 @@ def main(argv: list[str] | None = None) -> int:
         tracemalloc=args.tracemalloc,
         sim_profile=args.sim_profile,
         sim_time_scale=args.sim_time_scale,
+        side_by_side=args.side_by_side,
+        # Its own results: `make bench BENCH_ARGS=--side-by-side` never overwrites the limit's.
+        out=args.out.with_name(args.out.name + "-side-by-side") if args.side_by_side else args.out,
     )
+
+
+def main(argv: list[str] | None = None) -> int:
+    settings = parse_settings(argv)
     started = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     results: dict[str, dict[str, Any]] = {}
     loads = [procstat.load_average()[0]]
     for size in settings.sizes:
-        bench = SizeBench(settings, size)
-        results[str(size)] = bench.run()
-        loads += bench.loads
+        if settings.side_by_side:
+            results[str(size)] = side_by_side(settings, size)
+            loads += results[str(size)]["load_average_1m"].values()
+        else:
+            bench = SizeBench(settings, size)
+            results[str(size)] = bench.run()
+            loads += bench.loads
         write(settings, results, loads, started)
         log(f"N={size}: done in {results[str(size)]['wall_s']:.0f}s")
-    print(report.table(results), end="")
+    print(report.versus_table(results) if settings.side_by_side else report.table(results), end="")
     return 0
 
 

@@ -5,6 +5,7 @@
 #   make bench NODES=10             one size only
 #   make bench BENCH_ROUNDS="10=5"  runs per size (default 3 at 10 and 100, 1 at 1000)
 #   make bench BENCH_PROFILE=realistic BENCH_TIME_SCALE=0.2   emulated images take (scaled) real time
+#   make nvidia-operator && make bench NODES=10 BENCH_ARGS=--side-by-side   ours against NVIDIA's operator
 #
 # Writes bench/results/latest.json and bench/results/latest.md; logs under .cache/bench/.
 
@@ -26,7 +27,12 @@ BENCH_PROFILE ?= instant
 BENCH_TIME_SCALE ?= 1
 BENCH_OUT := bench/results/latest$(if $(filter realistic,$(BENCH_PROFILE)),-realistic,)
 
-.PHONY: bench
+.PHONY: bench nvidia-operator
+
+# NVIDIA's operator built from its source at hack/versions.env's NVIDIA_OPERATOR_VERSION, for
+# `--side-by-side` (bench/nvidia.py). NVIDIA_OPERATOR_GIT: a local clone or mirror instead of GitHub.
+nvidia-operator: ## build (or reuse) NVIDIA's operator from its Go source (NVIDIA_OPERATOR_GIT=clone); .cache/tools/nvidia-*
+	@$(HACK)/build-nvidia-operator.sh
 
 bench: venv tools ## benchmarks vs the control plane's limit (NODES=10: one size); bench/results/latest.{json,md}
 	$(PY) -m bench.run --sizes $(BENCH_SIZES) --rounds $(BENCH_ROUNDS) --rest-seconds $(BENCH_REST_SECONDS) \

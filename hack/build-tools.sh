@@ -10,9 +10,9 @@
 # link flags below and the Go major version; the versions make the key readable, the hash makes it
 # change whenever anything that shapes the output changes, so a stale directory is never reused.
 #
-# Two cache levels: .cache/tools/<key> in the work tree (git-ignored) and a machine-wide copy in
-# ${GPU_OPERATOR_TOOLS_CACHE:-$HOME/.cache/gpu-operator/tools}/<key>, hardlinked into a fresh
-# clone, so CI (which runs in a fresh clone on the same machine) never rebuilds.
+# Two cache levels (hack/tools-cache.sh): .cache/tools/<key> in the work tree (git-ignored) and a
+# machine-wide copy in ${GPU_OPERATOR_TOOLS_CACHE:-$HOME/.cache/gpu-operator/tools}/<key>, hardlinked
+# into a fresh clone, so CI (which runs in a fresh clone on the same machine) never rebuilds.
 set -euo pipefail
 
 HACK_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -20,8 +20,9 @@ ROOT_DIR="$(cd "${HACK_DIR}/.." && pwd)"
 TOOLS_MOD_DIR="${HACK_DIR}/tools"
 # shellcheck source=versions.env
 source "${HACK_DIR}/versions.env"
-
-MACHINE_CACHE="${GPU_OPERATOR_TOOLS_CACHE:-${HOME}/.cache/gpu-operator/tools}"
+# shellcheck source=tools-cache.sh
+source "${HACK_DIR}/tools-cache.sh"
+CACHE_NAME=build-tools
 TOOLS=(etcd etcdctl kube-apiserver kube-controller-manager kube-scheduler kubectl kwok kwokctl helm)
 
 # Version stamps, as upstream's release builds inject them; without them kube binaries report
@@ -97,7 +98,7 @@ complete() { # dir -> 0 when every tool is there and the stamp says the build fi
 
 build_into() { # dest dir (must not exist)
   local dest="$1" out
-  out="$(mktemp -d "${MACHINE_CACHE}/.build.XXXXXX")"
+  out="$(cache_tmp)"
   # shellcheck disable=SC2064 # expand now: the trap must remove this very directory
   trap "rm -rf '${out}'" EXIT
   local -a pkgs
@@ -122,38 +123,12 @@ build_into() { # dest dir (must not exist)
     { echo "build-tools: kube-apiserver does not report ${K8S_VERSION}" >&2; exit 1; }
   "${out}/bin/helm" version --template '{{.Version}} {{.GitCommit}}' | grep -qxF "${HELM_VERSION} ${HELM_COMMIT}" ||
     { echo "build-tools: helm does not report ${HELM_VERSION} ${HELM_COMMIT}" >&2; exit 1; }
-  printf 'built in %ss on %s cores with %s\n' "$((SECONDS - start))" "$(nproc)" "$(go env GOVERSION)" >"${out}/build-info.txt"
-  touch "${out}/.complete"
-  mv "${out}" "${dest}"
-  trap - EXIT
-  echo "build-tools: built in $((SECONDS - start))s -> ${dest}" >&2
+  cache_finish "${out}" "${dest}" "${start}"
 }
 
 ensure() {
   check_pins
-  local key local_dir machine_dir
-  key="$(tools_key)"
-  local_dir="${ROOT_DIR}/.cache/tools/${key}"
-  machine_dir="${MACHINE_CACHE}/${key}"
-  if complete "${local_dir}"; then
-    echo "build-tools: up to date: ${local_dir}/bin" >&2
-    return
-  fi
-  mkdir -p "${MACHINE_CACHE}"
-  # One builder per key per machine: a second clone waits instead of building the same thing.
-  exec 9>"${MACHINE_CACHE}/.${key}.lock"
-  flock 9
-  if ! complete "${machine_dir}"; then
-    rm -rf "${machine_dir}"
-    build_into "${machine_dir}"
-  else
-    echo "build-tools: reusing machine cache ${machine_dir}" >&2
-  fi
-  rm -rf "${local_dir}"
-  mkdir -p "${ROOT_DIR}/.cache/tools"
-  # Hardlinks cost no space and no time; fall back to a copy across file systems.
-  cp -al "${machine_dir}" "${local_dir}" 2>/dev/null || cp -a "${machine_dir}" "${local_dir}"
-  echo "build-tools: ready: ${local_dir}/bin" >&2
+  cache_ensure "$(tools_key)"
 }
 
 case "${1:-ensure}" in
