@@ -1242,13 +1242,16 @@ def test_admission_policy_holds_the_workloads_to_their_rendered_pods(
     default_objects: list[Obj], resource: str, kind: str
 ) -> None:
     """The shapes of files/operand-rbac.yaml, as CEL literals (JSON is CEL's syntax for maps, lists and
-    strings); tests/unit/test_operand_pods.py evaluates the policy's rule on them."""
+    strings), one map per field (CEL types a map literal by its values: one type each);
+    tests/unit/test_operand_pods.py evaluates the policy's rule on them."""
     spec = find(default_objects, "ValidatingAdmissionPolicy", f"{RELEASE}-writes-{resource}")["spec"]
     (rule,) = spec["matchConstraints"]["resourceRules"]
     assert (rule["apiGroups"], rule["apiVersions"]) == (["apps"], ["v1"])
     generated = yaml.safe_load((CHART / "files" / "operand-rbac.yaml").read_text())[kind]
     variables = {v["name"]: v["expression"] for v in spec["variables"]}
-    assert json.loads(variables["shapes"]) == generated["shapes"]
+    for field in ("account", "hostNamespaces", "privileged", "hostPaths"):
+        by_name = json.loads(variables["accounts" if field == "account" else field])
+        assert by_name == {name: shape[field] for name, shape in generated["shapes"].items()}, field
     assert json.loads(variables["prefixes"]) == generated["prefixes"]
     assert variables["pod"] == "object.spec.template.spec"
     known, *rest = (v["expression"] for v in spec["validations"])
