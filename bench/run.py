@@ -38,7 +38,7 @@ from typing import Any
 
 import yaml
 
-from bench import audit, kubeapi, memtrace, nvidia, procstat, profile, report, stats, versus
+from bench import audit, kubeapi, memtrace, nvidia, procstat, profile, report, stats, timeline, versus
 from bench.cluster import (
     NAMESPACE,
     OPERATOR,
@@ -55,12 +55,14 @@ from bench.cluster import (
     versions,
 )
 from bench.kubeapi import Objects, Watcher
+from bench.timeline import writer_marker
 from gpu_operator.api import parse_document
 from gpu_operator.api.spec import ClusterPolicySpec
-from gpu_operator.core.components import BY_LABEL, COMPONENTS
-from gpu_operator.core.node_labels import GPU_PRESENT, MIG_CONFIG, desired_labels, node_info
+from gpu_operator.core.components import BY_LABEL, COMPONENTS, MIG_CAPABLE_LABEL
+from gpu_operator.core.node_labels import GPU_PRESENT, MIG_CONFIG, NodeInfo, desired_labels, node_info
 from gpu_operator.runtime.client import ApiError
 from hack import gen_nodes
+from hack.emulators import gpus
 
 POLICY = ROOT / "examples" / "clusterpolicy.yaml"
 VALIDATOR_WORKLOADS = ("nvidia-cuda-validator", "nvidia-device-plugin-validator")
@@ -97,6 +99,19 @@ def always_ready(component: str, node: str) -> bool:
     return True
 
 
+def final_info(node: Mapping[str, Any]) -> NodeInfo:
+    """The node as the operator reads it once GFD has run there: GFD's mig.capable label, from the
+    simulated GPU model (hack/emulators/gfd.py), decides whether the MIG manager runs on it."""
+    info = node_info(node)
+    model = gpus.MODELS.get(
+        (node.get("metadata", {}).get("annotations") or {}).get(gpus.MODEL_ANNOTATION, "")
+    )
+    if model is None:
+        return info
+    mig = "true" if model.mig_capable else "false"
+    return dataclasses.replace(info, labels={**info.labels, MIG_CAPABLE_LABEL: mig})
+
+
 @dataclass
 class Settings:
     sizes: list[int]
@@ -111,6 +126,7 @@ class Settings:
     operator_only: bool = False
     admin: bool = False
     profile: bool = False
+    timeline: bool = False
     tracemalloc: bool = False
     env: dict[str, str] = field(default_factory=dict)
     sim_profile: str = "instant"
@@ -322,7 +338,7 @@ class SizeBench:
         self.final_labels = {
             n["metadata"]["name"]: labels
             for n in nodes
-            if (labels := desired_labels(node_info(n), self.spec, always_ready))
+            if (labels := desired_labels(final_info(n), self.spec, always_ready))
         }
         labels_now = {
             n["metadata"]["name"]: {
@@ -475,7 +491,7 @@ class SizeBench:
     # --- node join ---
     def join_node_body(self, with_labels: bool) -> tuple[dict[str, Any], frozenset[str]]:
         body: dict[str, Any] = gen_nodes.make_node("gpu", self.n, self.kubelet_version)
-        final = desired_labels(node_info(body), self.spec, always_ready)
+        final = desired_labels(final_info(body), self.spec, always_ready)
         labels = {**body["metadata"]["labels"], **final}
         # A component whose DaemonSet selects more than its deploy label (the MPS control daemon shares
         # the device plugin's and wants nvidia.com/mps.capable) runs only where its filter matches.
@@ -666,6 +682,10 @@ class SizeBench:
         t_ready = watcher.wait(self.timeout)
         t_rollout = self.rolled_out(rollout) if rollout is not None else None
         t_done = max(t_ready, t_rollout or t_ready)
+        if self.s.timeline:
+            self.write_timeline(
+                f"{'ours' if self.ours else 'nvidia'}-r{round_no}", t0, writer_marker(user=self.user)
+            )
         shares = self.stop_profiler(spy) if spy is not None else None
         cpu1, busy1 = self.control_plane_cpu(proc), procstat.machine_busy()
         passes1, planning1 = _passes(proc)
@@ -763,6 +783,15 @@ class SizeBench:
                 result.setdefault("log_problems", []).append(line[:300])
         return result
 
+    def write_timeline(self, run_name: str, t0: float, marker: str) -> None:
+        """bench/timeline.py's steps of this run, from its pods as they are now and the audit log."""
+        pods = kubeapi.items(self.api, PODS)
+        text = timeline.report(self.cluster.audit_log, pods, marker, t0, NAMESPACE)
+        path = self.s.out.with_name(f"{self.s.out.name}-timeline-n{self.n}-{run_name}.md")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"# {run_name}, {self.n} GPU nodes, {self.s.sim_profile} profile\n\n{text}")
+        log(f"N={self.n} {run_name}: per-node steps in {path}")
+
     # --- the limit ---
     def label_nodes(self, labels: Mapping[str, Mapping[str, str]]) -> None:
         """One server-side apply per node, LABEL_WORKERS at a time (what `kubectl label` in bulk does
@@ -802,6 +831,8 @@ class SizeBench:
         applied = time.time()
         t_done = watcher.wait(self.timeout)
         cpu1, busy1 = self.control_plane_cpu(), procstat.machine_busy()
+        if self.s.timeline:
+            self.write_timeline(f"limit-r{round_no}", t0, writer_marker(agent=kubeapi.USER_AGENT))
         result: dict[str, Any] = {
             "round": round_no,
             "converge_s": t_done - t0,
@@ -1017,6 +1048,11 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         "--profile", action="store_true", help="sample the operator with py-spy while it converges"
     )
     parser.add_argument(
+        "--timeline",
+        action="store_true",
+        help="write each run's per-node steps (label, scheduled, initialized, ready): OUT-timeline-*.md",
+    )
+    parser.add_argument(
         "--tracemalloc", action="store_true", help="run the operator under tracemalloc; report what it holds"
     )
     parser.add_argument(
@@ -1049,6 +1085,7 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         operator_only=args.operator_only,
         admin=args.admin,
         profile=args.profile,
+        timeline=args.timeline,
         tracemalloc=args.tracemalloc,
         sim_profile=args.sim_profile,
         sim_time_scale=args.sim_time_scale,

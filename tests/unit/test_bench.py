@@ -516,6 +516,21 @@ def test_daemonsets_rolled_out_on_exactly_the_expected_nodes() -> None:
     assert not check({"x/a": ds("a", 3, ready=2), "x/b": ds("b", 1)})
 
 
+def test_final_labels_count_the_mig_manager_where_gfd_will_find_mig_capable_gpus() -> None:
+    """gpu-node-0's simulated GPUs are MIG-capable: GFD labels it so, and the MIG manager runs there."""
+    from bench import run
+    from gpu_operator.api import parse_document
+    from gpu_operator.core.node_labels import desired_labels
+    from hack import gen_nodes
+
+    spec = parse_document({"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": {"name": "p"}})
+    deploy = "nvidia.com/gpu.deploy.mig-manager"
+    mig, plain = (gen_nodes.make_node("gpu", i, "v1.36.3") for i in (0, 1))
+    assert desired_labels(run.final_info(mig), spec, run.always_ready).get(deploy) == "true"
+    assert deploy not in desired_labels(run.final_info(plain), spec, run.always_ready)
+    assert run.final_info(plain).labels["nvidia.com/mig.capable"] == "false"
+
+
 def test_pods_ready_and_gpus_advertised() -> None:
     from bench import run
 
