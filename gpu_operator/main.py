@@ -348,7 +348,7 @@ def tune_gc(young_threshold: int = GC_YOUNG_THRESHOLD) -> None:
 async def _serve(settings: Settings) -> None:
     store = Store()
     leadership = Leadership(settings.leader_election)
-    queue = WorkQueue(settings, leading=leadership.leading, cost=store.pass_cost)
+    queue = WorkQueue(settings, leading=leadership.leading, size=lambda: store.size("nodes"))
     store.shown = queue.add_soon
     # The HTTP server first, so a busy port fails at once (server.ServerError) and the probes answer
     # while Kopf starts: /healthz says "not started", /readyz 503.

@@ -39,14 +39,13 @@ class Settings:
     changed reads caches and writes nothing."""
     pass_rate_nodes_per_second: float = 150.0
     """Passes are rate limited by a token bucket (as client-go limits requests) in which a pass costs
-    one token per node it plans again (whose node or operand pods changed since the last pass; every
-    node after a ClusterPolicy, NVIDIADriver or GPUCluster change): refilled at this rate, a 1000-node
-    cluster plans all its nodes at most every 6.7 s once its burst is spent, while the DaemonSet
-    controller, which creates 10 to 20 pods a second, sets the pace of its rollout anyway (a pass
-    then labels a hundred nodes' next stage at once). A node that joins costs one token a pass."""
+    one token per node: refilled at this rate, a 1000-node cluster plans at most every 6.7 s once its
+    burst is spent, while the DaemonSet controller, which creates 10 to 20 pods a second, sets the
+    pace of its rollout anyway (a pass then labels a hundred nodes' next stage at once)."""
     pass_burst_nodes: float = 100_000.0
-    """What the bucket holds: every pass of a small or medium cluster's rollout, 100 full passes at
-    1000 nodes; it fills again in about eleven minutes."""
+    """What the bucket holds: every pass of a small or medium cluster's rollout (a 100-node rollout
+    takes a few hundred passes), 100 back to back at 1000 nodes; at rest it fills again within
+    minutes, so that a node joining a large cluster is not held back."""
     retry_seconds: float = 1.0
     """The first wait before retrying a failed pass, doubled with each failure in a row."""
     max_backoff_seconds: float = 60.0

@@ -161,12 +161,6 @@ class Store:
     pass tells an unchanged node by comparing one tuple, not by looking up each of its components."""
     node_moved: asyncio.Event = field(default_factory=asyncio.Event, repr=False, compare=False)
     """Set, and replaced by a new one, whenever a node is recorded or forgotten: see `wait_node`."""
-    touched: set[str] = field(default_factory=set)
-    """The nodes whose record or operand pods changed what a decision reads since the last snapshot:
-    what the next pass plans again (`pass_cost`)."""
-    touched_all: bool = True
-    """Set by a change every node's plan reads (a ClusterPolicy, NVIDIADriver or GPUCluster, a
-    listing that forgot entries), and before the first pass."""
     shown: Callable[[], None] = field(default=lambda: None, compare=False)
     """Called when a change only shows in the status (a pod's reason or message): a pass is due soon,
     not at once (WorkQueue.add_soon). Most pod events are such changes: Init:1/4, Init:2/4, Running."""
@@ -223,7 +217,6 @@ class Store:
             before = entries.pop(key)
             if table == "pods":
                 self._speak(key, before, None)
-        self.touched_all |= bool(gone)
         return bool(gone)
 
     def retain_driver_daemonsets(self, present: set[str]) -> bool:
@@ -239,15 +232,7 @@ class Store:
     def size(self, table: str) -> int:
         return len(getattr(self, table))
 
-    def pass_cost(self) -> int:
-        """The nodes the next pass plans again (at least one): every node after a change they all read,
-        else those touched since the last snapshot; the work queue's rate limiter charges a pass that."""
-        return max(1, len(self.nodes) if self.touched_all else len(self.touched))
-
     def snapshot(self, namespace: str, environ: Mapping[str, str]) -> Observed:
-        """What a pass plans on; from here on, changes count towards the next pass."""
-        self.touched.clear()
-        self.touched_all = False
         return Observed(
             policies=tuple(self.policies.values()),
             drivers=tuple(self.drivers.values()),
@@ -286,32 +271,26 @@ class Store:
     def record_policy(self, body: Body, deleted: bool) -> bool:
         name = body["metadata"]["name"]
         if deleted:
-            return self._every_node(self.put("policies", name, None))
+            return self.put("policies", name, None)
         ref = policy_ref(body)
         before: PolicyRef | None = self._swap("policies", name, ref)
         # Our own status writes come back as events too; only spec or identity changes need a pass.
-        identity = (ref.spec, ref.generation, ref.uid)
-        return self._every_node(before is None or (before.spec, before.generation, before.uid) != identity)
+        return before is None or (before.spec, before.generation, before.uid) != (
+            ref.spec,
+            ref.generation,
+            ref.uid,
+        )
 
     def record_driver(self, body: Body, deleted: bool) -> bool:
         """An NVIDIADriver. As for a ClusterPolicy, our own status writes come back as events: only a
         change of what DriverRef compares (spec, identity, deletion) needs a pass."""
         name = body["metadata"]["name"]
-        return self._every_node(self.put("drivers", name, None if deleted else driver_ref(body)))
+        return self.put("drivers", name, None if deleted else driver_ref(body))
 
     def record_gpucluster(self, body: Body, deleted: bool) -> bool:
         """A GPUCluster: as for an NVIDIADriver, only a change of what GPUClusterRef compares needs a pass."""
         name = body["metadata"]["name"]
-        return self._every_node(self.put("gpuclusters", name, None if deleted else gpucluster_ref(body)))
-
-    def _touch(self, node: str, changed: bool) -> bool:
-        if changed:
-            self.touched.add(node)
-        return changed
-
-    def _every_node(self, changed: bool) -> bool:
-        self.touched_all |= changed
-        return changed
+        return self.put("gpuclusters", name, None if deleted else gpucluster_ref(body))
 
     def record_gpucluster_status(self, name: str, status: Mapping[str, Any]) -> None:
         """The status our own write left on a GPUCluster; wakes no pass."""
@@ -332,16 +311,14 @@ class Store:
         state until the next event, and a pass in between would count the limits wrongly."""
         name = body["metadata"]["name"]
         if deleted:
-            changed = self.put("nodes", name, None)
-        else:
-            info = node_info(body)
-            before = self.nodes.get(name)
-            if before is not None and _older(info.resource_version, before.resource_version):
-                return False
-            self.nodes[name] = info
-            self._node_moved()
-            changed = before != info
-        return self._touch(name, changed)
+            return self.put("nodes", name, None)
+        info = node_info(body)
+        before = self.nodes.get(name)
+        if before is not None and _older(info.resource_version, before.resource_version):
+            return False
+        self.nodes[name] = info
+        self._node_moved()
+        return before != info
 
     def _node_moved(self) -> None:
         self.node_moved.set()
@@ -376,8 +353,6 @@ class Store:
             changed |= self.put("driver_pods", key, None if deleted else driver_pod(body))
         elif component == "operator-validator":
             changed |= self.put("validator_pods", key, None if deleted else validator_pod(body))
-        if changed:
-            self.touched.update(p.node for p in (before, info) if p is not None)
         return changed
 
     def record_managed(self, body: Body, deleted: bool) -> bool:
@@ -391,15 +366,14 @@ class Store:
             changed |= rollout(self._swap("daemonsets", key, ds)) != rollout(ds)
             if component_of(body["metadata"]) == "driver":
                 uid, name = body["metadata"].get("uid", ""), body["metadata"]["name"]
-                # Every node's upgrade state reads its driver DaemonSet.
-                changed |= self._every_node(self.put("driver_daemonsets", uid, None if deleted else name))
+                changed |= self.put("driver_daemonsets", uid, None if deleted else name)
         return changed
 
     def record_revision(self, body: Body, deleted: bool) -> bool:
         """ControllerRevisions of the operator's DaemonSets; only the driver's are kept."""
         ours = component_of(body["metadata"]) == "driver"
         revision = None if deleted or not ours else controller_revision(body)
-        return self._every_node(self.put("revisions", body["metadata"]["name"], revision))
+        return self.put("revisions", body["metadata"]["name"], revision)
 
     # --- the pods of nodes being emptied (gpu_operator/runtime/drain_watches.py)
     # ------------------------------
@@ -424,14 +398,14 @@ class Store:
         before = pods.get(uid)
         if pod is None or pod.node != node:
             pods.pop(uid, None)
-            return self._touch(node, listed and before is not None)
+            return listed and before is not None
         if before is None:
             # A name is one pod at a time: one deleted and created again under it (its DELETED event
             # lost to a relisting) is gone.
             for other in [u for u, p in pods.items() if (p.namespace, p.name) == (pod.namespace, pod.name)]:
                 del pods[other]
         pods[uid] = pod
-        return self._touch(node, listed and before != pod)
+        return listed and before != pod
 
     def node_pods_listed(self, node: str, present: Iterable[tuple[str, str]]) -> bool:
         """A complete listing of the node's pods ((namespace, name) of each) has been recorded: those it
@@ -441,7 +415,7 @@ class Store:
         pods = self.listing_pods.pop(node, None) or dict(before or {})
         kept = {uid: pod for uid, pod in pods.items() if (pod.namespace, pod.name) in names}
         self.node_pods[node] = kept
-        return self._touch(node, before != kept)
+        return before != kept
 
     def forget_node_pods(self, node: str) -> None:
         self.node_pods.pop(node, None)

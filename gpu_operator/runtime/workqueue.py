@@ -6,10 +6,8 @@ pass of the same work. An ask while a pass runs marks it dirty: one pass follows
 of asks. A failed pass is retried with exponential back-off; a pass is also asked for later
 (`add_after`: the upgrade's next timeout, the status pacing) and, as a safety net, every
 `resync_seconds`. Passes are rate limited by a token bucket, as client-go limits requests, where a
-pass costs one token per node it plans again (one whose node or operand pods changed since the last
-pass; every node after a change they all read): a small cluster's rollout never waits, a large one,
-whose pace the DaemonSet controller sets anyway, is planned in fewer, larger passes, and a node that
-joins after it costs one node's planning, not the cluster's. A pass runs on the
+pass costs one token per node it plans: a small cluster's rollout never waits, and a large one, whose
+pace the DaemonSet controller sets anyway, is planned in fewer, larger passes. A pass runs on the
 event loop like everything else of the operator: its planning is a few CPU slices between its
 requests, and while it waits for answers the watches and the probes run.
 """
@@ -93,14 +91,14 @@ class WorkQueue:
         settings: Settings,
         clock: Callable[[], float] = time.monotonic,
         leading: Callable[[], bool] = lambda: True,
-        cost: Callable[[], int] = lambda: 1,
+        size: Callable[[], int] = lambda: 1,
     ) -> None:
         self.settings = settings
         self.clock = clock
         self.leading = leading
+        self.size = size
+        """The nodes a pass plans (the Store's): what it costs in tokens."""
         """Whether this replica may reconcile now (holds the leader lease); a standby runs no pass."""
-        self.cost = cost
-        """What the next pass costs in tokens: the nodes it plans again (Store.pass_cost)."""
         self.dirty = asyncio.Event()
         """Set while a pass is asked for and not started yet."""
         self.idle = asyncio.Event()
@@ -205,7 +203,7 @@ class WorkQueue:
                 continue
             if self.work_since is None:  # the resync: work as much as an ask
                 self.work_since = self.clock()
-            cost = max(1, self.cost())
+            cost = max(1, self.size())
             if wait := self.tokens.delay(cost):
                 # What the watches bring meanwhile goes into this pass (they read in batches: not idle).
                 # Not read at all until the pass, their connections would stay paused for seconds, and

@@ -173,26 +173,3 @@ def test_the_snapshot_names_the_driver_daemonsets_by_uid() -> None:
     store = Store()
     store.put("driver_daemonsets", "ds-uid", "nvidia-gpu-driver-ubuntu22.04-x")
     assert store.snapshot("ns", {}).driver_daemonsets == {"ds-uid": "nvidia-gpu-driver-ubuntu22.04-x"}
-
-
-def test_a_pass_costs_the_nodes_it_plans_again() -> None:
-    """The work queue's rate limiter charges a pass the nodes touched since the last snapshot: all of
-    them first and after a change every node reads, else those whose node or operand pods changed."""
-    store = Store()
-    for i in range(5):
-        store.record_node(node_body(f"gpu-{i}", {"nvidia.com/gpu.present": "true"}), False)
-    assert store.pass_cost() == 5, "the first pass plans every node"
-    store.snapshot("gpu-operator", {})
-    assert store.pass_cost() == 1, "nothing changed: a pass still costs one"
-    store.record_pod(operand_pod_body("d1", "nvidia-driver", "gpu-3"), False)
-    store.record_node(node_body("gpu-4", {"nvidia.com/gpu.present": "true", "x": "y"}), False)
-    store.record_node(node_body("gpu-4", {"nvidia.com/gpu.present": "true", "x": "y"}), False)
-    assert store.pass_cost() == 2
-    store.snapshot("gpu-operator", {})
-    assert store.pass_cost() == 1
-    meta = {"name": "p", "uid": "u1", "generation": 1}
-    policy = {"apiVersion": "nvidia.com/v1", "kind": "ClusterPolicy", "metadata": meta}
-    assert store.record_policy(policy, False)
-    assert store.pass_cost() == 5
-    store.snapshot("gpu-operator", {})
-    assert not store.record_policy(policy, False) and store.pass_cost() == 1, "its status alone: no cost"

@@ -195,7 +195,7 @@ def drive(
     `script` acts and checks; the queue's clock is the event loop's, that `skip` moves on."""
 
     async def main() -> None:
-        loop = WorkQueue(settings, asyncio.get_running_loop().time, leading, cost=lambda: nodes)
+        loop = WorkQueue(settings, asyncio.get_running_loop().time, leading, size=lambda: nodes)
         loop.listed.set()
 
         async def one_pass() -> Outcome:
