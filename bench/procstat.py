@@ -117,3 +117,20 @@ def machine() -> dict[str, object]:
         "kernel": platform.release(),
         "python": platform.python_version(),
     }
+
+
+TERMINATED_WATCHERS = "apiserver_terminated_watchers_total{"
+
+
+def terminated_watchers(metrics: str) -> dict[str, int]:
+    """Resource → the watchers the API server has closed as unresponsive (its /metrics text). A run in
+    which it closes pod watchers is one whose control plane could not keep up: kwok watches pods again
+    from resourceVersion 0 and replays every pod (bench/README.md, "a saturated control plane")."""
+    found: dict[str, int] = {}
+    for line in metrics.splitlines():
+        if line.startswith(TERMINATED_WATCHERS):
+            labels, _, value = line[len(TERMINATED_WATCHERS) :].rpartition("} ")
+            fields = dict(part.split("=", 1) for part in labels.split(",") if "=" in part)
+            resource = fields.get("resource", "").strip('"')
+            found[resource] = found.get(resource, 0) + int(float(value))
+    return found

@@ -76,9 +76,25 @@ def details(results: Mapping[str, Mapping[str, Any]]) -> str:
                 f"while passes ran {fmt(result.get('planning_cpu_s'), 1)} s, on the event loop's thread "
                 f"(passes and watches) {fmt(result.get('event_loop_cpu_s'), 1)} s"
             )
+        lines.extend(_saturation(result))
         lines.extend(_traffic(result))
         lines.append("")
     return "\n".join(lines)
+
+
+def _saturation(result: Mapping[str, Any]) -> list[str]:
+    """Runs whose control plane could not keep up: the API server closed pod watchers as unresponsive."""
+    ours = result.get("pod_watchers_closed_runs") or []
+    limit = result.get("limit_pod_watchers_closed_runs") or []
+    if not any(ours) and not any(limit):
+        return []
+    return [
+        "- pod watchers the API server closed as unresponsive, per operator run: "
+        + (", ".join(str(n) for n in ours) or "-")
+        + "; per limit run: "
+        + (", ".join(str(n) for n in limit) or "-")
+        + " (a saturated control plane: kwok then replays every pod; bench/README.md)"
+    ]
 
 
 def _traffic(result: Mapping[str, Any]) -> list[str]:

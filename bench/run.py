@@ -419,6 +419,14 @@ class SizeBench:
     def sample_load(self) -> None:
         self.loads.append(procstat.load_average()[0])
 
+    def terminated_watchers(self) -> dict[str, int]:
+        return procstat.terminated_watchers(self.kc("get", "--raw", "/metrics"))
+
+    def watchers_closed(self, before: Mapping[str, int]) -> dict[str, int]:
+        """The watchers the API server closed as unresponsive since `before`, by resource."""
+        now = self.terminated_watchers()
+        return {k: n for k, v in now.items() if (n := v - before.get(k, 0))}
+
     def control_plane_cpu(self, operator: OperatorProcess | None = None) -> dict[str, float]:
         pids = self.cluster.pids()
         if operator is not None and operator.running:
@@ -675,6 +683,7 @@ class SizeBench:
         )
         spy = self.start_profiler(proc, round_no) if self.s.profile and self.ours else None
         cpu0, busy0 = self.control_plane_cpu(proc), procstat.machine_busy()
+        closed0 = self.terminated_watchers()
         passes0, planning0 = _passes(proc)
         loop0 = procstat.thread_cpu(proc.pid, proc.pid)  # the main thread runs the event loop
         t0 = time.time()
@@ -706,6 +715,7 @@ class SizeBench:
             "machine_busy": procstat.busy_fraction(busy0, busy1),
             "pods": self.pipeline(t0, t_done),
             "load_average_1m": procstat.load_average()[0],
+            "watchers_closed": self.watchers_closed(closed0),
         }
         if rollout is not None and t_rollout is not None:
             result["rollout_s"] = t_rollout - t0
@@ -819,6 +829,7 @@ class SizeBench:
         ).start()
         assert not watcher.held_before_start, "DaemonSets rolled out before the run"
         cpu0, busy0 = self.control_plane_cpu(), procstat.machine_busy()
+        closed0 = self.terminated_watchers()
         t0 = time.time()
         command = [self.kubectl, "--kubeconfig", str(self.kubeconfig), "apply", "--server-side"]
         command += ["--force-conflicts", f"--field-manager={LIMIT_MANAGER}", "-f", str(self.rendered)]
@@ -842,6 +853,7 @@ class SizeBench:
             "machine_busy": procstat.busy_fraction(busy0, busy1),
             "pods": self.pipeline(t0, t_done),
             "load_average_1m": procstat.load_average()[0],
+            "watchers_closed": self.watchers_closed(closed0),
         }
         self.sample_load()
         log(f"N={self.n} r{round_no}: limit rolled out after {result['converge_s']:.2f}s {result['pods']}")
@@ -953,6 +965,8 @@ def summarise(
         "ratios": stats.paired_ratios(op, lim),
         "node_join_operator_runs_s": op_join,
         "node_join_limit_runs_s": lim_join,
+        "pod_watchers_closed_runs": [r.get("watchers_closed", {}).get("pods", 0) for r in operator_runs],
+        "limit_pod_watchers_closed_runs": [r.get("watchers_closed", {}).get("pods", 0) for r in limit_runs],
         **audit.first_run_traffic(first),
         "operator_timeline": first.get("timeline", []),
         "operator_user": bench.user,

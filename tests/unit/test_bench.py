@@ -701,3 +701,23 @@ def test_the_bench_measures_the_seed_sample_with_its_own_driver() -> None:
     policy = own_driver(yaml.safe_load(POLICY.read_text()))
     assert policy["spec"]["driver"]["useNvidiaDriverCRD"] is False
     assert own_driver({})["spec"]["driver"] == {"useNvidiaDriverCRD": False}
+
+
+def test_terminated_watchers_are_read_from_the_api_servers_metrics() -> None:
+    text = "\n".join(
+        [
+            "# HELP apiserver_terminated_watchers_total [ALPHA] Counter of watchers closed",
+            'apiserver_terminated_watchers_total{group="",resource="nodes"} 6',
+            'apiserver_terminated_watchers_total{group="",resource="pods"} 94',
+            'apiserver_watch_cache_events_dispatched_total{group="",resource="pods"} 54539',
+        ]
+    )
+    assert procstat.terminated_watchers(text) == {"nodes": 6, "pods": 94}
+    assert procstat.terminated_watchers("") == {}
+
+
+def test_a_saturated_run_is_named_in_the_details() -> None:
+    quiet = {"pod_watchers_closed_runs": [0], "limit_pod_watchers_closed_runs": [0]}
+    assert report._saturation(quiet) == []
+    line = report._saturation({"pod_watchers_closed_runs": [94, 0], "limit_pod_watchers_closed_runs": []})
+    assert line and "per operator run: 94, 0; per limit run: -" in line[0]
