@@ -636,11 +636,12 @@ class SizeBench:
         return usage
 
     @property
-    def unknown_fields(self) -> tuple[str, ...]:
-        """kubectl's field validation of the policy. NVIDIA's CRD does not declare the sample's
+    def apply_policy(self) -> tuple[str, ...]:
+        """How the policy is applied. NVIDIA's CRD does not declare the sample's
         `dcgmExporter.serviceMonitoring` (a deprecated alias of serviceMonitor.enabled that ours reads):
-        its API server drops the field with a warning, as it would for any user of the sample."""
-        return () if self.ours else ("--validate=warn",)
+        a client-side apply with `--validate=warn` has its API server drop the field with a warning, as
+        for any user of the sample; a server-side apply would refuse the whole object."""
+        return ("--server-side",) if self.ours else ("--validate=warn",)
 
     def rolled_out(self, watcher: Watcher) -> float:
         """The rollout's end; on a time-out, what each DaemonSet wanted against what was expected."""
@@ -687,7 +688,7 @@ class SizeBench:
         passes0, planning0 = _passes(proc)
         loop0 = procstat.thread_cpu(proc.pid, proc.pid)  # the main thread runs the event loop
         t0 = time.time()
-        self.kc("apply", "--server-side", *self.unknown_fields, "-f", str(self.policy))
+        self.kc("apply", *self.apply_policy, "-f", str(self.policy))
         t_ready = watcher.wait(self.timeout)
         t_rollout = self.rolled_out(rollout) if rollout is not None else None
         t_done = max(t_ready, t_rollout or t_ready)

@@ -328,8 +328,9 @@ def test_nvidias_chart_renders_its_serviceaccount_and_roles_for_the_bench() -> N
 
 
 def test_the_sample_has_one_field_nvidias_crd_does_not_declare() -> None:
-    """Why NVIDIA's policy is applied with `--validate=warn` (SizeBench.unknown_fields): its API server
-    drops that one field, a deprecated alias whose value (no ServiceMonitor) is NVIDIA's default anyway."""
+    """Why NVIDIA's policy is applied client-side with `--validate=warn` (SizeBench.apply_policy): its
+    API server drops that one field, a deprecated alias whose value (no ServiceMonitor) is NVIDIA's
+    default anyway."""
     try:
         build = nvidia.build()
     except RuntimeError:
