@@ -266,6 +266,12 @@ options:
   podsOnNodeSyncParallelism: 1
   enablePodsOnNodeSyncListPager: true
   enablePodsOnNodeSyncStreamWatch: false
+  # The operand pods are the emulators' (hack/kwok/stages.yaml): no Stage matches them, so kwok need not
+  # look at their events at all. It still did, one at a time on one goroutine: at 1000 nodes its pod
+  # watch then fell behind, the API server closed it as unresponsive, and kwok (v0.8.0,
+  # pkg/utils/informer/event.go:77-79) watches again from resourceVersion 0, which replays every pod
+  # (bench/README.md, "a saturated control plane").
+  disregardStatusWithLabelSelector: app.kubernetes.io/managed-by=gpu-operator
   # No logs/exec/port-forward or pprof endpoints: nothing is ever meant to connect to a node.
   enableDebuggingHandlers: false
   enableProfilingHandler: false
