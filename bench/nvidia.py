@@ -81,6 +81,23 @@ class Build:
         return sorted((self.chart / "crds").glob("*.yaml"))
 
 
+REQUIRED_SECTIONS = (
+    "daemonsets", "dcgm", "dcgmExporter", "devicePlugin", "driver", "gfd", "nodeStatusExporter", "operator",
+    "toolkit",
+)  # fmt: skip
+"""The spec fields NVIDIA's CRD requires (api/nvidia/v1/clusterpolicy_types.go:47-63: no omitempty); the
+seed sample leaves some out, which ours reads as their defaults."""
+
+
+def with_required_sections(policy: dict[str, Any]) -> dict[str, Any]:
+    """The policy as NVIDIA's API server accepts it: each required section at least empty, which its
+    CRD's defaults fill as ours fills an absent one (its chart always renders them all)."""
+    spec = policy.setdefault("spec", {})
+    for name in REQUIRED_SECTIONS:
+        spec.setdefault(name, {})
+    return policy
+
+
 def build() -> Build:
     """The finished build for the pinned version; `make nvidia-operator` makes it (never while timing)."""
     out = subprocess.run([str(BUILD_SCRIPT), "dir"], capture_output=True, text=True, check=True)

@@ -259,7 +259,10 @@ class SizeBench:
         self.work = settings.work / f"n{nodes}" / run_name if run_name else settings.work / f"n{nodes}"
         self.work.mkdir(parents=True, exist_ok=True)
         self.policy = self.work / "policy.yaml"
-        self.policy.write_text(yaml.safe_dump(own_driver(yaml.safe_load(policy.read_text()))))
+        document = own_driver(yaml.safe_load(policy.read_text()))
+        self.policy.write_text(
+            yaml.safe_dump(document if self.ours else nvidia.with_required_sections(document))
+        )
         self.log_file = self.work / "bench.log"
         self.cluster = Cluster(
             settings.cluster_name,

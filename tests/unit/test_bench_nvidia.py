@@ -351,3 +351,17 @@ def test_the_sample_has_one_field_nvidias_crd_does_not_declare() -> None:
     sample = run.own_driver(yaml.safe_load(run.POLICY.read_text()))
     assert undeclared(sample["spec"], schema, "spec") == ["spec.dcgmExporter.serviceMonitoring"]
     assert sample["spec"]["dcgmExporter"]["serviceMonitoring"] is False
+
+
+def test_nvidias_policy_has_every_section_its_crd_requires() -> None:
+    """NVIDIA's API server refuses a ClusterPolicy without them (the first side-by-side run stopped there)."""
+    policy = nvidia.with_required_sections(run.own_driver(yaml.safe_load(run.POLICY.read_text())))
+    assert set(nvidia.REQUIRED_SECTIONS) <= set(policy["spec"])
+    assert policy["spec"]["driver"]["useNvidiaDriverCRD"] is False, "what the sample sets is kept"
+    try:
+        build = nvidia.build()
+    except RuntimeError:
+        pytest.skip("NVIDIA's operator not built: run `make nvidia-operator`")
+    crd = yaml.safe_load((build.chart / "crds" / "nvidia.com_clusterpolicies.yaml").read_text())
+    required = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["required"]
+    assert sorted(required) == sorted(nvidia.REQUIRED_SECTIONS)
