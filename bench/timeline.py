@@ -1,19 +1,18 @@
 """Where a rollout's time goes, node by node: for every operand pod, the label write that let its
-DaemonSet select the node, the pod's creation, its binding, its init containers done, its readiness,
-and the next label write on that node.
+DaemonSet select the node, the pod's binding, its init containers done, its readiness, the status
+write that told the API server so, and the next label write on that node.
 
 Sources, both from the run's cluster: the API server's audit log (level Metadata: who wrote which
-node when, and each pod's binding, to the microsecond) and the pods themselves at the end of the run
-(their node, their DaemonSet, and the times their conditions record, to the second). The label writer
-is the operator's user in an operator run and the bench's in the limit's run, so both read the same.
+node when, each pod's binding and status writes, to the microsecond) and the pods themselves at the
+end of the run (their node, their DaemonSet, and the times their conditions record, to the second).
+The label writer is the operator's user in an operator run and the bench's in the limit's run, so
+both read the same.
 
     python -m bench.timeline --audit AUDIT.log --pods PODS.json --writer USER [--since UNIX_TIME]
 
-(`make bench BENCH_ARGS=--timeline` writes it for every round.)
-
-prints, per DaemonSet, the median and 90th percentile of each step, and the nodes' critical paths.
+prints, per DaemonSet, the median and 90th percentile of each step, and the nodes' critical paths
+(`make bench BENCH_ARGS=--timeline` writes it for every run).
 """
-
 from __future__ import annotations
 
 import argparse
@@ -30,8 +29,16 @@ from typing import Any
 from bench.audit import parse_time
 
 APP_LABEL = "app"
-STEPS = ("label → scheduled", "scheduled → initialized", "initialized → ready", "ready → next label")
-"""The steps of one pod's life on the critical path, in order (the column headers of the report)."""
+STEPS = (
+    "label → scheduled",
+    "scheduled → initialized",
+    "initialized → ready",
+    "ready → written",
+    "written → next label",
+)
+"""The steps of one pod's life on the critical path, in order (the column headers of the report):
+"written" is when the API server received the status that made it ready (its kubelet's write), so
+that what the kubelet took and what the operator took to react come apart."""
 
 
 @dataclass(frozen=True)
@@ -46,12 +53,21 @@ class PodTimes:
     scheduled: float | None
     initialized: float | None
     ready: float | None
+    ready_written: float | None
+    """The first status write of the pod received at or after `ready` (whole seconds)."""
     next_label: float | None
-    """The first label write on the node after the pod was ready (None if none came)."""
+    """The first label write on the node after that (None if none came)."""
 
     def steps(self) -> tuple[float | None, ...]:
         """The durations of STEPS (None where an end is missing)."""
-        points = (self.labelled, self.scheduled, self.initialized, self.ready, self.next_label)
+        points = (
+            self.labelled,
+            self.scheduled,
+            self.initialized,
+            self.ready,
+            self.ready_written,
+            self.next_label,
+        )
         return tuple(
             b - a if a is not None and b is not None else None for a, b in itertools.pairwise(points)
         )
@@ -88,20 +104,37 @@ def label_writes(audit_lines: Iterable[str], marker: str, since: float = 0.0) ->
     return found
 
 
-def bindings(audit_lines: Iterable[str], namespace: str) -> dict[str, float]:
-    """Pod name → when the scheduler's binding of it was received (the successful one)."""
-    found: dict[str, float] = {}
+@dataclass
+class PodRequests:
+    """What the audit log says of each pod by name: its binding, and its status writes (sorted)."""
+
+    bound: dict[str, float]
+    status: dict[str, list[float]]
+
+
+def pod_requests(audit_lines: Iterable[str], namespace: str) -> PodRequests:
+    """The successful bindings and status writes of the pods in `namespace`."""
+    found = PodRequests({}, {})
     for line in audit_lines:
-        if '"subresource":"binding"' not in line:
+        binding = '"subresource":"binding"' in line
+        if not binding and '"subresource":"status"' not in line:
             continue
         entry = json.loads(line)
         ref = entry.get("objectRef") or {}
         if (
-            ref.get("namespace") != namespace
+            ref.get("resource") != "pods"
+            or ref.get("namespace") != namespace
+            or entry.get("stage") != "ResponseComplete"
             or int((entry.get("responseStatus") or {}).get("code") or 0) >= 300
         ):
             continue
-        found.setdefault(str(ref.get("name")), parse_time(entry["requestReceivedTimestamp"]))
+        name, when = str(ref.get("name")), parse_time(entry["requestReceivedTimestamp"])
+        if binding:
+            found.bound.setdefault(name, when)
+        elif entry.get("verb") in ("patch", "update"):
+            found.status.setdefault(name, []).append(when)
+    for times in found.status.values():
+        times.sort()
     return found
 
 
@@ -114,7 +147,7 @@ def _condition_time(pod: Mapping[str, Any], kind: str) -> float | None:
 
 
 def pod_times(
-    pods: Iterable[Mapping[str, Any]], labels: Mapping[str, Sequence[float]], bound: Mapping[str, float]
+    pods: Iterable[Mapping[str, Any]], labels: Mapping[str, Sequence[float]], requests: PodRequests
 ) -> list[PodTimes]:
     """Every DaemonSet pod with a node, its milestones matched to the label writes on its node."""
     found = []
@@ -127,13 +160,16 @@ def pod_times(
         if not node or daemonset is None:
             continue
         created = parse_time(meta["creationTimestamp"])
-        scheduled = bound.get(meta.get("name", ""))
+        scheduled = requests.bound.get(meta.get("name", ""))
         writes = labels.get(node, ())
         # Creation times have whole seconds; the binding, microseconds: match on it when there is one.
         anchor = scheduled if scheduled is not None else created + 1.0
         before = bisect.bisect_right(writes, anchor)
         ready = _condition_time(pod, "Ready")
-        after = bisect.bisect_right(writes, ready) if ready is not None else len(writes)
+        status = requests.status.get(meta.get("name", ""), [])
+        seen = bisect.bisect_left(status, ready) if ready is not None else len(status)
+        written = status[seen] if seen < len(status) else None
+        after = bisect.bisect_right(writes, written if written is not None else ready or float("inf"))
         found.append(
             PodTimes(
                 daemonset=daemonset,
@@ -143,6 +179,7 @@ def pod_times(
                 scheduled=scheduled,
                 initialized=_condition_time(pod, "Initialized"),
                 ready=ready,
+                ready_written=written,
                 next_label=writes[after] if after < len(writes) else None,
             )
         )
@@ -208,7 +245,7 @@ def audit_lines(audit: Path) -> list[str]:
 def report(audit: Path, pods: Sequence[Mapping[str, Any]], marker: str, since: float, namespace: str) -> str:
     """The step table and the nodes' paths of the run that started at `since`."""
     lines = audit_lines(audit)
-    times = pod_times(pods, label_writes(lines, marker, since), bindings(lines, namespace))
+    times = pod_times(pods, label_writes(lines, marker, since), pod_requests(lines, namespace))
     return "\n".join([*step_table(times), "", *critical_paths(times, since)]) + "\n"
 
 

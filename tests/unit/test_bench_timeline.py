@@ -22,7 +22,10 @@ def stamp(offset: float, precise: bool = True) -> str:
 def audit(
     offset: float, verb: str, name: str, user: str = OPERATOR, subresource: str = "", code: int = 200
 ) -> str:
-    ref: dict[str, Any] = {"resource": "pods" if subresource == "binding" else "nodes", "name": name}
+    ref: dict[str, Any] = {
+        "resource": "pods" if subresource in ("binding", "status") else "nodes",
+        "name": name,
+    }
     if subresource:
         ref.update(subresource=subresource, namespace="gpu-operator")
     return json.dumps(
@@ -66,6 +69,9 @@ LINES = [
     audit(1.5, "patch", "n1", user="someone-else"),  # not the writer's
     audit(1.6, "patch", "n1", code=409),  # refused: not a label write
     audit(2.2, "create", "driver-a", user="scheduler", subresource="binding"),
+    audit(12.4, "patch", "driver-a", user="kubelet", subresource="status"),  # initialized
+    audit(19.3, "patch", "driver-a", user="kubelet", subresource="status"),  # ready (condition: 19 s)
+    audit(19.8, "patch", "driver-a", user="kubelet", subresource="status", code=409),  # refused
     audit(20.5, "patch", "n1"),  # toolkit label, after the driver is ready
     audit(21.4, "create", "toolkit-a", user="scheduler", subresource="binding"),
 ]
@@ -80,12 +86,12 @@ PODS = [
 def test_a_pods_steps_run_from_the_label_before_its_binding_to_the_label_after_its_readiness() -> None:
     labels = timeline.label_writes(LINES, timeline.writer_marker(OPERATOR))
     assert labels == {"n1": [T0 + 1.0, T0 + 20.5]}
-    times = timeline.pod_times(PODS, labels, timeline.bindings(LINES, "gpu-operator"))
+    times = timeline.pod_times(PODS, labels, timeline.pod_requests(LINES, "gpu-operator"))
     assert [t.daemonset for t in times] == ["nvidia-driver-daemonset", "nvidia-container-toolkit-daemonset"]
     driver, toolkit = times
-    assert [round(s, 3) for s in driver.steps() if s is not None] == [1.2, 9.8, 7.0, 1.5]
+    assert [round(s, 3) for s in driver.steps() if s is not None] == [1.2, 9.8, 7.0, 0.3, 1.2]
     assert toolkit.labelled == T0 + 20.5
-    assert toolkit.next_label is None and toolkit.steps()[3] is None
+    assert toolkit.ready_written is None and toolkit.steps()[3:] == (None, None), "no status write seen"
 
 
 def test_the_report_orders_daemonsets_as_they_became_ready_and_gives_the_nodes_paths(tmp_path: Path) -> None:
@@ -94,9 +100,9 @@ def test_the_report_orders_daemonsets_as_they_became_ready_and_gives_the_nodes_p
     text = timeline.report(log, PODS, timeline.writer_marker(OPERATOR), T0, "gpu-operator")
     rows = [line for line in text.splitlines() if line.startswith("| nvidia")]
     assert rows[0].startswith(
-        "| nvidia-driver-daemonset | 1 | 1.20 / 1.20 | 9.80 / 9.80 | 7.00 / 7.00 | 1.50 / 1.50"
+        "| nvidia-driver-daemonset | 1 | 1.20 / 1.20 | 9.80 / 9.80 | 7.00 / 7.00 | 0.30 / 0.30 | 1.20 / 1.20"
     )
-    assert rows[1].endswith("| - |")
+    assert rows[1].endswith("| - | - |")
     assert "last pod ready: median 24.00 s" in text
     assert "first label write after the policy: median 1.00 s" in text
 
