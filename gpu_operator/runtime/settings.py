@@ -92,9 +92,10 @@ class Settings:
     create_crd: bool = True
     """Create the ClusterPolicy CRD when it is absent (the chart's operator.createCRD); it is updated
     to the operator's schema either way."""
-    list_chunk_size: int = 500
+    list_chunk_size: int = 100
     """Initial listings in pages: the operand pods of a large cluster (nine on every GPU node) are never
-    one response in memory."""
+    one response in memory, and one page decoded is a few MiB (a decoded node or pod takes over ten times
+    its JSON): the process keeps the memory of its largest moment."""
 
     def __post_init__(self) -> None:
         # Frozen all the way down: a plain dict passed in could still change under the operator.
