@@ -1,6 +1,7 @@
 """The emulator process: watches, per-node state, pod runners and the writes they cause.
 
-One asyncio loop watches nodes, operand pods (``app.kubernetes.io/managed-by=gpu-operator``),
+One asyncio loop watches nodes, operand pods (ours, ``app.kubernetes.io/managed-by=gpu-operator``, and
+NVIDIA's operator's, by their ``app``: podspec.emulated),
 ConfigMaps, RuntimeClasses, injected failures (kwok Stages labelled ``gpu-operator.sim/failure``)
 and NFD NodeFeatures, and runs a :class:`~.kubelet.PodRunner` for every operand pod bound to a
 node. Writes are coalesced: a pod's status is patched once per burst of changes (and only if it
@@ -25,7 +26,7 @@ from .api import STRATEGIC_MERGE_PATCH, Api, ApiError
 from .cluster import IpPool, Tokens, informer, list_all
 from .kubelet import Failure, PodRunner, now
 from .node import FLUSH_DELAY, HOST_LABEL, HOSTS_NAMESPACE, NodeState, SavedHost, mirror_config_map
-from .podspec import Pod, emulated, parse
+from .podspec import OPERAND_PODS_SELECTOR, Pod, emulated, parse
 from .profile import Profile
 
 log = logging.getLogger("emulators")
@@ -39,7 +40,6 @@ FAILURE_NODE_LABEL = "gpu-operator.sim/node"
 FAILURE_REASON_LABEL = "gpu-operator.sim/reason"
 FAILURE_CONTAINER_ANNOTATION = "gpu-operator.sim/container"
 FAILURE_RESTARTS_ANNOTATION = "gpu-operator.sim/restarts"
-MANAGED_SELECTOR = "app.kubernetes.io/managed-by=gpu-operator"
 FIELD_MANAGER = "gpu-operator-emulators"
 APPLY_PATCH = "application/apply-patch+yaml"
 
@@ -381,7 +381,7 @@ class Emulator:
     async def run(self) -> None:
         watches: list[tuple[str, str, Any, dict[str, str]]] = [
             ("nodes", "/api/v1/nodes", self.on_node, {}),
-            ("pods", "/api/v1/pods", self.on_pod, {"labelSelector": MANAGED_SELECTOR}),
+            ("pods", "/api/v1/pods", self.on_pod, {"labelSelector": OPERAND_PODS_SELECTOR}),
             ("configmaps", "/api/v1/configmaps", self.on_config_map, {"labelSelector": f"!{HOST_LABEL}"}),
             ("runtimeclasses", "/apis/node.k8s.io/v1/runtimeclasses", self.on_runtime_class, {}),
             ("stages", "/apis/kwok.x-k8s.io/v1alpha1/stages", self.on_stage,

@@ -16,6 +16,30 @@ JSON = dict[str, Any]
 COMPONENT_LABEL = "app.kubernetes.io/component"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "gpu-operator"
+APP_LABEL = "app"
+NVIDIA_OPERANDS: Mapping[str, str] = {
+    "nvidia-driver-daemonset": "nvidia-driver",
+    "nvidia-container-toolkit-daemonset": "container-toolkit",
+    "nvidia-operator-validator": "operator-validator",
+    "nvidia-device-plugin-daemonset": "device-plugin",
+    "nvidia-device-plugin-mps-control-daemon": "mps-control-daemon",
+    "nvidia-dcgm": "dcgm",
+    "nvidia-dcgm-exporter": "dcgm-exporter",
+    "gpu-feature-discovery": "gpu-feature-discovery",
+    "nvidia-mig-manager": "mig-manager",
+    "nvidia-node-status-exporter": "node-status-exporter",
+    "nvidia-vgpu-manager-daemonset": "vgpu-manager",
+    "nvidia-vgpu-device-manager": "vgpu-device-manager",
+    "nvidia-sandbox-validator": "sandbox-validator",
+    "nvidia-sandbox-device-plugin-daemonset": "sandbox-device-plugin",
+    "nvidia-kata-sandbox-device-plugin-daemonset": "kata-sandbox-device-plugin",
+}
+"""The `app` label of NVIDIA's operator's operand pods (its assets' DaemonSet templates at v26.7.0,
+assets/state-*/) → the component ours labels the same operand with: NVIDIA's carry neither label,
+and the side-by-side bench runs them here too."""
+OPERAND_PODS_SELECTOR = APP_LABEL
+"""The emulators' pod watch: every pod with an `app` label (ours carry it too); `emulated` keeps the
+operand pods of either operator, kwok runs the rest."""
 
 
 @dataclass(frozen=True)
@@ -105,7 +129,7 @@ class Pod:
 
     @property
     def component(self) -> str:
-        return self.labels.get(COMPONENT_LABEL, "")
+        return self.labels.get(COMPONENT_LABEL) or NVIDIA_OPERANDS.get(self.app, "")
 
     @property
     def app(self) -> str:
@@ -116,9 +140,10 @@ class Pod:
 
 
 def emulated(body: Mapping[str, Any]) -> bool:
-    """Operand pods are the emulators' to run; kwok keeps running everything else."""
+    """Operand pods, ours or NVIDIA's operator's, are the emulators' to run; kwok keeps running everything
+    else (hack/kwok/stages.yaml leaves out the same pods)."""
     labels = (body.get("metadata") or {}).get("labels") or {}
-    return labels.get(MANAGED_BY_LABEL) == MANAGED_BY
+    return labels.get(MANAGED_BY_LABEL) == MANAGED_BY or labels.get(APP_LABEL, "") in NVIDIA_OPERANDS
 
 
 def _probe(body: Mapping[str, Any] | None) -> Probe | None:

@@ -528,3 +528,29 @@ def test_mig_manager_logs_waiting_once_per_change_not_per_node_update() -> None:
         "Successfully updated to MIG config: all-1g.10gb",
         waiting,
     ]
+
+
+def test_nvidias_operand_pods_are_emulated_and_left_out_of_kwoks_stages() -> None:
+    """The side-by-side bench runs NVIDIA's operator: its operand pods carry neither our managed-by
+    label nor our component label, only their DaemonSet's name in `app`."""
+    import yaml
+
+    from gpu_operator.core.components import COMPONENTS
+
+    ours = {c.daemonset: c.component_label for c in COMPONENTS}
+    assert all(ours[app] == component for app, component in podspec.NVIDIA_OPERANDS.items())
+    nvidia = {"metadata": {"labels": {"app": "nvidia-dcgm", "pod-template-generation": "1"}}}
+    assert podspec.emulated(nvidia)
+    assert not podspec.emulated({"metadata": {"labels": {"app": "nvidia-cuda-validator"}}}), "kwok runs it"
+    body = builders.pod_body("d", "n", namespace="ns", uid="u2", labels={"app": "nvidia-dcgm"}, containers=[])
+    assert podspec.parse(body).component == "dcgm", "what the DCGM exporter's emulator waits for"
+    stages = Path(__file__).parents[2] / "hack" / "kwok" / "stages.yaml"
+    for name in ("pod-ready", "pod-delete"):
+        stage = next(s for s in yaml.safe_load_all(stages.read_text()) if s["metadata"]["name"] == name)
+        left_out = {
+            v
+            for e in stage["spec"]["selector"]["matchExpressions"]
+            if e["key"] == ".metadata.labels.app" and e["operator"] == "NotIn"
+            for v in e["values"]
+        }
+        assert left_out == set(podspec.NVIDIA_OPERANDS), name
