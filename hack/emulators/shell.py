@@ -14,7 +14,8 @@ those, parsed from the rendered command and args or from the script a ConfigMap 
 * ``if [ "$(cat FILE)" != "VALUE" ]; then ...; fi`` (or ``=``): the sandbox gates' test of the
   validator's ``workload-type`` file; the ``then`` part's steps run when it holds.
 
-Everything else (``echo``, ``cat``, ``set``, ``if``/``for`` blocks) is accepted and has no effect. A
+Everything else (``echo``, ``cat``, ``set``, a redirection alone, ``if``/``for``/``case`` blocks) is
+accepted and has no effect. A
 script is turned into a list of :class:`Step` records; :mod:`.kubelet` runs them.
 """
 
@@ -223,7 +224,11 @@ def _simple(words: list[str], variables: dict[str, str]) -> Step | None:
         return Step("touch", argv=tuple(expand(w, variables) for w in words[1:] if not w.startswith("-")))
     if head == "exit":
         return Step("exit", code=int(words[1]) if len(words) > 1 and words[1].isdigit() else 0)
-    if head in ("echo", "cat", "set", "mkdir", "true", ":", "printf", "[", "test"):
+    if head in ("echo", "cat", "set", "mkdir", "true", ":", "printf", "[", "test") or head.startswith(
+        (">", "<")
+    ):
+        # A redirection alone (`> feature-flags.env`, NVIDIA's device-plugin entrypoint) creates or reads
+        # a file nothing here reads back.
         return None
     if head == "exec":
         words = words[1:]

@@ -82,6 +82,23 @@ def test_shell_idioms(text: str, kinds: list[str]) -> None:
     assert [s.kind for s in shell.parse(text).steps] == kinds
 
 
+def test_nvidias_device_plugin_entrypoint_hands_over_to_the_plugin() -> None:
+    """NVIDIA's v26.7.0 entrypoint (assets/state-device-plugin, its ConfigMap): a bare redirection, a
+    for/case block over lsmod, then exec; the side-by-side bench runs it."""
+    text = (
+        "#!/bin/sh\nuntil [ -f /run/nvidia/validations/driver-ready ]\ndo\n  sleep 5\ndone\n"
+        "set -o allexport\n. /run/nvidia/validations/driver-ready\n"
+        'extra_modules="gdrdrv nvidia_fs"\n> feature-flags.env\n'
+        'for module in ${extra_modules}; do\n  if lsmod | grep -q "^$module "; then\n'
+        '    case "$module" in\n      "gdrdrv")\n        echo GDRCOPY_ENABLED=true >> feature-flags.env\n'
+        "      ;;\n    esac\n  fi\ndone\n"
+        'if [ -s "feature-flags.env" ]; then\n  . ./feature-flags.env\nfi\nexec nvidia-device-plugin'
+    )
+    script = shell.parse(text)
+    assert [s.kind for s in script.steps] == ["wait", "source", "env", "run"]
+    assert script.steps[-1].argv == ("nvidia-device-plugin",)
+
+
 def test_shell_invocations() -> None:
     assert shell.shell_script(("/bin/sh", "-c", "/bin/entrypoint.sh")) == ("exec-file", "/bin/entrypoint.sh")
     assert shell.shell_script(("sh", "/usr/local/bin/startup-probe.sh")) == (
