@@ -13,6 +13,7 @@ both read the same.
 prints, per DaemonSet, the median and 90th percentile of each step, and the nodes' critical paths
 (`make bench BENCH_ARGS=--timeline` writes it for every run).
 """
+
 from __future__ import annotations
 
 import argparse

@@ -1,6 +1,7 @@
 """The kubelet of operand pods: sandbox, init containers, containers, restarts, probes, termination.
 
-kwok's Stages no longer touch pods labelled ``app.kubernetes.io/managed-by=gpu-operator``; a
+kwok's Stages no longer touch the operand pods (ours, labelled
+``app.kubernetes.io/managed-by=gpu-operator``, and NVIDIA's operator's: :func:`.podspec.emulated`); a
 :class:`PodRunner` runs each of them on its emulated node the way a kubelet does and writes the pod
 status through the ``pods/status`` subresource:
 
