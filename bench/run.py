@@ -337,15 +337,13 @@ class SizeBench:
                 ]
             )
         )
-        # What the operator ends up owning on each node, once every dependency is ready. NVIDIA's never
-        # sees GFD's mig.capable: its node watch passes on label changes of its own list only
-        # (controllers/clusterpolicy_controller.go:369-408), so it deploys the MIG manager as the
-        # nodes were labelled when it ran, until something else makes it reconcile.
-        facts = final_info if self.ours else node_info
+        # What the operator ends up owning on each node, once every dependency is ready. NVIDIA's node
+        # watch ignores GFD's mig.capable (controllers/clusterpolicy_controller.go:369-408), but it
+        # reconciles again while its states are not ready, and so comes to the same MIG manager.
         self.final_labels = {
             n["metadata"]["name"]: labels
             for n in nodes
-            if (labels := desired_labels(facts(n), self.spec, always_ready))
+            if (labels := desired_labels(final_info(n), self.spec, always_ready))
         }
         labels_now = {
             n["metadata"]["name"]: {
