@@ -79,6 +79,11 @@ def parse_entry(entry: dict[str, Any]) -> Request | None:
     )
 
 
+def log_files(path: Path) -> list[Path]:
+    """The log's rotated files (audit-<time>.log), oldest first (their names sort by time), then it."""
+    return [*sorted(path.parent.glob(f"{path.stem}-*{path.suffix}")), path]
+
+
 def user_marker(user: str) -> str:
     """The exact text a log line of `user` contains (a cheap test before parsing the JSON)."""
     return '"username":' + json.dumps(user)
@@ -286,9 +291,7 @@ class AuditReader:
         self.requests: dict[str, Request] = {}
 
     def files(self) -> list[Path]:
-        """Rotated logs, oldest first (their names sort by time), then the live one."""
-        rotated = sorted(self.path.parent.glob(f"{self.path.stem}-*{self.path.suffix}"))
-        return [*rotated, self.path]
+        return log_files(self.path)
 
     def update(self) -> list[Request]:
         """Read what was appended since the last call (whole lines only); return all requests so far."""

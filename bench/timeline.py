@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.audit import parse_time
+from bench import audit as audit_log
 
 APP_LABEL = "app"
 STEPS = (
@@ -78,7 +78,7 @@ def writer_marker(user: str | None = None, agent: str | None = None) -> str:
     """The text an audit line of the label writer contains: its user, or its user agent (the limit's
     labels come from the bench's client, whose user the control plane's components share)."""
     if user is not None:
-        return '"username":' + json.dumps(user)
+        return audit_log.user_marker(user)
     if agent is not None:
         return '"userAgent":' + json.dumps(agent)
     raise ValueError("the label writer needs a user or a user agent")
@@ -88,18 +88,18 @@ def label_writes(audit_lines: Iterable[str], marker: str, since: float = 0.0) ->
     """Node → the times the writer whose audit lines contain `marker` patched or updated it (sorted),
     from `since` on."""
     found: dict[str, list[float]] = {}
-    seen: set[str] = set()
     for line in audit_lines:
         if marker not in line or '"resource":"nodes"' not in line:
             continue
-        entry = json.loads(line)
-        ref = entry.get("objectRef") or {}
-        if entry.get("verb") not in ("patch", "update") or ref.get("subresource") or entry["auditID"] in seen:
-            continue
-        seen.add(entry["auditID"])
-        when = parse_time(entry["requestReceivedTimestamp"])
-        if when >= since and int((entry.get("responseStatus") or {}).get("code") or 0) < 300:
-            found.setdefault(str(ref.get("name")), []).append(when)
+        request = audit_log.parse_entry(json.loads(line))
+        if (
+            request is not None
+            and request.resource == "nodes"
+            and request.verb in ("patch", "update")
+            and request.code < 300
+            and request.received >= since
+        ):
+            found.setdefault(request.name, []).append(request.received)
     for times in found.values():
         times.sort()
     return found
@@ -117,23 +117,15 @@ def pod_requests(audit_lines: Iterable[str], namespace: str) -> PodRequests:
     """The successful bindings and status writes of the pods in `namespace`."""
     found = PodRequests({}, {})
     for line in audit_lines:
-        binding = '"subresource":"binding"' in line
-        if not binding and '"subresource":"status"' not in line:
+        if '"subresource":"binding"' not in line and '"subresource":"status"' not in line:
             continue
-        entry = json.loads(line)
-        ref = entry.get("objectRef") or {}
-        if (
-            ref.get("resource") != "pods"
-            or ref.get("namespace") != namespace
-            or entry.get("stage") != "ResponseComplete"
-            or int((entry.get("responseStatus") or {}).get("code") or 0) >= 300
-        ):
+        request = audit_log.parse_entry(json.loads(line))
+        if request is None or request.namespace != namespace or request.code >= 300:
             continue
-        name, when = str(ref.get("name")), parse_time(entry["requestReceivedTimestamp"])
-        if binding:
-            found.bound.setdefault(name, when)
-        elif entry.get("verb") in ("patch", "update"):
-            found.status.setdefault(name, []).append(when)
+        if request.resource == "pods/binding":
+            found.bound.setdefault(request.name, request.received)
+        elif request.resource == "pods/status" and request.verb in ("patch", "update"):
+            found.status.setdefault(request.name, []).append(request.received)
     for times in found.status.values():
         times.sort()
     return found
@@ -143,7 +135,7 @@ def _condition_time(pod: Mapping[str, Any], kind: str) -> float | None:
     for condition in (pod.get("status") or {}).get("conditions") or ():
         if condition.get("type") == kind and condition.get("status") == "True":
             stamp = condition.get("lastTransitionTime")
-            return parse_time(stamp) if stamp else None
+            return audit_log.parse_time(stamp) if stamp else None
     return None
 
 
@@ -160,7 +152,7 @@ def pod_times(
         )
         if not node or daemonset is None:
             continue
-        created = parse_time(meta["creationTimestamp"])
+        created = audit_log.parse_time(meta["creationTimestamp"])
         scheduled = requests.bound.get(meta.get("name", ""))
         writes = labels.get(node, ())
         # Creation times have whole seconds; the binding, microseconds: match on it when there is one.
@@ -239,8 +231,7 @@ def critical_paths(times: Iterable[PodTimes], since: float) -> list[str]:
 
 def audit_lines(audit: Path) -> list[str]:
     """The log's lines, with those of its rotated files (audit-<time>.log, written before it)."""
-    rotated = sorted(audit.parent.glob(f"{audit.stem}-*{audit.suffix}"))
-    return [line for path in (*rotated, audit) for line in path.read_text().splitlines()]
+    return [line for path in audit_log.log_files(audit) for line in path.read_text().splitlines()]
 
 
 def report(audit: Path, pods: Sequence[Mapping[str, Any]], marker: str, since: float, namespace: str) -> str:
