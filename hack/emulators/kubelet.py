@@ -106,6 +106,7 @@ def render_status(
     pod_ip: str,
     start_time: str,
     transitions: dict[str, str],
+    restart_policy: str = "Always",
 ) -> JSON:
     """The pod status a kubelet reports for these container states (pure)."""
     inits = [s for s in states if s.init]
@@ -115,6 +116,10 @@ def render_status(
     initialized = not incomplete
     running = initialized and any("running" in s.state for s in mains)
     phase = "Running" if running else "Pending"
+    ended = [s.state["terminated"] for s in mains if "terminated" in s.state]
+    completed = restart_policy != "Always" and initialized and bool(mains) and len(ended) == len(mains)
+    if completed:
+        phase = "Succeeded" if all(t.get("exitCode") == 0 for t in ended) else "Failed"
 
     def condition(kind: str, ok: bool, reason: str = "", message: str = "") -> JSON:
         key = f"{kind}={ok}"
@@ -126,8 +131,13 @@ def render_status(
         }
         if not ok and reason:
             body["reason"] = reason
+        if not ok and message:
             body["message"] = message
         return body
+
+    # A pod whose containers have all ended is not ready, for that reason (kubelet's PodCompleted).
+    unready_reason = "PodCompleted" if completed else "ContainersNotReady"
+    unready_message = "" if completed else f"containers with unready status: [{' '.join(unready)}]"
 
     conditions = [
         condition("PodReadyToStartContainers", sandbox),
@@ -137,14 +147,8 @@ def render_status(
             "ContainersNotInitialized",
             f"containers with incomplete status: [{' '.join(incomplete)}]",
         ),
-        condition(
-            "ContainersReady", initialized and not unready, "ContainersNotReady",
-            f"containers with unready status: [{' '.join(unready)}]",
-        ),
-        condition(
-            "Ready", initialized and not unready, "ContainersNotReady",
-            f"containers with unready status: [{' '.join(unready)}]",
-        ),
+        condition("ContainersReady", initialized and not unready, unready_reason, unready_message),
+        condition("Ready", initialized and not unready, unready_reason, unready_message),
     ]  # fmt: skip
     status: JSON = {
         "phase": phase,
@@ -215,6 +219,15 @@ class PodRunner:
             c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or []
         )
         self.adopted = ready
+        self.finished = status.get("phase") in ("Succeeded", "Failed")
+        """A pod that ran to its end (restartPolicy OnFailure or Never) stays as it ended."""
+        if self.finished:
+            self.sandbox = True
+            for item in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+                state = self.states.get(item.get("name", ""))
+                if state is not None:
+                    state.state = dict(item.get("state") or {})
+                    state.ready = bool(item.get("ready"))
         for key in ("Initialized", "Ready", "ContainersReady", "PodReadyToStartContainers"):
             for c in status.get("conditions") or []:
                 if c.get("type") == key:
@@ -228,6 +241,8 @@ class PodRunner:
         self.task = asyncio.create_task(self._run(), name=f"pod {self.pod.key}")
 
     async def _run(self) -> None:
+        if self.finished:
+            return
         try:
             await self._sandbox()
             if self.adopted:
@@ -237,8 +252,11 @@ class PodRunner:
                 if spec.sidecar:
                     self._start_sidecar(spec)
                 else:
-                    await self._run_until_success(spec)
-            await asyncio.gather(*(self._keep_running(spec) for spec in self.pod.containers))
+                    await self._run_to_end(spec)
+            if self.pod.restart_policy == "Always":
+                await asyncio.gather(*(self._keep_running(spec) for spec in self.pod.containers))
+            else:
+                await asyncio.gather(*(self._run_to_end(spec) for spec in self.pod.containers))
         except asyncio.CancelledError:
             raise
         except Exception:
@@ -332,20 +350,21 @@ class PodRunner:
         else:
             await self.node.wait_change(1.0)
 
-    async def _run_until_success(self, spec: Container) -> None:
+    async def _run_to_end(self, spec: Container) -> None:
+        """An init container, or a container of a pod that is not restarted once it succeeds: run it
+        until it exits 0 (restarted with back-off), or once with restartPolicy Never."""
         state = self.states[spec.name]
+        once = self.pod.restart_policy == "Never" and not state.init
         while True:
             code, reason, message = await self._run_once(spec)
-            if code == 0:
-                state.state = {
-                    "terminated": {
-                        "exitCode": 0,
-                        "reason": "Completed",
-                        "startedAt": now(),
-                        "finishedAt": now(),
-                    }
-                }
-                state.ready = True
+            if code == 0 or once:
+                state.state = {"terminated": {"exitCode": code, "reason": reason, "startedAt": now(),
+                                              "finishedAt": now()}}  # fmt: skip
+                if message and code:
+                    state.state["terminated"]["message"] = message[-1024:]
+                # A completed init container is reported ready; an ended app container is not.
+                state.ready = state.init and code == 0
+                state.started = False
                 self.changed()
                 return
             await self._back_off(spec, code, reason, message)
@@ -669,6 +688,7 @@ class PodRunner:
             pod_ip=self.pod_ip or (self.node.host_ip if self.pod.host_network else ""),
             start_time=self.start_time,
             transitions=self.transitions,
+            restart_policy=self.pod.restart_policy,
         )
 
     def event(self, kind: str, reason: str, message: str) -> None:

@@ -37,6 +37,10 @@ NVIDIA_OPERANDS: Mapping[str, str] = {
 """The `app` label of NVIDIA's operator's operand pods (its assets' DaemonSet templates at v26.7.0,
 assets/state-*/) → the component ours labels the same operand with: NVIDIA's carry neither label,
 and the side-by-side bench runs them here too."""
+VALIDATION_WORKLOADS = ("nvidia-cuda-validator", "nvidia-device-plugin-validator")
+"""The `app` label of the pods the validator itself creates to run vectorAdd (validator/manifests/
+{cuda,plugin}-workload-validation.yaml at v26.7.0), for either operator: emulated too, so kwok plays no
+pod of a rollout (a replay of its watch would play them twice)."""
 OPERAND_PODS_SELECTOR = APP_LABEL
 """The emulators' pod watch: every pod with an `app` label (ours carry it too); `emulated` keeps the
 operand pods of either operator, kwok runs the rest."""
@@ -122,6 +126,7 @@ class Pod:
     share_process_namespace: bool = False
     node_selector: Mapping[str, str] = field(default_factory=dict)
     automount_token: bool = True
+    restart_policy: str = "Always"
 
     @property
     def key(self) -> str:
@@ -140,10 +145,11 @@ class Pod:
 
 
 def emulated(body: Mapping[str, Any]) -> bool:
-    """Operand pods, ours or NVIDIA's operator's, are the emulators' to run; kwok keeps running everything
-    else (hack/kwok/stages.yaml leaves out the same pods)."""
+    """Operand pods, ours or NVIDIA's operator's, and the validator's workload pods are the emulators' to
+    run; kwok keeps running everything else (hack/kwok/stages.yaml leaves out the same pods)."""
     labels = (body.get("metadata") or {}).get("labels") or {}
-    return labels.get(MANAGED_BY_LABEL) == MANAGED_BY or labels.get(APP_LABEL, "") in NVIDIA_OPERANDS
+    app = labels.get(APP_LABEL, "")
+    return labels.get(MANAGED_BY_LABEL) == MANAGED_BY or app in NVIDIA_OPERANDS or app in VALIDATION_WORKLOADS
 
 
 def _probe(body: Mapping[str, Any] | None) -> Probe | None:
@@ -245,4 +251,5 @@ def parse(body: Mapping[str, Any]) -> Pod:
         share_process_namespace=bool(spec.get("shareProcessNamespace")),
         node_selector=dict(spec.get("nodeSelector") or {}),
         automount_token=spec.get("automountServiceAccountToken") is not False,
+        restart_policy=spec.get("restartPolicy") or "Always",
     )

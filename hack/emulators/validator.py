@@ -15,7 +15,8 @@
   ``WITH_WORKLOAD=false`` read the ``nvidia-operator-validator`` DaemonSet, delete an old workload
   pod and create one from validator/manifests/{cuda,plugin}-workload-validation.yaml bound to the
   node (plugin: requesting one GPU), waiting up to 60 x 5 s for it to succeed; ``cuda-ready``,
-  ``plugin-ready``. kwok completes those pods (hack/kwok/stages.yaml).
+  ``plugin-ready``. The emulators run those pods too (restartPolicy OnFailure: the kubelet emulator
+  ends them Succeeded); their ``vectorAdd`` passes once the node's driver is loaded.
 * ``metrics`` (node-status exporter): serves metrics until stopped.
 * The sandbox validator's steps (l.1645-2004), each with the node read through the pod's ServiceAccount
   for its workload type (``getWorkloadConfig`` l.497-529: the node's ``nvidia.com/gpu.workload.config``
@@ -489,6 +490,24 @@ def plugin_workload(resource: str) -> JSON:
             ],
         },
     }  # fmt: skip
+
+
+@program("vectorAdd")
+async def vector_add(proc: Proc, argv: tuple[str, ...]) -> None:
+    """cuda-samples' vectorAdd, which the validator image ships for its workload pods: it adds two
+    vectors on the GPU, so it needs the driver loaded on the node (cudaMalloc fails first without it,
+    and the sample exits EXIT_FAILURE)."""
+    proc.out("[Vector addition of 50000 elements]")
+    if proc.node.driver is None:
+        proc.fail(
+            "Failed to allocate device vector A (error code CUDA driver version is insufficient for "
+            "CUDA runtime version)!"
+        )
+    proc.out("Copy input data from the host memory to the CUDA device")
+    proc.out("CUDA kernel launch with 196 blocks of 256 threads")
+    proc.out("Copy output data from the CUDA device to the host memory")
+    proc.out("Test PASSED")
+    proc.out("Done")
 
 
 @program("nvidia-validator")

@@ -16,7 +16,17 @@ from builders import node_body
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from hack.emulators import device_plugin, gfd, gpus, images, mig_manager, podspec, profile, shell
+from hack.emulators import (
+    device_plugin,
+    gfd,
+    gpus,
+    images,
+    mig_manager,
+    podspec,
+    profile,
+    shell,
+    validator,
+)
 from hack.emulators.cluster import IpPool
 from hack.emulators.emulator import (
     FAILURE_COMPONENT_LABEL,
@@ -356,6 +366,63 @@ def test_a_program_that_dies_of_an_unhandled_error_exits_1_and_is_restarted() ->
     assert "ServerDisconnectedError" in crashed["lastState"]["terminated"]["message"]
 
 
+def test_the_validators_cuda_workload_pod_succeeds_once_the_driver_is_loaded() -> None:
+    """The validator's workload pods (restartPolicy OnFailure) end Succeeded, which the validator waits
+    for; their vectorAdd fails, and the kubelet restarts it, while the node has no driver loaded."""
+    body = validator.cuda_workload()
+    for container in body["spec"]["initContainers"] + body["spec"]["containers"]:
+        container["image"] = "nvcr.io/nvidia/gpu-operator:v26.7.0"
+    body["metadata"].update(name="nvidia-cuda-validator-x", namespace="ns", uid="u1")
+    body["spec"]["nodeName"] = "n"
+    assert podspec.emulated(body)
+
+    async def run() -> list[dict[str, Any]]:
+        emu = FailingPodEmulator(Failure("CrashLoopBackOff", container="elsewhere"), profile.realistic(0.01))
+        node = node_state()
+        runner = PodRunner(cast(Emulator, emu), podspec.parse(body), node, body)
+        runner.start()
+        while not any(s["initContainerStatuses"][0]["restartCount"] for s in emu.statuses):
+            await asyncio.sleep(0.01)
+        node.set_driver("580.95.05")
+        assert runner.task is not None
+        await runner.task
+        return emu.statuses
+
+    statuses = asyncio.run(asyncio.wait_for(run(), 10))
+    failed = next(s for s in statuses if s["initContainerStatuses"][0]["restartCount"])
+    assert failed["phase"] == "Pending"
+    assert (
+        "CUDA driver version is insufficient"
+        in (failed["initContainerStatuses"][0]["lastState"]["terminated"]["message"])
+    )
+    done = statuses[-1]
+    assert done["phase"] == "Succeeded"
+    assert done["containerStatuses"][0]["state"]["terminated"]["reason"] == "Completed"
+    conditions = {c["type"]: c for c in done["conditions"]}
+    assert conditions["Ready"]["status"] == "False" and conditions["Ready"]["reason"] == "PodCompleted"
+    assert conditions["Initialized"]["status"] == "True"
+    phases = [s["phase"] for s in statuses]
+    assert set(phases[phases.index("Succeeded") :]) == {"Succeeded"}, "and so it stays"
+
+
+def test_a_pod_that_ran_to_its_end_is_left_as_it_ended_after_an_emulator_restart() -> None:
+    body = pod_body([{"name": "main", "image": "x", "command": ["sh", "-c", "exit 0"]}], [])
+    body["spec"]["restartPolicy"] = "OnFailure"
+    terminated = {"terminated": {"exitCode": 0, "reason": "Completed"}}
+    body["status"] = {"phase": "Succeeded", "containerStatuses": [{"name": "main", "state": terminated}]}
+
+    async def run() -> list[dict[str, Any]]:
+        emu = FailingPodEmulator(Failure("CrashLoopBackOff", container="elsewhere"), profile.realistic(0.01))
+        runner = PodRunner(cast(Emulator, emu), podspec.parse(body), node_state(), body)
+        runner.start()
+        assert runner.task is not None
+        await runner.task
+        assert runner.status()["phase"] == "Succeeded"
+        return emu.statuses
+
+    assert asyncio.run(asyncio.wait_for(run(), 10)) == [], "nothing ran, nothing written"
+
+
 def test_no_sandbox_no_pod_ip() -> None:
     main = ContainerState("main", "img", init=False, state={"waiting": {"reason": "ContainerCreating"}})
     status = render_status([main], sandbox=False, host_ip="h", pod_ip="p", start_time="t", transitions={})
@@ -558,7 +625,8 @@ def test_nvidias_operand_pods_are_emulated_and_left_out_of_kwoks_stages() -> Non
     assert all(ours[app] == component for app, component in podspec.NVIDIA_OPERANDS.items())
     nvidia = {"metadata": {"labels": {"app": "nvidia-dcgm", "pod-template-generation": "1"}}}
     assert podspec.emulated(nvidia)
-    assert not podspec.emulated({"metadata": {"labels": {"app": "nvidia-cuda-validator"}}}), "kwok runs it"
+    assert podspec.emulated({"metadata": {"labels": {"app": "nvidia-cuda-validator"}}}), "the validator's"
+    assert not podspec.emulated({"metadata": {"labels": {"app": "cuda-vectoradd"}}}), "kwok runs it"
     body = builders.pod_body("d", "n", namespace="ns", uid="u2", labels={"app": "nvidia-dcgm"}, containers=[])
     assert podspec.parse(body).component == "dcgm", "what the DCGM exporter's emulator waits for"
     stages = Path(__file__).parents[2] / "hack" / "kwok" / "stages.yaml"
@@ -570,4 +638,4 @@ def test_nvidias_operand_pods_are_emulated_and_left_out_of_kwoks_stages() -> Non
             if e["key"] == ".metadata.labels.app" and e["operator"] == "NotIn"
             for v in e["values"]
         }
-        assert left_out == set(podspec.NVIDIA_OPERANDS), name
+        assert left_out == set(podspec.NVIDIA_OPERANDS) | set(podspec.VALIDATION_WORKLOADS), name
