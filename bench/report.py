@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from bench import stats
 from bench.stats import idle_verdict, ratio_verdict, rss_verdict
 
 COLUMNS = (
@@ -75,6 +76,12 @@ def details(results: Mapping[str, Mapping[str, Any]]) -> str:
                 f"- operator CPU while converging (median): {fmt(result['converge_cpu_s'], 1)} s, of it "
                 f"while passes ran {fmt(result.get('planning_cpu_s'), 1)} s, on the event loop's thread "
                 f"(passes and watches) {fmt(result.get('event_loop_cpu_s'), 1)} s"
+            )
+        joins = result.get("node_join_operator_all_s") or []
+        if len(joins) > 1:
+            lines.append(
+                f"- operator node joins ({len(joins)}): median {fmt(stats.median(joins))} s, "
+                + ", ".join(fmt(j) for j in joins)
             )
         lines.extend(_saturation(result))
         lines.extend(_traffic(result))

@@ -721,3 +721,10 @@ def test_a_saturated_run_is_named_in_the_details() -> None:
     assert report._saturation(quiet) == []
     line = report._saturation({"pod_watchers_closed_runs": [94, 0], "limit_pod_watchers_closed_runs": []})
     assert line and "per operator run: 94, 0; per limit run: -" in line[0]
+
+
+def test_several_joins_are_listed_with_their_median() -> None:
+    one = report.details({"10": {"node_join_operator_all_s": [1.5]}})
+    assert "node joins" not in one
+    more = report.details({"10": {"node_join_operator_all_s": [1.5, 3.0, 2.0]}})
+    assert "- operator node joins (3): median 2.00 s, 1.50, 3.00, 2.00" in more
