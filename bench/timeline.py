@@ -55,7 +55,10 @@ class PodTimes:
     initialized: float | None
     ready: float | None
     ready_written: float | None
-    """The first status write of the pod received at or after `ready` (whole seconds)."""
+    """The status write that carried the readiness: the last of the pod's received from `ready` (whole
+    seconds) up to the next label write on the node, since a kubelet writes a ready pod's status again
+    only when something changes, and a write it sent just before readiness can arrive after that second
+    began (while its status writes queue); else the first received from `ready` on."""
     next_label: float | None
     """The first label write on the node after that (None if none came)."""
 
@@ -160,8 +163,7 @@ def pod_times(
         before = bisect.bisect_right(writes, anchor)
         ready = _condition_time(pod, "Ready")
         status = requests.status.get(meta.get("name", ""), [])
-        seen = bisect.bisect_left(status, ready) if ready is not None else len(status)
-        written = status[seen] if seen < len(status) else None
+        written = _ready_written(status, writes, ready)
         after = bisect.bisect_right(writes, written if written is not None else ready or float("inf"))
         found.append(
             PodTimes(
@@ -177,6 +179,19 @@ def pod_times(
             )
         )
     return found
+
+
+def _ready_written(status: Sequence[float], labels: Sequence[float], ready: float | None) -> float | None:
+    """PodTimes.ready_written, from the pod's status writes and its node's label writes (both sorted)."""
+    if ready is None:
+        return None
+    seen = bisect.bisect_left(status, ready)
+    label = bisect.bisect_right(labels, ready)
+    if label < len(labels):
+        before_label = bisect.bisect_right(status, labels[label])
+        if before_label > seen:
+            return status[before_label - 1]
+    return status[seen] if seen < len(status) else None
 
 
 def percentile(values: Sequence[float], q: float) -> float:

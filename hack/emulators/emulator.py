@@ -33,7 +33,11 @@ log = logging.getLogger("emulators")
 
 JSON = dict[str, Any]
 STATUS_FLUSH_S = 0.05
-CONCURRENT_WRITES = 16
+CONCURRENT_WRITES = 64
+"""Pod status writes at once. On a real cluster every node's kubelet writes its own pods' statuses with
+its own client; here one process writes them all, so this bounds only how hard it presses the API
+server. Too low, and a pod's readiness waits behind the status writes of the whole cluster's other
+pods: the kubelets, not the operator, would then set the pace of a large rollout (bench/README.md)."""
 FAILURE_LABEL = "gpu-operator.sim/failure"
 FAILURE_COMPONENT_LABEL = "gpu-operator.sim/component"
 FAILURE_NODE_LABEL = "gpu-operator.sim/node"

@@ -126,3 +126,14 @@ def test_the_limits_label_writes_are_found_by_its_user_agent() -> None:
     assert timeline.label_writes([line, audit(2.0, "patch", "n1", user="kwok-admin")], marker) == {
         "n1": [T0 + 1.0]
     }
+
+
+def test_the_write_that_carried_readiness_is_the_last_before_the_next_label() -> None:
+    """A status write sent just before readiness arrives in its second (the emulators' writes queue);
+    the one that carried it came later, and the operator's label followed that one."""
+    status = [T0 + 19.2, T0 + 24.6]  # sent before readiness; the ready one, queued for 5 s
+    labels = [T0 + 1.0, T0 + 25.0]
+    assert timeline._ready_written(status, labels, T0 + 19.0) == T0 + 24.6
+    assert timeline._ready_written(status, [T0 + 1.0], T0 + 19.0) == T0 + 19.2, "no label after it"
+    assert timeline._ready_written([T0 + 26.0], labels, T0 + 19.0) == T0 + 26.0, "none before the label"
+    assert timeline._ready_written(status, labels, None) is None
