@@ -123,6 +123,10 @@ def message(found: dict[str, Any]) -> str:
     return " ".join(c.get("message", "") for c in (found.get("status") or {}).get("conditions", []))
 
 
+CLUSTERPOLICY_DRIVER = "nvidia-driver-daemonset"
+"""The ClusterPolicy's driver DaemonSet; each NVIDIADriver pool has its own (nvidia-<name>-driver-...)."""
+
+
 def driver_pods(cluster: Cluster) -> dict[str, list[Any]]:
     """Node → its driver pods."""
     found: dict[str, list[Any]] = {}
@@ -157,6 +161,12 @@ def wait_drivers(
             ), f"{node}: {pod.spec.containers[0].image}"
             labels = core.read_node(node).metadata.labels or {}
             assert labels.get(OWNER_LABEL) == owners[node], f"{node}: owner {labels.get(OWNER_LABEL)}"
+            # The node's owner label changes before its pod is replaced: the pod's own DaemonSet tells
+            # whose it is (a pool's is never the ClusterPolicy's).
+            daemonset = next(
+                (o.name for o in pod.metadata.owner_references or [] if o.kind == "DaemonSet"), None
+            )
+            assert (daemonset == CLUSTERPOLICY_DRIVER) == (owners[node] is None), f"{node}: {daemonset}"
             uids[node] = pod.metadata.uid
         return uids
 
