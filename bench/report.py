@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from bench import stats
-from bench.stats import idle_verdict, ratio_verdict, rss_verdict
+from bench.stats import idle_verdict, median, ratio_verdict, rss_verdict
 
 COLUMNS = (
     "GPU nodes",
@@ -80,7 +79,7 @@ def details(results: Mapping[str, Mapping[str, Any]]) -> str:
         joins = result.get("node_join_operator_all_s") or []
         if len(joins) > 1:
             lines.append(
-                f"- operator node joins ({len(joins)}): median {fmt(stats.median(joins))} s, "
+                f"- operator node joins ({len(joins)}): median {fmt(median(joins))} s, "
                 + ", ".join(fmt(j) for j in joins)
             )
         lines.extend(_saturation(result))
