@@ -207,6 +207,16 @@ class Plan:
         return "Background"
 
     @property
+    def unsettled(self) -> int:
+        """The GPU nodes an enabled component (or an NVIDIADriver's pool) is not ready on yet, counted
+        for the one with the most: the nodes whose changes the next passes still plan. A settled
+        cluster has none, so a node that joins it is the one thing its passes plan again."""
+        status = self.statuses.get(self.active.name) if self.active is not None else None
+        behind = [c.nodesDesired - c.nodesReady for c in status.components if c.enabled] if status else []
+        behind += [p.nodes_desired - p.nodes_ready for p in self.driver_pools.values()]
+        return max(behind, default=0)
+
+    @property
     def pods_needed(self) -> frozenset[str]:
         """The nodes whose pods the next pass needs: the driver upgrade's and the allocator moves'."""
         upgrade = self.upgrade.pods_needed if self.upgrade is not None else frozenset()

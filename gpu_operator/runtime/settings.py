@@ -39,13 +39,17 @@ class Settings:
     changed reads caches and writes nothing."""
     pass_rate_nodes_per_second: float = 150.0
     """Passes are rate limited by a token bucket (as client-go limits requests) in which a pass costs
-    one token per node: refilled at this rate, a 1000-node cluster plans at most every 6.7 s once its
-    burst is spent, while the DaemonSet controller, which creates 10 to 20 pods a second, sets the
-    pace of its rollout anyway (a pass then labels a hundred nodes' next stage at once)."""
+    one token per GPU node still rolling out (Plan.unsettled, as the pass before it counted them):
+    refilled at this rate, a 1000-node rollout plans at most every 6.7 s once its burst is spent,
+    while the DaemonSet controller, which creates 10 to 20 pods a second, sets its pace anyway (a
+    pass then labels a hundred nodes' next stage at once)."""
     pass_burst_nodes: float = 100_000.0
     """What the bucket holds: every pass of a small or medium cluster's rollout (a 100-node rollout
-    takes a few hundred passes), 100 back to back at 1000 nodes; at rest it fills again within
-    minutes, so that a node joining a large cluster is not held back."""
+    takes a few hundred passes), 100 back to back at 1000 nodes."""
+    pass_min_cost_share: float = 0.1
+    """The least a pass costs, as a share of the cluster's nodes: it looks over every node even when
+    few are rolling out. So the passes of a node joining a settled 1000-node cluster cost 100 tokens
+    each, not 1000: planned at once even right after a rollout has emptied the bucket."""
     retry_seconds: float = 1.0
     """The first wait before retrying a failed pass, doubled with each failure in a row."""
     max_backoff_seconds: float = 60.0

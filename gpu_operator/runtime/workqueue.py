@@ -6,10 +6,11 @@ pass of the same work. An ask while a pass runs marks it dirty: one pass follows
 of asks. A failed pass is retried with exponential back-off; a pass is also asked for later
 (`add_after`: the upgrade's next timeout, the status pacing) and, as a safety net, every
 `resync_seconds`. Passes are rate limited by a token bucket, as client-go limits requests, where a
-pass costs one token per node it plans: a small cluster's rollout never waits, and a large one, whose
-pace the DaemonSet controller sets anyway, is planned in fewer, larger passes. A pass runs on the
-event loop like everything else of the operator: its planning is a few CPU slices between its
-requests, and while it waits for answers the watches and the probes run.
+pass costs one token per node still rolling out (at least a share of the cluster's size): a small
+cluster's rollout never waits, a large one, whose pace the DaemonSet controller sets anyway, is
+planned in fewer, larger passes, and a node that joins a large settled cluster is planned at once.
+A pass runs on the event loop like everything else of the operator: its planning is a few CPU
+slices between its requests, and while it waits for answers the watches and the probes run.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ class WorkQueue:
         self.clock = clock
         self.leading = leading
         self.size = size
-        """The nodes a pass plans (the Store's): what it costs in tokens."""
+        """The cluster's nodes (the Store's): a pass costs at least `pass_min_cost_share` of them."""
         """Whether this replica may reconcile now (holds the leader lease); a standby runs no pass."""
         self.dirty = asyncio.Event()
         """Set while a pass is asked for and not started yet."""
@@ -121,6 +122,9 @@ class WorkQueue:
         """When the last pass ended, successful or not."""
         self.later: dict[str, asyncio.TimerHandle] = {}
         """Passes asked for later, by why (the latest ask for each reason wins)."""
+        self.unsettled: int | None = None
+        """The GPU nodes still rolling out, as the last successful pass counted them (None before the
+        first): what the next pass costs in tokens."""
         self.backoff = Backoff(settings.retry_seconds, settings.max_backoff_seconds)
         self.tokens = TokenBucket(settings.pass_rate_nodes_per_second, settings.pass_burst_nodes, clock)
         self.reads = Batch(settings.watch_batch_seconds)
@@ -203,7 +207,7 @@ class WorkQueue:
                 continue
             if self.work_since is None:  # the resync: work as much as an ask
                 self.work_since = self.clock()
-            cost = max(1, self.size())
+            cost = self.cost()
             if wait := self.tokens.delay(cost):
                 # What the watches bring meanwhile goes into this pass (they read in batches: not idle).
                 # Not read at all until the pass, their connections would stay paused for seconds, and
@@ -216,11 +220,19 @@ class WorkQueue:
                 self.cancel(why)
             await self._pass(one_pass)
 
+    def cost(self) -> float:
+        """The next pass's tokens: the nodes still rolling out (all of them before the first pass has
+        counted), at least `pass_min_cost_share` of the cluster and at least one."""
+        size = self.size()
+        unsettled = size if self.unsettled is None else self.unsettled
+        return max(1.0, float(unsettled), size * self.settings.pass_min_cost_share)
+
     async def _pass(self, one_pass: Callable[[], Awaitable[Outcome]]) -> None:
         spent = [0.0]
         try:
             outcome = await _timed(one_pass, spent)
             self.completed.set()
+            self.unsettled = outcome.plan.unsettled
             self.add_at(outcome.wake_at, "wake_at")
             if outcome.stale:
                 # The watch may bring the node's new version without a change a pass would react to

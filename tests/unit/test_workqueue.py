@@ -24,11 +24,19 @@ SETTINGS = Settings(
 )
 
 
-def outcome() -> Outcome:
+def outcome(unsettled: int = 0) -> Outcome:
     plan: Any = type(
         "P",
         (),
-        {"statuses": {}, "active": None, "spec": None, "gpu_nodes": 0, "driver_pools": {}, "dra": None},
+        {
+            "statuses": {},
+            "active": None,
+            "spec": None,
+            "gpu_nodes": 0,
+            "driver_pools": {},
+            "dra": None,
+            "unsettled": unsettled,
+        },
     )()
     return Outcome(plan, {})
 
@@ -190,9 +198,11 @@ def drive(
     script: Callable[[WorkQueue], Awaitable[None]],
     nodes: int = 1,
     leading: Callable[[], bool] = lambda: True,
+    unsettled: Callable[[], int] | None = None,
 ) -> None:
-    """Run the queue over a cluster of `nodes`, each pass doing `step` and then succeeding, while
-    `script` acts and checks; the queue's clock is the event loop's, that `skip` moves on."""
+    """Run the queue over a cluster of `nodes`, each pass doing `step` and then succeeding with
+    `unsettled` nodes still rolling out (all of them unless told), while `script` acts and checks; the
+    queue's clock is the event loop's, that `skip` moves on."""
 
     async def main() -> None:
         loop = WorkQueue(settings, asyncio.get_running_loop().time, leading, size=lambda: nodes)
@@ -202,7 +212,7 @@ def drive(
             stepped = step(loop)
             if stepped is not None:
                 await stepped
-            return outcome()
+            return outcome(nodes if unsettled is None else unsettled())
 
         task = asyncio.create_task(loop.run(one_pass))
         try:
@@ -330,6 +340,39 @@ def test_passes_over_a_large_cluster_wait_for_their_tokens_once_the_burst_is_spe
 
     drive(settings, step, script, nodes=1000)
     assert started[1] - started[0] < 1.0 and started[2] - started[1] >= 100.0
+
+
+def test_a_pass_costs_the_nodes_still_rolling_out_and_at_least_a_share_of_the_cluster() -> None:
+    """Once the rollout of 1000 nodes settles, the passes of a node joining cost a tenth of the
+    cluster (10 s at 10 tokens a second), not all of it (100 s), even with the bucket spent."""
+    settings = Settings(pass_rate_nodes_per_second=10.0, pass_burst_nodes=2000.0, resync_seconds=86400.0)
+    started: list[float] = []
+    rolling = [1000]
+
+    def step(loop: WorkQueue) -> None:
+        started.append(loop.clock())
+
+    async def script(loop: WorkQueue) -> None:
+        loop.add()
+        loop.add()
+        await until(lambda: len(started) == 1, "the first pass")
+        loop.add()
+        await until(lambda: len(started) == 2, "the second, from the burst")
+        assert loop.cost() == 1000.0, "all nodes still rolling out"
+        rolling[0] = 1  # the next pass sees the rollout settled but for one node
+        loop.add()
+        await skip(100.0)
+        await until(lambda: len(started) == 3, "the third, after 100 s")
+        assert loop.cost() == 100.0, "one node rolling out: the tenth of the cluster a pass looks over"
+        loop.add()
+        await skip(9.0)
+        await asyncio.sleep(0.05)
+        assert len(started) == 3, "the bucket is empty: 100 tokens take 10 s"
+        await skip(1.0)
+        await until(lambda: len(started) == 4, "the fourth, 10 s on")
+
+    drive(settings, step, script, nodes=1000, unsettled=lambda: rolling[0])
+    assert started[3] - started[2] >= 10.0
 
 
 def test_a_small_clusters_passes_never_wait() -> None:
