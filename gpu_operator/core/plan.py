@@ -207,7 +207,7 @@ class Plan:
         return "Background"
 
     @property
-    def unsettled(self) -> int:
+    def nodes_rolling_out(self) -> int:
         """The GPU nodes an enabled component (or an NVIDIADriver's pool) is not ready on yet, counted
         for the one with the most: the nodes whose changes the next passes still plan. A settled
         cluster has none, so a node that joins it is the one thing its passes plan again."""

@@ -39,7 +39,7 @@ class Settings:
     changed reads caches and writes nothing."""
     pass_rate_nodes_per_second: float = 150.0
     """Passes are rate limited by a token bucket (as client-go limits requests) in which a pass costs
-    one token per GPU node still rolling out (Plan.unsettled, as the pass before it counted them):
+    one token per GPU node still rolling out (Plan.nodes_rolling_out, as the pass before it counted them):
     refilled at this rate, a 1000-node rollout plans at most every 6.7 s once its burst is spent,
     while the DaemonSet controller, which creates 10 to 20 pods a second, sets its pace anyway (a
     pass then labels a hundred nodes' next stage at once)."""

@@ -122,7 +122,7 @@ class WorkQueue:
         """When the last pass ended, successful or not."""
         self.later: dict[str, asyncio.TimerHandle] = {}
         """Passes asked for later, by why (the latest ask for each reason wins)."""
-        self.unsettled: int | None = None
+        self.rolling_out: int | None = None
         """The GPU nodes still rolling out, as the last successful pass counted them (None before the
         first): what the next pass costs in tokens."""
         self.backoff = Backoff(settings.retry_seconds, settings.max_backoff_seconds)
@@ -224,15 +224,15 @@ class WorkQueue:
         """The next pass's tokens: the nodes still rolling out (all of them before the first pass has
         counted), at least `pass_min_cost_share` of the cluster and at least one."""
         size = self.size()
-        unsettled = size if self.unsettled is None else self.unsettled
-        return max(1.0, float(unsettled), size * self.settings.pass_min_cost_share)
+        rolling_out = size if self.rolling_out is None else self.rolling_out
+        return max(1.0, float(rolling_out), size * self.settings.pass_min_cost_share)
 
     async def _pass(self, one_pass: Callable[[], Awaitable[Outcome]]) -> None:
         spent = [0.0]
         try:
             outcome = await _timed(one_pass, spent)
             self.completed.set()
-            self.unsettled = outcome.plan.unsettled
+            self.rolling_out = outcome.plan.nodes_rolling_out
             self.add_at(outcome.wake_at, "wake_at")
             if outcome.stale:
                 # The watch may bring the node's new version without a change a pass would react to

@@ -190,7 +190,7 @@ def test_status_names_the_failing_node_and_reason() -> None:
     driver = next(c for c in status["components"] if c["name"] == "driver")
     assert driver["nodesReady"] == 1 and driver["nodesFailing"] == 1
     assert {"node": "gpu-1", "reason": "CrashLoopBackOff", "message": "back-off"} in driver["problems"]
-    assert plan.unsettled == 2, "the toolkit, on neither node yet, is furthest behind"
+    assert plan.nodes_rolling_out == 2, "the toolkit, on neither node yet, is furthest behind"
     toolkit = next(c for c in status["components"] if c["name"] == "container-toolkit")
     assert "waiting for driver on gpu-1" in toolkit["reason"]
     error = condition(status, "Error")
@@ -238,13 +238,13 @@ def test_no_gpu_nodes_is_ready_with_nvidia_reason() -> None:
     status = status_of(plan, "cluster-policy")
     assert status["state"] == "ready"
     assert condition(status, "Ready")["reason"] == "NoGPUNodes"
-    assert plan.unsettled == 0
+    assert plan.nodes_rolling_out == 0
 
 
 def test_an_nvidiadrivers_pool_counts_its_nodes_still_rolling_out() -> None:
     plan = Plan(None, None, [], [], [], {}, {}, [], driver_pools={"a100": PoolCounts("notReady", 5, 2)})
-    assert plan.unsettled == 3
-    assert replace(plan, driver_pools={}).unsettled == 0, "no policy, no pool: nothing rolls out"
+    assert plan.nodes_rolling_out == 3
+    assert replace(plan, driver_pools={}).nodes_rolling_out == 0, "no policy, no pool: nothing rolls out"
 
 
 def test_unsupported_sections_are_reported_not_fatal() -> None:

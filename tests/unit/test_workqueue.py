@@ -24,7 +24,7 @@ SETTINGS = Settings(
 )
 
 
-def outcome(unsettled: int = 0) -> Outcome:
+def outcome(rolling_out: int = 0) -> Outcome:
     plan: Any = type(
         "P",
         (),
@@ -35,7 +35,7 @@ def outcome(unsettled: int = 0) -> Outcome:
             "gpu_nodes": 0,
             "driver_pools": {},
             "dra": None,
-            "unsettled": unsettled,
+            "nodes_rolling_out": rolling_out,
         },
     )()
     return Outcome(plan, {})
@@ -198,10 +198,10 @@ def drive(
     script: Callable[[WorkQueue], Awaitable[None]],
     nodes: int = 1,
     leading: Callable[[], bool] = lambda: True,
-    unsettled: Callable[[], int] | None = None,
+    rolling_out: Callable[[], int] | None = None,
 ) -> None:
     """Run the queue over a cluster of `nodes`, each pass doing `step` and then succeeding with
-    `unsettled` nodes still rolling out (all of them unless told), while `script` acts and checks; the
+    `rolling_out` nodes still rolling out (all of them unless told), while `script` acts and checks; the
     queue's clock is the event loop's, that `skip` moves on."""
 
     async def main() -> None:
@@ -212,7 +212,7 @@ def drive(
             stepped = step(loop)
             if stepped is not None:
                 await stepped
-            return outcome(nodes if unsettled is None else unsettled())
+            return outcome(nodes if rolling_out is None else rolling_out())
 
         task = asyncio.create_task(loop.run(one_pass))
         try:
@@ -371,7 +371,7 @@ def test_a_pass_costs_the_nodes_still_rolling_out_and_at_least_a_share_of_the_cl
         await skip(1.0)
         await until(lambda: len(started) == 4, "the fourth, 10 s on")
 
-    drive(settings, step, script, nodes=1000, unsettled=lambda: rolling[0])
+    drive(settings, step, script, nodes=1000, rolling_out=lambda: rolling[0])
     assert started[3] - started[2] >= 10.0
 
 
