@@ -97,9 +97,9 @@ class WorkQueue:
         self.settings = settings
         self.clock = clock
         self.leading = leading
+        """Whether this replica may reconcile now (holds the leader lease); a standby runs no pass."""
         self.size = size
         """The cluster's nodes (the Store's): a pass costs at least `pass_min_cost_share` of them."""
-        """Whether this replica may reconcile now (holds the leader lease); a standby runs no pass."""
         self.dirty = asyncio.Event()
         """Set while a pass is asked for and not started yet."""
         self.idle = asyncio.Event()

@@ -45,6 +45,8 @@ NS = "gpu-operator"
 NAME = "cluster-policy"
 GROUP, VERSION, PLURAL = "nvidia.com", "v1alpha1", "nvidiadrivers"
 DRIVER = BY_NAME["driver"].component_label
+CLUSTERPOLICY_DRIVER = BY_NAME["driver"].daemonset
+"""The ClusterPolicy's driver DaemonSet; each NVIDIADriver pool has its own (nvidia-<name>-driver-...)."""
 POOL_LABEL = "e2e.gpu-operator/pool"
 CANARY_LABEL = "e2e.gpu-operator/canary"
 V1, V2 = "595.91.07", "580.95.05"
@@ -121,10 +123,6 @@ def driver_state(
 
 def message(found: dict[str, Any]) -> str:
     return " ".join(c.get("message", "") for c in (found.get("status") or {}).get("conditions", []))
-
-
-CLUSTERPOLICY_DRIVER = "nvidia-driver-daemonset"
-"""The ClusterPolicy's driver DaemonSet; each NVIDIADriver pool has its own (nvidia-<name>-driver-...)."""
 
 
 def driver_pods(cluster: Cluster) -> dict[str, list[Any]]:

@@ -354,7 +354,6 @@ def test_a_pass_costs_the_nodes_still_rolling_out_and_at_least_a_share_of_the_cl
 
     async def script(loop: WorkQueue) -> None:
         loop.add()
-        loop.add()
         await until(lambda: len(started) == 1, "the first pass")
         loop.add()
         await until(lambda: len(started) == 2, "the second, from the burst")
